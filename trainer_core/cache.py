@@ -1,0 +1,176 @@
+"""Latent and prompt-embedding cache on disk, addressed by content.
+
+A latent's key hashes the image bytes, its bucket, the crop recipe and the VAE's fingerprint; a prompt
+embedding's key hashes the text, the text encoder's fingerprint (tokenizer included) and the template.
+So a second run over the same data encodes nothing, a changed image is re-encoded alone, and a cache
+written by another model simply misses. Files are safetensors written atomically (temp + rename).
+
+Layout: <cache_dir>/latents/<key>.safetensors  {"latents": (C, h, w) fp32}
+        <cache_dir>/text/<key>.safetensors     {"embedding": (L, D)}
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
+
+from .data import Sample, load_cropped
+from .files import write_safetensors_atomic
+from .models.components import QwenImageComponents
+from .models.latents import encode_images
+from .models.text import encode_prompts, pipeline_prompt_constants
+
+# Bump when the way latents or embeddings are produced changes: old entries then miss.
+CACHE_VERSION = "1"
+CROP_RECIPE = "cover-lanczos-centre-crop"
+
+
+@dataclass(frozen=True)
+class CachedSample:
+    latent_key: str
+    text_key: str
+    bucket: tuple[int, int]  # (width, height) in pixels
+    caption: str
+    image_path: str
+
+
+@dataclass
+class CacheReport:
+    latents_encoded: int = 0
+    latents_reused: int = 0
+    prompts_encoded: int = 0
+    prompts_reused: int = 0
+
+    def summary(self) -> str:
+        return (f"latents: {self.latents_encoded} encoded, {self.latents_reused} from cache; "
+                f"prompts: {self.prompts_encoded} encoded, {self.prompts_reused} from cache")
+
+
+@dataclass
+class CachedDataset:
+    """What the trainer needs: sample entries, prompt keys, and lazy access to the cached tensors."""
+
+    cache_dir: Path
+    samples: list[CachedSample]
+    prompt_keys: dict[str, str]  # prompt text -> text key (preview prompts, negative prompt, "")
+    vae_fingerprint: str
+    text_fingerprint: str
+    repeats: int = 1
+    report: CacheReport = field(default_factory=CacheReport)
+    _memory: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def latents(self, key: str) -> torch.Tensor:
+        """(C, h, w) normalised latents."""
+        return self._read("latents", key, "latents")
+
+    def embedding(self, key: str) -> torch.Tensor:
+        """(L, D) prompt embedding."""
+        return self._read("text", key, "embedding")
+
+    def prompt_embedding(self, prompt: str) -> torch.Tensor:
+        if prompt not in self.prompt_keys:
+            known = [p for p in self.prompt_keys if p]
+            raise KeyError(prompt, known)
+        return self.embedding(self.prompt_keys[prompt])
+
+    def _read(self, kind: str, key: str, tensor_name: str) -> torch.Tensor:
+        if key not in self._memory:
+            self._memory[key] = load_file(str(self.cache_dir / kind / f"{key}.safetensors"))[tensor_name]
+        return self._memory[key]
+
+
+def latent_key(sample: Sample, vae_fingerprint: str) -> str:
+    parts = (CACHE_VERSION, CROP_RECIPE, sample.image_sha256, f"{sample.bucket[0]}x{sample.bucket[1]}", vae_fingerprint)
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+def text_key(prompt: str, text_fingerprint: str) -> str:
+    template, max_tokens = pipeline_prompt_constants()
+    parts = (CACHE_VERSION, template, str(max_tokens), text_fingerprint, prompt)
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+
+
+def _entry_ok(path: Path, tensor_name: str) -> bool:
+    """An entry counts only if it is complete: a cut-short file (full disk, crash) is re-encoded."""
+    if not path.is_file():
+        return False
+    try:
+        with safe_open(str(path), framework="pt") as f:  # reads the header and checks the file's length
+            return tensor_name in f.keys()
+    except (SafetensorError, OSError, ValueError):
+        return False
+
+
+def build_cache(
+    components: QwenImageComponents,
+    samples: list[Sample],
+    cache_dir: str | Path,
+    extra_prompts: list[str] = (),
+    batch_size: int = 4,
+    repeats: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> CachedDataset:
+    """Encode what is not cached yet, then release the text encoder and park the VAE on the CPU.
+
+    `extra_prompts` (preview and negative prompts) are encoded in the same pass; the empty prompt
+    always is (caption dropout and unconditional previews use it).
+    """
+    cache_dir = Path(cache_dir)
+    report = CacheReport()
+    vae_fp = components.fingerprint("vae")
+    text_fp = components.fingerprint("text_encoder")
+
+    todo_latents = [s for s in samples if not _entry_ok(cache_dir / "latents" / f"{latent_key(s, vae_fp)}.safetensors", "latents")]
+    prompts = list(dict.fromkeys([s.caption for s in samples] + list(extra_prompts) + [""]))
+    todo_prompts = [p for p in prompts if not _entry_ok(cache_dir / "text" / f"{text_key(p, text_fp)}.safetensors", "embedding")]
+    total = len(todo_latents) + len(todo_prompts)
+    done = 0
+
+    if todo_latents:
+        components.vae.to(components.device)
+        by_bucket: dict[tuple[int, int], list[Sample]] = {}
+        for s in todo_latents:
+            by_bucket.setdefault(s.bucket, []).append(s)
+        for bucket_samples in by_bucket.values():
+            for start in range(0, len(bucket_samples), batch_size):
+                chunk = bucket_samples[start:start + batch_size]
+                pixels = torch.stack([load_cropped(s.image_path, s.bucket) for s in chunk])  # (B, 3, H, W)
+                latents = encode_images(components.vae, pixels)  # (B, C, h, w)
+                for s, lat in zip(chunk, latents):
+                    write_safetensors_atomic({"latents": lat}, cache_dir / "latents" / f"{latent_key(s, vae_fp)}.safetensors",
+                                 {"image": Path(s.image_path).name, "bucket": f"{s.bucket[0]}x{s.bucket[1]}"})
+                done += len(chunk)
+                if progress:
+                    progress(done, total)
+    report.latents_encoded = len(todo_latents)
+    report.latents_reused = len(samples) - len(todo_latents)
+
+    if todo_prompts:
+        components.ensure_text_encoder()
+        for start in range(0, len(todo_prompts), batch_size):
+            chunk = todo_prompts[start:start + batch_size]
+            for prompt, emb in zip(chunk, encode_prompts(components.text_encoder, components.tokenizer, chunk)):
+                write_safetensors_atomic({"embedding": emb}, cache_dir / "text" / f"{text_key(prompt, text_fp)}.safetensors")
+            done += len(chunk)
+            if progress:
+                progress(done, total)
+    report.prompts_encoded = len(todo_prompts)
+    report.prompts_reused = len(prompts) - len(todo_prompts)
+
+    components.release_text_encoder()
+    components.park_vae()
+    cached = [
+        CachedSample(latent_key=latent_key(s, vae_fp), text_key=text_key(s.caption, text_fp), bucket=s.bucket,
+                     caption=s.caption, image_path=s.image_path)
+        for s in samples
+    ]
+    return CachedDataset(
+        cache_dir=cache_dir, samples=cached, prompt_keys={p: text_key(p, text_fp) for p in prompts},
+        vae_fingerprint=vae_fp, text_fingerprint=text_fp, repeats=repeats, report=report,
+    )

@@ -1,0 +1,233 @@
+"""Configuration of a training run, with validation and help text per field.
+
+Each field carries `metadata`: `help` (shown as the tooltip of the matching node input), and, for
+numbers, `min`/`max`/`step`; for choices, `choices`. Nodes build their inputs from this metadata so the
+engine and the canvas never disagree about ranges or meaning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import UserInputError
+
+
+def _f(default: Any, help: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, **meta})
+
+
+LORA_TARGET_PRESETS: dict[str, tuple[str, ...]] = {
+    # Module names inside one `transformer_blocks.<i>` block of the Qwen-Image transformer.
+    "attention": (
+        "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+        "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+    ),
+    "attention+mlp": (
+        "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+        "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+        "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2",
+    ),
+    "all": (
+        "img_mod.1", "txt_mod.1",
+        "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+        "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+        "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2",
+    ),
+}
+
+# In the last block the text stream's output is thrown away (only the image stream reaches `proj_out`),
+# so a LoRA on these modules there would never receive a gradient: leave them out.
+DEAD_IN_LAST_BLOCK: tuple[str, ...] = ("attn.add_q_proj", "attn.to_add_out", "txt_mlp.net.0.proj", "txt_mlp.net.2")
+
+
+@dataclass
+class DatasetConfig:
+    folder: str = _f("", "Folder of training images (png/jpg/jpeg/webp), each with a same-name .txt caption.")
+    resolution: int = _f(
+        1024, "Training resolution: buckets hold about resolution x resolution pixels, sides multiples of 32.",
+        min=64, max=4096, step=32,
+    )
+    enable_buckets: bool = _f(True, "Group images by aspect ratio into buckets instead of square crops.")
+    min_bucket_side: int = _f(256, "Smallest bucket side in pixels (multiple of 32).", min=32, max=4096, step=32)
+    max_bucket_side: int = _f(2048, "Largest bucket side in pixels (multiple of 32).", min=32, max=8192, step=32)
+    repeats: int = _f(1, "How many times each image appears per epoch.", min=1, max=1000)
+    caption_extension: str = _f(".txt", "Extension of the caption file beside each image.")
+    missing_caption: str = _f(
+        "error", "What to do with an image that has no caption file: stop with an error, or train it with an "
+        "empty caption.", choices=("error", "empty"),
+    )
+    upscale_small_images: bool = _f(
+        False, "Upscale images smaller than their bucket. Off: such an image is an error that names it.",
+    )
+
+    def validate(self) -> None:
+        _check_range(self, "resolution", "repeats", "min_bucket_side", "max_bucket_side")
+        _check_choice(self, "missing_caption")
+        for name in ("resolution", "min_bucket_side", "max_bucket_side"):
+            if getattr(self, name) % 32:
+                raise UserInputError(f"dataset {name}={getattr(self, name)} must be a multiple of 32 pixels.")
+        if self.min_bucket_side > self.max_bucket_side:
+            raise UserInputError(
+                f"dataset min_bucket_side={self.min_bucket_side} is larger than max_bucket_side="
+                f"{self.max_bucket_side}: lower min_bucket_side or raise max_bucket_side."
+            )
+
+
+@dataclass
+class LoraConfig:
+    rank: int = _f(16, "LoRA rank (dimension). Higher learns more detail and takes more memory.", min=1, max=512)
+    alpha: float = _f(
+        16.0, "LoRA alpha. The update is scaled by alpha / rank; set it freely (not tied to rank).",
+        min=0.0, max=4096.0, step=0.5,
+    )
+    dropout: float = _f(0.0, "Dropout on the LoRA input during training (0 = off).", min=0.0, max=0.9, step=0.01)
+    targets: str = _f(
+        "attention+mlp", "Which Linear layers of each block get a LoRA: attention only, attention and MLPs, or all "
+        "14 (adds the modulation layers).", choices=tuple(LORA_TARGET_PRESETS),
+    )
+    dtype: str = _f(
+        "float32", "Precision of the trainable LoRA weights. float32 keeps every small update; bfloat16 halves "
+        "their memory but rounds small updates away.", choices=("float32", "bfloat16"),
+    )
+
+    def validate(self) -> None:
+        if not isinstance(self.rank, int) or self.rank < 1:
+            raise UserInputError(f"LoRA rank={self.rank} must be a whole number of at least 1 (try 16 or 32).")
+        if not math.isfinite(self.alpha) or self.alpha <= 0:
+            raise UserInputError(f"LoRA alpha={self.alpha} must be a positive number (often equal to the rank).")
+        _check_range(self, "rank", "dropout")
+        _check_choice(self, "targets", "dtype")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+@dataclass
+class OptimizerConfig:
+    optimizer: str = _f(
+        "adamw8bit", "adamw8bit (bitsandbytes, 1/4 of AdamW's state memory) or adamw (torch).",
+        choices=("adamw8bit", "adamw"),
+    )
+    learning_rate: float = _f(1e-4, "Peak learning rate.", min=1e-8, max=1.0, step=1e-6)
+    beta1: float = _f(0.9, "Adam beta1.", min=0.0, max=0.9999, step=0.001)
+    beta2: float = _f(0.999, "Adam beta2.", min=0.0, max=0.99999, step=0.0001)
+    eps: float = _f(1e-8, "Adam epsilon.", min=1e-12, max=1e-3, step=1e-9)
+    weight_decay: float = _f(0.01, "Decoupled weight decay on the LoRA weights.", min=0.0, max=1.0, step=0.001)
+    warmup_steps: int = _f(0, "Steps of linear warm-up from 0 to the learning rate.", min=0, max=100000)
+    schedule: str = _f(
+        "constant", "Learning rate after warm-up: constant, or cosine decay to min_lr_ratio over schedule_steps.",
+        choices=("constant", "cosine"),
+    )
+    schedule_steps: int = _f(
+        1000, "Length of the cosine schedule in steps (the run's planned total). Ignored for constant.",
+        min=1, max=1000000,
+    )
+    min_lr_ratio: float = _f(0.0, "Cosine schedule floor, as a fraction of the learning rate.", min=0.0, max=1.0, step=0.01)
+    max_grad_norm: float = _f(1.0, "Clip the gradient norm to this value (0 = no clipping).", min=0.0, max=1000.0, step=0.1)
+
+    def validate(self) -> None:
+        if not math.isfinite(self.learning_rate) or self.learning_rate <= 0:
+            raise UserInputError(
+                f"optimizer learning_rate={self.learning_rate} must be a positive number (LoRAs train well "
+                "around 1e-4)."
+            )
+        _check_range(self, "learning_rate", "beta1", "beta2", "eps", "weight_decay", "warmup_steps",
+                     "schedule_steps", "min_lr_ratio", "max_grad_norm")
+        _check_choice(self, "optimizer", "schedule")
+
+
+@dataclass
+class TrainConfig:
+    run_name: str = _f("qwen_lora", "Name of this run: the trainer, its checkpoints and its LoRA files use it.")
+    micro_batch_size: int = _f(1, "Images per forward pass (all from one aspect bucket).", min=1, max=64)
+    grad_accum_steps: int = _f(1, "Micro-batches summed into one optimizer step.", min=1, max=1024)
+    gradient_checkpointing: bool = _f(True, "Recompute each block's activations in backward: much less memory.")
+    blocks_to_swap: int = _f(
+        0, "Transformer blocks whose frozen weights stay in CPU RAM and are copied to the GPU when needed.",
+        min=0, max=1000,
+    )
+    seed: int = _f(42, "Seed for LoRA initialisation, data order, noise and timesteps.", min=0, max=2**31 - 1)
+    timestep_sampling: str = _f(
+        "logit_normal", "How noise levels are drawn: logit-normal (favours the middle) or uniform.",
+        choices=("logit_normal", "uniform"),
+    )
+    logit_mean: float = _f(0.0, "Mean of the logit-normal timestep draw.", min=-5.0, max=5.0, step=0.1)
+    logit_std: float = _f(1.0, "Standard deviation of the logit-normal timestep draw.", min=0.1, max=5.0, step=0.1)
+    resolution_shift: bool = _f(
+        True, "Shift noise levels by image size exactly as Qwen-Image's scheduler does at inference.",
+    )
+    caption_dropout: float = _f(
+        0.0, "Probability of training a step's image with the empty caption.", min=0.0, max=1.0, step=0.01,
+    )
+    checkpoint_every: int = _f(
+        0, "Write a resumable checkpoint every N steps (0 = only at the end of each train call).",
+        min=0, max=1000000,
+    )
+
+    def validate(self, num_blocks: int | None = None) -> None:
+        _check_range(self, "micro_batch_size", "grad_accum_steps", "seed", "caption_dropout", "checkpoint_every")
+        _check_choice(self, "timestep_sampling")
+        if self.blocks_to_swap < 0:
+            raise UserInputError(f"blocks_to_swap={self.blocks_to_swap} must be 0 or more.")
+        if num_blocks is not None and self.blocks_to_swap > num_blocks - 1:
+            raise UserInputError(
+                f"blocks_to_swap={self.blocks_to_swap} is too large: the transformer has {num_blocks} blocks and "
+                f"at least one must stay on the GPU. Use at most {num_blocks - 1}."
+            )
+        check_run_name(self.run_name)
+
+
+def check_run_name(name: str) -> str:
+    """A run name becomes a folder and a file name: keep it to one plain path component."""
+    import re
+
+    if not name or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._\- ]{0,99}", name) or ".." in name:
+        raise UserInputError(
+            f"run_name={name!r} is not a usable name: use letters, digits, '.', '_', '-' or spaces "
+            "(up to 100 characters, no '..', no folders)."
+        )
+    return name
+
+
+def help_text(cls: type, name: str) -> str:
+    return next(f.metadata["help"] for f in dataclasses.fields(cls) if f.name == name)
+
+
+def field_meta(cls: type, name: str) -> dict[str, Any]:
+    return dict(next(f.metadata for f in dataclasses.fields(cls) if f.name == name))
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise UserInputError(f"{cls.__name__} got unknown settings {sorted(unknown)}.")
+    return cls(**data)
+
+
+def _check_range(cfg: Any, *names: str) -> None:
+    for name in names:
+        meta = field_meta(type(cfg), name)
+        value = getattr(cfg, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserInputError(f"{type(cfg).__name__}.{name}={value} must be a finite number.")
+        lo, hi = meta.get("min"), meta.get("max")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise UserInputError(f"{type(cfg).__name__}.{name}={value} is outside its range [{lo}, {hi}].")
+
+
+def _check_choice(cfg: Any, *names: str) -> None:
+    for name in names:
+        choices = field_meta(type(cfg), name)["choices"]
+        if getattr(cfg, name) not in choices:
+            raise UserInputError(
+                f"{type(cfg).__name__}.{name}={getattr(cfg, name)!r} is not one of {list(choices)}."
+            )

@@ -1,0 +1,13 @@
+"""Errors a user can act on.
+
+Every error raised for bad input is a `UserInputError`: its message names the input that is wrong and
+says what to do about it. Nodes let these propagate so ComfyUI shows the message on the node.
+"""
+
+
+class UserInputError(ValueError):
+    """Bad input from the user: the message names the input and the fix."""
+
+
+class TrainingStopped(RuntimeError):
+    """Training stopped on purpose (for example repeated non-finite losses); the state was kept."""

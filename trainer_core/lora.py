@@ -1,0 +1,111 @@
+"""LoRA on the Qwen-Image transformer with peft, and the LoRA file format ComfyUI loads.
+
+Injection creates the adapter on the meta device and materialises it in the LoRA dtype: peft would
+otherwise cast the adapter to the base layer's dtype, which is float8 here, and training would fail.
+
+File layout (what ComfyUI's and diffusers' loaders both take; see DESIGN §6):
+    diffusion_model.<module>.lora_A.weight   (rank, in_features)
+    diffusion_model.<module>.lora_B.weight   (out_features, rank)
+    diffusion_model.<module>.alpha           scalar; ComfyUI scales by alpha / rank
+with safetensors metadata (rank, alpha, targets, steps, base model).
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from torch import nn
+
+from .config import DEAD_IN_LAST_BLOCK, LORA_TARGET_PRESETS, LoraConfig
+
+ADAPTER = "default"
+COMFY_PREFIX = "diffusion_model."
+
+
+def target_module_names(transformer: nn.Module, preset: str) -> list[str]:
+    """Full module names ('transformer_blocks.3.attn.to_q', ...) that get a LoRA for `preset`."""
+    last = len(transformer.transformer_blocks) - 1
+    names = []
+    for i in range(last + 1):
+        for module in LORA_TARGET_PRESETS[preset]:
+            if i == last and module in DEAD_IN_LAST_BLOCK:
+                continue
+            names.append(f"transformer_blocks.{i}.{module}")
+    return names
+
+
+def lora_layers(transformer: nn.Module) -> dict[str, nn.Module]:
+    """Module name -> peft LoRA layer, in model order."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name: m for name, m in transformer.named_modules() if isinstance(m, LoraLayer)}
+
+
+def inject_lora(transformer: nn.Module, cfg: LoraConfig, seed: int) -> list[nn.Parameter]:
+    """Add a LoRA (cfg.rank, cfg.alpha) to the preset's modules; return its trainable parameters.
+
+    A is initialised like nn.Linear (Kaiming-uniform) from `seed`, B to zero, so the adapter starts as
+    an exact no-op. Every other parameter is frozen.
+    """
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import inject_adapter_in_model
+
+    cfg.validate()
+    peft_cfg = PeftLoraConfig(
+        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+        target_modules=target_module_names(transformer, cfg.targets), init_lora_weights=True,
+    )
+    inject_adapter_in_model(peft_cfg, transformer, adapter_name=ADAPTER, low_cpu_mem_usage=True)
+    dtype = getattr(torch, cfg.dtype)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for layer in lora_layers(transformer).values():
+            device = layer.get_base_layer().weight.device
+            for part in (layer.lora_A[ADAPTER], layer.lora_B[ADAPTER]):
+                part.to_empty(device=device).to(dtype)
+            layer.reset_lora_parameters(ADAPTER, True)
+    for name, p in transformer.named_parameters():
+        p.requires_grad_(".lora_" in name)
+    return lora_parameters(transformer)
+
+
+def lora_parameters(transformer: nn.Module) -> list[nn.Parameter]:
+    return [p for name, p in transformer.named_parameters() if ".lora_" in name]
+
+
+def adapter_weights(transformer: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Module name -> (A (rank, in), B (out, rank)), the live tensors."""
+    return {
+        name: (layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight)
+        for name, layer in lora_layers(transformer).items()
+    }
+
+
+def comfyui_state_dict(transformer: nn.Module, alpha: float, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The adapter in the ComfyUI layout, tensors detached, on the CPU, in `dtype` (alpha stays fp32)."""
+    out = {}
+    for name, (a, b) in adapter_weights(transformer).items():
+        out[f"{COMFY_PREFIX}{name}.lora_A.weight"] = a.detach().to("cpu", dtype).contiguous()
+        out[f"{COMFY_PREFIX}{name}.lora_B.weight"] = b.detach().to("cpu", dtype).contiguous()
+        out[f"{COMFY_PREFIX}{name}.alpha"] = torch.tensor(float(alpha), dtype=torch.float32)
+    return out
+
+
+def lora_metadata(cfg: LoraConfig, steps: int, base_model: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """safetensors metadata (strings only). `ss_network_*` are the names kohya-style tools read."""
+    meta = {
+        "format": "comfyui-lora",
+        "qwen_lora.rank": str(cfg.rank),
+        "qwen_lora.alpha": repr(float(cfg.alpha)),
+        "qwen_lora.targets": cfg.targets,
+        "qwen_lora.steps": str(steps),
+        "qwen_lora.base_model": base_model,
+        "ss_network_dim": str(cfg.rank),
+        "ss_network_alpha": repr(float(cfg.alpha)),
+        "ss_base_model_version": "qwen_image",
+        "modelspec.architecture": "qwen-image/lora",
+    }
+    if extra:
+        meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in extra.items()})
+    return meta

@@ -1,0 +1,123 @@
+"""Frozen block Linears stored in float8 (or any dtype), computed in the activations' dtype.
+
+Why a custom autograd function instead of `nn.Linear`: `F.linear` refuses mixed dtypes, and a plain
+upcast inside `forward` would let autograd keep the upcast bf16 copy of every weight alive until
+backward, which costs more memory than storing bf16 in the first place. `FrozenLinearFunction` upcasts
+in forward, saves nothing but a reference to the module, and upcasts again in backward. Reading the
+weight from the module at backward time is also what lets block swapping move weights in and out
+between forward and backward.
+
+Storage modes:
+- "float8": plain cast to `float8_e4m3fn` (values clamped to +-448).
+- "float8_scaled": one fp32 scale per output row (row max / 448), so each row uses float8's whole range.
+- "bfloat16"/"float32": no float8; the weight stays in that dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FLOAT8 = torch.float8_e4m3fn
+FLOAT8_MAX = float(torch.finfo(FLOAT8).max)  # 448.0
+STORAGE_MODES = ("float8", "float8_scaled", "bfloat16", "float32")
+SCALE_BUFFER = "weight_scale"
+
+
+def frozen_linears(module: nn.Module, prefix: str = "") -> list[tuple[str, nn.Linear]]:
+    """The frozen base Linears inside `module` (LoRA's own A/B layers excluded), in module order."""
+    return [
+        (name, m) for name, m in module.named_modules(prefix=prefix)
+        if isinstance(m, nn.Linear) and "lora_" not in name
+    ]
+
+
+def frozen_block_linears(transformer: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """The frozen base Linears of all `transformer_blocks`, named from the transformer."""
+    return frozen_linears(transformer.transformer_blocks, prefix="transformer_blocks")
+
+
+def dequantized_weight(linear: nn.Linear, dtype: torch.dtype) -> torch.Tensor:
+    """The weight in `dtype`, scaled back when stored as scaled float8. Shape (out_features, in_features)."""
+    weight = linear.weight
+    if weight.dtype != dtype:
+        weight = weight.to(dtype)
+    scale = getattr(linear, SCALE_BUFFER, None)
+    if scale is not None:
+        weight = weight * scale.to(dtype)
+    return weight
+
+
+class FrozenLinearFunction(torch.autograd.Function):
+    """y = x W^T + b with W, b frozen; W is read from the module in forward and again in backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+        ctx.linear = linear
+        bias = linear.bias
+        if bias is not None and bias.dtype != x.dtype:
+            bias = bias.to(x.dtype)
+        return F.linear(x, dequantized_weight(linear, x.dtype), bias)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        grad_x = grad_out @ dequantized_weight(ctx.linear, grad_out.dtype)
+        return grad_x, None
+
+
+def _frozen_forward(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return FrozenLinearFunction.apply(x, linear)
+
+
+def install_frozen_compute(linear: nn.Linear) -> None:
+    """Route this Linear through `FrozenLinearFunction` (idempotent). Its weight must not require grad."""
+    linear.weight.requires_grad_(False)
+    if linear.bias is not None:
+        linear.bias.requires_grad_(False)
+    linear.forward = functools.partial(_frozen_forward, linear)
+
+
+def quantize_weight(weight: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Return (stored weight, per-row fp32 scale or None) for one (out, in) weight."""
+    if mode == "float8":
+        return weight.float().clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8), None
+    if mode == "float8_scaled":
+        w = weight.float()
+        scale = (w.abs().amax(dim=1, keepdim=True) / FLOAT8_MAX).clamp(min=1e-12)  # (out, 1)
+        return (w / scale).clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8), scale
+    if mode in ("bfloat16", "float32"):
+        return weight.to(getattr(torch, mode)), None
+    raise ValueError(f"unknown storage mode {mode!r}; expected one of {STORAGE_MODES}")
+
+
+@torch.no_grad()
+def store_block_linears(transformer: nn.Module, mode: str) -> None:
+    """Convert every frozen block Linear's weight to `mode` storage, one tensor at a time, in place.
+
+    Biases stay in their dtype (they are tiny and precision-sensitive). Layers outside the blocks and
+    all norms are left alone. Safe to call on weights that are already stored this way.
+    """
+    for _, linear in frozen_block_linears(transformer):
+        if linear.weight.dtype == FLOAT8 and mode.startswith("float8"):
+            install_frozen_compute(linear)
+            continue
+        stored, scale = quantize_weight(dequantized_weight(linear, torch.float32), mode)
+        linear.weight = nn.Parameter(stored, requires_grad=False)
+        if scale is not None:
+            linear.register_buffer(SCALE_BUFFER, scale.to(stored.device))
+        elif hasattr(linear, SCALE_BUFFER):
+            delattr(linear, SCALE_BUFFER)
+        install_frozen_compute(linear)
+
+
+def block_linear_bytes(transformer: nn.Module) -> int:
+    """Bytes held by the frozen block Linears' weights, biases and scales."""
+    total = 0
+    for _, linear in frozen_block_linears(transformer):
+        for t in (linear.weight, linear.bias, getattr(linear, SCALE_BUFFER, None)):
+            if t is not None:
+                total += t.numel() * t.element_size()
+    return total

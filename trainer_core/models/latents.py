@@ -1,0 +1,62 @@
+"""VAE latents: encode, per-channel normalisation, and the 2x2 packing the transformer consumes.
+
+Shapes: images (B, 3, H, W) in [-1, 1]; latents (B, C, h, w) with C = vae z_dim and h = H / f,
+f = 2 ** len(vae.temperal_downsample) (8 for Qwen-Image); packed (B, h/2 * w/2, 4C).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def vae_scale_factor(vae) -> int:
+    return 2 ** len(vae.config.temperal_downsample)
+
+
+def latent_channels(vae) -> int:
+    return vae.config.z_dim
+
+
+def pixel_multiple(vae) -> int:
+    """Image sides must be multiples of this: the VAE's downscale times the 2x2 patch."""
+    return vae_scale_factor(vae) * 2
+
+
+def _stats(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (1, latent_channels(vae), 1, 1)
+    mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32).view(shape).to(like.device)
+    std = torch.tensor(vae.config.latents_std, dtype=torch.float32).view(shape).to(like.device)
+    return mean, std
+
+
+@torch.no_grad()
+def encode_images(vae, images: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) in [-1, 1] -> normalised latents (B, C, H/f, W/f) in fp32 (distribution mode)."""
+    param = next(vae.parameters())
+    video = images.to(param.device, param.dtype).unsqueeze(2)  # (B, 3, 1, H, W): the VAE works on frames
+    latents = vae.encode(video).latent_dist.mode()[:, :, 0].float()  # (B, C, h, w)
+    mean, std = _stats(vae, latents)
+    return (latents - mean) / std
+
+
+@torch.no_grad()
+def decode_latents(vae, latents: torch.Tensor) -> torch.Tensor:
+    """Normalised latents (B, C, h, w) -> images (B, 3, H, W) in [-1, 1], fp32."""
+    param = next(vae.parameters())
+    mean, std = _stats(vae, latents)
+    raw = (latents.float() * std + mean).to(param.device, param.dtype).unsqueeze(2)
+    return vae.decode(raw).sample[:, :, 0].float().clamp(-1, 1)
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """(B, C, h, w) -> (B, h/2 * w/2, 4C): each 2x2 patch becomes one token, channels major."""
+    b, c, h, w = latents.shape
+    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)  # (B, h/2, w/2, C, 2, 2)
+    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """(B, h/2 * w/2, 4C) -> (B, C, h, w), the inverse of `pack_latents`."""
+    b, _, c4 = tokens.shape
+    x = tokens.view(b, h // 2, w // 2, c4 // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)  # (B, C, h/2, 2, w/2, 2)
+    return x.reshape(b, c4 // 4, h, w)

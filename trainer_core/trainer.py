@@ -1,0 +1,177 @@
+"""The Trainer: owns the model with its adapter, the optimizer, the schedule, the RNG and the data order.
+
+Training is step-chunked: `train(n)` runs n more optimizer steps and returns a report. Nothing is
+re-seeded or rebuilt between calls, so k chunks give bit-identical weights to one call of the same
+total length. Every random draw (noise, noise level, caption dropout) comes from one CPU generator
+owned by the trainer, in a fixed order, so results do not depend on the device's RNG either.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .batching import DataOrder
+from .cache import CachedDataset
+from .config import LoraConfig, OptimizerConfig, TrainConfig
+from .files import write_safetensors_atomic
+from .lora import comfyui_state_dict, inject_lora, lora_metadata
+from .models.components import QwenImageComponents
+from .models.latents import pack_latents
+from .models.text import pad_prompt_batch
+from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, velocity_target
+from .offload import BlockRunner
+from .optim import build_optimizer, build_schedule
+
+
+@dataclass
+class StepReport:
+    step: int  # 1-based number of the optimizer step just finished
+    loss: float  # mean over the step's micro-batches
+    lr: float
+    grad_norm: float
+    seconds: float
+
+
+@dataclass
+class TrainReport:
+    first_step: int
+    last_step: int
+    losses: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return self.last_step - self.first_step + 1 if self.losses else 0
+
+    @property
+    def mean_loss(self) -> float:
+        return sum(self.losses) / len(self.losses) if self.losses else float("nan")
+
+
+class Trainer:
+    def __init__(
+        self,
+        components: QwenImageComponents,
+        dataset: CachedDataset,
+        lora: LoraConfig,
+        optimizer: OptimizerConfig,
+        train: TrainConfig,
+    ):
+        lora.validate()
+        optimizer.validate()
+        train.validate(num_blocks=components.num_blocks)
+        if not dataset.samples:
+            raise ValueError("the cached dataset has no samples")
+        self.components = components
+        self.dataset = dataset
+        self.lora_cfg, self.optim_cfg, self.train_cfg = lora, optimizer, train
+        self.device = components.device
+        self.compute_dtype = components.compute_dtype
+        self.transformer = components.transformer
+        self.base_fingerprint = components.fingerprint("transformer")  # before the adapter joins the model
+        self.params = inject_lora(self.transformer, lora, seed=train.seed)
+        self.runner = BlockRunner(self.transformer, self.device, blocks_to_swap=train.blocks_to_swap,
+                                  checkpointing=train.gradient_checkpointing)
+        self.optimizer = build_optimizer(self.params, optimizer)
+        self.schedule = build_schedule(self.optimizer, optimizer)
+        self.rng = torch.Generator().manual_seed(train.seed)
+        self.order = DataOrder([s.bucket for s in dataset.samples], repeats=dataset.repeats,
+                               batch_size=train.micro_batch_size, seed=train.seed)
+        self.step = 0
+        self.loss_history: list[tuple[int, float]] = []
+
+    # ----------------------------------------------------------------------------------------------
+    # training
+
+    def train(self, n_steps: int, on_step: Callable[[StepReport], None] | None = None) -> TrainReport:
+        """Run `n_steps` more optimizer steps. `on_step` runs after each finished step (it may raise to
+        stop training at that step boundary; the trainer stays consistent and usable)."""
+        report = TrainReport(first_step=self.step + 1, last_step=self.step)
+        started = time.perf_counter()
+        self.transformer.train()
+        try:
+            for _ in range(n_steps):
+                step_report = self._one_step()
+                report.losses.append(step_report.loss)
+                report.last_step = self.step
+                if on_step is not None:
+                    on_step(step_report)
+        finally:
+            self.transformer.eval()
+            report.seconds = time.perf_counter() - started
+        return report
+
+    def _one_step(self) -> StepReport:
+        t0 = time.perf_counter()
+        accum = self.train_cfg.grad_accum_steps
+        total = 0.0
+        for _ in range(accum):
+            loss = self._micro_batch_loss(self.order.next())
+            (loss / accum).backward()
+            total += loss.item()
+        grad_norm = self._clip_gradients()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.schedule.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        mean = total / accum
+        self.loss_history.append((self.step, mean))
+        return StepReport(step=self.step, loss=mean, lr=lr, grad_norm=grad_norm, seconds=time.perf_counter() - t0)
+
+    def _clip_gradients(self) -> float:
+        max_norm = self.optim_cfg.max_grad_norm
+        if max_norm > 0:
+            return float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        norms = [p.grad.detach().float().norm() for p in self.params if p.grad is not None]
+        return float(torch.stack(norms).norm()) if norms else 0.0
+
+    def _micro_batch_loss(self, indices: list[int]) -> torch.Tensor:
+        samples = [self.dataset.samples[i] for i in indices]
+        x0 = torch.stack([self.dataset.latents(s.latent_key) for s in samples]).float()  # (B, C, h, w)
+        b, _, h, w = x0.shape
+        # Random draws, always in this order, from the trainer's CPU generator.
+        noise = torch.randn(x0.shape, generator=self.rng)  # (B, C, h, w)
+        mu = resolution_mu((h // 2) * (w // 2), self.components.scheduler_config) if self.train_cfg.resolution_shift else None
+        levels = sample_noise_levels(b, self.rng, self.train_cfg.timestep_sampling,
+                                     self.train_cfg.logit_mean, self.train_cfg.logit_std, mu)  # (B,)
+        dropped = torch.rand(b, generator=self.rng) < self.train_cfg.caption_dropout  # (B,)
+
+        empty = self.dataset.prompt_keys[""]
+        embeds = [self.dataset.embedding(empty if drop else s.text_key) for s, drop in zip(samples, dropped.tolist())]
+        text, text_mask = pad_prompt_batch(embeds)  # (B, L, D), (B, L) or None
+
+        x_t = noisy_latents(x0, noise, levels)
+        prediction = self.transformer(
+            hidden_states=pack_latents(x_t).to(self.device, self.compute_dtype),  # (B, h/2*w/2, 4C)
+            encoder_hidden_states=text.to(self.device, self.compute_dtype),
+            encoder_hidden_states_mask=None if text_mask is None else text_mask.to(self.device),
+            timestep=levels.to(self.device, self.compute_dtype),
+            img_shapes=[[(1, h // 2, w // 2)]] * b,
+            return_dict=False,
+        )[0]  # (B, h/2*w/2, 4C)
+        target = pack_latents(velocity_target(x0, noise)).to(self.device)
+        return flow_loss(prediction, target)
+
+    # ----------------------------------------------------------------------------------------------
+    # outputs
+
+    def lora_state_dict(self, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+        return comfyui_state_dict(self.transformer, self.lora_cfg.alpha, dtype)
+
+    def lora_metadata(self) -> dict[str, str]:
+        return lora_metadata(self.lora_cfg, self.step, self.components.name,
+                             {"qwen_lora.run_name": self.train_cfg.run_name,
+                              "qwen_lora.base_fingerprint": self.base_fingerprint})
+
+    def save_lora(self, path, dtype: torch.dtype = torch.bfloat16):
+        """Write the adapter in the ComfyUI layout (atomically) and return the path."""
+        return write_safetensors_atomic(self.lora_state_dict(dtype), path, self.lora_metadata())
+
+    def last_loss(self) -> float:
+        return self.loss_history[-1][1] if self.loss_history else math.nan
