@@ -62,6 +62,8 @@ class CachedDataset:
     vae_fingerprint: str
     text_fingerprint: str
     repeats: int = 1
+    preview_prompts: list[str] = field(default_factory=list)
+    negative_prompt: str = ""
     report: CacheReport = field(default_factory=CacheReport)
     _memory: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -111,15 +113,16 @@ def build_cache(
     components: QwenImageComponents,
     samples: list[Sample],
     cache_dir: str | Path,
-    extra_prompts: list[str] = (),
+    preview_prompts: list[str] = (),
+    negative_prompt: str = "",
     batch_size: int = 4,
     repeats: int = 1,
     progress: Callable[[int, int], None] | None = None,
 ) -> CachedDataset:
     """Encode what is not cached yet, then release the text encoder and park the VAE on the CPU.
 
-    `extra_prompts` (preview and negative prompts) are encoded in the same pass; the empty prompt
-    always is (caption dropout and unconditional previews use it).
+    The preview prompts and the negative prompt are encoded in the same pass; the empty prompt always
+    is (caption dropout uses it).
     """
     cache_dir = Path(cache_dir)
     report = CacheReport()
@@ -127,7 +130,7 @@ def build_cache(
     text_fp = components.fingerprint("text_encoder")
 
     todo_latents = [s for s in samples if not _entry_ok(cache_dir / "latents" / f"{latent_key(s, vae_fp)}.safetensors", "latents")]
-    prompts = list(dict.fromkeys([s.caption for s in samples] + list(extra_prompts) + [""]))
+    prompts = list(dict.fromkeys([s.caption for s in samples] + list(preview_prompts) + [negative_prompt, ""]))
     todo_prompts = [p for p in prompts if not _entry_ok(cache_dir / "text" / f"{text_key(p, text_fp)}.safetensors", "embedding")]
     total = len(todo_latents) + len(todo_prompts)
     done = 0
@@ -172,5 +175,6 @@ def build_cache(
     ]
     return CachedDataset(
         cache_dir=cache_dir, samples=cached, prompt_keys={p: text_key(p, text_fp) for p in prompts},
-        vae_fingerprint=vae_fp, text_fingerprint=text_fp, repeats=repeats, report=report,
+        vae_fingerprint=vae_fp, text_fingerprint=text_fp, repeats=repeats, preview_prompts=list(preview_prompts),
+        negative_prompt=negative_prompt, report=report,
     )

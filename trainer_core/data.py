@@ -35,6 +35,38 @@ class Sample:
     image_sha256: str
 
 
+@dataclass(frozen=True)
+class Dataset:
+    """A discovered dataset: its settings and its samples."""
+
+    config: DatasetConfig
+    samples: tuple[Sample, ...]
+
+    def summary(self) -> str:
+        buckets: dict[tuple[int, int], int] = {}
+        for s in self.samples:
+            buckets[s.bucket] = buckets.get(s.bucket, 0) + 1
+        listing = ", ".join(f"{w}x{h}: {n}" for (w, h), n in sorted(buckets.items()))
+        return f"{len(self.samples)} images x {self.config.repeats} repeats; buckets {listing}"
+
+
+def folder_state(folder: str | Path) -> str:
+    """A cheap token that changes when any file in `folder` is added, removed or modified."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        return "missing"
+    h = hashlib.sha256()
+    for p in sorted(folder.iterdir()):
+        if p.is_file():
+            st = p.stat()
+            h.update(f"{p.name}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def load_dataset(cfg: DatasetConfig) -> Dataset:
+    return Dataset(config=cfg, samples=tuple(discover(cfg)))
+
+
 def bucket_sizes(cfg: DatasetConfig) -> list[tuple[int, int]]:
     """All (width, height) buckets of about resolution^2 pixels within the side limits."""
     if not cfg.enable_buckets:

@@ -57,7 +57,7 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, log=print) -> Dem
     dataset_dir = make_demo_dataset(out / "dataset")
     components = build_tiny_components(seed=seed, storage="float8", compute_dtype=torch.float32)
     dataset_cfg = DatasetConfig(folder=str(dataset_dir), resolution=64, min_bucket_side=32, max_bucket_side=128)
-    cached = build_cache(components, discover(dataset_cfg), out / "cache", extra_prompts=[PREVIEW_PROMPT])
+    cached = build_cache(components, discover(dataset_cfg), out / "cache", preview_prompts=[PREVIEW_PROMPT])
     log(f"cache: {cached.report.summary()}")
     trainer = Trainer(
         components, cached,

@@ -70,6 +70,13 @@ def inject_lora(transformer: nn.Module, cfg: LoraConfig, seed: int) -> list[nn.P
     return lora_parameters(transformer)
 
 
+def remove_lora(transformer: nn.Module) -> None:
+    """Put every LoRA layer's base layer back in its place: the model is as before `inject_lora`."""
+    for name, layer in list(lora_layers(transformer).items()):
+        parent_name, _, child = name.rpartition(".")
+        setattr(transformer.get_submodule(parent_name), child, layer.get_base_layer())
+
+
 def lora_parameters(transformer: nn.Module) -> list[nn.Parameter]:
     return [p for name, p in transformer.named_parameters() if ".lora_" in name]
 

@@ -19,7 +19,7 @@ from .batching import DataOrder
 from .cache import CachedDataset
 from .config import LoraConfig, OptimizerConfig, TrainConfig
 from .files import write_safetensors_atomic
-from .lora import comfyui_state_dict, inject_lora, lora_metadata
+from .lora import comfyui_state_dict, inject_lora, lora_metadata, remove_lora
 from .models.components import QwenImageComponents
 from .models.latents import pack_latents
 from .models.text import pad_prompt_batch
@@ -80,6 +80,10 @@ class Trainer:
         self.optimizer = build_optimizer(self.params, optimizer)
         self.schedule = build_schedule(self.optimizer, optimizer)
         self.rng = torch.Generator().manual_seed(train.seed)
+        # LoRA dropout draws from torch's global RNG (of the device it runs on). The trainer keeps its own
+        # copy of that state and installs it only while it trains, so other nodes' random draws never
+        # change training and chunked training equals one long run.
+        self.global_rng_state = _seeded_global_rng_state(train.seed, self.device)
         self.order = DataOrder([s.bucket for s in dataset.samples], repeats=dataset.repeats,
                                batch_size=train.micro_batch_size, seed=train.seed)
         self.step = 0
@@ -94,16 +98,20 @@ class Trainer:
         report = TrainReport(first_step=self.step + 1, last_step=self.step)
         started = time.perf_counter()
         self.transformer.train()
-        try:
-            for _ in range(n_steps):
-                step_report = self._one_step()
-                report.losses.append(step_report.loss)
-                report.last_step = self.step
-                if on_step is not None:
-                    on_step(step_report)
-        finally:
-            self.transformer.eval()
-            report.seconds = time.perf_counter() - started
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            _set_global_rng_state(self.global_rng_state, self.device)
+            try:
+                for _ in range(n_steps):
+                    step_report = self._one_step()
+                    self.global_rng_state = _global_rng_state(self.device)
+                    report.losses.append(step_report.loss)
+                    report.last_step = self.step
+                    if on_step is not None:
+                        on_step(step_report)
+            finally:
+                self.transformer.eval()
+                report.seconds = time.perf_counter() - started
         return report
 
     def _one_step(self) -> StepReport:
@@ -173,5 +181,37 @@ class Trainer:
         """Write the adapter in the ComfyUI layout (atomically) and return the path."""
         return write_safetensors_atomic(self.lora_state_dict(dtype), path, self.lora_metadata())
 
+    def close(self) -> None:
+        """Give the transformer back as it was (no adapter, blocks' own forward) and free optimizer state.
+
+        The model set can then be trained again by a new Trainer.
+        """
+        self.runner.uninstall()
+        remove_lora(self.transformer)
+        self.optimizer.state.clear()
+        self.params = []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def last_loss(self) -> float:
         return self.loss_history[-1][1] if self.loss_history else math.nan
+
+
+def _global_rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_global_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _seeded_global_rng_state(seed: int, device: torch.device) -> dict[str, torch.Tensor]:
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        return _global_rng_state(device)

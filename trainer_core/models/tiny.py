@@ -91,9 +91,12 @@ def build_tiny_components(
         torch.manual_seed(seed + 1)
         vae = AutoencoderKLQwenImage(**TINY_VAE)
     device = torch.device(device)
-    transformer.to(compute_dtype).requires_grad_(False).eval()
+    if compute_dtype != torch.float32:  # built in float32; .to() is skipped when it would change nothing
+        transformer.to(compute_dtype)
+        vae.to(compute_dtype)
+    transformer.requires_grad_(False).eval()
     store_block_linears(transformer, storage)
-    vae.to(device, compute_dtype).requires_grad_(False).eval()
+    vae.to(device).requires_grad_(False).eval()
     text_encoder, tokenizer = build_tiny_text_encoder(seed + 2, compute_dtype)
     return QwenImageComponents(
         transformer=transformer, vae=vae, text_encoder=text_encoder.to(device), tokenizer=tokenizer,

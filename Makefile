@@ -1,0 +1,28 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch that this project is tested with (it lies on disk on the CI image). A plain
+# `pip install torch` would pull a multi-GB CUDA build, so torch is installed by exact version, and
+# only when the venv has none.
+TORCH_VERSION ?= 2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+$(STAMP): requirements.txt requirements-test.txt constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt -c constraints.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m trainer_core demo --out demo_out
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) demo_out

@@ -1,0 +1,33 @@
+"""ComfyUI nodes: thin wrappers that turn widget values into trainer_core calls."""
+
+from .config_nodes import QwenLoRAConfig, QwenLoRAOptimizer
+from .data_nodes import QwenLoRACache, QwenLoRADataset
+from .model_nodes import QwenLoRALoadModels
+from .output_nodes import QwenLoRALossPlot, QwenLoRAPreview, QwenLoRASave
+from .train_nodes import QwenLoRAInitTrainer, QwenLoRATrain
+
+NODE_CLASS_MAPPINGS = {
+    "QwenLoRALoadModels": QwenLoRALoadModels,
+    "QwenLoRADataset": QwenLoRADataset,
+    "QwenLoRACache": QwenLoRACache,
+    "QwenLoRAConfig": QwenLoRAConfig,
+    "QwenLoRAOptimizer": QwenLoRAOptimizer,
+    "QwenLoRAInitTrainer": QwenLoRAInitTrainer,
+    "QwenLoRATrain": QwenLoRATrain,
+    "QwenLoRAPreview": QwenLoRAPreview,
+    "QwenLoRALossPlot": QwenLoRALossPlot,
+    "QwenLoRASave": QwenLoRASave,
+}
+
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "QwenLoRALoadModels": "Load Qwen-Image (LoRA training)",
+    "QwenLoRADataset": "Qwen LoRA Dataset",
+    "QwenLoRACache": "Qwen LoRA Cache Latents + Prompts",
+    "QwenLoRAConfig": "Qwen LoRA Config",
+    "QwenLoRAOptimizer": "Qwen LoRA Optimizer",
+    "QwenLoRAInitTrainer": "Qwen LoRA Init Trainer",
+    "QwenLoRATrain": "Qwen LoRA Train Steps",
+    "QwenLoRAPreview": "Qwen LoRA Preview",
+    "QwenLoRALossPlot": "Qwen LoRA Loss Plot",
+    "QwenLoRASave": "Qwen LoRA Save",
+}

@@ -1,0 +1,32 @@
+"""Pieces every node uses: the category, the engine context, IMAGE conversion."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+from PIL import Image
+
+CATEGORY = "Qwen-Image LoRA training"
+
+# Custom socket types passed between our nodes.
+MODELS = "QWEN_LORA_MODELS"
+DATASET = "QWEN_LORA_DATASET"
+CACHED = "QWEN_LORA_CACHED_DATASET"
+LORA_CONFIG = "QWEN_LORA_CONFIG"
+OPTIMIZER_CONFIG = "QWEN_LORA_OPTIMIZER"
+TRAINER = "QWEN_LORA_TRAINER"
+
+
+@contextlib.contextmanager
+def engine_mode():
+    """ComfyUI runs nodes under torch.inference_mode(); tensors made there can never join autograd.
+    Everything our nodes create (models, adapters, optimizer state) is made with it switched off."""
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
+
+
+def pil_to_image(img: Image.Image) -> torch.Tensor:
+    """PIL -> ComfyUI IMAGE (1, H, W, 3) float32 in [0, 1]."""
+    return torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0).unsqueeze(0)

@@ -1,0 +1,49 @@
+"""LoRA and optimizer settings."""
+
+from __future__ import annotations
+
+from ..trainer_core.config import LoraConfig, OptimizerConfig
+from .common import CATEGORY, LORA_CONFIG, OPTIMIZER_CONFIG
+from .widgets import widgets
+
+
+class QwenLoRAConfig:
+    DESCRIPTION = "LoRA settings: rank, alpha (free, the update is scaled by alpha / rank), dropout, target layers."
+    CATEGORY = CATEGORY
+    FUNCTION = "build"
+    RETURN_TYPES = (LORA_CONFIG,)
+    RETURN_NAMES = ("lora_config",)
+    OUTPUT_TOOLTIPS = ("Feeds Init Trainer.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": widgets(LoraConfig, "rank", "alpha", "dropout", "targets", "dtype")}
+
+    def build(self, **settings):
+        cfg = LoraConfig(**settings)
+        cfg.validate()
+        return (cfg,)
+
+
+class QwenLoRAOptimizer:
+    DESCRIPTION = (
+        "Optimizer and learning-rate schedule: 8-bit AdamW (bitsandbytes) or AdamW, warm-up, constant or cosine "
+        "schedule, gradient clipping."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "build"
+    RETURN_TYPES = (OPTIMIZER_CONFIG,)
+    RETURN_NAMES = ("optimizer_config",)
+    OUTPUT_TOOLTIPS = ("Feeds Init Trainer.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": widgets(
+            OptimizerConfig, "optimizer", "learning_rate", "beta1", "beta2", "eps", "weight_decay",
+            "warmup_steps", "schedule", "schedule_steps", "min_lr_ratio", "max_grad_norm",
+        )}
+
+    def build(self, **settings):
+        cfg = OptimizerConfig(**settings)
+        cfg.validate()
+        return (cfg,)

@@ -1,0 +1,82 @@
+"""Dataset discovery and the latent / prompt cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..trainer_core.cache import build_cache
+from ..trainer_core.config import DatasetConfig
+from ..trainer_core.data import folder_state, load_dataset
+from . import host
+from .common import CACHED, CATEGORY, DATASET, MODELS, engine_mode
+from .widgets import widgets
+
+
+class QwenLoRADataset:
+    DESCRIPTION = (
+        "A folder of training images (png/jpg/webp) with same-name .txt captions, grouped into aspect-ratio "
+        "buckets. Errors name the file to fix."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "discover"
+    RETURN_TYPES = (DATASET, "STRING")
+    RETURN_NAMES = ("dataset", "summary")
+    OUTPUT_TOOLTIPS = ("The images, captions and buckets found.", "How many images landed in which bucket.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": widgets(
+            DatasetConfig, "folder", "resolution", "enable_buckets", "min_bucket_side", "max_bucket_side",
+            "repeats", "caption_extension", "missing_caption", "upscale_small_images",
+        )}
+
+    @classmethod
+    def IS_CHANGED(cls, folder, **_):
+        # Widgets alone do not show that files in the folder changed: fold the folder's state in.
+        return folder_state(folder)
+
+    def discover(self, **settings):
+        dataset = load_dataset(DatasetConfig(**settings))
+        return (dataset, dataset.summary())
+
+
+class QwenLoRACache:
+    DESCRIPTION = (
+        "Encodes every image with the VAE and every caption (plus the preview and negative prompts) with the "
+        "text encoder once, into a cache on disk keyed by content, then frees the text encoder. Re-running "
+        "over unchanged data encodes nothing."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "cache"
+    RETURN_TYPES = (CACHED, "STRING")
+    RETURN_NAMES = ("cached_dataset", "report")
+    OUTPUT_TOOLTIPS = ("The dataset as cached latents and embeddings.", "What was encoded and what was reused.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "models": (MODELS, {"tooltip": "From Load Qwen-Image (training)."}),
+            "dataset": (DATASET, {"tooltip": "From the Dataset node."}),
+            "preview_prompts": ("STRING", {
+                "multiline": True, "default": "",
+                "tooltip": "One prompt per line for the Preview node. They are encoded now, because the text "
+                           "encoder is freed after caching.",
+            }),
+            "negative_prompt": ("STRING", {"default": "", "tooltip": "Negative prompt for previews (CFG)."}),
+            "caching_batch_size": ("INT", {"default": 4, "min": 1, "max": 64,
+                                           "tooltip": "Images or prompts encoded at once."}),
+            "cache_folder": ("STRING", {
+                "default": "", "tooltip": "Where the cache lives. Empty: output/qwen_lora_training/cache. Entries "
+                                          "are keyed by content, so one folder can serve many datasets.",
+            }),
+        }}
+
+    def cache(self, models, dataset, preview_prompts, negative_prompt, caching_batch_size, cache_folder):
+        folder = Path(cache_folder) if cache_folder.strip() else host.output_directory() / "qwen_lora_training" / "cache"
+        prompts = [line.strip() for line in preview_prompts.splitlines() if line.strip()]
+        progress = host.Progress(len(dataset.samples) + len(prompts) + 1)
+        with engine_mode():
+            cached = build_cache(models, list(dataset.samples), folder, preview_prompts=prompts, negative_prompt=negative_prompt,
+                                 batch_size=caching_batch_size, repeats=dataset.config.repeats,
+                                 progress=lambda done, todo: progress.update(done, total=todo))
+        return (cached, cached.report.summary())

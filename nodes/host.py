@@ -1,0 +1,89 @@
+"""The only module that touches ComfyUI. Every host call is imported lazily, at execution time, and
+falls back to a standalone behaviour when ComfyUI is absent (tests, scripts)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+
+def _host(module: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+def compute_device() -> torch.device:
+    mm = _host("comfy.model_management")
+    if mm is not None:
+        return torch.device(mm.get_torch_device())
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def check_interrupt() -> None:
+    """Raise ComfyUI's InterruptProcessingException if the user pressed Cancel (no-op standalone)."""
+    mm = _host("comfy.model_management")
+    if mm is not None:
+        mm.throw_exception_if_processing_interrupted()
+
+
+def free_host_models() -> None:
+    """Ask ComfyUI to unload its own models and empty its cache before training claims the GPU."""
+    mm = _host("comfy.model_management")
+    if mm is not None:
+        mm.unload_all_models()
+        mm.soft_empty_cache()
+
+
+class Progress:
+    """ComfyUI's progress bar on the running node (with an optional preview image); silent standalone."""
+
+    def __init__(self, total: int):
+        utils = _host("comfy.utils")
+        self.bar = utils.ProgressBar(total) if utils is not None else None
+        self.total = total
+
+    def update(self, value: int, preview=None, total: int | None = None) -> None:
+        if total is not None:
+            self.total = total
+        if self.bar is not None:
+            self.bar.update_absolute(value, self.total, ("JPEG", preview, 512) if preview is not None else None)
+        check_interrupt()
+
+
+def output_directory() -> Path:
+    fp = _host("folder_paths")
+    if fp is not None:
+        return Path(fp.get_output_directory())
+    return Path(os.environ.get("QWEN_LORA_OUTPUT", "output")).resolve()
+
+
+def loras_directory() -> Path:
+    """The first folder ComfyUI lists LoRAs from (models/loras by default)."""
+    fp = _host("folder_paths")
+    if fp is not None:
+        return Path(fp.get_folder_paths("loras")[0])
+    return Path(os.environ.get("QWEN_LORA_LORAS", "models/loras")).resolve()
+
+
+def model_file_list(kind: str) -> list[str]:
+    """File names ComfyUI lists for a model folder kind ('diffusion_models', 'text_encoders', 'vae')."""
+    fp = _host("folder_paths")
+    if fp is None:
+        return []
+    try:
+        return list(fp.get_filename_list(kind))
+    except KeyError:
+        return []
+
+
+def model_file_path(kind: str, name: str) -> Path:
+    fp = _host("folder_paths")
+    if fp is None:
+        return Path(name)
+    return Path(fp.get_full_path_or_raise(kind, name))

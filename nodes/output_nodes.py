@@ -1,0 +1,124 @@
+"""Preview images, loss plot and saving the LoRA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..trainer_core.errors import UserInputError
+from ..trainer_core.plot import loss_plot
+from ..trainer_core.sampling import sample_image
+from . import host
+from .common import CATEGORY, TRAINER, engine_mode, pil_to_image
+
+
+class QwenLoRAPreview:
+    DESCRIPTION = (
+        "Samples an image with the LoRA as it is now (fixed seed, so previews compare across steps). The "
+        "prompt must be one of the Cache node's preview prompts; empty uses the first."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "preview"
+    RETURN_TYPES = ("IMAGE",)
+    RETURN_NAMES = ("image",)
+    OUTPUT_TOOLTIPS = ("The sampled image.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "trainer": (TRAINER, {"tooltip": "From Train Steps (so the preview follows training)."}),
+            "prompt": ("STRING", {"multiline": True, "default": "",
+                                  "tooltip": "A preview prompt cached by the Cache node; empty: the first one."}),
+            "width": ("INT", {"default": 1024, "min": 64, "max": 4096, "step": 32, "tooltip": "Image width."}),
+            "height": ("INT", {"default": 1024, "min": 64, "max": 4096, "step": 32, "tooltip": "Image height."}),
+            "steps": ("INT", {"default": 20, "min": 1, "max": 200, "tooltip": "Sampling steps."}),
+            "cfg": ("FLOAT", {"default": 4.0, "min": 1.0, "max": 20.0, "step": 0.1,
+                              "tooltip": "True CFG scale against the cached negative prompt (1 = off)."}),
+            "preview_seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1,
+                                     "tooltip": "Noise seed of the preview; keep it fixed to compare steps."}),
+        }}
+
+    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed):
+        prompt = prompt.strip() or first_preview_prompt(trainer)
+        negative = trainer.dataset.negative_prompt
+        progress = host.Progress(steps)
+        with engine_mode():
+            image = sample_image(trainer.components, trainer.dataset, prompt, negative, width, height, steps, cfg,
+                                 preview_seed, progress=lambda i, n: progress.update(i, total=n))
+        return (pil_to_image(image),)
+
+
+def first_preview_prompt(trainer) -> str:
+    prompts = trainer.dataset.preview_prompts
+    if not prompts:
+        raise UserInputError("no preview prompt given and the Cache node has none: add preview prompts there.")
+    return prompts[0]
+
+
+class QwenLoRALossPlot:
+    DESCRIPTION = "Plots the loss of every step so far (raw and smoothed)."
+    CATEGORY = CATEGORY
+    FUNCTION = "plot"
+    RETURN_TYPES = ("IMAGE",)
+    RETURN_NAMES = ("image",)
+    OUTPUT_TOOLTIPS = ("The loss curve.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "trainer": (TRAINER, {"tooltip": "From Train Steps."}),
+            "width": ("INT", {"default": 768, "min": 256, "max": 4096, "tooltip": "Plot width in pixels."}),
+            "height": ("INT", {"default": 384, "min": 128, "max": 4096, "tooltip": "Plot height in pixels."}),
+        }}
+
+    def plot(self, trainer, width, height):
+        return (pil_to_image(loss_plot(trainer.loss_history, width, height, title=trainer.train_cfg.run_name)),)
+
+
+SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def lora_output_path(loras_dir: Path, filename: str, run_name: str, step: int) -> Path:
+    """`filename` (with {run_name}/{step}) as a .safetensors path inside `loras_dir`; anything that would
+    land outside it (absolute paths, '..') is refused."""
+    name = filename.strip().format(run_name=run_name, step=f"{step:06d}")
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts or name.startswith(("/", "\\", "~")):
+        raise UserInputError(
+            f"filename {filename!r} must be a relative name inside ComfyUI's loras folder (no absolute path, "
+            "no '..'), for example 'qwen/{run_name}_{step}'."
+        )
+    if not name.endswith(".safetensors"):
+        name += ".safetensors"
+    path = (loras_dir / name).resolve()
+    if loras_dir.resolve() not in path.parents:
+        raise UserInputError(f"filename {filename!r} resolves outside the loras folder {loras_dir}.")
+    return path
+
+
+class QwenLoRASave:
+    DESCRIPTION = (
+        "Saves the LoRA into ComfyUI's loras folder in the layout ComfyUI's LoRA loaders (and diffusers) load "
+        "with no unmatched keys, with rank, alpha, targets and steps in its metadata."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "save"
+    OUTPUT_NODE = True
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("path",)
+    OUTPUT_TOOLTIPS = ("Where the file was written.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "trainer": (TRAINER, {"tooltip": "From Train Steps."}),
+            "filename": ("STRING", {"default": "{run_name}_{step}", "tooltip": "File name inside the loras "
+                                    "folder; {run_name} and {step} are filled in. Subfolders allowed."}),
+            "dtype": (list(SAVE_DTYPES), {"default": "bfloat16", "tooltip": "Precision of the saved weights."}),
+        }}
+
+    def save(self, trainer, filename, dtype):
+        path = lora_output_path(host.loras_directory(), filename, trainer.train_cfg.run_name, trainer.step)
+        with engine_mode():
+            trainer.save_lora(path, SAVE_DTYPES[dtype])
+        return {"ui": {"text": [str(path)]}, "result": (str(path),)}

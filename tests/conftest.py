@@ -1,0 +1,75 @@
+"""Shared fixtures: tiny real models, the demo dataset, and the pack loaded the way ComfyUI loads it."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+logging.getLogger("diffusers").setLevel(logging.ERROR)
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def load_pack():
+    """Import the repository as ComfyUI imports a custom node folder: from its __init__.py, under a
+    mangled module name (never as a top-level `nodes` package)."""
+    name = str(REPO).replace(".", "_x_")
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def pack_module(pack, dotted: str):
+    """A submodule of the pack as ComfyUI imported it (distinct from a top-level `trainer_core` import)."""
+    return importlib.import_module(f"{pack.__name__}.{dotted}")
+
+
+@pytest.fixture(scope="session")
+def pack():
+    return load_pack()
+
+
+@pytest.fixture
+def tiny():
+    """Fresh tiny components (fp32 storage) for a test that mutates the model."""
+    from trainer_core.models import build_tiny_components
+
+    return build_tiny_components(seed=0, storage="float32")
+
+
+@pytest.fixture(scope="session")
+def demo_folder(tmp_path_factory):
+    from trainer_core.demo import make_demo_dataset
+
+    return make_demo_dataset(tmp_path_factory.mktemp("demo_dataset"))
+
+
+def tiny_dataset_config(folder, **overrides):
+    from trainer_core.config import DatasetConfig
+
+    settings = dict(folder=str(folder), resolution=64, min_bucket_side=32, max_bucket_side=128)
+    settings.update(overrides)
+    return DatasetConfig(**settings)
+
+
+def cached_demo(components, folder, cache_dir, **cache_kwargs):
+    """Discover + cache the demo dataset for `components`."""
+    from trainer_core.cache import build_cache
+    from trainer_core.data import discover
+
+    return build_cache(components, discover(tiny_dataset_config(folder)), cache_dir, **cache_kwargs)
+
+
+def adapter_snapshot(trainer) -> dict[str, torch.Tensor]:
+    """Copies of every LoRA tensor, keyed by parameter name."""
+    return {n: p.detach().clone() for n, p in trainer.transformer.named_parameters() if ".lora_" in n}

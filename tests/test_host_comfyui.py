@@ -1,0 +1,123 @@
+"""Host test: a real ComfyUI runs the example workflow with this pack installed.
+
+Needs COMFYUI_PATH (a ComfyUI checkout) and, unless ComfyUI's requirements are installed in this
+Python, COMFYUI_PYTHON (a Python that has them). ComfyUI is started on the CPU, on a loopback port,
+with --base-directory pointing at a temporary folder (models, custom_nodes, input, output), so the
+checkout itself is never written to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from test_nodes import tiny_prompt
+
+COMFYUI = os.environ.get("COMFYUI_PATH")
+pytestmark = pytest.mark.skipif(
+    not COMFYUI, reason="COMFYUI_PATH is not set: point it at a ComfyUI checkout (and COMFYUI_PYTHON at a Python "
+                        "with ComfyUI's requirements) to run the workflow in a real ComfyUI")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ComfyServer:
+    def __init__(self, base: Path):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = base / "comfyui.log"
+        python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+        self.proc = subprocess.Popen(
+            [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
+             "--base-directory", str(base), "--disable-auto-launch"],
+            cwd=COMFYUI, stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str):
+        with urllib.request.urlopen(self.url + path, timeout=30) as r:
+            return json.loads(r.read())
+
+    def post(self, path: str, payload: dict):
+        req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited early:\n{self.log()[-3000:]}")
+            try:
+                self.get("/object_info/QwenLoRATrain")
+                return
+            except (OSError, ValueError):
+                time.sleep(1)
+        raise TimeoutError(f"ComfyUI did not start:\n{self.log()[-3000:]}")
+
+    def run(self, prompt: dict, timeout: float = 600) -> dict:
+        prompt_id = self.post("/prompt", {"prompt": prompt, "client_id": str(uuid.uuid4())})["prompt_id"]
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            history = self.get(f"/history/{prompt_id}")
+            if prompt_id in history and history[prompt_id].get("status", {}).get("completed") is not None:
+                return history[prompt_id]
+            time.sleep(0.5)
+        raise TimeoutError(f"prompt {prompt_id} did not finish:\n{self.log()[-3000:]}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture
+def comfy(tmp_path):
+    base = tmp_path / "comfy_base"
+    (base / "custom_nodes").mkdir(parents=True)
+    (base / "custom_nodes" / "qwen_image_lora_trainer").symlink_to(REPO, target_is_directory=True)
+    server = ComfyServer(base)
+    try:
+        server.wait_ready()
+        yield server, base
+    finally:
+        server.stop()
+
+
+def test_workflow_runs_in_real_comfyui(comfy, tmp_path, demo_folder):
+    server, base = comfy
+    assert "QwenLoRATrain" in server.get("/object_info/QwenLoRATrain")
+    prompt = tiny_prompt(tmp_path, demo_folder, steps=3)
+    first = server.run(prompt)
+    assert first["status"]["status_str"] == "success", json.dumps(first["status"], indent=1)[-3000:]
+    loras = sorted((base / "models" / "loras").glob("*.safetensors"))
+    assert [p.name.rsplit("_", 1)[1] for p in loras] == ["000003.safetensors"]
+    previews = sorted((base / "output" / "qwen_lora").glob("preview*.png"))
+    assert len(previews) == 1
+
+    # Queue the same graph again: only the train node (and what follows) runs, three steps further on.
+    second = server.run(prompt)
+    assert second["status"]["status_str"] == "success"
+    names = sorted(p.name.rsplit("_", 1)[1] for p in (base / "models" / "loras").glob("*.safetensors"))
+    assert names == ["000003.safetensors", "000006.safetensors"]
+    assert len(list((base / "output" / "qwen_lora").glob("preview*.png"))) == 2
+    assert "lora key not loaded" not in server.log()

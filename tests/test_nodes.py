@@ -1,0 +1,113 @@
+"""The nodes, loaded as ComfyUI loads the pack: definitions, and the example workflow run end to end."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from comfy_lora_rules import comfy_key_map, unmatched_keys
+from conftest import REPO, pack_module
+from graph_runner import GraphRunner, RecordImages
+
+# Node ids of ComfyUI core that a custom node with the same id would silently replace or lose to.
+CORE_IDS = {"TrainLoraNode", "SaveLoRA", "SaveLoRANode", "LoraModelLoader", "LossGraphNode", "LoraLoader",
+            "LoraLoaderModelOnly", "KSampler", "SaveImage", "PreviewImage", "LoadImage"}
+
+API_WORKFLOW = REPO / "workflows" / "api" / "qwen_image_lora_training.api.json"
+
+
+def test_pack_imports_like_comfyui_and_exposes_prefixed_nodes(pack):
+    mappings = pack.NODE_CLASS_MAPPINGS
+    assert len(mappings) == 10
+    assert set(mappings) == set(pack.NODE_DISPLAY_NAME_MAPPINGS)
+    assert all(name.startswith("QwenLoRA") for name in mappings)
+    assert not set(mappings) & CORE_IDS
+    assert "nodes" not in __import__("sys").modules or not hasattr(__import__("sys").modules["nodes"], "QwenLoRATrain")
+
+
+def test_every_node_is_described_and_every_input_has_a_tooltip(pack):
+    for name, cls in pack.NODE_CLASS_MAPPINGS.items():
+        assert len(cls.DESCRIPTION) > 30, name
+        assert cls.CATEGORY and cls.FUNCTION and hasattr(cls, cls.FUNCTION)
+        assert len(cls.OUTPUT_TOOLTIPS) == len(cls.RETURN_TYPES) == len(cls.RETURN_NAMES), name
+        for group in cls.INPUT_TYPES().values():
+            for input_name, spec in group.items():
+                assert len(spec) == 2 and spec[1].get("tooltip"), f"{name}.{input_name} has no tooltip"
+
+
+def tiny_prompt(tmp_path, demo_folder, steps=3, **overrides):
+    """The example API workflow, pointed at the tiny model and the demo dataset."""
+    prompt = json.loads(API_WORKFLOW.read_text())
+    prompt["1"]["inputs"].update(source="tiny test model (random weights)", storage="float8")
+    prompt["2"]["inputs"].update(folder=str(demo_folder), resolution=64, min_bucket_side=32, max_bucket_side=128)
+    prompt["3"]["inputs"].update(preview_prompts="a red circle on a white background\na blue square",
+                                 cache_folder=str(tmp_path / "cache"))
+    prompt["6"]["inputs"].update(blocks_to_swap=1, checkpoint_every=0, run_name=f"test_{tmp_path.name}"[:60])
+    prompt["7"]["inputs"].update(steps=steps)
+    prompt["8"]["inputs"].update(width=64, height=64, steps=3)
+    for node_id, values in overrides.items():
+        prompt[node_id]["inputs"].update(values)
+    return prompt
+
+
+@pytest.fixture
+def loras_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "loras"
+    monkeypatch.setenv("QWEN_LORA_LORAS", str(folder))
+    monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
+    return folder
+
+
+def test_workflow_trains_previews_and_saves_a_comfyui_lora(pack, tmp_path, demo_folder, loras_dir):
+    runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
+    RecordImages.received.clear()
+    outputs = runner.run(tiny_prompt(tmp_path, demo_folder, steps=3))
+    trainer = outputs["7"][0]
+    assert trainer.step == 3
+    assert torch.isfinite(torch.tensor(outputs["7"][1]))
+    preview, plot = RecordImages.received
+    assert preview.shape == (1, 64, 64, 3) and plot.shape[-1] == 3
+    assert 0.0 <= preview.min() and preview.max() <= 1.0
+    saved = Path(outputs["10"][0])
+    assert saved.parent == loras_dir and saved.name.endswith("_000003.safetensors")
+    base_keys = {k for k in trainer.components.transformer.state_dict() if ".lora_" not in k}
+    base_keys = {k.replace(".base_layer", "") for k in base_keys}
+    assert unmatched_keys(load_file(str(saved)).keys(), comfy_key_map(base_keys)) == []
+
+
+def test_queueing_again_trains_more_and_loads_nothing_again(pack, tmp_path, demo_folder, loras_dir):
+    runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
+    prompt = tiny_prompt(tmp_path, demo_folder, steps=2)
+    runner.run(prompt)
+    outputs = runner.run(prompt)
+    assert outputs["7"][0].step == 4  # the same trainer, two steps further
+    assert set(runner.executed) == {"7", "8", "9", "10", "11", "12"}  # loaders, cache and init were cached
+
+
+def test_evicted_init_output_continues_the_live_trainer(pack, tmp_path, demo_folder, loras_dir):
+    runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
+    prompt = tiny_prompt(tmp_path, demo_folder, steps=2)
+    first = runner.run(prompt)["7"][0]
+    runner.cache.pop("6")  # ComfyUI dropped the init node's cached output (RAM pressure, /free)
+    again = runner.run(prompt)
+    assert again["7"][0] is first and first.step == 4
+    assert "continuing" in again["6"][1]
+
+
+def test_training_runs_with_inference_mode_off(pack, tmp_path, demo_folder, loras_dir):
+    """Nodes run under torch.inference_mode(); the adapter must still be ordinary trainable tensors."""
+    runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
+    trainer = runner.run(tiny_prompt(tmp_path, demo_folder, steps=1))["7"][0]
+    assert all(not p.is_inference() and p.requires_grad for p in trainer.params)
+
+
+def test_save_refuses_paths_outside_the_loras_folder(pack, tmp_path, demo_folder, loras_dir):
+    UserInputError = pack_module(pack, "trainer_core.errors").UserInputError
+
+    runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
+    for bad in ("../escape", "/tmp/abs", "a/../../b"):
+        with pytest.raises(UserInputError, match="filename"):
+            runner.run(tiny_prompt(tmp_path, demo_folder, steps=1, **{"10": {"filename": bad}}))
+    assert not (tmp_path / "escape.safetensors").exists()

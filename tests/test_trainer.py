@@ -1,0 +1,142 @@
+"""The trainer: chunked == unchunked bit for bit, swapping and checkpointing change nothing, the loss falls."""
+
+import pytest
+import torch
+
+from conftest import adapter_snapshot, cached_demo
+from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.errors import UserInputError
+from trainer_core.models import build_tiny_components
+from trainer_core.trainer import Trainer
+
+
+def make_trainer(cache_dir, folder, storage="float32", lora=None, optim=None, **train):
+    components = build_tiny_components(seed=0, storage=storage)
+    cached = cached_demo(components, folder, cache_dir, preview_prompts=["a red circle on a white background"])
+    settings = dict(seed=3, micro_batch_size=2)
+    settings.update(train)
+    return Trainer(components, cached, lora or LoraConfig(rank=4, alpha=8.0, targets="all", dropout=0.1),
+                   optim or OptimizerConfig(learning_rate=1e-3, warmup_steps=3, schedule="cosine", schedule_steps=20),
+                   TrainConfig(**settings))
+
+
+def assert_same_adapter(a, b):
+    sa, sb = adapter_snapshot(a), adapter_snapshot(b)
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+
+
+@pytest.mark.parametrize("optimizer", ["adamw8bit", "adamw"])
+def test_four_chunks_of_five_equal_one_chunk_of_twenty(demo_folder, tmp_path, optimizer):
+    optim = OptimizerConfig(optimizer=optimizer, learning_rate=1e-3, warmup_steps=3, schedule="cosine", schedule_steps=20)
+    whole = make_trainer(tmp_path, demo_folder, optim=optim, grad_accum_steps=2, caption_dropout=0.3)
+    chunked = make_trainer(tmp_path, demo_folder, optim=optim, grad_accum_steps=2, caption_dropout=0.3)
+    report = whole.train(20)
+    for _ in range(4):
+        chunked.train(5)
+    assert whole.step == chunked.step == 20
+    assert_same_adapter(whole, chunked)
+    assert [l for _, l in whole.loss_history] == [l for _, l in chunked.loss_history] == report.losses
+    assert whole.optimizer.param_groups[0]["lr"] == chunked.optimizer.param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize("blocks_to_swap", [1])  # the tiny model has 2 blocks: 1 is all-but-one
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_block_swapping_gives_identical_weights(demo_folder, tmp_path, blocks_to_swap, checkpointing):
+    plain = make_trainer(tmp_path, demo_folder, storage="float8", gradient_checkpointing=checkpointing)
+    swapped = make_trainer(tmp_path, demo_folder, storage="float8", gradient_checkpointing=checkpointing,
+                           blocks_to_swap=blocks_to_swap)
+    plain.train(6)
+    swapped.train(6)
+    assert_same_adapter(plain, swapped)
+    assert swapped.runner.swapper.bytes_copied > 0  # weights really travelled through the slots
+
+
+def test_block_swapping_on_a_deeper_model_all_but_one(demo_folder, tmp_path):
+    """4 blocks: swapping 0, 1 and 3 (all but one) gives the same gradients and weights."""
+    from trainer_core.models import tiny as tiny_models
+
+    original = dict(tiny_models.TINY_TRANSFORMER)
+    tiny_models.TINY_TRANSFORMER["num_layers"] = 4
+    try:
+        runs = [make_trainer(tmp_path / str(k), demo_folder, storage="float8", blocks_to_swap=k) for k in (0, 1, 3)]
+        grads = []
+        for t in runs:
+            t.train(3)
+            loss = t._micro_batch_loss([0, 1])
+            loss.backward()
+            grads.append({n: p.grad.clone() for n, p in t.transformer.named_parameters() if p.grad is not None})
+            t.optimizer.zero_grad(set_to_none=True)
+    finally:
+        tiny_models.TINY_TRANSFORMER.update(original)
+    for other, other_grads in zip(runs[1:], grads[1:]):
+        assert_same_adapter(runs[0], other)
+        assert grads[0].keys() == other_grads.keys()
+        assert all(torch.equal(grads[0][n], other_grads[n]) for n in grads[0])
+
+
+def test_checkpointing_gives_identical_weights(demo_folder, tmp_path):
+    a = make_trainer(tmp_path, demo_folder, gradient_checkpointing=False)
+    b = make_trainer(tmp_path, demo_folder, gradient_checkpointing=True)
+    a.train(5)
+    b.train(5)
+    assert_same_adapter(a, b)
+
+
+def test_every_lora_tensor_learns(demo_folder, tmp_path):
+    """No target is dead: in particular the last block's text-stream modules are left out."""
+    t = make_trainer(tmp_path, demo_folder, lora=LoraConfig(rank=4, alpha=4.0, targets="all"),
+                     optim=OptimizerConfig(learning_rate=1e-3, weight_decay=0.0))
+    before = adapter_snapshot(t)
+    t.train(3)
+    after = adapter_snapshot(t)
+    unchanged = [n for n in before if torch.equal(before[n], after[n])]
+    assert unchanged == []
+    assert not any("transformer_blocks.1.attn.add_q_proj" in n for n in before)
+
+
+def test_loss_falls_on_the_demo_dataset(demo_folder, tmp_path):
+    t = make_trainer(tmp_path, demo_folder, lora=LoraConfig(rank=8, alpha=8.0, targets="all"),
+                     optim=OptimizerConfig(learning_rate=2e-3, warmup_steps=10))
+    losses = t.train(120).losses
+    assert sum(losses[-20:]) / 20 < 0.75 * sum(losses[:20]) / 20
+
+
+def test_adapter_starts_as_a_no_op(demo_folder, tmp_path):
+    from trainer_core.lora import adapter_weights
+
+    t = make_trainer(tmp_path, demo_folder)
+    assert all(torch.count_nonzero(b) == 0 for _, b in adapter_weights(t.transformer).values())
+    assert all(torch.count_nonzero(a) > 0 for a, _ in adapter_weights(t.transformer).values())
+
+
+def test_close_returns_the_model_unchanged(demo_folder, tmp_path):
+    t = make_trainer(tmp_path, demo_folder, storage="float8", blocks_to_swap=1, gradient_checkpointing=True)
+    names_before = {n for n, _ in t.transformer.named_parameters() if ".lora_" not in n}
+    t.train(2)
+    t.close()
+    names_after = {n.replace(".base_layer", "") for n, _ in t.transformer.named_parameters()}
+    assert names_after == {n.replace(".base_layer", "") for n in names_before}
+    assert all(p.numel() > 0 for p in t.transformer.parameters())  # swapped weights are back in place
+
+
+def test_bad_training_settings_are_named():
+    with pytest.raises(UserInputError, match="blocks_to_swap=5 is too large"):
+        TrainConfig(blocks_to_swap=5).validate(num_blocks=2)
+    with pytest.raises(UserInputError, match="rank=0"):
+        LoraConfig(rank=0).validate()
+    with pytest.raises(UserInputError, match="learning_rate=0"):
+        OptimizerConfig(learning_rate=0.0).validate()
+    with pytest.raises(UserInputError, match="learning_rate=nan"):
+        OptimizerConfig(learning_rate=float("nan")).validate()
+
+
+def test_learning_rate_schedule():
+    from trainer_core.optim import lr_factor
+
+    cfg = OptimizerConfig(warmup_steps=4, schedule="cosine", schedule_steps=14, min_lr_ratio=0.1)
+    factors = [lr_factor(s, cfg) for s in range(16)]
+    assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert factors[4] == 1.0 and abs(factors[9] - 0.55) < 1e-9 and factors[14] == factors[15] == pytest.approx(0.1)
+    assert lr_factor(100, OptimizerConfig(warmup_steps=0)) == 1.0
