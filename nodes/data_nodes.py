@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..trainer_core.cache import build_cache
 from ..trainer_core.config import DatasetConfig
 from ..trainer_core.data import folder_state, load_dataset
+from ..trainer_core.files import inside
 from . import host
 from .common import CACHED, CATEGORY, DATASET, MODELS, engine_mode
 from .widgets import widgets
@@ -66,13 +65,16 @@ class QwenLoRACache:
             "caching_batch_size": ("INT", {"default": 4, "min": 1, "max": 64,
                                            "tooltip": "Images or prompts encoded at once."}),
             "cache_folder": ("STRING", {
-                "default": "", "tooltip": "Where the cache lives. Empty: output/qwen_lora_training/cache. Entries "
-                                          "are keyed by content, so one folder can serve many datasets.",
+                "default": "", "tooltip": "Folder inside ComfyUI's output folder for the cache. Empty: "
+                                          "qwen_lora_training/cache. Entries are keyed by content, so one "
+                                          "folder serves many datasets and models.",
             }),
         }}
 
     def cache(self, models, dataset, preview_prompts, negative_prompt, caching_batch_size, cache_folder):
-        folder = Path(cache_folder) if cache_folder.strip() else host.output_directory() / "qwen_lora_training" / "cache"
+        # Nothing is written outside ComfyUI's output folder: the cache folder is a name inside it.
+        folder = inside(host.output_directory(), cache_folder.strip() or "qwen_lora_training/cache", "cache_folder",
+                        "qwen_lora_training/cache")
         prompts = [line.strip() for line in preview_prompts.splitlines() if line.strip()]
         progress = host.Progress(len(dataset.samples) + len(prompts) + 1)
         with engine_mode():

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from ..trainer_core.errors import UserInputError
+from ..trainer_core.files import inside
 from ..trainer_core.plot import loss_plot
 from ..trainer_core.sampling import sample_image
 from . import host
@@ -80,20 +81,11 @@ SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": 
 
 
 def lora_output_path(loras_dir: Path, filename: str, run_name: str, step: int) -> Path:
-    """`filename` (with {run_name}/{step}) as a .safetensors path inside `loras_dir`; anything that would
-    land outside it (absolute paths, '..') is refused."""
+    """`filename` (with {run_name}/{step} filled in) as a .safetensors path inside `loras_dir`."""
     name = filename.strip().format(run_name=run_name, step=f"{step:06d}")
-    if not name or Path(name).is_absolute() or ".." in Path(name).parts or name.startswith(("/", "\\", "~")):
-        raise UserInputError(
-            f"filename {filename!r} must be a relative name inside ComfyUI's loras folder (no absolute path, "
-            "no '..'), for example 'qwen/{run_name}_{step}'."
-        )
     if not name.endswith(".safetensors"):
         name += ".safetensors"
-    path = (loras_dir / name).resolve()
-    if loras_dir.resolve() not in path.parents:
-        raise UserInputError(f"filename {filename!r} resolves outside the loras folder {loras_dir}.")
-    return path
+    return inside(loras_dir, name, "filename", "qwen/{run_name}_{step}")
 
 
 class QwenLoRASave:

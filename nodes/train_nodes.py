@@ -6,9 +6,10 @@ import hashlib
 import json
 import logging
 import time
+from pathlib import Path
 
 from ..trainer_core import registry
-from ..trainer_core.config import TrainConfig, to_dict
+from ..trainer_core.config import TrainConfig, check_run_name, to_dict
 from ..trainer_core.plot import loss_plot
 from ..trainer_core.trainer import Trainer
 from . import host
@@ -20,10 +21,16 @@ log = logging.getLogger("qwen_lora")
 TRAIN_WIDGETS = (
     "run_name", "micro_batch_size", "grad_accum_steps", "gradient_checkpointing", "blocks_to_swap", "seed",
     "timestep_sampling", "logit_mean", "logit_std", "resolution_shift", "caption_dropout", "checkpoint_every",
+    "max_nonfinite_steps",
 )
 # The seed widget is called training_seed: ComfyUI gives any INT input named "seed" a "randomize after
 # queue" control, which would change the seed, hence start a new run, on every queue.
 WIDGET_NAMES = {"seed": "training_seed"}
+
+
+def run_directory(run_name: str) -> Path:
+    """Where a run's checkpoints live: inside ComfyUI's output folder, one folder per run name."""
+    return host.output_directory() / "qwen_lora_training" / "runs" / check_run_name(run_name)
 
 
 def trainer_signature(models, cached, lora_cfg, optim_cfg, train_cfg) -> str:
@@ -65,17 +72,30 @@ class QwenLoRAInitTrainer:
         signature = trainer_signature(models, cached_dataset, lora_config, optimizer_config, train_cfg)
         live = registry.find(train_cfg.run_name, signature)
         if live is not None:
-            return (live, f"continuing run '{train_cfg.run_name}' at step {live.step}")
-        for old in registry.retire_users_of(models.transformer):
-            old.close()
+            return (live, f"continuing run '{train_cfg.run_name}' at step {live.step} (still in memory)")
+        # One adapter per model at a time: finish (checkpoint) and detach whatever trains this model now.
+        retiring = registry.retire_users_of(models.transformer)
         stale = registry.retire(train_cfg.run_name)
-        if stale is not None:
-            stale.close()
+        for old in retiring + ([stale] if stale is not None and stale not in retiring else []):
+            with engine_mode():
+                old.checkpoint_if_behind()
+            old.close()
         host.free_host_models()
+        run_dir = run_directory(train_cfg.run_name)
         with engine_mode():
-            trainer = Trainer(models, cached_dataset, lora_config, optimizer_config, train_cfg)
+            trainer = Trainer(models, cached_dataset, lora_config, optimizer_config, train_cfg, run_dir=run_dir)
+            try:
+                resumed = trainer.resume()
+            except BaseException:
+                trainer.close()  # leave the model without a half-made adapter
+                raise
         registry.register(train_cfg.run_name, trainer, signature)
-        return (trainer, f"started run '{train_cfg.run_name}' at step 0")
+        if resumed:
+            status = f"resumed run '{train_cfg.run_name}' from its checkpoint at step {trainer.step} ({run_dir})"
+        else:
+            status = f"started run '{train_cfg.run_name}' at step 0; checkpoints go to {run_dir}"
+        log.info("[qwen-lora] %s", status)
+        return (trainer, status)
 
 
 class QwenLoRATrain:

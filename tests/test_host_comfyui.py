@@ -58,7 +58,8 @@ class ComfyServer:
         req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
+            body = r.read()
+            return json.loads(body) if body.strip() else None  # /interrupt answers with an empty body
 
     def wait_ready(self, timeout: float = 180) -> None:
         deadline = time.time() + timeout
@@ -91,16 +92,30 @@ class ComfyServer:
 
 
 @pytest.fixture
-def comfy(tmp_path):
+def comfy_base(tmp_path):
     base = tmp_path / "comfy_base"
     (base / "custom_nodes").mkdir(parents=True)
     (base / "custom_nodes" / "qwen_image_lora_trainer").symlink_to(REPO, target_is_directory=True)
-    server = ComfyServer(base)
+    return base
+
+
+@pytest.fixture
+def comfy(comfy_base):
+    server = ComfyServer(comfy_base)
     try:
         server.wait_ready()
-        yield server, base
+        yield server, comfy_base
     finally:
         server.stop()
+
+
+def lora_steps(base: Path) -> list[int]:
+    return sorted(int(p.stem.rsplit("_", 1)[1]) for p in (base / "models" / "loras").glob("*.safetensors"))
+
+
+def latest_checkpoint_step(base: Path, run_name: str) -> int:
+    latest = base / "output" / "qwen_lora_training" / "runs" / run_name / "checkpoints" / "latest.json"
+    return json.loads(latest.read_text())["step"]
 
 
 def test_workflow_runs_in_real_comfyui(comfy, tmp_path, demo_folder):
@@ -121,3 +136,42 @@ def test_workflow_runs_in_real_comfyui(comfy, tmp_path, demo_folder):
     assert names == ["000003.safetensors", "000006.safetensors"]
     assert len(list((base / "output" / "qwen_lora").glob("preview*.png"))) == 2
     assert "lora key not loaded" not in server.log()
+
+
+def test_cancel_and_restart_continue_the_run_in_real_comfyui(comfy_base, tmp_path, demo_folder):
+    prompt = tiny_prompt(tmp_path, demo_folder, steps=2)
+    run_name = prompt["6"]["inputs"]["run_name"]
+    server = ComfyServer(comfy_base)
+    try:
+        server.wait_ready()
+        assert server.run(prompt)["status"]["status_str"] == "success"
+
+        # A long chunk, cancelled after a moment: it stops at a step boundary and checkpoints there.
+        prompt["7"]["inputs"]["steps"] = 5000
+        prompt_id = server.post("/prompt", {"prompt": prompt, "client_id": "t"})["prompt_id"]
+        time.sleep(4)
+        server.post("/interrupt", {})
+        deadline = time.time() + 120
+        while prompt_id not in server.get(f"/history/{prompt_id}") and time.time() < deadline:
+            time.sleep(0.5)
+        stopped = latest_checkpoint_step(comfy_base, run_name)
+        assert 2 < stopped < 5002
+
+        # The next queue continues from there.
+        prompt["7"]["inputs"]["steps"] = 2
+        assert server.run(prompt)["status"]["status_str"] == "success"
+        assert lora_steps(comfy_base)[-1] == stopped + 2
+    finally:
+        server.stop()
+
+    # A restart loses every trainer in memory: Init Trainer resumes from the checkpoint.
+    server = ComfyServer(comfy_base)
+    try:
+        server.wait_ready()
+        prompt["7"]["inputs"]["steps"] = 3
+        done = server.run(prompt)
+        assert done["status"]["status_str"] == "success", json.dumps(done["status"])[-2000:]
+        assert lora_steps(comfy_base)[-1] == stopped + 5
+        assert f"resumed run '{run_name}' from its checkpoint at step {stopped + 2}" in server.log()
+    finally:
+        server.stop()

@@ -43,7 +43,7 @@ def tiny_prompt(tmp_path, demo_folder, steps=3, **overrides):
     prompt["1"]["inputs"].update(source="tiny test model (random weights)", storage="float8")
     prompt["2"]["inputs"].update(folder=str(demo_folder), resolution=64, min_bucket_side=32, max_bucket_side=128)
     prompt["3"]["inputs"].update(preview_prompts="a red circle on a white background\na blue square",
-                                 cache_folder=str(tmp_path / "cache"))
+                                 cache_folder="")
     prompt["6"]["inputs"].update(blocks_to_swap=1, checkpoint_every=0, run_name=f"test_{tmp_path.name}"[:60])
     prompt["7"]["inputs"].update(steps=steps)
     prompt["8"]["inputs"].update(width=64, height=64, steps=3)

@@ -23,7 +23,7 @@ def _quiet_libraries() -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    result = run_demo(args.out, steps=args.steps, seed=args.seed)
+    result = run_demo(args.out, steps=args.steps, seed=args.seed, resume=args.resume)
     print(f"loss: first step {result.first_loss:.4f}, last step {result.last_loss:.4f} ({result.steps} steps)")
     print(f"lora:      {result.lora}")
     print(f"preview:   {result.preview}")
@@ -35,9 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer_core", description="Qwen-Image LoRA trainer engine.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a small LoRA on the built-in tiny model and a generated dataset")
-    demo.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
+    demo.add_argument("--steps", type=int, default=200, help="total optimizer steps (default 200)")
     demo.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--resume", action="store_true",
+                      help="continue from the checkpoint in --out up to --steps total steps")
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -164,12 +164,17 @@ class TrainConfig:
         0.0, "Probability of training a step's image with the empty caption.", min=0.0, max=1.0, step=0.01,
     )
     checkpoint_every: int = _f(
-        0, "Write a resumable checkpoint every N steps (0 = only at the end of each train call).",
-        min=0, max=1000000,
+        100, "Also write a resumable checkpoint every N steps (0 = only at the end of each Train Steps run and "
+        "on cancel).", min=0, max=1000000,
+    )
+    max_nonfinite_steps: int = _f(
+        3, "Skip a step whose loss or gradient is NaN/inf; after this many in a row, stop and keep the last good "
+        "LoRA.", min=1, max=1000,
     )
 
     def validate(self, num_blocks: int | None = None) -> None:
-        _check_range(self, "micro_batch_size", "grad_accum_steps", "seed", "caption_dropout", "checkpoint_every")
+        _check_range(self, "micro_batch_size", "grad_accum_steps", "seed", "caption_dropout", "checkpoint_every",
+                     "max_nonfinite_steps")
         _check_choice(self, "timestep_sampling")
         if self.blocks_to_swap < 0:
             raise UserInputError(f"blocks_to_swap={self.blocks_to_swap} must be 0 or more.")

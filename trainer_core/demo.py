@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw
 
+from . import checkpoint
 from .cache import build_cache
 from .config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
 from .data import discover
@@ -24,6 +25,9 @@ from .trainer import Trainer
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 70, 220), "yellow": (235, 200, 30)}
 SHAPES = ("circle", "square")
 PREVIEW_PROMPT = "a red circle on a white background"
+# The cosine schedule's length is fixed (not --steps), so `demo --steps 3` resumed to 6 follows the very
+# same learning rates as `demo --steps 6`.
+SCHEDULE_STEPS = 200
 
 
 def make_demo_dataset(folder: str | Path, size: int = 64) -> Path:
@@ -52,8 +56,12 @@ class DemoResult:
     steps: int
 
 
-def run_demo(out: str | Path, steps: int = 200, seed: int = 0, log=print) -> DemoResult:
+def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = False, log=print) -> DemoResult:
+    """Train to `steps` total steps; with `resume`, continue from the checkpoint in `out` first."""
     out = Path(out)
+    run_dir = out / "run"
+    if not resume:
+        checkpoint.clear(run_dir)
     dataset_dir = make_demo_dataset(out / "dataset")
     components = build_tiny_components(seed=seed, storage="float8", compute_dtype=torch.float32)
     dataset_cfg = DatasetConfig(folder=str(dataset_dir), resolution=64, min_bucket_side=32, max_bucket_side=128)
@@ -63,11 +71,16 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, log=print) -> Dem
         components, cached,
         LoraConfig(rank=8, alpha=8.0, targets="all"),
         OptimizerConfig(optimizer="adamw8bit", learning_rate=2e-3, warmup_steps=10, schedule="cosine",
-                        schedule_steps=steps, min_lr_ratio=0.1),
-        TrainConfig(run_name="demo", seed=seed, micro_batch_size=2, gradient_checkpointing=True, blocks_to_swap=1),
+                        schedule_steps=SCHEDULE_STEPS, min_lr_ratio=0.1),
+        TrainConfig(run_name="demo", seed=seed, micro_batch_size=2, gradient_checkpointing=True, blocks_to_swap=1,
+                    checkpoint_every=50),
+        run_dir=run_dir,
     )
-    report = trainer.train(steps, on_step=lambda r: log(f"step {r.step:4d}  loss {r.loss:.4f}  lr {r.lr:.2e}")
-                           if r.step == 1 or r.step % 25 == 0 else None)
+    if resume:
+        log(f"resumed from step {trainer.step}" if trainer.resume() else f"no checkpoint in {run_dir}: starting at step 0")
+    trainer.train(max(0, steps - trainer.step),
+                  on_step=lambda r: log(f"step {r.step:4d}  loss {r.loss:.4f}  lr {r.lr:.2e}")
+                  if r.step == 1 or r.step % 25 == 0 else None)
     lora = trainer.save_lora(out / "demo_lora.safetensors")
     preview = out / "preview.png"
     sample_image(components, cached, PREVIEW_PROMPT, "", width=64, height=64, steps=20, cfg_scale=4.0,
@@ -75,5 +88,6 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, log=print) -> Dem
     plot = out / "loss.png"
     loss_plot(trainer.loss_history, title="demo loss").save(plot)
     (out / "losses.json").write_text(json.dumps(trainer.loss_history))
-    return DemoResult(lora=lora, preview=preview, loss_plot=plot, first_loss=report.losses[0],
-                      last_loss=report.losses[-1], steps=trainer.step)
+    losses = [loss for _, loss in trainer.loss_history]
+    return DemoResult(lora=lora, preview=preview, loss_plot=plot, first_loss=losses[0] if losses else float("nan"),
+                      last_loss=losses[-1] if losses else float("nan"), steps=trainer.step)

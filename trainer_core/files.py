@@ -8,6 +8,28 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from .errors import UserInputError
+
+
+def inside(root: str | Path, relative: str, what: str, example: str) -> Path:
+    """`root / relative`, refusing anything that would land outside `root` (absolute paths, '..', '~').
+
+    `what` names the input in the error; `example` shows a valid value.
+    """
+    root = Path(root).resolve()
+    text = relative.strip()
+    candidate = Path(text)
+    if (not text or candidate.is_absolute() or text.startswith(("~", "/", "\\")) or ".." in candidate.parts
+            or ".." in Path(text.replace("\\", "/")).parts):
+        raise UserInputError(
+            f"{what} {relative!r} must be a relative name inside {root} (no absolute path, no '..'), "
+            f"for example {example!r}."
+        )
+    path = (root / candidate).resolve()
+    if path != root and root not in path.parents:
+        raise UserInputError(f"{what} {relative!r} resolves outside {root} (through a link?). Choose another name.")
+    return path
+
 
 def write_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | Path,
                              metadata: dict[str, str] | None = None) -> Path:

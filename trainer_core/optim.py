@@ -31,8 +31,16 @@ def lr_factor(step: int, cfg: OptimizerConfig) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
+def set_learning_rate(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, step: int) -> float:
+    """Set the learning rate for optimizer step `step` (0-based) and return it.
+
+    The schedule is a pure function of the step, so resuming needs no scheduler state and a changed
+    schedule applies from the resumed step on.
+    """
+    lr = cfg.learning_rate * lr_factor(step, cfg)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:

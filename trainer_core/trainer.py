@@ -3,21 +3,30 @@
 Training is step-chunked: `train(n)` runs n more optimizer steps and returns a report. Nothing is
 re-seeded or rebuilt between calls, so k chunks give bit-identical weights to one call of the same
 total length. Every random draw (noise, noise level, caption dropout) comes from one CPU generator
-owned by the trainer, in a fixed order, so results do not depend on the device's RNG either.
+owned by the trainer, in a fixed order, and LoRA dropout's global-RNG state is the trainer's own too,
+so results depend neither on the device's RNG nor on what other code draws in between.
+
+With a `run_dir`, the whole state is checkpointed (see checkpoint.py) every `checkpoint_every` steps
+and whenever `train` returns or is interrupted, and `resume()` continues bit-exactly from the newest
+checkpoint, also in a new process.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from . import checkpoint as ckpt
 from .batching import DataOrder
 from .cache import CachedDataset
-from .config import LoraConfig, OptimizerConfig, TrainConfig
+from .config import LoraConfig, OptimizerConfig, TrainConfig, from_dict, to_dict
+from .errors import TrainingStopped, UserInputError
 from .files import write_safetensors_atomic
 from .lora import comfyui_state_dict, inject_lora, lora_metadata, remove_lora
 from .models.components import QwenImageComponents
@@ -25,7 +34,7 @@ from .models.latents import pack_latents
 from .models.text import pad_prompt_batch
 from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, velocity_target
 from .offload import BlockRunner
-from .optim import build_optimizer, build_schedule
+from .optim import build_optimizer, set_learning_rate
 
 
 @dataclass
@@ -35,6 +44,7 @@ class StepReport:
     lr: float
     grad_norm: float
     seconds: float
+    skipped: bool = False  # non-finite loss or gradient: no update was made
 
 
 @dataclass
@@ -42,15 +52,20 @@ class TrainReport:
     first_step: int
     last_step: int
     losses: list[float] = field(default_factory=list)
+    skipped: int = 0
     seconds: float = 0.0
 
     @property
     def steps(self) -> int:
-        return self.last_step - self.first_step + 1 if self.losses else 0
+        return len(self.losses)
 
     @property
     def mean_loss(self) -> float:
         return sum(self.losses) / len(self.losses) if self.losses else float("nan")
+
+
+# LoRA settings a checkpoint must agree on to be continued (anything else may change between runs).
+MUST_MATCH_LORA = ("rank", "alpha", "targets", "dtype")
 
 
 class Trainer:
@@ -61,54 +76,77 @@ class Trainer:
         lora: LoraConfig,
         optimizer: OptimizerConfig,
         train: TrainConfig,
+        run_dir: str | Path | None = None,
     ):
         lora.validate()
         optimizer.validate()
         train.validate(num_blocks=components.num_blocks)
         if not dataset.samples:
-            raise ValueError("the cached dataset has no samples")
+            raise UserInputError("the cached dataset has no samples: check the Dataset node's folder.")
         self.components = components
         self.dataset = dataset
         self.lora_cfg, self.optim_cfg, self.train_cfg = lora, optimizer, train
+        self.run_dir = Path(run_dir) if run_dir is not None else None
         self.device = components.device
         self.compute_dtype = components.compute_dtype
         self.transformer = components.transformer
         self.base_fingerprint = components.fingerprint("transformer")  # before the adapter joins the model
         self.params = inject_lora(self.transformer, lora, seed=train.seed)
+        self.param_names = [n for n, p in self.transformer.named_parameters() if p.requires_grad]
         self.runner = BlockRunner(self.transformer, self.device, blocks_to_swap=train.blocks_to_swap,
                                   checkpointing=train.gradient_checkpointing)
         self.optimizer = build_optimizer(self.params, optimizer)
-        self.schedule = build_schedule(self.optimizer, optimizer)
         self.rng = torch.Generator().manual_seed(train.seed)
         # LoRA dropout draws from torch's global RNG (of the device it runs on). The trainer keeps its own
-        # copy of that state and installs it only while it trains, so other nodes' random draws never
-        # change training and chunked training equals one long run.
+        # copy of that state and installs it only while it trains.
         self.global_rng_state = _seeded_global_rng_state(train.seed, self.device)
         self.order = DataOrder([s.bucket for s in dataset.samples], repeats=dataset.repeats,
                                batch_size=train.micro_batch_size, seed=train.seed)
         self.step = 0
+        self.saved_step: int | None = None  # step of the newest checkpoint on disk
         self.loss_history: list[tuple[int, float]] = []
 
     # ----------------------------------------------------------------------------------------------
     # training
 
     def train(self, n_steps: int, on_step: Callable[[StepReport], None] | None = None) -> TrainReport:
-        """Run `n_steps` more optimizer steps. `on_step` runs after each finished step (it may raise to
-        stop training at that step boundary; the trainer stays consistent and usable)."""
+        """Run `n_steps` more optimizer steps. `on_step` runs after each finished step and may raise (a
+        ComfyUI interrupt, say) to stop at that step boundary: the trainer checkpoints and stays usable."""
         report = TrainReport(first_step=self.step + 1, last_step=self.step)
         started = time.perf_counter()
+        bad_in_a_row = 0
         self.transformer.train()
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             _set_global_rng_state(self.global_rng_state, self.device)
             try:
-                for _ in range(n_steps):
+                while report.steps < n_steps:
                     step_report = self._one_step()
                     self.global_rng_state = _global_rng_state(self.device)
+                    if step_report.skipped:
+                        report.skipped += 1
+                        bad_in_a_row += 1
+                        if bad_in_a_row >= self.train_cfg.max_nonfinite_steps:
+                            self._stop_after_nonfinite(bad_in_a_row)
+                        continue
+                    bad_in_a_row = 0
                     report.losses.append(step_report.loss)
                     report.last_step = self.step
+                    every = self.train_cfg.checkpoint_every
+                    if every and self.step % every == 0:
+                        self.save_checkpoint()
                     if on_step is not None:
                         on_step(step_report)
+            except BaseException:
+                # Interrupted or failed: keep every finished step on disk, then let the exception go on
+                # (a checkpoint failure must not replace it; the state is still in memory).
+                try:
+                    self.checkpoint_if_behind()
+                except Exception:  # noqa: BLE001
+                    pass
+                raise
+            else:
+                self.checkpoint_if_behind()
             finally:
                 self.transformer.eval()
                 report.seconds = time.perf_counter() - started
@@ -118,14 +156,21 @@ class Trainer:
         t0 = time.perf_counter()
         accum = self.train_cfg.grad_accum_steps
         total = 0.0
+        finite = True
         for _ in range(accum):
             loss = self._micro_batch_loss(self.order.next())
+            if not torch.isfinite(loss):
+                finite = False  # keep drawing the remaining micro-batches: data order and RNG stay in step
+                continue
             (loss / accum).backward()
             total += loss.item()
-        grad_norm = self._clip_gradients()
-        lr = self.optimizer.param_groups[0]["lr"]
+        grad_norm = self._clip_gradients() if finite else math.nan
+        lr = set_learning_rate(self.optimizer, self.optim_cfg, self.step)
+        if not (finite and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            return StepReport(step=self.step, loss=math.nan, lr=lr, grad_norm=grad_norm,
+                              seconds=time.perf_counter() - t0, skipped=True)
         self.optimizer.step()
-        self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         mean = total / accum
@@ -166,6 +211,102 @@ class Trainer:
         target = pack_latents(velocity_target(x0, noise)).to(self.device)
         return flow_loss(prediction, target)
 
+    def _stop_after_nonfinite(self, count: int) -> None:
+        restored = ""
+        if not all(torch.isfinite(p).all() for p in self.params):  # cannot happen with finite updates; be sure
+            if self.resume():
+                restored = f" The LoRA was restored from the checkpoint of step {self.step}."
+        raise TrainingStopped(
+            f"training stopped at step {self.step}: {count} steps in a row had a NaN/inf loss or gradient, so they "
+            f"were skipped and the LoRA is unchanged since step {self.step}.{restored} Try a lower learning rate, "
+            "keep max_grad_norm on, train the LoRA in float32, or check the dataset for broken images."
+        )
+
+    # ----------------------------------------------------------------------------------------------
+    # checkpoints
+
+    def training_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Everything needed to continue bit-exactly: (tensors, JSON-able metadata)."""
+        tensors = {f"lora.{n}": p.detach() for n, p in zip(self.param_names, self.params)}
+        optim_tensors, optim_rest = ckpt.flatten_state(self.optimizer.state_dict())
+        tensors.update(optim_tensors)
+        tensors["rng.trainer"] = self.rng.get_state()
+        tensors.update({f"rng.global.{k}": v for k, v in self.global_rng_state.items()})
+        meta = {
+            "step": self.step,
+            "order": self.order.state_dict(),
+            "loss_history": self.loss_history,
+            "optimizer_state": optim_rest,
+            "lora": to_dict(self.lora_cfg), "optimizer": to_dict(self.optim_cfg), "train": to_dict(self.train_cfg),
+            "base_model": self.components.name, "base_fingerprint": self.base_fingerprint,
+            "param_names": self.param_names,
+            "num_samples": len(self.dataset.samples),
+        }
+        return tensors, meta
+
+    def save_checkpoint(self) -> Path | None:
+        if self.run_dir is None:
+            return None
+        tensors, meta = self.training_state()
+        try:
+            folder = ckpt.save_checkpoint(self.run_dir, self.step, tensors, meta)
+        except OSError as e:
+            raise _write_error(e, f"checkpoint of step {self.step}", ckpt.checkpoints_dir(self.run_dir),
+                               f"The trainer still holds step {self.step} in memory.") from None
+        self.saved_step = self.step
+        return folder
+
+    def checkpoint_if_behind(self) -> None:
+        if self.run_dir is not None and self.saved_step != self.step:
+            self.save_checkpoint()
+
+    def resume(self) -> bool:
+        """Continue from the newest checkpoint in `run_dir`; False when there is none."""
+        if self.run_dir is None:
+            return False
+        loaded = ckpt.load_latest(self.run_dir)
+        if loaded is None:
+            return False
+        tensors, meta, folder = loaded
+        self._check_compatible(meta, folder)
+        with torch.no_grad():
+            for name, p in zip(self.param_names, self.params):
+                p.copy_(tensors[f"lora.{name}"])
+        self.optimizer.load_state_dict(ckpt.unflatten_state(tensors, meta["optimizer_state"]))
+        self.rng.set_state(tensors["rng.trainer"])
+        self.global_rng_state = {k.removeprefix("rng.global."): v for k, v in tensors.items()
+                                 if k.startswith("rng.global.")}
+        saved_train = from_dict(TrainConfig, meta["train"])
+        if (len(self.dataset.samples) == meta["num_samples"]
+                and saved_train.micro_batch_size == self.train_cfg.micro_batch_size
+                and saved_train.seed == self.train_cfg.seed):
+            self.order.load_state_dict(meta["order"])
+        self.step = meta["step"]
+        self.saved_step = self.step
+        self.loss_history = [tuple(x) for x in meta["loss_history"]]
+        return True
+
+    def _check_compatible(self, meta: dict, folder: Path) -> None:
+        saved_lora = meta["lora"]
+        differences = [
+            f"{key}: checkpoint {saved_lora[key]!r}, now {getattr(self.lora_cfg, key)!r}"
+            for key in MUST_MATCH_LORA if saved_lora[key] != getattr(self.lora_cfg, key)
+        ]
+        if meta["optimizer"]["optimizer"] != self.optim_cfg.optimizer:
+            differences.append(f"optimizer: checkpoint {meta['optimizer']['optimizer']!r}, "
+                               f"now {self.optim_cfg.optimizer!r}")
+        if meta["base_fingerprint"] != self.base_fingerprint:
+            differences.append(f"base model: checkpoint {meta['base_model']!r}, now {self.components.name!r} "
+                               "(different weights)")
+        elif meta["param_names"] != self.param_names:
+            differences.append("LoRA layers differ (another model size or target set)")
+        if differences:
+            raise UserInputError(
+                f"run '{self.train_cfg.run_name}' has a checkpoint at step {meta['step']} ({folder}) that does not "
+                f"match these settings: {'; '.join(differences)}. Change them back to continue that run, or use a "
+                "new run_name to start another."
+            )
+
     # ----------------------------------------------------------------------------------------------
     # outputs
 
@@ -177,9 +318,14 @@ class Trainer:
                              {"qwen_lora.run_name": self.train_cfg.run_name,
                               "qwen_lora.base_fingerprint": self.base_fingerprint})
 
-    def save_lora(self, path, dtype: torch.dtype = torch.bfloat16):
+    def save_lora(self, path, dtype: torch.dtype = torch.bfloat16) -> Path:
         """Write the adapter in the ComfyUI layout (atomically) and return the path."""
-        return write_safetensors_atomic(self.lora_state_dict(dtype), path, self.lora_metadata())
+        try:
+            return write_safetensors_atomic(self.lora_state_dict(dtype), path, self.lora_metadata())
+        except OSError as e:
+            raise _write_error(e, "LoRA file", Path(path),
+                               f"Any earlier {Path(path).name} is intact and the trainer still holds step "
+                               f"{self.step}.") from None
 
     def close(self) -> None:
         """Give the transformer back as it was (no adapter, blocks' own forward) and free optimizer state.
@@ -195,6 +341,13 @@ class Trainer:
 
     def last_loss(self) -> float:
         return self.loss_history[-1][1] if self.loss_history else math.nan
+
+
+def _write_error(e: OSError, what: str, where: Path, kept: str) -> UserInputError:
+    if e.errno == errno.ENOSPC:
+        return UserInputError(f"the disk is full: the {what} could not be written to {where}. {kept} "
+                              "Free some space and run again.")
+    return UserInputError(f"the {what} could not be written to {where} ({e.strerror or e}). {kept}")
 
 
 def _global_rng_state(device: torch.device) -> dict[str, torch.Tensor]:

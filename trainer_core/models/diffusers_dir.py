@@ -55,12 +55,16 @@ def load_diffusers_dir(
                 source=str(root / "transformer"))
     transformer.eval()
     device = torch.device(device)
-    vae = AutoencoderKLQwenImage.from_pretrained(root / "vae", torch_dtype=compute_dtype).to(device).eval()
+    # safetensors only (never unpickle a user's .bin), and never reach for the network.
+    local = dict(use_safetensors=True, local_files_only=True)
+    vae = AutoencoderKLQwenImage.from_pretrained(root / "vae", torch_dtype=compute_dtype, **local).to(device).eval()
     vae.requires_grad_(False)
 
     def load_text_encoder():
-        text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(root / "text_encoder", dtype=compute_dtype)
-        return text_encoder.requires_grad_(False).eval(), Qwen2Tokenizer.from_pretrained(root / "tokenizer")
+        text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(root / "text_encoder", dtype=compute_dtype,
+                                                                          **local)
+        tokenizer = Qwen2Tokenizer.from_pretrained(root / "tokenizer", local_files_only=True)
+        return text_encoder.requires_grad_(False).eval(), tokenizer
 
     text_encoder, tokenizer = load_text_encoder()
     scheduler_file = root / "scheduler" / "scheduler_config.json"

@@ -1,0 +1,57 @@
+"""A stand-in for the three ComfyUI host modules our nodes call (comfy.model_management, comfy.utils),
+with ComfyUI's names and behaviour, so the interrupt path can be tested without ComfyUI. It replaces
+the host, never our code: nodes/host.py imports these modules exactly as it imports ComfyUI's."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+
+
+class InterruptProcessingException(Exception):
+    """ComfyUI raises this (an Exception in 0.3.64, a BaseException in later versions) on Cancel."""
+
+
+def install(monkeypatch, interrupt_at: tuple[int, int] | None = None, base_exception: bool = False):
+    """Install comfy.model_management / comfy.utils stand-ins; the user 'presses Cancel' when a progress
+    bar of total `interrupt_at[0]` reaches value `interrupt_at[1]`."""
+    exc = type("InterruptProcessingException", (BaseException if base_exception else Exception,), {})
+    state = {"interrupted": False, "updates": 0, "unloaded": 0, "armed": interrupt_at is not None}
+
+    mm = types.ModuleType("comfy.model_management")
+    mm.InterruptProcessingException = exc
+    mm.get_torch_device = lambda: torch.device("cpu")
+
+    def throw_exception_if_processing_interrupted():
+        if state["interrupted"]:
+            state["interrupted"] = False
+            raise exc()
+
+    def unload_all_models():
+        state["unloaded"] += 1
+
+    mm.throw_exception_if_processing_interrupted = throw_exception_if_processing_interrupted
+    mm.unload_all_models = unload_all_models
+    mm.soft_empty_cache = lambda force=False: None
+
+    utils = types.ModuleType("comfy.utils")
+
+    class ProgressBar:
+        def __init__(self, total, node_id=None):
+            self.total, self.current = total, 0
+
+        def update_absolute(self, value, total=None, preview=None):
+            self.total = total if total is not None else self.total
+            self.current = value
+            state["updates"] += 1
+            if state["armed"] and (self.total, value) == tuple(interrupt_at):
+                state["interrupted"], state["armed"] = True, False  # one press of Cancel
+
+    utils.ProgressBar = ProgressBar
+    comfy = types.ModuleType("comfy")
+    comfy.model_management, comfy.utils = mm, utils
+    for name, module in (("comfy", comfy), ("comfy.model_management", mm), ("comfy.utils", utils)):
+        monkeypatch.setitem(sys.modules, name, module)
+    return exc, state

@@ -1,0 +1,38 @@
+"""Run in a fresh process by test_resume.py: train a tiny trainer to a total step count, optionally
+resuming from the run's checkpoint first, and write its adapter tensors (exact fp32) to a file."""
+
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conftest import cached_demo  # noqa: E402
+from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig  # noqa: E402
+from trainer_core.models import build_tiny_components  # noqa: E402
+from trainer_core.trainer import Trainer  # noqa: E402
+
+
+def main(data: str, work: str, total_steps: int, resume: bool, out: str) -> None:
+    components = build_tiny_components(seed=0, storage="float8")
+    cached = cached_demo(components, data, Path(work) / "cache")
+    trainer = Trainer(
+        components, cached,
+        LoraConfig(rank=4, alpha=8.0, targets="all", dropout=0.1),
+        OptimizerConfig(optimizer="adamw8bit", learning_rate=1e-3, warmup_steps=2, schedule="cosine", schedule_steps=10),
+        TrainConfig(seed=7, micro_batch_size=2, grad_accum_steps=2, caption_dropout=0.25, blocks_to_swap=1,
+                    checkpoint_every=0),
+        run_dir=Path(work) / "run",
+    )
+    if resume:
+        assert trainer.resume(), "expected a checkpoint"
+    trainer.train(total_steps - trainer.step)
+    save_file({n: p.detach().contiguous() for n, p in zip(trainer.param_names, trainer.params)}, out)
+    print("step", trainer.step)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "resume", sys.argv[5])

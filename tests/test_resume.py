@@ -1,0 +1,134 @@
+"""Resume: k steps, checkpoint, a new process resumes, m more steps == k + m steps in one go, bit for bit."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import REPO, adapter_snapshot, cached_demo
+from trainer_core import checkpoint as ckpt
+from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.errors import UserInputError
+from trainer_core.models import build_tiny_components
+from trainer_core.trainer import Trainer
+
+WORKER = Path(__file__).with_name("resume_worker.py")
+
+
+def worker(*args):
+    result = subprocess.run([sys.executable, str(WORKER), *map(str, args)], capture_output=True, text=True,
+                            timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def assert_same_tensors(a: Path, b: Path):
+    ta, tb = load_file(str(a)), load_file(str(b))
+    assert ta.keys() == tb.keys()
+    for k in ta:
+        assert torch.equal(ta[k], tb[k]), k
+
+
+def test_resume_in_a_new_process_is_bit_exact(demo_folder, tmp_path):
+    worker(demo_folder, tmp_path / "split", 3, "fresh", tmp_path / "first.safetensors")
+    worker(demo_folder, tmp_path / "split", 7, "resume", tmp_path / "split.safetensors")
+    worker(demo_folder, tmp_path / "whole", 7, "fresh", tmp_path / "whole.safetensors")
+    assert_same_tensors(tmp_path / "split.safetensors", tmp_path / "whole.safetensors")
+
+
+def test_demo_resume_equals_one_run(tmp_path):
+    def demo(*args):
+        result = subprocess.run([sys.executable, "-m", "trainer_core", "demo", *args], capture_output=True,
+                                text=True, timeout=300, cwd=REPO)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    demo("--steps", "3", "--out", str(tmp_path / "D"))
+    assert "resumed from step 3" in demo("--steps", "6", "--out", str(tmp_path / "D"), "--resume")
+    demo("--steps", "6", "--out", str(tmp_path / "E"))
+    assert_same_tensors(tmp_path / "D" / "demo_lora.safetensors", tmp_path / "E" / "demo_lora.safetensors")
+
+
+def make(tmp_path, demo_folder, lora=None, optimizer="adamw8bit", run="run", **train):
+    components = build_tiny_components(seed=0, storage="float32")
+    cached = cached_demo(components, demo_folder, tmp_path / "cache")
+    return Trainer(components, cached, lora or LoraConfig(rank=4, alpha=4.0),
+                   OptimizerConfig(optimizer=optimizer, learning_rate=1e-3),
+                   TrainConfig(seed=1, **train), run_dir=tmp_path / run)
+
+
+def test_checkpoints_every_n_steps_and_at_the_end_keeping_two(demo_folder, tmp_path):
+    t = make(tmp_path, demo_folder, checkpoint_every=2)
+    t.train(5)
+    root = ckpt.checkpoints_dir(tmp_path / "run")
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000004", "step_000005"]
+    assert json.loads((root / "latest.json").read_text()) == {"dir": "step_000005", "step": 5}
+
+
+def test_resuming_with_another_rank_or_optimizer_names_the_difference(demo_folder, tmp_path):
+    make(tmp_path, demo_folder).train(2)
+    with pytest.raises(UserInputError, match=r"rank: checkpoint 4, now 8.*use a\s+new run_name"):
+        make(tmp_path, demo_folder, lora=LoraConfig(rank=8, alpha=4.0)).resume()
+    with pytest.raises(UserInputError, match="optimizer: checkpoint 'adamw8bit', now 'adamw'"):
+        make(tmp_path, demo_folder, optimizer="adamw").resume()
+
+
+def test_resume_uses_the_newest_complete_checkpoint(demo_folder, tmp_path):
+    t = make(tmp_path, demo_folder, checkpoint_every=1)
+    t.train(3)
+    root = ckpt.checkpoints_dir(tmp_path / "run")
+    (root / "step_000003" / "state.safetensors").write_bytes(b"cut short")  # as if the disk filled up
+    (root / "latest.json").unlink()
+    again = make(tmp_path, demo_folder)
+    assert again.resume() and again.step == 2
+
+
+def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(demo_folder, tmp_path, monkeypatch):
+    import errno
+
+    t = make(tmp_path, demo_folder)
+    t.train(2)
+    root = ckpt.checkpoints_dir(tmp_path / "run")
+    before = (root / "step_000002" / "state.safetensors").read_bytes()
+
+    def disk_full(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "save_file", disk_full)
+    with pytest.raises(UserInputError, match="disk is full.*still holds step 3"):
+        t.train(1)
+    assert t.step == 3  # nothing trained is lost: the step is in memory
+    assert (root / "step_000002" / "state.safetensors").read_bytes() == before
+    assert json.loads((root / "latest.json").read_text())["step"] == 2
+    assert sorted(p.name for p in root.iterdir()) == ["latest.json", "step_000002"]
+    monkeypatch.undo()
+    t.train(1)  # space is back: training continues and checkpoints again
+    assert json.loads((root / "latest.json").read_text())["step"] == 4
+
+
+def test_nonfinite_loss_skips_the_step_and_several_stop_training(demo_folder, tmp_path):
+    from trainer_core.errors import TrainingStopped
+
+    t = make(tmp_path, demo_folder, max_nonfinite_steps=2)
+    t.train(2)
+    # Poison one cached latent in memory: the micro-batch that holds it gives a NaN loss.
+    key = t.dataset.samples[0].latent_key
+    good = t.dataset.latents(key).clone()
+    t.dataset._memory[key] = torch.full_like(good, float("nan"))
+    report = t.train(6)
+    assert report.skipped >= 1 and t.step == 8
+    assert all(torch.isfinite(p).all() for p in t.params)
+    # Every latent poisoned: two bad steps in a row stop training with a message; the LoRA is kept.
+    for s in t.dataset.samples:
+        t.dataset._memory[s.latent_key] = torch.full_like(t.dataset.latents(s.latent_key), float("inf"))
+    before = adapter_snapshot(t)
+    with pytest.raises(TrainingStopped, match="2 steps in a row had a NaN/inf loss"):
+        t.train(5)
+    assert t.step == 8
+    after = adapter_snapshot(t)
+    assert all(torch.equal(before[k], after[k]) for k in before)
