@@ -2,7 +2,7 @@
 
 `BlockRunner` replaces each block's `forward` (an instance attribute, so module names, state dict keys
 and the diffusers forward and pipeline stay untouched) with one that
-  1. asks the swapper for the block's weights and to prefetch the next block,
+  1. asks the swapper for the block's weights and to prefetch the next swapped block,
   2. runs the block, under activation checkpointing when training with it on,
   3. in training, wraps the outputs in `_BackwardMark`, whose backward runs right before the block's
      own backward (and its checkpoint recompute): there it asks for the block's weights again and
@@ -106,6 +106,14 @@ class BlockSwapper:
         if i in self.master:
             self._load(i)
 
+    def prefetch_after(self, i: int) -> None:
+        """Start loading the first swapped block after block i. When i itself is resident, the slot that
+        block needs holds a block that already ran in this pass, so overwriting it is safe; this hides
+        the first swapped block's copy behind the resident blocks' compute."""
+        later = [j for j in self.swapped if j > i]
+        if later:
+            self._load(later[0])
+
     def release(self) -> None:
         """Point every swapped block back at its master weights (for saving or moving the model)."""
         if self.cuda:
@@ -165,7 +173,7 @@ class BlockRunner:
         swapper = self.swapper
         if swapper is not None:
             swapper.ensure(i)
-            swapper.prefetch(i + 1)
+            swapper.prefetch_after(i)
         if self.checkpointing and torch.is_grad_enabled():
             outputs = torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
         else:
