@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -175,3 +176,21 @@ def test_cancel_and_restart_continue_the_run_in_real_comfyui(comfy_base, tmp_pat
         assert f"resumed run '{run_name}' from its checkpoint at step {stopped + 2}" in server.log()
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(not shutil.which("chromium"), reason="chromium is not installed (apt-get install chromium)")
+def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy):
+    """The canvas (ComfyUI's own frontend, headless Chromium) loads the UI workflow from the template
+    route with every node known, and converts it into exactly the API-format twin."""
+    server, _ = comfy
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    template = "/api/workflow_templates/qwen_image_lora_trainer/qwen_image_lora_training.json"
+    out = subprocess.run([python, str(Path(__file__).with_name("canvas_check.py")), server.url, template,
+                          shutil.which("chromium")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "error" not in result, json.dumps(result)[:3000]
+    assert not [n for n in result["nodes"] if n["missing"]]
+    twin = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_training.api.json").read_text())
+    canvas = {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in result["output"].items()}
+    assert canvas == {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in twin.items()}

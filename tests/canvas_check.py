@@ -1,0 +1,79 @@
+"""Loads a UI-format workflow into the real ComfyUI frontend in headless Chromium and prints what the
+canvas makes of it: the API prompt it would queue (app.graphToPrompt) and any missing node types.
+
+Run by test_host_comfyui.py with a Python that has aiohttp (ComfyUI's own):
+    python canvas_check.py <comfyui url> <template path under /api/workflow_templates/> <chromium>
+Speaks the Chrome DevTools Protocol over a websocket; only loopback addresses are used.
+"""
+
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import aiohttp
+
+SCRIPT = """
+(async () => {
+  const wf = await (await fetch(%s)).json();
+  await window.app.loadGraphData(wf);
+  const nodes = window.app.graph._nodes.map(n => ({id: n.id, type: n.type, missing: !LiteGraph.registered_node_types[n.type],
+                                                   widgets: (n.widgets || []).map(w => [w.name, w.value])}));
+  const prompt = await window.app.graphToPrompt();
+  return JSON.stringify({nodes, output: prompt.output});
+})()
+"""
+
+
+async def main(url: str, template: str, chromium: str) -> None:
+    port = 9300 + int(time.time()) % 500
+    profile = tempfile.mkdtemp()
+    browser = subprocess.Popen([
+        chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={profile}", f"--remote-debugging-port={port}", "about:blank",
+    ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=2).read())
+                page = next(t for t in targets if t["type"] == "page")
+                break
+            except (OSError, StopIteration, ValueError):
+                await asyncio.sleep(0.2)
+        async with aiohttp.ClientSession() as session, session.ws_connect(page["webSocketDebuggerUrl"],
+                                                                          max_msg_size=0) as ws:
+            ids = iter(range(1, 10**6))
+
+            async def call(method, **params):
+                i = next(ids)
+                await ws.send_json({"id": i, "method": method, "params": params})
+                while True:
+                    msg = await ws.receive_json()
+                    if msg.get("id") == i:
+                        return msg
+
+            await call("Page.navigate", url=url)
+            for _ in range(300):  # the app takes a while to boot
+                r = await call("Runtime.evaluate", expression="!!(window.app && window.app.graph && window.LiteGraph)",
+                               returnByValue=True)
+                if r.get("result", {}).get("result", {}).get("value"):
+                    break
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(2)
+            r = await call("Runtime.evaluate", expression=SCRIPT % json.dumps(template), awaitPromise=True,
+                           returnByValue=True)
+            result = r["result"]
+            if "exceptionDetails" in r.get("result", {}) or result.get("result", {}).get("subtype") == "error":
+                print(json.dumps({"error": r}))
+            else:
+                print(result["result"]["value"])
+    finally:
+        browser.terminate()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))
