@@ -73,3 +73,11 @@ def cached_demo(components, folder, cache_dir, **cache_kwargs):
 def adapter_snapshot(trainer) -> dict[str, torch.Tensor]:
     """Copies of every LoRA tensor, keyed by parameter name."""
     return {n: p.detach().clone() for n, p in trainer.transformer.named_parameters() if ".lora_" in n}
+
+
+@pytest.fixture(scope="session")
+def tiny_files(tmp_path_factory):
+    """The tiny model (seed 0) written by `export-tiny` as ComfyUI single files: name -> path."""
+    from trainer_core.models.export import export_tiny
+
+    return export_tiny(tmp_path_factory.mktemp("tiny_files"), layout="comfyui", seed=0)
