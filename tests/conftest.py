@@ -81,3 +81,26 @@ def tiny_files(tmp_path_factory):
     from trainer_core.models.export import export_tiny
 
     return export_tiny(tmp_path_factory.mktemp("tiny_files"), layout="comfyui", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory):
+    """One latent + prompt cache folder for tests on the seed-0 tiny model: entries are content-addressed,
+    so tests share them and encode the demo dataset only once."""
+    return tmp_path_factory.mktemp("tiny_cache")
+
+
+@pytest.fixture(scope="session")
+def trained_lora(tiny_cache, demo_folder):
+    """A trainer after 4 steps of rank 4, alpha 6 on "all" targets (alpha != rank: the scale must survive
+    every trip through a file). Read it, do not train it further."""
+    from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.models import build_tiny_components
+    from trainer_core.trainer import Trainer
+
+    components = build_tiny_components(storage="float32")
+    cached = cached_demo(components, demo_folder, tiny_cache)
+    trainer = Trainer(components, cached, LoraConfig(rank=4, alpha=6.0, targets="all"),
+                      OptimizerConfig(learning_rate=5e-3), TrainConfig(run_name="fmt"))
+    trainer.train(4)
+    return trainer
