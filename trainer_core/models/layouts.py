@@ -46,7 +46,7 @@ WHAT_TO_CHOOSE = {
 # part -> [(layout, probe keys, prefixes)], in the order they are tried.
 PART_LAYOUTS = {
     "transformer": [("diffusers", (TRANSFORMER_PROBE,), TRANSFORMER_PREFIXES)],
-    "text encoder": [("transformers", TEXT_ENCODER_PROBES, TEXT_ENCODER_PREFIXES)],
+    "text encoder": [("qwen2.5-vl", TEXT_ENCODER_PROBES, TEXT_ENCODER_PREFIXES)],
     "vae": [("wan", (VAE_PROBE_WAN,), VAE_PREFIXES), ("diffusers", (VAE_PROBE_DIFFUSERS,), VAE_PREFIXES)],
 }
 
@@ -119,9 +119,9 @@ def describe_contents(keys: Iterable[str]) -> str:
     return f"an unknown model (first keys: {keys[:3]})"
 
 
-def wrong_file(path, part: str, keys: Iterable[str], detail: str = "") -> UserInputError:
+def wrong_file(path, part: str, keys: Iterable[str]) -> UserInputError:
     """The error for a file that is not the Qwen-Image `part` it was chosen as."""
     return UserInputError(
-        f"{part} file {path} is not a Qwen-Image {part}: it looks like {describe_contents(keys)}"
-        f"{detail}. Choose {WHAT_TO_CHOOSE[part]}."
+        f"{part} file {path} is not a Qwen-Image {part}: it looks like {describe_contents(keys)}. "
+        f"Choose {WHAT_TO_CHOOSE[part]}."
     )
