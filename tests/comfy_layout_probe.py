@@ -3,7 +3,8 @@ module classes with strict key matching and write their outputs on given inputs.
 
     python comfy_layout_probe.py <comfyui checkout> <request.json>
 
-request.json: {"files": {name: path}, "inputs": path of a .safetensors of inputs, "out": output path}.
+request.json: {"files": {name: path}, "inputs": path of a .safetensors of inputs, "out": output path,
+               "loras": {layout: path of a LoRA file for the tiny transformer}}.
 Every module is built the way ComfyUI builds it for that file (plain or scaled-fp8 operations), with
 the tiny widths read from the config JSON beside the file. Nothing here imports this repository.
 """
@@ -102,6 +103,31 @@ def main() -> None:
         strict_load(wrapper, {k: v for k, v in state.items() if k.startswith("model.")}, name)
         with torch.no_grad():
             out[name] = wrapper.model(inputs["input_ids"], dtype=torch.float32)[0].float()
+
+    # LoRA files: ComfyUI's own key map for a Qwen-Image model (comfy/lora.py model_lora_keys_unet, which
+    # only needs the model's weight names and class) and its own loader and weight patching. Each patched
+    # weight's change, ComfyUI's strength 1.0 applied to a zero weight, is the adapter's delta.
+    import logging
+    import types
+
+    import comfy.lora
+    import comfy.model_base
+
+    names = load_file(files["transformer_bf16"])
+    model = object.__new__(comfy.model_base.QwenImage)  # no weights are built: only names and class are read
+    object.__setattr__(model, "state_dict", lambda: {f"diffusion_model.{k}": v for k, v in names.items()})
+    object.__setattr__(model, "model_config", types.SimpleNamespace(unet_config={"image_model": "qwen_image"}))
+    key_map = comfy.lora.model_lora_keys_unet(model, {})
+    not_loaded: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: not_loaded.append(record.getMessage()) if "not loaded" in record.getMessage() else None
+    logging.getLogger().addHandler(handler)
+    for layout, path in request.get("loras", {}).items():
+        patches = comfy.lora.load_lora(load_file(path), key_map)
+        for key, adapter in patches.items():
+            zero = torch.zeros_like(names[key[len("diffusion_model."):]], dtype=torch.float32)
+            out[f"lora.{layout}.{key}"] = comfy.lora.calculate_weight([(1.0, adapter, 1.0, None, None)], zero, key)
+    out["lora_keys_not_loaded"] = torch.tensor(float(len(not_loaded)))
 
     save_file({k: v.contiguous() for k, v in out.items()}, request["out"])
     print(json.dumps({"ok": sorted(out)}))

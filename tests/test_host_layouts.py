@@ -1,5 +1,6 @@
 """Host cross-check: the files `export-tiny` writes load into ComfyUI's own module classes with strict key
-matching, and ComfyUI's modules compute what our diffusers/transformers modules compute from them.
+matching, and ComfyUI's modules compute what our diffusers/transformers modules compute from them; our
+LoRA files in every layout are applied by ComfyUI's own LoRA code at the trained strength.
 
 This proves the layouts are ComfyUI's, not merely consistent with our own reader. Needs COMFYUI_PATH (a
 ComfyUI checkout) and COMFYUI_PYTHON (a Python with ComfyUI's requirements; default: this one). ComfyUI
@@ -69,14 +70,18 @@ def our_outputs(files: dict[str, Path], inputs: dict[str, torch.Tensor]) -> dict
     return out
 
 
-def test_exported_files_are_comfyuis_layouts(tiny_files, tmp_path):
+def test_exported_files_are_comfyuis_layouts(tiny_files, trained_lora, tmp_path):
+    from trainer_core.lora import adapter_weights
+    from trainer_core.lora_files import LORA_LAYOUTS
     from trainer_core.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_files["tokenizer"], tiny_files["text_encoder_bf16"], vocab_rows=10**9)
     inputs = probe_inputs(tokenizer)
     save_file(inputs, str(tmp_path / "inputs.safetensors"))
+    loras = {layout: str(trained_lora.save_lora(tmp_path / f"{layout}.safetensors", dtype=torch.float32, layout=layout))
+             for layout in LORA_LAYOUTS}
     request = {"files": {k: str(v) for k, v in tiny_files.items()}, "inputs": str(tmp_path / "inputs.safetensors"),
-               "out": str(tmp_path / "comfy_out.safetensors")}
+               "out": str(tmp_path / "comfy_out.safetensors"), "loras": loras}
     (tmp_path / "request.json").write_text(json.dumps(request))
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)
     result = subprocess.run(
@@ -85,6 +90,19 @@ def test_exported_files_are_comfyuis_layouts(tiny_files, tmp_path):
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     theirs = load_file(request["out"])
+
+    # LoRA files: every key loaded by ComfyUI, each weight changed by exactly alpha / rank * B @ A.
+    assert theirs.pop("lora_keys_not_loaded").item() == 0
+    scale = trained_lora.lora_cfg.alpha / trained_lora.lora_cfg.rank
+    deltas = {f"diffusion_model.{m}.weight": scale * b.detach() @ a.detach()
+              for m, (a, b) in adapter_weights(trained_lora.transformer).items()}
+    for layout in loras:
+        patched = {k[len(f"lora.{layout}."):]: theirs.pop(k) for k in list(theirs) if k.startswith(f"lora.{layout}.")}
+        assert patched.keys() == deltas.keys(), layout
+        lora_difference = max((patched[k] - deltas[k]).abs().max().item() for k in deltas)
+        print(f"LoRA {layout}: max |ComfyUI's weight change - alpha/rank * B @ A| = {lora_difference:.2e}")
+        assert lora_difference < 1e-6, layout
+
     ours = our_outputs(tiny_files, inputs)
     assert set(theirs) == set(ours) == set(TOLERANCE)
     differences = {k: (ours[k] - theirs[k]).abs().max().item() for k in ours}
