@@ -79,6 +79,8 @@ class LoraFile:
 def lora_file_tensors(transformer: nn.Module, rank: int, alpha: float, dtype: torch.dtype,
                       layout: str = "comfyui") -> dict[str, torch.Tensor]:
     """The live adapter as the tensors of a LoRA file in `layout` (detached, CPU, `dtype`; alpha fp32)."""
+    if layout not in LORA_LAYOUTS:
+        raise UserInputError(f"LoRA layout {layout!r} is not one of {list(LORA_LAYOUTS)}.")
     if layout == "comfyui":
         return comfyui_state_dict(transformer, alpha, dtype)
     out = {}
@@ -93,8 +95,6 @@ def lora_file_tensors(transformer: nn.Module, rank: int, alpha: float, dtype: to
             out[f"{stem}.lora_down.weight"] = a.to(dtype).contiguous()
             out[f"{stem}.lora_up.weight"] = b.to(dtype).contiguous()
             out[f"{stem}.alpha"] = torch.tensor(float(alpha), dtype=torch.float32)
-        else:
-            raise UserInputError(f"LoRA layout {layout!r} is not one of {list(LORA_LAYOUTS)}.")
     return out
 
 

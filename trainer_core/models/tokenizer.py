@@ -40,7 +40,7 @@ def load_tokenizer(tokenizer_dir: str | Path | None, text_encoder_file: str | Pa
         tokenizer = Qwen2Tokenizer.from_pretrained(str(folder))
     except (OSError, ValueError, TypeError) as e:
         raise UserInputError(f"tokenizer folder {folder} could not be read as a Qwen2.5 tokenizer ({e}). It needs "
-                             "vocab.json, merges.txt and tokenizer_config.json.") from e
+                             "tokenizer_config.json with tokenizer.json or vocab.json + merges.txt.") from e
     unknown = [t for t in REQUIRED_TOKENS if tokenizer.convert_tokens_to_ids(t) in (None, tokenizer.unk_token_id)]
     if unknown:
         raise UserInputError(f"tokenizer folder {folder} lacks the tokens {unknown}: it is not a Qwen2.5 tokenizer.")
