@@ -1,5 +1,11 @@
 """ComfyUI entry point of the Qwen-Image LoRA trainer pack."""
 
-from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+# ComfyUI imports this file as a package. pytest also imports a rootdir `__init__.py`, and when the
+# checkout's folder name is not a Python identifier (`comfyui-qwen-image-lora-trainer`, `wt-issue4`)
+# it does so as a bare module, where a relative import cannot work: then there is nothing to register.
+if __package__:
+    from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+else:
+    NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = {}, {}
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Tiny models gain nothing from several CPU threads, and on a busy 2-core machine OpenMP's waiting
+# threads make them many times slower (measured: the whole suite ~130 s with 2 threads under load,
+# ~36 s with 1). Set before torch is imported; a caller's own setting wins; the CLI subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,3 +79,34 @@ def cached_demo(components, folder, cache_dir, **cache_kwargs):
 def adapter_snapshot(trainer) -> dict[str, torch.Tensor]:
     """Copies of every LoRA tensor, keyed by parameter name."""
     return {n: p.detach().clone() for n, p in trainer.transformer.named_parameters() if ".lora_" in n}
+
+
+@pytest.fixture(scope="session")
+def tiny_files(tmp_path_factory):
+    """The tiny model (seed 0) written by `export-tiny` as ComfyUI single files: name -> path."""
+    from trainer_core.models.export import export_tiny
+
+    return export_tiny(tmp_path_factory.mktemp("tiny_files"), layout="comfyui", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory):
+    """One latent + prompt cache folder for tests on the seed-0 tiny model: entries are content-addressed,
+    so tests share them and encode the demo dataset only once."""
+    return tmp_path_factory.mktemp("tiny_cache")
+
+
+@pytest.fixture(scope="session")
+def trained_lora(tiny_cache, demo_folder):
+    """A trainer after 4 steps of rank 4, alpha 6 on "all" targets (alpha != rank: the scale must survive
+    every trip through a file). Read it, do not train it further."""
+    from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.models import build_tiny_components
+    from trainer_core.trainer import Trainer
+
+    components = build_tiny_components(storage="float32")
+    cached = cached_demo(components, demo_folder, tiny_cache)
+    trainer = Trainer(components, cached, LoraConfig(rank=4, alpha=6.0, targets="all"),
+                      OptimizerConfig(learning_rate=5e-3), TrainConfig(run_name="fmt"))
+    trainer.train(4)
+    return trainer

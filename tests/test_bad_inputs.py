@@ -93,7 +93,7 @@ def test_model_that_is_not_qwen_image(tmp_path):
     (transformer / "diffusion_pytorch_model.safetensors").unlink()
     save_file({"input_blocks.0.0.weight": torch.zeros(4, 4), "conditioner.embedders.0.x": torch.zeros(2)},
               str(transformer / "diffusion_pytorch_model.safetensors"))
-    with pytest.raises(UserInputError, match=r"does not match the Qwen-Image transformer: .*missing.*unknown.*"
+    with pytest.raises(UserInputError, match=r"does not match the model: .*missing.*unknown.*"
                                              r"Choose a Qwen-Image transformer file"):
         load_diffusers_dir(tmp_path / "m", storage="float32", compute_dtype=torch.float32)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import warnings
 
 
@@ -21,13 +22,36 @@ def _quiet_libraries() -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    import torch
 
-    result = run_demo(args.out, steps=args.steps, seed=args.seed, resume=args.resume)
+    from .demo import run_demo
+    from .errors import UserInputError
+
+    files = (args.transformer, args.text_encoder, args.vae)
+    components = None
+    if any(files):
+        if not all(files):
+            raise UserInputError("demo from files needs all three of --transformer, --text-encoder and --vae.")
+        from .models import load_single_files
+
+        # As the built-in demo: float8 block weights, fp32 compute (the CPU has no fast bf16 matmul).
+        components = load_single_files(*files, tokenizer_dir=args.tokenizer, storage="float8",
+                                       compute_dtype=torch.float32, text_encoder_fp8=args.text_encoder_fp8)
+        print(f"model: {components.name} from {', '.join(files)}")
+    result = run_demo(args.out, steps=args.steps, seed=args.seed, components=components,
+                      resume=args.resume)
     print(f"loss: first step {result.first_loss:.4f}, last step {result.last_loss:.4f} ({result.steps} steps)")
     print(f"lora:      {result.lora}")
     print(f"preview:   {result.preview}")
     print(f"loss plot: {result.loss_plot}")
+    return 0
+
+
+def cmd_export_tiny(args: argparse.Namespace) -> int:
+    from .models.export import export_tiny
+
+    for name, path in export_tiny(args.dir, layout=args.layout, seed=args.seed).items():
+        print(f"{name}: {path}")
     return 0
 
 
@@ -40,11 +64,31 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--resume", action="store_true",
                       help="continue from the checkpoint in --out up to --steps total steps")
+    demo.add_argument("--transformer", help="train this transformer file (e.g. from export-tiny) instead of the "
+                                            "built-in model; needs --text-encoder and --vae too")
+    demo.add_argument("--text-encoder", help="text encoder file (ComfyUI layout, bf16 or fp8_scaled)")
+    demo.add_argument("--vae", help="VAE file (ComfyUI's Wan 2.1 layout)")
+    demo.add_argument("--tokenizer", help="tokenizer folder (default: a tokenizer/ folder beside the text encoder "
+                                          "file or its folder)")
+    demo.add_argument("--text-encoder-fp8", choices=("dequantize", "keep"), default="dequantize",
+                      help="a scaled-fp8 text encoder: dequantise while loading, or keep float8 weights")
     demo.set_defaults(func=cmd_demo)
+    export = sub.add_parser("export-tiny", help="write the tiny test model as ComfyUI single files (every format, "
+                                                "with config JSONs and the tokenizer) or as a diffusers folder")
+    export.add_argument("dir", help="output folder")
+    export.add_argument("--layout", choices=("comfyui", "diffusers"), default="comfyui")
+    export.add_argument("--seed", type=int, default=0)
+    export.set_defaults(func=cmd_export_tiny)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .errors import UserInputError
+
     args = build_parser().parse_args(argv)
     _quiet_libraries()
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UserInputError as e:  # the message says what is wrong and what to do: no traceback needed
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -17,6 +17,7 @@ from . import checkpoint
 from .cache import build_cache
 from .config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
 from .data import discover
+from .models.components import QwenImageComponents
 from .models.tiny import build_tiny_components
 from .plot import loss_plot
 from .sampling import sample_image
@@ -56,14 +57,17 @@ class DemoResult:
     steps: int
 
 
-def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = False, log=print) -> DemoResult:
-    """Train to `steps` total steps; with `resume`, continue from the checkpoint in `out` first."""
+def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = False, log=print,
+             components: QwenImageComponents | None = None) -> DemoResult:
+    """Train to `steps` total steps on the generated dataset; with `resume`, continue from the checkpoint in
+    `out` first. `components` default to the built-in tiny model (float8 blocks)."""
     out = Path(out)
     run_dir = out / "run"
     if not resume:
         checkpoint.clear(run_dir)
     dataset_dir = make_demo_dataset(out / "dataset")
-    components = build_tiny_components(seed=seed, storage="float8", compute_dtype=torch.float32)
+    if components is None:
+        components = build_tiny_components(seed=seed, storage="float8", compute_dtype=torch.float32)
     dataset_cfg = DatasetConfig(folder=str(dataset_dir), resolution=64, min_bucket_side=32, max_bucket_side=128)
     cached = build_cache(components, discover(dataset_cfg), out / "cache", preview_prompts=[PREVIEW_PROMPT])
     log(f"cache: {cached.report.summary()}")

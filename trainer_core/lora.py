@@ -3,7 +3,8 @@
 Injection creates the adapter on the meta device and materialises it in the LoRA dtype: peft would
 otherwise cast the adapter to the base layer's dtype, which is float8 here, and training would fail.
 
-File layout (what ComfyUI's and diffusers' loaders both take; see DESIGN §6):
+Default file layout (what ComfyUI's and diffusers' loaders both take; see DESIGN §6; other layouts and
+reading files back: lora_files.py):
     diffusion_model.<module>.lora_A.weight   (rank, in_features)
     diffusion_model.<module>.lora_B.weight   (out_features, rank)
     diffusion_model.<module>.alpha           scalar; ComfyUI scales by alpha / rank
@@ -35,6 +36,12 @@ def target_module_names(transformer: nn.Module, preset: str) -> list[str]:
     return names
 
 
+def matching_preset(transformer: nn.Module, modules: list[str]) -> str | None:
+    """The target preset that adapts exactly `modules` in this transformer, if one does."""
+    wanted = set(modules)
+    return next((p for p in LORA_TARGET_PRESETS if set(target_module_names(transformer, p)) == wanted), None)
+
+
 def lora_layers(transformer: nn.Module) -> dict[str, nn.Module]:
     """Module name -> peft LoRA layer, in model order."""
     from peft.tuners.lora import LoraLayer
@@ -42,8 +49,9 @@ def lora_layers(transformer: nn.Module) -> dict[str, nn.Module]:
     return {name: m for name, m in transformer.named_modules() if isinstance(m, LoraLayer)}
 
 
-def inject_lora(transformer: nn.Module, cfg: LoraConfig, seed: int) -> list[nn.Parameter]:
-    """Add a LoRA (cfg.rank, cfg.alpha) to the preset's modules; return its trainable parameters.
+def inject_lora(transformer: nn.Module, cfg: LoraConfig, seed: int, modules: list[str] | None = None) -> list[nn.Parameter]:
+    """Add a LoRA (cfg.rank, cfg.alpha) to the preset's modules (or to `modules`, full names, when given);
+    return its trainable parameters.
 
     A is initialised like nn.Linear (Kaiming-uniform) from `seed`, B to zero, so the adapter starts as
     an exact no-op. Every other parameter is frozen.
@@ -54,7 +62,8 @@ def inject_lora(transformer: nn.Module, cfg: LoraConfig, seed: int) -> list[nn.P
     cfg.validate()
     peft_cfg = PeftLoraConfig(
         r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-        target_modules=target_module_names(transformer, cfg.targets), init_lora_weights=True,
+        target_modules=list(modules) if modules is not None else target_module_names(transformer, cfg.targets),
+        init_lora_weights=True,
     )
     inject_adapter_in_model(peft_cfg, transformer, adapter_name=ADAPTER, low_cpu_mem_usage=True)
     dtype = getattr(torch, cfg.dtype)
@@ -100,7 +109,9 @@ def comfyui_state_dict(transformer: nn.Module, alpha: float, dtype: torch.dtype)
 
 
 def lora_metadata(cfg: LoraConfig, steps: int, base_model: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """safetensors metadata (strings only). `ss_network_*` are the names kohya-style tools read."""
+    """safetensors metadata (strings only). `ss_network_*` are the names kohya-style tools read.
+
+    `extra` is applied last (a file layout's own entries, see lora_files.layout_metadata)."""
     meta = {
         "format": "comfyui-lora",
         "qwen_lora.rank": str(cfg.rank),

@@ -13,7 +13,9 @@ checkpoint, also in a new process.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import math
 import time
 from collections.abc import Callable
@@ -28,7 +30,8 @@ from .cache import CachedDataset
 from .config import LoraConfig, OptimizerConfig, TrainConfig, from_dict, to_dict
 from .errors import TrainingStopped, UserInputError
 from .files import write_safetensors_atomic
-from .lora import comfyui_state_dict, inject_lora, lora_metadata, remove_lora
+from .lora import inject_lora, lora_metadata, matching_preset, remove_lora, target_module_names
+from .lora_files import LoraFile, check_targets, layout_metadata, load_into_adapter, lora_file_tensors, read_lora_file
 from .models.components import QwenImageComponents
 from .models.latents import pack_latents
 from .models.text import pad_prompt_batch
@@ -77,7 +80,14 @@ class Trainer:
         optimizer: OptimizerConfig,
         train: TrainConfig,
         run_dir: str | Path | None = None,
+        init_lora: str | Path | None = None,
     ):
+        """`run_dir`: where checkpoints go (None: no checkpoints).
+
+        `init_lora`: continue from this LoRA file (any layout `lora_files.read_lora_file` reads). The file
+        decides rank, alpha and the adapted modules (it holds the weights for exactly those; anything else
+        would drop part of it or start part of it from scratch); dropout and dtype come from `lora`. The
+        optimizer, schedule and step count start fresh: a LoRA file carries no optimizer state."""
         lora.validate()
         optimizer.validate()
         train.validate(num_blocks=components.num_blocks)
@@ -91,7 +101,19 @@ class Trainer:
         self.compute_dtype = components.compute_dtype
         self.transformer = components.transformer
         self.base_fingerprint = components.fingerprint("transformer")  # before the adapter joins the model
-        self.params = inject_lora(self.transformer, lora, seed=train.seed)
+        self.init_lora: LoraFile | None = None
+        modules = None
+        if init_lora is not None:
+            self.init_lora = read_lora_file(init_lora)
+            check_targets(self.transformer, self.init_lora)
+            modules = self.init_lora.targets
+            self.lora_cfg = lora = dataclasses.replace(
+                lora, rank=self.init_lora.rank, alpha=self.init_lora.alpha,
+                targets=matching_preset(self.transformer, modules) or lora.targets)
+        self.lora_modules = modules or target_module_names(self.transformer, lora.targets)
+        self.params = inject_lora(self.transformer, lora, seed=train.seed, modules=self.lora_modules)
+        if self.init_lora is not None:
+            load_into_adapter(self.transformer, self.init_lora.weights)
         self.param_names = [n for n, p in self.transformer.named_parameters() if p.requires_grad]
         self.runner = BlockRunner(self.transformer, self.device, blocks_to_swap=train.blocks_to_swap,
                                   checkpointing=train.gradient_checkpointing)
@@ -310,18 +332,27 @@ class Trainer:
     # ----------------------------------------------------------------------------------------------
     # outputs
 
-    def lora_state_dict(self, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-        return comfyui_state_dict(self.transformer, self.lora_cfg.alpha, dtype)
+    def lora_state_dict(self, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> dict[str, torch.Tensor]:
+        return lora_file_tensors(self.transformer, self.lora_cfg.rank, self.lora_cfg.alpha, dtype, layout)
 
-    def lora_metadata(self) -> dict[str, str]:
-        return lora_metadata(self.lora_cfg, self.step, self.components.name,
-                             {"qwen_lora.run_name": self.train_cfg.run_name,
-                              "qwen_lora.base_fingerprint": self.base_fingerprint})
+    def lora_metadata(self, layout: str = "comfyui") -> dict[str, str]:
+        """Rank, alpha, targets, steps (all the weights have seen, a continued file's included), base model."""
+        init_steps = (self.init_lora.steps or 0) if self.init_lora is not None else 0
+        extra = {"qwen_lora.run_name": self.train_cfg.run_name, "qwen_lora.base_fingerprint": self.base_fingerprint,
+                 "qwen_lora.run_steps": str(self.step)}
+        if self.init_lora is not None:
+            extra["qwen_lora.init_lora"] = self.init_lora.path.name
+            extra["qwen_lora.init_lora_steps"] = str(self.init_lora.steps) if self.init_lora.steps is not None else "unknown"
+        if set(self.lora_modules) != set(target_module_names(self.transformer, self.lora_cfg.targets)):
+            extra["qwen_lora.targets"] = "custom"
+            extra["qwen_lora.modules"] = json.dumps(self.lora_modules)
+        extra.update(layout_metadata(layout, self.lora_cfg.rank, self.lora_cfg.alpha))
+        return lora_metadata(self.lora_cfg, init_steps + self.step, self.components.name, extra)
 
-    def save_lora(self, path, dtype: torch.dtype = torch.bfloat16) -> Path:
-        """Write the adapter in the ComfyUI layout (atomically) and return the path."""
+    def save_lora(self, path, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> Path:
+        """Write the adapter in `layout` (lora_files.LORA_LAYOUTS; default ComfyUI's), atomically; return the path."""
         try:
-            return write_safetensors_atomic(self.lora_state_dict(dtype), path, self.lora_metadata())
+            return write_safetensors_atomic(self.lora_state_dict(dtype, layout), path, self.lora_metadata(layout))
         except OSError as e:
             raise _write_error(e, "LoRA file", Path(path),
                                f"Any earlier {Path(path).name} is intact and the trainer still holds step "

@@ -121,3 +121,25 @@ def block_linear_bytes(transformer: nn.Module) -> int:
             if t is not None:
                 total += t.numel() * t.element_size()
     return total
+
+
+def quantize_per_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8 weight, fp32 scalar scale) with weight ~= float8 * scale: ComfyUI's scaled-fp8 file format
+    (one `scale_weight` per Linear, the tensor's max magnitude mapped to float8's 448)."""
+    w = weight.float()
+    scale = (w.abs().amax() / FLOAT8_MAX).clamp(min=1e-12)  # ()
+    return (w / scale).clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8), scale
+
+
+@torch.no_grad()
+def dequantized_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter of `module` in fp32, float8 Linear weights scaled back; LoRA layers left out.
+
+    What file writers start from, whatever storage the module uses. Scale buffers are folded into
+    their weights and not listed.
+    """
+    out = {name: p.detach().float() for name, p in module.named_parameters() if "lora_" not in name}
+    for name, m in module.named_modules():
+        if hasattr(m, SCALE_BUFFER) and "lora_" not in name:
+            out[f"{name}.weight"] = dequantized_weight(m, torch.float32)
+    return out

@@ -1,18 +1,23 @@
-"""Fill an empty (meta) transformer tensor by tensor, storing block Linears as requested on the way.
+"""Fill an empty (meta) model tensor by tensor, storing each tensor as it arrives.
 
 A 20B transformer never exists twice in memory: each tensor is read, converted (float8 for block
-Linears, compute dtype for the rest) and assigned before the next is read.
+Linears, compute dtype for the rest) and assigned before the next is read. `fill_empty` is the generic
+part (names, shapes, missing and unknown tensors, error messages); `stream_into` adds the transformer's
+storage rules. The text encoder and VAE loaders use `fill_empty` with their own rules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 
 from ..errors import UserInputError
-from .float8 import SCALE_BUFFER, install_frozen_compute, quantize_weight
+from .float8 import FLOAT8, SCALE_BUFFER, install_frozen_compute, quantize_weight
+
+# (module, leaf name, full name, tensor) -> None; stores `tensor` as `module.<leaf>`.
+Assign = Callable[[nn.Module, str, str, torch.Tensor], None]
 
 
 def empty_transformer(config: dict) -> nn.Module:
@@ -24,53 +29,50 @@ def empty_transformer(config: dict) -> nn.Module:
         return QwenImageTransformer2DModel.from_config(config)
 
 
-def _block_linear_names(model: nn.Module) -> set[str]:
-    return {
-        name for name, m in model.transformer_blocks.named_modules(prefix="transformer_blocks")
-        if isinstance(m, nn.Linear)
-    }
+def dequantize(tensor: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """A scaled-fp8 tensor's real values in fp32 (or the tensor itself when it has no scale)."""
+    return tensor if scale is None else tensor.float() * scale.float()
+
+
+def assign_parameter(module: nn.Module, leaf: str, tensor: torch.Tensor) -> None:
+    setattr(module, leaf, nn.Parameter(tensor, requires_grad=False))
+
+
+def assign_frozen_linear_weight(linear: nn.Module, weight: torch.Tensor, scale: torch.Tensor | None) -> None:
+    """Store `weight` as is (e.g. float8) with an optional scale buffer; compute through float8.py's path."""
+    assign_parameter(linear, "weight", weight)
+    if scale is not None:
+        linear.register_buffer(SCALE_BUFFER, scale.float())
+    install_frozen_compute(linear)
 
 
 @torch.no_grad()
-def stream_into(
+def fill_empty(
     model: nn.Module,
     tensors: Iterable[tuple[str, torch.Tensor]],
-    storage: str,
-    compute_dtype: torch.dtype,
+    assign: Assign,
     source: str,
-    scales: dict[str, torch.Tensor] | None = None,
+    hint: str,
 ) -> None:
-    """Assign every (name, tensor) to `model`; block Linear weights get `storage`, the rest `compute_dtype`.
+    """Assign every (name, tensor) to the parameter of that name in `model`, through `assign`.
 
-    `scales` optionally maps a weight name to the per-tensor or per-row scale it was stored with
-    (scaled-fp8 files); such weights are dequantised before being stored again.
-    Raises a `UserInputError` naming `source` for unknown or missing tensors.
+    Every parameter must arrive exactly once with the model's shape. Otherwise raise a `UserInputError`
+    naming `source` and ending with `hint` (what to choose instead).
     """
-    block_linears = _block_linear_names(model)
-    expected = dict(model.named_parameters())
+    expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
     seen: set[str] = set()
     unexpected: list[str] = []
     for name, tensor in tensors:
         if name not in expected:
             unexpected.append(name)
             continue
-        module_name, _, leaf = name.rpartition(".")
-        module = model.get_submodule(module_name)
-        if tuple(tensor.shape) != tuple(expected[name].shape):
+        if tuple(tensor.shape) != expected[name]:
             raise UserInputError(
-                f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the model expects "
-                f"{tuple(expected[name].shape)}. The file is not this Qwen-Image transformer."
+                f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the model expects {expected[name]}. "
+                f"{hint}"
             )
-        if scales and name in scales:
-            tensor = tensor.float() * scales[name].float()
-        if module_name in block_linears and leaf == "weight":
-            stored, row_scale = quantize_weight(tensor, storage)
-            module.weight = nn.Parameter(stored, requires_grad=False)
-            if row_scale is not None:
-                module.register_buffer(SCALE_BUFFER, row_scale)
-            install_frozen_compute(module)
-        else:
-            setattr(module, leaf, nn.Parameter(tensor.to(compute_dtype), requires_grad=False))
+        module_name, _, leaf = name.rpartition(".")
+        assign(model.get_submodule(module_name), leaf, name, tensor)
         seen.add(name)
     missing = sorted(set(expected) - seen)
     if missing or unexpected:
@@ -79,7 +81,47 @@ def stream_into(
             detail.append(f"{len(missing)} missing (first: {missing[:3]})")
         if unexpected:
             detail.append(f"{len(unexpected)} unknown (first: {unexpected[:3]})")
-        raise UserInputError(
-            f"{source} does not match the Qwen-Image transformer: {', '.join(detail)}. "
-            "Choose a Qwen-Image transformer file (for example qwen_image_fp8_e4m3fn.safetensors)."
-        )
+        raise UserInputError(f"{source} does not match the model: {', '.join(detail)}. {hint}")
+
+
+def _block_linear_names(model: nn.Module) -> set[str]:
+    return {
+        name for name, m in model.transformer_blocks.named_modules(prefix="transformer_blocks")
+        if isinstance(m, nn.Linear)
+    }
+
+
+def stream_into(
+    model: nn.Module,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    storage: str,
+    compute_dtype: torch.dtype,
+    source: str,
+    scales: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Assign every (name, tensor) to the transformer; block Linear weights get `storage`, the rest
+    `compute_dtype`.
+
+    `scales` optionally maps a weight name to the scale it was stored with (ComfyUI's scaled-fp8 files:
+    a per-tensor fp32 scalar). A block Linear weight that arrives in float8 while `storage` is a float8
+    mode is kept exactly as stored, with its scale as the `weight_scale` buffer: quantising it again
+    could only lose precision. Anything else is dequantised and stored per `storage`.
+    Raises a `UserInputError` naming `source` for unknown, missing or misshapen tensors.
+    """
+    block_linears = _block_linear_names(model)
+    scales = scales or {}
+
+    def assign(module: nn.Module, leaf: str, name: str, tensor: torch.Tensor) -> None:
+        scale = scales.get(name)
+        module_name = name.rpartition(".")[0]
+        if module_name in block_linears and leaf == "weight":
+            if tensor.dtype == FLOAT8 and storage.startswith("float8"):
+                assign_frozen_linear_weight(module, tensor, scale)
+            else:
+                stored, row_scale = quantize_weight(dequantize(tensor, scale), storage)
+                assign_frozen_linear_weight(module, stored, row_scale)
+        else:
+            assign_parameter(module, leaf, dequantize(tensor, scale).to(compute_dtype))
+
+    fill_empty(model, tensors, assign, source,
+               "Choose a Qwen-Image transformer file (for example qwen_image_fp8_e4m3fn.safetensors).")

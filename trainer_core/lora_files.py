@@ -1,0 +1,244 @@
+"""LoRA files in and out, in the layouts ComfyUI, diffusers and kohya-style trainers use.
+
+Written (`lora_file_tensors`), A = lora_A (rank, in_features), B = lora_B (out_features, rank):
+  comfyui (default)  diffusion_model.<module>.lora_A.weight / .lora_B.weight / .alpha
+  kohya              lora_unet_<module, '.' -> '_'>.lora_down.weight (A) / .lora_up.weight (B) / .alpha
+  diffusers          transformer.<module>.lora_A.weight / .lora_B.weight, no alpha, B stored as B * alpha / rank
+Why the diffusers layout folds alpha into B: diffusers 0.42.1 fails on `transformer.` keys with `.alpha`
+(it prefixes them a second time, DESIGN §9), and an alpha kept only in metadata is ignored by ComfyUI,
+which then applies scale 1. With alpha / rank already inside B, every loader applies the trained
+strength at its default scale of 1. The trained alpha stays in the metadata (`qwen_lora.alpha`, with
+`qwen_lora.lora_B_scale` = alpha / rank) so that continuing from the file restores B and alpha.
+
+Read (`read_lora_file`): those three, bare `<module>.lora_A/B` (peft), `transformer.` with `.alpha`, and
+diffusers' own `lora_adapter_metadata`. Alpha comes from `.alpha` keys, else our metadata, else diffusers'
+metadata, else it equals the rank (scale 1: what ComfyUI and diffusers apply to such a file).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import LORA_TARGET_PRESETS
+from .errors import UserInputError
+from .lora import COMFY_PREFIX, adapter_weights, comfyui_state_dict, lora_layers
+
+LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")
+DIFFUSERS_PREFIX = "transformer."
+KOHYA_PREFIX = "lora_unet_"
+B_SCALE_KEY = "qwen_lora.lora_B_scale"  # metadata: B in the file = trained B * this
+
+# file suffix -> (which matrix, kind); A is (rank, in), B is (out, rank).
+_SUFFIXES = {
+    ".lora_A.weight": "A", ".lora_B.weight": "B", ".lora_A.default.weight": "A", ".lora_B.default.weight": "B",
+    ".lora_down.weight": "A", ".lora_up.weight": "B", ".alpha": "alpha",
+}
+# Parts of other adapter kinds (DoRA, LoCon, LoHa, LoKr, full diffs), which a plain LoRA cannot hold.
+_UNSUPPORTED_SUFFIXES = (".dora_scale", ".diff", ".diff_b", ".w_norm", ".b_norm")
+_UNSUPPORTED_PARTS = (".lora_mid.", ".hada_", ".lokr_")
+
+# Linear modules of the Qwen-Image transformer, to undo kohya's '.' -> '_' (module names contain '_').
+_BLOCK_MODULES = LORA_TARGET_PRESETS["all"]
+_OUTER_MODULES = ("img_in", "txt_in", "proj_out", "norm_out.linear",
+                  "time_text_embed.timestep_embedder.linear_1", "time_text_embed.timestep_embedder.linear_2")
+_KOHYA_BLOCK = re.compile(r"transformer_blocks_(\d+)_(.+)")
+
+
+@dataclass
+class LoraFile:
+    """A LoRA read from a file: what is needed to rebuild and continue the adapter."""
+
+    path: Path
+    layout: str  # "comfyui", "diffusers", "kohya" or "peft" (bare module names)
+    rank: int
+    alpha: float  # scale = alpha / rank
+    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]  # module -> (A (rank, in), B (out, rank)), B as trained
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def targets(self) -> list[str]:
+        return list(self.weights)
+
+    @property
+    def steps(self) -> int | None:
+        value = self.metadata.get("qwen_lora.steps")
+        return int(value) if value and value.isdigit() else None
+
+
+# --------------------------------------------------------------------------------------------------
+# out
+
+
+def lora_file_tensors(transformer: nn.Module, rank: int, alpha: float, dtype: torch.dtype,
+                      layout: str = "comfyui") -> dict[str, torch.Tensor]:
+    """The live adapter as the tensors of a LoRA file in `layout` (detached, CPU, `dtype`; alpha fp32)."""
+    if layout not in LORA_LAYOUTS:
+        raise UserInputError(f"LoRA layout {layout!r} is not one of {list(LORA_LAYOUTS)}.")
+    if layout == "comfyui":
+        return comfyui_state_dict(transformer, alpha, dtype)
+    out = {}
+    for name, (a, b) in adapter_weights(transformer).items():
+        a = a.detach().to("cpu", torch.float32)
+        b = b.detach().to("cpu", torch.float32)
+        if layout == "diffusers":
+            out[f"{DIFFUSERS_PREFIX}{name}.lora_A.weight"] = a.to(dtype).contiguous()
+            out[f"{DIFFUSERS_PREFIX}{name}.lora_B.weight"] = (b * (alpha / rank)).to(dtype).contiguous()
+        elif layout == "kohya":
+            stem = KOHYA_PREFIX + name.replace(".", "_")
+            out[f"{stem}.lora_down.weight"] = a.to(dtype).contiguous()
+            out[f"{stem}.lora_up.weight"] = b.to(dtype).contiguous()
+            out[f"{stem}.alpha"] = torch.tensor(float(alpha), dtype=torch.float32)
+    return out
+
+
+def layout_metadata(layout: str, rank: int, alpha: float) -> dict[str, str]:
+    """Metadata entries that describe how `layout` stores the adapter."""
+    meta = {"qwen_lora.layout": layout}
+    if layout == "diffusers":
+        meta[B_SCALE_KEY] = repr(alpha / rank)
+        meta["ss_network_alpha"] = repr(float(rank))  # what the file holds: scale 1
+    if layout != "comfyui":
+        meta["format"] = f"{layout}-lora"
+    return meta
+
+
+# --------------------------------------------------------------------------------------------------
+# in
+
+
+def _kohya_module(stem: str) -> str:
+    """'transformer_blocks_3_attn_to_q' -> 'transformer_blocks.3.attn.to_q' (unknown names stay as they are)."""
+    if m := _KOHYA_BLOCK.fullmatch(stem):
+        inner = {n.replace(".", "_"): n for n in _BLOCK_MODULES}.get(m.group(2))
+        if inner:
+            return f"transformer_blocks.{m.group(1)}.{inner}"
+    return {n.replace(".", "_"): n for n in _OUTER_MODULES}.get(stem, stem)
+
+
+def _split_key(key: str) -> tuple[str, str, str] | None:
+    """key -> (layout, module name, A|B|alpha); None for a key that is no LoRA part."""
+    for suffix, part in _SUFFIXES.items():
+        if key.endswith(suffix):
+            stem = key[: -len(suffix)]
+            break
+    else:
+        return None
+    if stem.startswith(COMFY_PREFIX):
+        return "comfyui", stem[len(COMFY_PREFIX):], part
+    if stem.startswith(DIFFUSERS_PREFIX):
+        return "diffusers", stem[len(DIFFUSERS_PREFIX):], part
+    if stem.startswith(KOHYA_PREFIX):
+        return "kohya", _kohya_module(stem[len(KOHYA_PREFIX):]), part
+    return "peft", stem.removeprefix("base_model.model."), part
+
+
+def _metadata_alpha(metadata: dict[str, str], rank: int) -> tuple[float, float]:
+    """(alpha, B scale in the file) when the file has no `.alpha` keys."""
+    if B_SCALE_KEY in metadata and "qwen_lora.alpha" in metadata:  # our diffusers layout
+        return float(metadata["qwen_lora.alpha"]), float(metadata[B_SCALE_KEY])
+    if "lora_adapter_metadata" in metadata:  # diffusers' save_lora_weights: a peft config per component
+        config = json.loads(metadata["lora_adapter_metadata"])
+        alpha = config.get("transformer.lora_alpha", config.get("lora_alpha"))
+        if alpha is not None:
+            return float(alpha), 1.0
+    return float(rank), 1.0  # no alpha anywhere: every loader applies scale 1
+
+
+def read_lora_file(path: str | Path) -> LoraFile:
+    """Read a LoRA file (any layout above) into rank, alpha and per-module (A, B) as trained."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UserInputError(f"LoRA file {path} does not exist: choose an existing .safetensors LoRA.")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise UserInputError(f"LoRA file {path} is not a readable .safetensors file ({e}).") from e
+    unsupported = [k for k in tensors if k.endswith(_UNSUPPORTED_SUFFIXES) or any(u in k for u in _UNSUPPORTED_PARTS)]
+    if unsupported:
+        raise UserInputError(f"LoRA file {path} is not a plain LoRA (it has keys such as {unsupported[:3]}: DoRA, "
+                             "LoHa, LoKr or LoCon). Only plain LoRAs can be continued.")
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    layouts: set[str] = set()
+    for key, tensor in tensors.items():
+        split = _split_key(key)
+        if split is None:
+            raise UserInputError(f"LoRA file {path} has key {key}, which is no LoRA tensor (expected "
+                                 "'<module>.lora_A.weight', '.lora_B.weight', '.lora_down/.lora_up.weight' or '.alpha').")
+        layout, module, part = split
+        layouts.add(layout)
+        parts.setdefault(module, {})[part] = tensor
+    if not parts:
+        raise UserInputError(f"LoRA file {path} holds no LoRA tensors.")
+    incomplete = [m for m, p in parts.items() if "A" not in p or "B" not in p]
+    if incomplete:
+        raise UserInputError(f"LoRA file {path} lacks lora_A or lora_B for {len(incomplete)} modules "
+                             f"(first: {incomplete[:3]}).")
+    ranks = {m: p["A"].shape[0] for m, p in parts.items()}
+    bad = [m for m, p in parts.items() if p["A"].ndim != 2 or p["B"].shape[1] != ranks[m]]
+    if bad:
+        raise UserInputError(f"LoRA file {path} has matrices that do not form a Linear LoRA for {bad[:3]}.")
+    if len(set(ranks.values())) > 1:
+        by_rank: dict[int, list[str]] = {}
+        for m, r in ranks.items():
+            by_rank.setdefault(r, []).append(m)
+        raise UserInputError(f"LoRA file {path} mixes ranks {sorted(by_rank)} (e.g. "
+                             f"{ {r: ms[0] for r, ms in by_rank.items()} }); continuing needs one rank for all modules.")
+    rank = next(iter(ranks.values()))
+    alphas = {float(p["alpha"]) for p in parts.values() if "alpha" in p}
+    if len(alphas) > 1:
+        raise UserInputError(f"LoRA file {path} has different alphas per module ({sorted(alphas)[:5]}); "
+                             "continuing needs one alpha for all modules.")
+    alpha, b_scale = (alphas.pop(), 1.0) if alphas else _metadata_alpha(metadata, rank)
+    if not math.isfinite(alpha) or alpha <= 0 or not math.isfinite(b_scale) or b_scale == 0:
+        raise UserInputError(f"LoRA file {path} has alpha {alpha} (B scale {b_scale}): it must be a positive number.")
+    weights = {m: (p["A"], p["B"] if b_scale == 1.0 else (p["B"].float() / b_scale)) for m, p in parts.items()}
+    layout = sorted(layouts)[0] if len(layouts) == 1 else "mixed"
+    return LoraFile(path=path, layout=layout, rank=rank, alpha=alpha, weights=weights, metadata=metadata)
+
+
+def check_targets(transformer: nn.Module, lora: LoraFile) -> None:
+    """Every module the file adapts must be a Linear of `transformer` with the file's widths."""
+    linears = {n: m for n, m in transformer.named_modules() if isinstance(m, nn.Linear) and "lora_" not in n}
+    absent = [m for m in lora.targets if m not in linears]
+    if absent:
+        raise UserInputError(
+            f"LoRA file {lora.path} adapts {len(absent)} modules that this model does not have (first: {absent[:3]}). "
+            "Choose a LoRA trained for this Qwen-Image model."
+        )
+    for module, (a, b) in lora.weights.items():
+        linear = linears[module]
+        if a.shape[1] != linear.in_features or b.shape[0] != linear.out_features:
+            raise UserInputError(
+                f"LoRA file {lora.path}: module {module} is {a.shape[1]} -> {b.shape[0]} wide in the file, "
+                f"{linear.in_features} -> {linear.out_features} in the model. Choose a LoRA trained for this model."
+            )
+
+
+@torch.no_grad()
+def load_into_adapter(transformer: nn.Module, weights: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Copy (A, B) per module into the injected adapter (cast to its dtype); the module sets must match."""
+    from .lora import ADAPTER
+
+    layers = lora_layers(transformer)
+    if set(layers) != set(weights):
+        extra, missing = sorted(set(weights) - set(layers)), sorted(set(layers) - set(weights))
+        raise UserInputError(f"the LoRA weights do not match the adapter: {len(extra)} modules without an adapter "
+                             f"(first: {extra[:3]}), {len(missing)} adapter modules without weights (first: {missing[:3]}).")
+    for name, (a, b) in weights.items():
+        layer = layers[name]
+        for target, source in ((layer.lora_A[ADAPTER].weight, a), (layer.lora_B[ADAPTER].weight, b)):
+            if target.shape != source.shape:
+                raise UserInputError(f"LoRA module {name}: shape {tuple(source.shape)} in the file, "
+                                     f"{tuple(target.shape)} in the adapter.")
+            target.copy_(source.to(target.device, target.dtype))

@@ -1,0 +1,127 @@
+"""Key conventions of single model files: part detection, key prefixes, ComfyUI's scaled-fp8 tensors.
+
+Facts from ComfyUI 0.3.64 (read, not copied):
+- comfy/model_detection.py recognises a Qwen-Image transformer by `<prefix>txt_norm.weight`; the keys
+  are diffusers' module names. Our loader accepts the prefixes ComfyUI looks for and those other tools
+  write (DESIGN §9: ComfyUI itself takes bare, `model.diffusion_model.` and `model.`).
+- Scaled fp8 files (comfy/ops.py `scaled_fp8_ops`, comfy/model_detection.py, comfy/text_encoders/
+  hunyuan_video.py `llama_detect`): a marker tensor `<prefix>scaled_fp8` (empty; its dtype is the fp8
+  format), and per Linear `<module>.scale_weight` (fp32 scalar: real weight = fp8 weight * scale_weight)
+  and optionally `<module>.scale_input` (only used by fp8 matrix multiplication on the activations; it
+  does not change the weight, so loaders that compute in bf16/fp32 ignore it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..errors import UserInputError
+
+SCALED_FP8_MARKER = "scaled_fp8"
+SCALE_WEIGHT = ".scale_weight"
+SCALE_INPUT = ".scale_input"
+
+# Most specific first: "model." would also match the start of "model.diffusion_model.".
+TRANSFORMER_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transformer.", "model.", "")
+TRANSFORMER_PROBE = "txt_norm.weight"  # what ComfyUI detects Qwen-Image by
+
+# ComfyUI's single-file text encoders are bare (`model.layers.*`); a checkpoint that embeds the encoder
+# uses ComfyUI's own module path.
+TEXT_ENCODER_PREFIXES = ("text_encoders.qwen25_7b.transformer.", "")
+TEXT_ENCODER_PROBES = ("model.layers.0.self_attn.q_proj.weight", "model.language_model.layers.0.self_attn.q_proj.weight")
+
+VAE_PREFIXES = ("first_stage_model.", "vae.", "")
+VAE_PROBE_WAN = "decoder.middle.0.residual.0.gamma"  # what ComfyUI detects the Wan 2.1 VAE by
+VAE_PROBE_DIFFUSERS = "decoder.mid_block.resnets.0.norm1.gamma"
+
+WHAT_TO_CHOOSE = {
+    "transformer": "qwen_image_fp8_e4m3fn.safetensors or qwen_image_bf16.safetensors (ComfyUI folder "
+                   "models/diffusion_models)",
+    "text encoder": "qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors (ComfyUI folder "
+                    "models/text_encoders)",
+    "vae": "qwen_image_vae.safetensors (ComfyUI folder models/vae)",
+}
+
+
+# part -> [(layout, probe keys, prefixes)], in the order they are tried.
+PART_LAYOUTS = {
+    "transformer": [("diffusers", (TRANSFORMER_PROBE,), TRANSFORMER_PREFIXES)],
+    "text encoder": [("qwen2.5-vl", TEXT_ENCODER_PROBES, TEXT_ENCODER_PREFIXES)],
+    "vae": [("wan", (VAE_PROBE_WAN,), VAE_PREFIXES), ("diffusers", (VAE_PROBE_DIFFUSERS,), VAE_PREFIXES)],
+}
+
+
+def detect_layout(path, part: str, keys: Iterable[str]) -> tuple[str, str]:
+    """(layout, key prefix) of a file chosen as `part`; a `UserInputError` when it is no such part."""
+    keys = list(keys)
+    for layout, probes, prefixes in PART_LAYOUTS[part]:
+        prefix = find_prefix(keys, probes, prefixes)
+        if prefix is not None:
+            return layout, prefix
+    raise wrong_file(path, part, keys)
+
+
+def find_prefix(keys: Iterable[str], probes: Iterable[str], prefixes: Iterable[str]) -> str | None:
+    """The first prefix P for which P + probe is a key, for any probe; None if none matches."""
+    keys = set(keys)
+    for prefix in prefixes:
+        if any(prefix + probe in keys for probe in probes):
+            return prefix
+    return None
+
+
+def strip_prefix(keys: Iterable[str], prefix: str) -> dict[str, str]:
+    """Name without `prefix` -> key in the file, for the keys under `prefix`.
+
+    Keys outside a non-empty prefix belong to other parts of an all-in-one checkpoint and are left out.
+    """
+    return {k[len(prefix):]: k for k in keys if k.startswith(prefix)}
+
+
+def split_scaled_fp8(names: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Split (name -> file key) into (tensors, {weight name: file key of its scale_weight}).
+
+    The `scaled_fp8` marker and `scale_input` tensors are dropped (see the module docstring).
+    """
+    tensors, scales = {}, {}
+    for name, key in names.items():
+        if name == SCALED_FP8_MARKER or name.endswith(SCALE_INPUT):
+            continue
+        if name.endswith(SCALE_WEIGHT):
+            scales[name[: -len(SCALE_WEIGHT)] + ".weight"] = key
+        else:
+            tensors[name] = key
+    return tensors, scales
+
+
+# (substring of some key, what the file then is), checked in order.
+_SIGNATURES = (
+    (("lora_A.", "lora_B.", "lora_down.", "lora_up."), "a LoRA, not a base model"),
+    (("input_blocks.0.0.weight", "conditioner.embedders."), "a Stable Diffusion / SDXL checkpoint"),
+    (("double_blocks.0.",), "a Flux-style transformer"),
+    (("decoder.upsamples.0.upsamples.0.",), "the Wan 2.2 VAE (48 latent channels), not Qwen-Image's VAE"),
+    (("decoder.middle.0.residual.0.gamma", "decoder.mid_block.resnets.0.norm1.gamma"), "a Wan 2.1 / Qwen-Image VAE"),
+    (("first_stage_model.decoder.", "decoder.up.0.block.0."), "a Stable Diffusion style VAE"),
+    (("layers.0.self_attn.q_proj.weight",), "an LLM text encoder"),
+    (("encoder.block.0.layer.0.",), "a T5 text encoder"),
+    (("text_model.encoder.layers.0.",), "a CLIP text encoder"),
+    (("txt_norm.weight",), "a Qwen-Image transformer"),
+    (("blocks.0.self_attn.",), "a Wan video transformer"),
+)
+
+
+def describe_contents(keys: Iterable[str]) -> str:
+    """A short guess of what a file holds, from its key names, for error messages."""
+    keys = list(keys)
+    for needles, what in _SIGNATURES:
+        if any(n in k for k in keys for n in needles):
+            return what
+    return f"an unknown model (first keys: {keys[:3]})"
+
+
+def wrong_file(path, part: str, keys: Iterable[str]) -> UserInputError:
+    """The error for a file that is not the Qwen-Image `part` it was chosen as."""
+    return UserInputError(
+        f"{part} file {path} is not a Qwen-Image {part}: it looks like {describe_contents(keys)}. "
+        f"Choose {WHAT_TO_CHOOSE[part]}."
+    )

@@ -1,0 +1,87 @@
+"""One .safetensors model file, read lazily: names, shapes and dtypes first, tensors one at a time.
+
+A 20 GB transformer file is never read whole: `shapes` comes from the header alone, and `tensor(name)`
+reads (memory-maps) a single tensor. Errors for a missing or unreadable file are `UserInputError`s that
+name the file and the part it was chosen for.
+
+A small JSON file beside the model file (`<stem>.json`, written by `export.py`) may carry the model's
+config for the values tensor shapes cannot tell (a tiny test model's RoPE axes, a VAE's latent
+statistics, a text encoder's head count); see `sidecar_config`.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+
+import torch
+
+from ..errors import UserInputError
+
+
+class SafetensorsFile:
+    def __init__(self, path: str | Path, part: str):
+        """Open `path` (chosen as the model's `part`, e.g. "transformer"); raise if it cannot be read."""
+        from safetensors import SafetensorError, safe_open
+
+        self.path = Path(path).expanduser()
+        self.part = part
+        if not self.path.is_file():
+            where = "is a folder, not a file" if self.path.is_dir() else "does not exist"
+            raise UserInputError(f"{part} file {self.path} {where}: choose an existing .safetensors file.")
+        try:
+            self._handle = safe_open(str(self.path), framework="pt")
+        except (SafetensorError, OSError) as e:
+            raise UserInputError(
+                f"{part} file {self.path} is not a readable .safetensors file ({e}). Choose the model's "
+                ".safetensors file (other formats such as .ckpt or .gguf are not supported here)."
+            ) from e
+
+    def __repr__(self) -> str:
+        return f"SafetensorsFile({str(self.path)!r}, part={self.part!r})"
+
+    @cached_property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Tensor name -> shape, from the header only (no tensor data is read)."""
+        return {name: tuple(self._handle.get_slice(name).get_shape()) for name in self._handle.keys()}
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.shapes)
+
+    @cached_property
+    def metadata(self) -> dict[str, str]:
+        return self._handle.metadata() or {}
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self._handle.get_tensor(name)
+
+    def dtype(self, name: str) -> torch.dtype:
+        return _DTYPES[self._handle.get_slice(name).get_dtype()]
+
+    def sidecar_config(self) -> dict | None:
+        """The `config` of `<stem>.json` beside the file when it exists and names this part, else None."""
+        side = self.path.with_suffix(".json")
+        if not side.is_file():
+            return None
+        try:
+            data = json.loads(side.read_text())
+        except (OSError, ValueError) as e:
+            raise UserInputError(f"{side} (the config beside {self.path.name}) is not valid JSON: {e}. "
+                                 "Fix or delete it.") from e
+        if not isinstance(data, dict) or data.get("part") != self.part or not isinstance(data.get("config"), dict):
+            raise UserInputError(
+                f"{side} does not describe a {self.part} (expected {{\"part\": \"{self.part}\", \"config\": {{...}}}}, "
+                f"found part {data.get('part') if isinstance(data, dict) else data!r}). Fix or delete it."
+            )
+        return data["config"]
+
+
+# safetensors' dtype names (from the header) -> torch dtypes; only the ones model files use.
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}

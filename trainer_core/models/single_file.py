@@ -1,0 +1,96 @@
+"""Qwen-Image from the single files ComfyUI users have: transformer, text encoder, VAE (+ tokenizer folder).
+
+    diffusion_models/qwen_image_fp8_e4m3fn.safetensors | qwen_image_bf16.safetensors   -> transformer_file.py
+    text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors | qwen_2.5_vl_7b.safetensors   -> text_encoder_file.py
+    vae/qwen_image_vae.safetensors                                                        -> vae_file.py
+
+Before anything heavy is read, all three headers are opened and checked: each file must be the part it
+was chosen as, and the parts must fit together (text width, latent channels), so a wrong choice fails
+in a second with a message naming the file, not after 20 GB were loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import UserInputError
+from .components import QwenImageComponents
+from .layouts import detect_layout, strip_prefix
+from .safetensors_file import SafetensorsFile
+from .scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
+from .text_encoder_file import load_text_encoder_file, our_name
+from .tokenizer import load_tokenizer
+from .transformer_file import load_transformer_file
+from .vae_file import load_vae_file
+
+
+def _shapes(path, part: str) -> dict[str, tuple[int, ...]]:
+    """The file's tensor shapes by name without its prefix (header only); raises for a wrong part."""
+    file = SafetensorsFile(path, part)
+    _, prefix = detect_layout(file.path, part, file.keys)
+    return {name: file.shapes[key] for name, key in strip_prefix(file.keys, prefix).items()}
+
+
+def check_files_fit(transformer: str | Path, text_encoder: str | Path, vae: str | Path) -> int:
+    """Check each file is its part and that they fit together; return the encoder's vocabulary rows."""
+    t = _shapes(transformer, "transformer")
+    te = {our_name(n): s for n, s in _shapes(text_encoder, "text encoder").items()}
+    v = _shapes(vae, "vae")
+    try:
+        joint_dim, in_channels = t["txt_in.weight"][1], t["img_in.weight"][1]  # (inner, joint), (inner, 4 * z)
+    except KeyError as e:
+        raise UserInputError(f"transformer file {transformer} lacks {e}: it is not a complete Qwen-Image transformer.") from e
+    try:
+        vocab_rows, text_width = te["model.language_model.embed_tokens.weight"]  # (vocab, hidden)
+    except KeyError as e:
+        raise UserInputError(f"text encoder file {text_encoder} has no token embeddings: it is not a complete "
+                             "Qwen2.5-VL text encoder.") from e
+    z_dim = (v.get("conv2.weight") or v.get("post_quant_conv.weight") or (None,))[0]  # Wan, diffusers name
+    if text_width != joint_dim:
+        raise UserInputError(
+            f"text encoder file {text_encoder} makes features of width {text_width}, but transformer file "
+            f"{transformer} takes {joint_dim}: they are not parts of the same model. Choose matching files."
+        )
+    if z_dim is not None and 4 * z_dim != in_channels:  # a VAE without it is refused by its loader
+        raise UserInputError(
+            f"VAE file {vae} makes {z_dim}-channel latents, but transformer file {transformer} takes "
+            f"{in_channels // 4} (x 2x2 patches = {in_channels}): they are not parts of the same model."
+        )
+    return vocab_rows
+
+
+def load_single_files(
+    transformer: str | Path,
+    text_encoder: str | Path,
+    vae: str | Path,
+    tokenizer_dir: str | Path | None = None,
+    storage: str = "float8",
+    compute_dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+    text_encoder_fp8: str = "dequantize",
+) -> QwenImageComponents:
+    """All parts from three files and a tokenizer folder (see tokenizer.py for where it is looked for).
+
+    The transformer stays on the CPU (the trainer places its blocks), with block Linears stored as
+    `storage`; the VAE and text encoder go to `device`. `text_encoder_fp8` says what to do with a
+    scaled-fp8 text encoder: "dequantize" while loading, or "keep" its float8 weights (text_encoder_file.py).
+    `text_encoder_loader` re-reads the encoder from its file after `release_text_encoder`.
+    """
+    vocab_rows = check_files_fit(transformer, text_encoder, vae)
+    tokenizer = load_tokenizer(tokenizer_dir, text_encoder, vocab_rows)
+    device = torch.device(device)
+    vae_model = load_vae_file(vae, compute_dtype).to(device)
+
+    def load_text_encoder():
+        return (load_text_encoder_file(text_encoder, compute_dtype, text_encoder_fp8),
+                load_tokenizer(tokenizer_dir, text_encoder, vocab_rows))
+
+    text_model = load_text_encoder_file(text_encoder, compute_dtype, text_encoder_fp8).to(device)
+    transformer_model = load_transformer_file(transformer, storage, compute_dtype)
+    return QwenImageComponents(
+        transformer=transformer_model, vae=vae_model, text_encoder=text_model, tokenizer=tokenizer,
+        scheduler_config=dict(QWEN_IMAGE_SCHEDULER_CONFIG), compute_dtype=compute_dtype, device=device,
+        name=Path(transformer).stem, storage=storage, text_encoder_loader=load_text_encoder,
+    )

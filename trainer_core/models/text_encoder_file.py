@@ -1,0 +1,177 @@
+"""The Qwen2.5-VL text encoder as one file (ComfyUI's text_encoders/qwen_2.5_vl_7b*.safetensors).
+
+ComfyUI's layout (comfy/text_encoders/llama.py `Qwen25_7BVLI`, read by comfy/sd.py): the language model
+under HF's older names `model.embed_tokens`, `model.layers.<i>.{self_attn,mlp,...}`, `model.norm`, the
+vision tower under `visual.*`, and `lm_head.weight`, which ComfyUI does not use. transformers 5's
+`Qwen2_5_VLForConditionalGeneration` keeps the language model under `model.language_model.*` and the
+vision tower under `model.visual.*`; a file already in that layout is read as well.
+The `_fp8_scaled` file holds every Linear weight in float8_e4m3fn with a per-tensor fp32
+`<module>.scale_weight` (real weight = float8 * scale) and a `scaled_fp8` marker (see layouts.py).
+
+What is loaded: the language model only. Qwen-Image encodes text, so the vision tower is left out
+(text-only forward never touches it) and `lm_head` is replaced by an identity: Qwen-Image reads the
+last hidden state, never logits, and the real head is a 1 GB (152064 x 3584) matmul per token.
+Nothing stays on the meta device, so `.to(device)` works.
+
+fp8 files, two ways (`fp8`): "dequantize" multiplies each weight by its scale while loading, one tensor
+at a time, into `compute_dtype`; "keep" keeps the float8 weights (half of bf16's memory) with their
+scale as `weight_scale` and computes through float8.py's `FrozenLinearFunction` (upcast per call).
+
+Config: the JSON beside the file when there is one (a test model), else `QWEN25_VL_7B_CONFIG` when the
+tensor shapes are the 7B's; anything else is refused with a message that names what was found.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import UserInputError
+from .float8 import dequantized_state_dict, quantize_per_tensor
+from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, split_scaled_fp8, strip_prefix
+from .safetensors_file import SafetensorsFile
+from .streaming import assign_frozen_linear_weight, assign_parameter, dequantize, fill_empty
+
+TEXT_ENCODER_FP8_MODES = ("dequantize", "keep")
+TEXT_ENCODER_FILE_FORMATS = ("bf16", "fp8_scaled")
+FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+# Qwen2.5-VL 7B Instruct as Qwen-Image uses it. Text model: ComfyUI's comfy/text_encoders/llama.py
+# Qwen25_7BVLI_Config (vocab 152064, hidden 3584, MLP 18944, 28 layers, 28 heads of 128, 4 KV heads,
+# RMSNorm eps 1e-6, RoPE theta 1e6, M-RoPE sections 16/24/24), written the way transformers 5 takes it.
+# Vision tower (not loaded, kept for a complete config): comfy/text_encoders/qwen_vl.py defaults with
+# ComfyUI's width 1280. Token ids: ComfyUI's qwen25_tokenizer/tokenizer_config.json.
+QWEN25_VL_7B_CONFIG = {
+    "model_type": "qwen2_5_vl",
+    "text_config": {
+        "model_type": "qwen2_5_vl_text",
+        "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_act": "silu",
+        "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "attention_dropout": 0.0,
+        "use_sliding_window": False, "sliding_window": 32768, "max_window_layers": 28,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+        "bos_token_id": 151643, "eos_token_id": 151645, "pad_token_id": 151643, "tie_word_embeddings": False,
+    },
+    "vision_config": {
+        "model_type": "qwen2_5_vl_vision",
+        "depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "out_hidden_size": 3584,
+        "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2, "window_size": 112,
+        "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "in_channels": 3, "hidden_act": "silu",
+    },
+    "image_token_id": 151655, "video_token_id": 151656,
+    "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+    "tie_word_embeddings": False,
+}
+
+_LM = "model.language_model."
+
+
+def our_name(name: str) -> str | None:
+    """transformers 5 name of a file tensor (names without file prefix); None for parts not loaded."""
+    if name.startswith(_LM):
+        return name
+    if name.startswith(("visual.", "model.visual.", "lm_head.")):
+        return None
+    if name.startswith("model."):
+        return _LM + name[len("model."):]
+    return name  # unknown: reported as such by fill_empty
+
+
+def comfyui_name(name: str) -> str:
+    """ComfyUI's name of a transformers 5 `Qwen2_5_VLForConditionalGeneration` tensor."""
+    if name.startswith(_LM):
+        return "model." + name[len(_LM):]
+    if name.startswith("model.visual."):
+        return name[len("model."):]
+    return name
+
+
+def _dims(shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """What the shapes say about a text model (names in our layout)."""
+    layers = {int(n[len(_LM) + len("layers."):].split(".")[0]) for n in shapes if n.startswith(_LM + "layers.")}
+    vocab, hidden = shapes[_LM + "embed_tokens.weight"]
+    return dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=len(layers),
+                intermediate_size=shapes[_LM + "layers.0.mlp.gate_proj.weight"][0])
+
+
+def text_encoder_config(shapes: dict[str, tuple[int, ...]], sidecar: dict | None, source: str) -> dict:
+    if sidecar is not None:
+        return sidecar
+    try:
+        found = _dims(shapes)
+    except KeyError as e:
+        raise UserInputError(f"text encoder file {source} lacks {e}: it is not a complete Qwen2.5-VL text "
+                             "encoder. Choose qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors.") from e
+    expected = {k: QWEN25_VL_7B_CONFIG["text_config"][k] for k in found}
+    if found != expected:
+        raise UserInputError(
+            f"text encoder file {source} is a language model with {found}, but Qwen-Image uses Qwen2.5-VL 7B "
+            f"({expected}). Choose qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors "
+            "(a smaller test model needs its config JSON beside it)."
+        )
+    return QWEN25_VL_7B_CONFIG
+
+
+def empty_text_encoder(config: dict) -> nn.Module:
+    """`Qwen2_5_VLForConditionalGeneration` on the meta device, without vision tower, identity lm_head."""
+    from accelerate import init_empty_weights
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    with init_empty_weights(include_buffers=False):
+        model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig.from_dict(config))
+    model.model.visual = None  # only image/video inputs reach it
+    model.lm_head = nn.Identity()  # "logits" are then the last hidden state, at no cost
+    return model
+
+
+def load_text_encoder_file(
+    path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fp8: str = "dequantize",
+) -> nn.Module:
+    """The text encoder from one file, on the CPU, frozen, in eval mode (see the module docstring)."""
+    if fp8 not in TEXT_ENCODER_FP8_MODES:
+        raise UserInputError(f"text_encoder_fp8={fp8!r} is not one of {list(TEXT_ENCODER_FP8_MODES)}.")
+    file = SafetensorsFile(path, "text encoder")
+    _, prefix = detect_layout(file.path, "text encoder", file.keys)
+    file_names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix))
+    names = {ours: key for name, key in file_names.items() if (ours := our_name(name)) is not None}
+    scales = {ours: file.tensor(key) for name, key in scale_keys.items() if (ours := our_name(name)) is not None}
+    config = text_encoder_config({n: file.shapes[k] for n, k in names.items()}, file.sidecar_config(), str(file.path))
+    model = empty_text_encoder(config)
+    linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+    def assign(module: nn.Module, leaf: str, name: str, tensor: torch.Tensor) -> None:
+        scale = scales.get(name)
+        if fp8 == "keep" and tensor.dtype in FLOAT8_DTYPES and leaf == "weight" and name[: -len(".weight")] in linears:
+            assign_frozen_linear_weight(module, tensor, scale)
+        else:
+            assign_parameter(module, leaf, dequantize(tensor, scale).to(compute_dtype))
+
+    fill_empty(model, ((n, file.tensor(k)) for n, k in names.items()), assign, source=f"text encoder file {file.path}",
+               hint="Choose qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors.")
+    return model.eval()
+
+
+def text_encoder_file_tensors(text_encoder: nn.Module, fmt: str = "bf16") -> dict[str, torch.Tensor]:
+    """The encoder's tensors in ComfyUI's layout and `fmt` (one of TEXT_ENCODER_FILE_FORMATS).
+
+    fp8_scaled: every Linear weight of the language model and the vision tower as float8 with its fp32
+    `scale_weight` (ComfyUI builds all of them with its scaled-fp8 operations), plus the `scaled_fp8`
+    marker; embeddings, norms, biases, the patch embedding and `lm_head` (not a ComfyUI Linear) in bf16.
+    """
+    if fmt not in TEXT_ENCODER_FILE_FORMATS:
+        raise ValueError(f"unknown text encoder file format {fmt!r}; expected one of {TEXT_ENCODER_FILE_FORMATS}")
+    linears = {name for name, m in text_encoder.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"}
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in dequantized_state_dict(text_encoder).items():
+        module_name, _, leaf = name.rpartition(".")
+        if fmt == "fp8_scaled" and module_name in linears and leaf == "weight":
+            weight, scale = quantize_per_tensor(tensor)
+            out[comfyui_name(name)] = weight
+            out[comfyui_name(module_name) + SCALE_WEIGHT] = scale
+        else:
+            out[comfyui_name(name)] = tensor.to(torch.bfloat16)
+    if fmt == "fp8_scaled":
+        out[SCALED_FP8_MARKER] = torch.tensor([], dtype=torch.float8_e4m3fn)
+    return {k: v.contiguous() for k, v in out.items()}

@@ -1,0 +1,115 @@
+"""The Qwen-Image transformer as one file (ComfyUI's diffusion_models/qwen_image_*.safetensors).
+
+Layout: diffusers' module names (`transformer_blocks.3.attn.to_q.weight`, ...), bare or under one of
+the prefixes in `layouts.TRANSFORMER_PREFIXES`. Weights in bf16, or Linear weights in float8_e4m3fn,
+optionally "scaled" (ComfyUI's `scale_weight` per Linear plus a `scaled_fp8` marker).
+
+Reading streams tensor by tensor onto an empty model (`streaming.stream_into`), so the block Linears
+are stored as `storage` asks without a full bf16 copy ever existing. The config is derived from the
+tensor shapes (block count, widths, channels); the two values shapes cannot tell come from the JSON
+beside the file when there is one, else from Qwen-Image's own values:
+- `patch_size`: 2 (proj_out has patch_size**2 * out_channels rows; ComfyUI assumes 2 as well);
+- `axes_dims_rope`: (16, 56, 56), which needs attention_head_dim 128 (their sum).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import UserInputError
+from .float8 import FLOAT8, FLOAT8_MAX, STORAGE_MODES, dequantized_state_dict, quantize_per_tensor
+from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, split_scaled_fp8, strip_prefix
+from .safetensors_file import SafetensorsFile
+from .streaming import empty_transformer, stream_into
+
+PATCH_SIZE = 2
+QWEN_IMAGE_AXES_DIMS_ROPE = (16, 56, 56)
+TRANSFORMER_FILE_FORMATS = ("bf16", "fp8_e4m3fn", "fp8_e4m3fn_scaled")
+_BLOCK = re.compile(r"transformer_blocks\.(\d+)\.")
+
+
+def transformer_config_from_shapes(shapes: dict[str, tuple[int, ...]], source: str) -> dict:
+    """The config values the tensor shapes determine (names without prefix -> shape)."""
+    needed = ("img_in.weight", "txt_in.weight", "proj_out.weight", "transformer_blocks.0.attn.norm_q.weight")
+    absent = [n for n in needed if n not in shapes]
+    if absent:
+        raise UserInputError(f"transformer file {source} lacks {absent}: it is not a complete Qwen-Image "
+                             "transformer. Choose qwen_image_fp8_e4m3fn.safetensors or qwen_image_bf16.safetensors.")
+    inner_dim, in_channels = shapes["img_in.weight"]  # (heads * head_dim, 4 * latent channels)
+    head_dim = shapes["transformer_blocks.0.attn.norm_q.weight"][0]
+    blocks = {int(m.group(1)) for n in shapes if (m := _BLOCK.match(n))}
+    return dict(
+        patch_size=PATCH_SIZE,
+        in_channels=in_channels,
+        out_channels=shapes["proj_out.weight"][0] // PATCH_SIZE**2,  # proj_out: (p * p * out, inner)
+        num_layers=max(blocks) + 1,
+        attention_head_dim=head_dim,
+        num_attention_heads=inner_dim // head_dim,
+        joint_attention_dim=shapes["txt_in.weight"][1],  # txt_in: (inner, text hidden size)
+    )
+
+
+def transformer_config(shapes: dict[str, tuple[int, ...]], sidecar: dict | None, source: str) -> dict:
+    """Shapes' values, completed by the sidecar JSON's config or Qwen-Image's constants."""
+    derived = transformer_config_from_shapes(shapes, source)
+    if sidecar is not None:
+        clashes = {k: (v, sidecar[k]) for k, v in derived.items() if k in sidecar and sidecar[k] != v}
+        if clashes:
+            raise UserInputError(f"the config JSON beside {source} disagrees with the file's tensors "
+                                 f"(name: (from tensors, from JSON)): {clashes}. Fix or delete the JSON.")
+        return {**sidecar, **derived}
+    if derived["attention_head_dim"] != sum(QWEN_IMAGE_AXES_DIMS_ROPE):
+        raise UserInputError(
+            f"transformer file {source} has attention head size {derived['attention_head_dim']}, not Qwen-Image's "
+            f"{sum(QWEN_IMAGE_AXES_DIMS_ROPE)}, and no config JSON beside it naming its RoPE axes "
+            f"(axes_dims_rope). Put <file name>.json beside it (see `python -m trainer_core export-tiny`)."
+        )
+    return {**derived, "axes_dims_rope": QWEN_IMAGE_AXES_DIMS_ROPE}
+
+
+def load_transformer_file(
+    path: str | Path, storage: str = "float8", compute_dtype: torch.dtype = torch.bfloat16,
+) -> nn.Module:
+    """The diffusers `QwenImageTransformer2DModel` from one file, on the CPU, frozen, in eval mode.
+
+    Block Linear weights are stored per `storage` (see float8.py); everything else in `compute_dtype`.
+    """
+    if storage not in STORAGE_MODES:
+        raise UserInputError(f"storage={storage!r} is not one of {list(STORAGE_MODES)}.")
+    file = SafetensorsFile(path, "transformer")
+    _, prefix = detect_layout(file.path, "transformer", file.keys)
+    names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix))
+    config = transformer_config({n: file.shapes[k] for n, k in names.items()}, file.sidecar_config(), str(file.path))
+    model = empty_transformer(config)
+    scales = {name: file.tensor(key) for name, key in scale_keys.items()}
+    stream_into(model, ((n, file.tensor(k)) for n, k in names.items()), storage, compute_dtype,
+                source=f"transformer file {file.path}", scales=scales)
+    return model.eval()
+
+
+def transformer_file_tensors(transformer: nn.Module, fmt: str = "bf16", prefix: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of a transformer file in `fmt` (one of TRANSFORMER_FILE_FORMATS), keys under `prefix`.
+
+    bf16: every tensor bf16. fp8_e4m3fn: every Linear weight cast to float8 (clamped to +-448), the rest
+    bf16. fp8_e4m3fn_scaled: every Linear weight float8 with its fp32 `scale_weight`, plus the
+    `scaled_fp8` marker, as ComfyUI's scaled-fp8 operations (comfy/ops.py) hold them.
+    """
+    if fmt not in TRANSFORMER_FILE_FORMATS:
+        raise ValueError(f"unknown transformer file format {fmt!r}; expected one of {TRANSFORMER_FILE_FORMATS}")
+    linears = {name for name, m in transformer.named_modules() if isinstance(m, nn.Linear)}
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in dequantized_state_dict(transformer).items():
+        module_name, _, leaf = name.rpartition(".")
+        if fmt == "bf16" or module_name not in linears or leaf != "weight":
+            out[name] = tensor.to(torch.bfloat16)
+        elif fmt == "fp8_e4m3fn":
+            out[name] = tensor.clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8)
+        else:
+            out[name], out[module_name + SCALE_WEIGHT] = quantize_per_tensor(tensor)
+    if fmt == "fp8_e4m3fn_scaled":
+        out[SCALED_FP8_MARKER] = torch.tensor([], dtype=FLOAT8)  # dtype = the fp8 format, as ComfyUI writes it
+    return {prefix + k: v.contiguous() for k, v in out.items()}
