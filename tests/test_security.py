@@ -15,9 +15,21 @@ def test_no_pickle_torch_load_or_remote_code():
             assert not re.search(pattern, text), f"{path.relative_to(REPO)}: {pattern}"
 
 
+def call_arguments(text: str, name: str) -> list[str]:
+    """The argument text of every `name(...)` call, parentheses balanced."""
+    calls = []
+    for match in re.finditer(re.escape(name) + r"\(", text):
+        depth, i = 1, match.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        calls.append(text[match.end():i - 1])
+    return calls
+
+
 def test_from_pretrained_is_local_and_safetensors_only():
     for path in SOURCES:
-        for call in re.findall(r"from_pretrained\(([^)]*)\)", path.read_text()):
+        for call in call_arguments(path.read_text(), "from_pretrained"):
             assert "local_files_only" in call or "**local" in call, f"{path.relative_to(REPO)}: {call}"
 
 
