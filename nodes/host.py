@@ -71,19 +71,41 @@ def loras_directory() -> Path:
     return Path(os.environ.get("QWEN_LORA_LORAS", "models/loras")).resolve()
 
 
+def _standalone_models_root() -> Path:
+    return Path(os.environ.get("QWEN_LORA_MODELS", "models")).resolve()
+
+
 def model_file_list(kind: str) -> list[str]:
-    """File names ComfyUI lists for a model folder kind ('diffusion_models', 'text_encoders', 'vae')."""
+    """File names ComfyUI lists for a model folder kind ('diffusion_models', 'text_encoders', 'vae', 'loras').
+    Standalone: the .safetensors files under $QWEN_LORA_MODELS/<kind>."""
     fp = _host("folder_paths")
-    if fp is None:
-        return []
-    try:
-        return list(fp.get_filename_list(kind))
-    except KeyError:
-        return []
+    if fp is not None:
+        try:
+            return list(fp.get_filename_list(kind))
+        except KeyError:
+            return []
+    folder = _standalone_models_root() / kind
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*.safetensors")) if folder.is_dir() else []
 
 
 def model_file_path(kind: str, name: str) -> Path:
+    """Full path of a listed model file; a missing one raises an error that names it."""
+    from ..trainer_core.errors import UserInputError
+
     fp = _host("folder_paths")
-    if fp is None:
-        return Path(name)
-    return Path(fp.get_full_path_or_raise(kind, name))
+    path = fp.get_full_path(kind, name) if fp is not None else _standalone_models_root() / kind / name
+    if not path or not Path(path).is_file():
+        raise UserInputError(f"model file {name!r} was not found in the {kind} folder. Put it in models/{kind}/ "
+                             "and press R in the canvas to refresh the lists.")
+    return Path(path)
+
+
+def bundled_qwen_tokenizer() -> Path | None:
+    """The Qwen2.5 tokenizer ComfyUI ships (comfy/text_encoders/qwen25_tokenizer), if ComfyUI is here."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("comfy")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / "text_encoders" / "qwen25_tokenizer"
+    return folder if folder.is_dir() else None

@@ -8,6 +8,7 @@ import torch
 
 from ..trainer_core.errors import UserInputError
 from ..trainer_core.files import inside
+from ..trainer_core.lora_files import LORA_LAYOUTS
 from ..trainer_core.plot import loss_plot
 from ..trainer_core.sampling import sample_image
 from . import host
@@ -107,10 +108,15 @@ class QwenLoRASave:
             "filename": ("STRING", {"default": "{run_name}_{step}", "tooltip": "File name inside the loras "
                                     "folder; {run_name} and {step} are filled in. Subfolders allowed."}),
             "dtype": (list(SAVE_DTYPES), {"default": "bfloat16", "tooltip": "Precision of the saved weights."}),
+            "layout": (list(LORA_LAYOUTS), {
+                "default": "comfyui",
+                "tooltip": "Key layout: comfyui (diffusion_model.* + alpha; ComfyUI and diffusers load it), "
+                           "kohya (lora_unet_*; kohya/musubi tools), diffusers (transformer.*, alpha folded in).",
+            }),
         }}
 
-    def save(self, trainer, filename, dtype):
+    def save(self, trainer, filename, dtype, layout="comfyui"):
         path = lora_output_path(host.loras_directory(), filename, trainer.train_cfg.run_name, trainer.step)
         with engine_mode():
-            trainer.save_lora(path, SAVE_DTYPES[dtype])
+            trainer.save_lora(path, SAVE_DTYPES[dtype], layout=layout)
         return {"ui": {"text": [str(path)]}, "result": (str(path),)}

@@ -26,6 +26,7 @@ TRAIN_WIDGETS = (
 # The seed widget is called training_seed: ComfyUI gives any INT input named "seed" a "randomize after
 # queue" control, which would change the seed, hence start a new run, on every queue.
 WIDGET_NAMES = {"seed": "training_seed"}
+NO_LORA = "(none: start from zero)"
 
 
 def run_directory(run_name: str) -> Path:
@@ -33,9 +34,10 @@ def run_directory(run_name: str) -> Path:
     return host.output_directory() / "qwen_lora_training" / "runs" / check_run_name(run_name)
 
 
-def trainer_signature(models, cached, lora_cfg, optim_cfg, train_cfg) -> str:
+def trainer_signature(models, cached, lora_cfg, optim_cfg, train_cfg, init_lora=None) -> str:
     """What a live trainer was built from; the same inputs continue it instead of starting over."""
     parts = {
+        "init_lora": str(init_lora),
         "models": id(models.transformer),
         "samples": [(s.latent_key, s.text_key) for s in cached.samples],
         "repeats": cached.repeats,
@@ -63,13 +65,20 @@ class QwenLoRAInitTrainer:
             "lora_config": (LORA_CONFIG, {"tooltip": "From the LoRA Config node."}),
             "optimizer_config": (OPTIMIZER_CONFIG, {"tooltip": "From the Optimizer node."}),
             **{WIDGET_NAMES.get(n, n): spec for n, spec in widgets(TrainConfig, *TRAIN_WIDGETS).items()},
+            "continue_from_lora": ([NO_LORA, *host.model_file_list("loras")], {
+                "default": NO_LORA,
+                "tooltip": "Start from this LoRA file (ComfyUI, diffusers or kohya/musubi layout) instead of from "
+                           "zero. Its rank, alpha and layers replace the LoRA Config's; optimizer and steps start "
+                           "fresh.",
+            }),
         }}
 
-    def init(self, models, cached_dataset, lora_config, optimizer_config, **widget_values):
+    def init(self, models, cached_dataset, lora_config, optimizer_config, continue_from_lora=NO_LORA, **widget_values):
         names = {widget: field for field, widget in WIDGET_NAMES.items()}
         train_cfg = TrainConfig(**{names.get(k, k): v for k, v in widget_values.items()})
         train_cfg.validate(num_blocks=models.num_blocks)
-        signature = trainer_signature(models, cached_dataset, lora_config, optimizer_config, train_cfg)
+        init_lora = None if continue_from_lora == NO_LORA else host.model_file_path("loras", continue_from_lora)
+        signature = trainer_signature(models, cached_dataset, lora_config, optimizer_config, train_cfg, init_lora)
         live = registry.find(train_cfg.run_name, signature)
         if live is not None:
             return (live, f"continuing run '{train_cfg.run_name}' at step {live.step} (still in memory)")
@@ -83,7 +92,8 @@ class QwenLoRAInitTrainer:
         host.free_host_models()
         run_dir = run_directory(train_cfg.run_name)
         with engine_mode():
-            trainer = Trainer(models, cached_dataset, lora_config, optimizer_config, train_cfg, run_dir=run_dir)
+            trainer = Trainer(models, cached_dataset, lora_config, optimizer_config, train_cfg, run_dir=run_dir,
+                              init_lora=init_lora)
             try:
                 resumed = trainer.resume()
             except BaseException:

@@ -97,6 +97,10 @@ def comfy_base(tmp_path):
     base = tmp_path / "comfy_base"
     (base / "custom_nodes").mkdir(parents=True)
     (base / "custom_nodes" / "qwen_image_lora_trainer").symlink_to(REPO, target_is_directory=True)
+    # The tiny model as ComfyUI single files in ComfyUI's own model folders (diffusion_models, ...).
+    from trainer_core.models.export import export_tiny
+
+    export_tiny(base / "models", layout="comfyui")
     return base
 
 
@@ -122,7 +126,7 @@ def latest_checkpoint_step(base: Path, run_name: str) -> int:
 def test_workflow_runs_in_real_comfyui(comfy, tmp_path, demo_folder):
     server, base = comfy
     assert "QwenLoRATrain" in server.get("/object_info/QwenLoRATrain")
-    prompt = tiny_prompt(tmp_path, demo_folder, steps=3)
+    prompt = tiny_prompt(tmp_path, demo_folder, steps=3, from_files=True)
     first = server.run(prompt)
     assert first["status"]["status_str"] == "success", json.dumps(first["status"], indent=1)[-3000:]
     loras = sorted((base / "models" / "loras").glob("*.safetensors"))
@@ -140,7 +144,7 @@ def test_workflow_runs_in_real_comfyui(comfy, tmp_path, demo_folder):
 
 
 def test_cancel_and_restart_continue_the_run_in_real_comfyui(comfy_base, tmp_path, demo_folder):
-    prompt = tiny_prompt(tmp_path, demo_folder, steps=2)
+    prompt = tiny_prompt(tmp_path, demo_folder, steps=2, from_files=True)
     run_name = prompt["6"]["inputs"]["run_name"]
     server = ComfyServer(comfy_base)
     try:

@@ -37,10 +37,19 @@ def test_every_node_is_described_and_every_input_has_a_tooltip(pack):
                 assert len(spec) == 2 and spec[1].get("tooltip"), f"{name}.{input_name} has no tooltip"
 
 
-def tiny_prompt(tmp_path, demo_folder, steps=3, **overrides):
-    """The example API workflow, pointed at the tiny model and the demo dataset."""
+# The tiny model as `export-tiny` writes it into a models folder (ComfyUI's layout).
+TINY_FILES = {"transformer": "qwen_image_tiny_fp8_e4m3fn.safetensors",
+              "text_encoder": "qwen_2.5_vl_tiny_fp8_scaled.safetensors", "vae": "qwen_image_tiny_vae.safetensors"}
+
+
+def tiny_prompt(tmp_path, demo_folder, steps=3, from_files=False, **overrides):
+    """The example API workflow, pointed at the tiny model (built in, or the exported files when
+    `from_files`) and the demo dataset."""
     prompt = json.loads(API_WORKFLOW.read_text())
-    prompt["1"]["inputs"].update(source="tiny test model (random weights)", storage="float8")
+    if from_files:
+        prompt["1"]["inputs"].update(source="ComfyUI model files", storage="float8", **TINY_FILES)
+    else:
+        prompt["1"]["inputs"].update(source="tiny test model (random weights)", storage="float8")
     prompt["2"]["inputs"].update(folder=str(demo_folder), resolution=64, min_bucket_side=32, max_bucket_side=128)
     prompt["3"]["inputs"].update(preview_prompts="a red circle on a white background\na blue square",
                                  cache_folder="")
@@ -60,10 +69,13 @@ def loras_dir(tmp_path, monkeypatch):
     return folder
 
 
-def test_workflow_trains_previews_and_saves_a_comfyui_lora(pack, tmp_path, demo_folder, loras_dir):
+def test_workflow_trains_previews_and_saves_a_comfyui_lora(pack, tmp_path, demo_folder, loras_dir, tiny_files,
+                                                           monkeypatch):
+    """From the model files, as a ComfyUI user has them (fp8 transformer, fp8-scaled text encoder)."""
+    monkeypatch.setenv("QWEN_LORA_MODELS", str(tiny_files["vae"].parents[1]))
     runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
     RecordImages.received.clear()
-    outputs = runner.run(tiny_prompt(tmp_path, demo_folder, steps=3))
+    outputs = runner.run(tiny_prompt(tmp_path, demo_folder, steps=3, from_files=True))
     trainer = outputs["7"][0]
     assert trainer.step == 3
     assert torch.isfinite(torch.tensor(outputs["7"][1]))

@@ -18,6 +18,20 @@ CORE_OUTPUTS = {"SaveImage": (), "PreviewImage": ()}
 WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
 
 
+# The example workflow names ComfyUI's repackaged Qwen-Image files; a user has them in the model
+# folders, which the loader lists. Validate as that user: the files exist (as empty stand-ins).
+USER_FILES = {"diffusion_models": "qwen_image_fp8_e4m3fn.safetensors",
+              "text_encoders": "qwen_2.5_vl_7b_fp8_scaled.safetensors", "vae": "qwen_image_vae.safetensors"}
+
+
+@pytest.fixture(autouse=True)
+def user_model_folders(tmp_path, monkeypatch):
+    for kind, name in USER_FILES.items():
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / name).write_bytes(b"")
+    monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path))
+
+
 def definitions(pack):
     defs = {}
     for name, cls in pack.NODE_CLASS_MAPPINGS.items():

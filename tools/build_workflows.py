@@ -16,8 +16,12 @@ OUT = REPO / "workflows"
 
 # (id, class, widget values by input name, canvas position)
 NODES = [
-    (1, "QwenLoRALoadModels", {"source": "diffusers folder", "diffusers_folder": "models/diffusers/Qwen-Image",
-                               "storage": "float8", "compute_dtype": "auto"}, (40, 60)),
+    (1, "QwenLoRALoadModels", {"source": "ComfyUI model files",
+                               "transformer": "qwen_image_fp8_e4m3fn.safetensors",
+                               "text_encoder": "qwen_2.5_vl_7b_fp8_scaled.safetensors",
+                               "vae": "qwen_image_vae.safetensors", "diffusers_folder": "",
+                               "storage": "float8", "compute_dtype": "auto", "text_encoder_fp8": "dequantize"},
+     (40, 60)),
     (2, "QwenLoRADataset", {"folder": "input/my_lora_dataset", "resolution": 1024, "enable_buckets": True,
                             "min_bucket_side": 512, "max_bucket_side": 2048, "repeats": 1,
                             "caption_extension": ".txt", "missing_caption": "error",
@@ -33,13 +37,13 @@ NODES = [
                                 "gradient_checkpointing": True, "blocks_to_swap": 16, "training_seed": 42,
                                 "timestep_sampling": "logit_normal", "logit_mean": 0.0, "logit_std": 1.0,
                                 "resolution_shift": True, "caption_dropout": 0.0, "checkpoint_every": 100,
-                                "max_nonfinite_steps": 3},
+                                "max_nonfinite_steps": 3, "continue_from_lora": "(none: start from zero)"},
      (820, 160)),
     (7, "QwenLoRATrain", {"steps": 100}, (1200, 160)),
     (8, "QwenLoRAPreview", {"prompt": "", "width": 1024, "height": 1024, "steps": 20, "cfg": 4.0,
                             "preview_seed": 0}, (1520, 60)),
     (9, "QwenLoRALossPlot", {"width": 768, "height": 384}, (1520, 380)),
-    (10, "QwenLoRASave", {"filename": "{run_name}_{step}", "dtype": "bfloat16"}, (1520, 560)),
+    (10, "QwenLoRASave", {"filename": "{run_name}_{step}", "dtype": "bfloat16", "layout": "comfyui"}, (1520, 560)),
     (11, "SaveImage", {"filename_prefix": "qwen_lora/preview"}, (1880, 60)),
     (12, "PreviewImage", {}, (1880, 380)),
 ]
