@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -31,9 +32,9 @@ def inside(root: str | Path, relative: str, what: str, example: str) -> Path:
     return path
 
 
-def write_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | Path,
-                             metadata: dict[str, str] | None = None) -> Path:
-    """Write to a temporary name beside `path`, fsync, then rename over `path`.
+@contextlib.contextmanager
+def _replacing(path: str | Path):
+    """Yield a temporary path beside `path`; when the block succeeds, fsync it and rename it over `path`.
 
     On any failure (ENOSPC included) the temporary file is removed and an existing `path` is untouched.
     """
@@ -41,27 +42,24 @@ def write_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | Path,
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
-    return path
+
+
+def write_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | Path,
+                             metadata: dict[str, str] | None = None) -> Path:
+    """Write a safetensors file so that `path` is either the old file or the complete new one."""
+    with _replacing(path) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    return Path(path)
 
 
 def write_bytes_atomic(data: bytes, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    with _replacing(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
