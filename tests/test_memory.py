@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trainer_core.config import LORA_TARGET_PRESETS, LoraConfig, OptimizerConfig
-from trainer_core.lora import inject_lora, lora_parameters, remove_lora
+from trainer_core.lora import inject_lora, remove_lora
 from trainer_core.memory import (
     GIB, PlanInputs, auto_blocks_to_swap, lora_tensor_sizes, optimizer_state_bytes, plan_memory, render_plan,
 )
@@ -15,6 +15,8 @@ from trainer_core.memory_activations import ActivationSettings, block_saved_byte
 from trainer_core.memory_arch import arch_from_transformer, real_arch
 from trainer_core.memprobe import LiveBytes, probe_block
 from trainer_core.models.random import random_transformer
+from trainer_core.optim import build_optimizer
+from trainer_core.optim import optimizer_state_bytes as measured_state_bytes
 
 # A narrow but real Qwen-Image transformer: 2 heads x 128 (D = 256, F = 1024), the real joint dim and
 # channels. Two blocks, so block 0 is not the last one (whose text-stream modules get no LoRA).
@@ -28,7 +30,6 @@ def narrow():
 
 def with_lora(model, **lora):
     remove_lora(model)
-    model.__dict__.pop("peft_config", None)  # remove_lora leaves peft's bookkeeping; a new adapter replaces it
     model.requires_grad_(False)
     params = inject_lora(model, LoraConfig(**{"rank": 4, "alpha": 4.0, **lora}), seed=0)
     with torch.no_grad():  # B = 0 at init would make some gradients exactly zero; any values do here
@@ -96,18 +97,11 @@ def test_lora_and_optimizer_bytes_are_exact(narrow, targets):
     if targets != "attention":  # the MLP's 1024-wide side puts tensors on both sides of bitsandbytes' 4096
         assert any(n >= 4096 for n in sizes) and any(n < 4096 for n in sizes)
     for name in ("adamw8bit", "adamw"):
-        from trainer_core.optim import build_optimizer
-
         opt = build_optimizer(params, OptimizerConfig(optimizer=name))
         for p in params:
             p.grad = torch.ones_like(p)
         opt.step()
-        storages = {}
-        for state in opt.state.values():
-            for v in state.values():
-                if torch.is_tensor(v):
-                    storages[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
-        assert sum(storages.values()) == optimizer_state_bytes(sizes, name, 4), name
+        assert measured_state_bytes(opt) == optimizer_state_bytes(sizes, name, 4), name
         for p in params:
             p.grad = None
     # 8-bit state is ~1/4 of AdamW's for large tensors (DESIGN §9: 522 KiB vs 2048 KiB for 4096 x 64).
