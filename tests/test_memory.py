@@ -229,3 +229,25 @@ def test_cli_plan_prints_the_table(capsys):
                  "--optimizer", "adamw", "--targets", "attention", "--batch", "2"]) == 0
     out = capsys.readouterr().out
     assert "768x768, batch 2" in out and "checkpointing off" in out and "blocks_to_swap 20" in out
+
+
+def test_plan_for_loaded_components_while_training(demo_folder, tmp_path):
+    """The node side plans from the model set it holds: the numbers read off the live tiny model (LoRA
+    injected, one block swapped) equal those of a fresh one, and its VAE's scale factor is used."""
+    from conftest import cached_demo
+    from trainer_core.config import TrainConfig
+    from trainer_core.memory_arch import arch_for_components
+    from trainer_core.models import build_tiny_components
+    from trainer_core.trainer import Trainer
+
+    fresh = arch_for_components(build_tiny_components(storage="float8"))
+    components = build_tiny_components(storage="float8")
+    cached = cached_demo(components, demo_folder, tmp_path)
+    trainer = Trainer(components, cached, LoraConfig(rank=4, alpha=4.0), OptimizerConfig(),
+                      TrainConfig(blocks_to_swap=1, gradient_checkpointing=True))
+    live = arch_for_components(components)
+    assert live == fresh and live.vae_scale_factor == 4 and live.image_tokens(64, 64) == 64
+    inputs = PlanInputs.from_configs(trainer.lora_cfg, trainer.optim_cfg, trainer.train_cfg, width=64, height=64,
+                                     storage=components.storage, device="cpu", compute_dtype="bfloat16")
+    assert plan_memory(inputs, live).term("swap slots") > 0
+    trainer.close()

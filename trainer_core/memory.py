@@ -42,8 +42,9 @@ BNB_QMAP_BYTES = 2 * 256 * 4  # the two 256-entry fp32 quantisation maps, one pa
 # Assumptions (not measured here; benchmarks/gpu_check.py measures them on a GPU):
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + cuBLAS workspace: outside torch's allocator
 ALLOCATOR_SLACK = 0.05  # caching-allocator rounding and fragmentation, as a share of allocated bytes
-# Measured: resident memory of a Python process after importing torch, diffusers, transformers, peft and
-# bitsandbytes on CPU (0.40 GiB, `tools` command in benchmarks/README.md); CUDA's host libraries add more.
+# Resident memory of a Python process after importing torch, diffusers, transformers, peft and bitsandbytes:
+# 0.38-0.40 GiB measured on the CPU build (command in benchmarks/README.md); CUDA's host libraries add an
+# unmeasured amount, hence 1 GiB assumed.
 PROCESS_BASELINE_BYTES = GIB
 
 

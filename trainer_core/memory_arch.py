@@ -117,6 +117,14 @@ def arch_from_transformer(transformer: nn.Module, vae_scale_factor: int | None =
     )
 
 
+def arch_for_components(components) -> QwenImageArch:
+    """The numbers of a loaded model set (`models.QwenImageComponents`), its VAE's scale factor included
+    (read from the VAE's config when the VAE is there). Works while a trainer has the model."""
+    vae = getattr(components, "vae", None)
+    scale = 2 ** len(vae.config.temperal_downsample) if vae is not None else None
+    return arch_from_transformer(components.transformer, vae_scale_factor=scale)
+
+
 def _split_target(full_name: str) -> tuple[int, str]:
     _, index, module = full_name.split(".", 2)  # "transformer_blocks.<i>.<module>"
     return int(index), module
