@@ -6,9 +6,16 @@ bitsandbytes AdamW8bit with the same hyper-parameters, gradient clipping at 1.0,
 cached latents and prompt embeddings, a logit-normal noise level with Qwen's resolution shift, MSE in
 fp32, and the loss read back every step. The bare loop uses diffusers' stock `nn.Linear`s and peft's
 LoRA as they come; ours goes through `Trainer.train` (data order, its own RNG streams, schedule, loss
-history, `FrozenLinearFunction`). Runs alternate (ours, bare, bare, ours, ...) and each ratio is taken
-within a back-to-back pair, so slow drifts of a shared machine cancel; reported: the median of the pair
-ratios, and the medians of the times themselves. Each run's first steps are not timed.
+history, `FrozenLinearFunction`). This machine is a shared VM whose speed
+drifts by +-10% within a minute, so runs are short and paired: ours and bare alternate (ours, bare, bare,
+ours, ...) a few steps at a time, each ratio is taken within a back-to-back pair, and the median of the
+pair ratios is reported (with the ratio of the fastest runs as a second, interference-free estimate).
+Two instances of one and the same setup (same weights) also differ by a few percent on this CPU (memory
+placement of the weights; measured: five variants, identical code for some, spread 0.97..1.00), so each
+side is built `instances` times and the pairs cycle through them.
+Chunking is measured the same way (one call of n steps against k calls of n/k, alternating), and also
+directly: the fixed cost of one `Trainer.train` call is timed with `train(0)`, which bounds the chunking
+ratio as 1 + (k - 1) x call cost / (n x step time).
 """
 
 from __future__ import annotations
@@ -40,9 +47,12 @@ class SpeedResult:
     ours_step_s: float  # median seconds per step
     bare_step_s: float
     ratio: float  # median over pairs of ours / bare
+    ratio_of_fastest: float  # fastest ours / fastest bare
     chunked_s: float  # median seconds for n steps as k chunks
     whole_s: float  # median seconds for n steps in one call
     chunk_ratio: float  # median over pairs of chunked / whole
+    call_overhead_s: float  # median seconds of `train(0)`: the fixed cost of one train call
+    chunk_ratio_bound: float  # 1 + (k - 1) x call overhead / (n x ours_step_s)
     steps: int
     chunks: int
     repeats: int
@@ -124,53 +134,99 @@ def _scheduler():
     return dict(QWEN_IMAGE_SCHEDULER_CONFIG)
 
 
-def _seconds_per_step(run, n: int, warmup: int) -> float:
-    """Mean seconds per step of one call that trains `n` steps, after `warmup` untimed steps."""
-    run(warmup)
+def _timed(run, n: int) -> float:
     t = time.perf_counter()
     run(n)
-    return (time.perf_counter() - t) / n
+    return time.perf_counter() - t
 
 
-def measure(repeats: int = 9, steps: int = 12, chunks: int = 4, warmup: int = 2, checkpointing: bool = False,
-            latent_hw: tuple[int, int] = LATENT_HW, log=print) -> SpeedResult:
-    """Paired, alternating runs (see module docstring)."""
-    ours = our_trainer(checkpointing=checkpointing, latent_hw=latent_hw)
-    bare = BareLoop(checkpointing=checkpointing, latent_hw=latent_hw)
+def measure(pairs: int = 30, steps: int = 2, chunk_pairs: int = 16, chunk_steps: int = 8, chunks: int = 4,
+            instances: int = 3, checkpointing: bool = False, latent_hw: tuple[int, int] = LATENT_HW,
+            log=print) -> SpeedResult:
+    """Paired, alternating runs over several instances (see module docstring); `steps` per timed run."""
+    ours = [our_trainer(checkpointing=checkpointing, latent_hw=latent_hw) for _ in range(instances)]
+    bare = [BareLoop(checkpointing=checkpointing, latent_hw=latent_hw) for _ in range(instances)]
+    for side in ours + bare:
+        side.train(3)
     ours_t, bare_t = [], []
-    for r in range(repeats):
-        pairs = [(ours.train, ours_t), (bare.train, bare_t)][:: 1 if r % 2 == 0 else -1]
-        for run, into in pairs:
-            into.append(_seconds_per_step(run, steps, warmup))
-        log(f"  pair {r + 1}/{repeats}: ours {ours_t[-1] * 1e3:.1f} ms/step, bare {bare_t[-1] * 1e3:.1f} ms/step, "
-            f"ratio {ours_t[-1] / bare_t[-1]:.3f}")
-
-    # Chunking: one call of n steps against k calls of n/k steps, two trainers, alternating.
-    whole = our_trainer(checkpointing=checkpointing, latent_hw=latent_hw)
-    chunked = our_trainer(checkpointing=checkpointing, latent_hw=latent_hw)
-    whole.train(warmup)
-    chunked.train(warmup)
-    whole_t, chunked_t = [], []
-    for r in range(repeats):
-        order = [("whole", whole), ("chunked", chunked)][:: 1 if r % 2 == 0 else -1]
-        for kind, trainer in order:
-            t = time.perf_counter()
-            if kind == "whole":
-                trainer.train(steps)
-                whole_t.append(time.perf_counter() - t)
-            else:
-                for _ in range(chunks):
-                    trainer.train(steps // chunks)
-                chunked_t.append(time.perf_counter() - t)
-        log(f"  pair {r + 1}/{repeats}: {steps} steps in one call {whole_t[-1]:.3f} s, in {chunks} calls "
-            f"{chunked_t[-1]:.3f} s, ratio {chunked_t[-1] / whole_t[-1]:.3f}")
+    for r in range(pairs):
+        o, b = ours[r % instances], bare[r % instances]
+        sides = [(o.train, ours_t), (b.train, bare_t)][:: 1 if (r // instances) % 2 == 0 else -1]
+        for run, into in sides:
+            into.append(_timed(run, steps) / steps)
     ratios = [o / b for o, b in zip(ours_t, bare_t)]
+    log(f"  step time, {pairs} pairs of {steps} steps over {instances} instances each: ours median "
+        f"{statistics.median(ours_t) * 1e3:.1f} ms, bare median {statistics.median(bare_t) * 1e3:.1f} ms; pair ratios: "
+        + " ".join(f"{x:.3f}" for x in ratios))
+
+    # Chunking: two trainers swap roles (one call of n steps / k calls of n/k) from pair to pair.
+    first, second = ours[0], ours[1 % instances] if instances > 1 else our_trainer(latent_hw=latent_hw)
+    whole_t, chunked_t = [], []
+    for r in range(chunk_pairs):
+        whole, chunked = (first, second) if r % 2 == 0 else (second, first)
+        order = ["whole", "chunked"][:: 1 if (r // 2) % 2 == 0 else -1]
+        for kind in order:
+            if kind == "whole":
+                whole_t.append(_timed(whole.train, chunk_steps))
+            else:
+                t = time.perf_counter()
+                for _ in range(chunks):
+                    chunked.train(chunk_steps // chunks)
+                chunked_t.append(time.perf_counter() - t)
     chunk_ratios = [c / w for c, w in zip(chunked_t, whole_t)]
-    return SpeedResult(ours_step_s=statistics.median(ours_t), bare_step_s=statistics.median(bare_t),
-                       ratio=statistics.median(ratios), chunked_s=statistics.median(chunked_t),
+    overhead = statistics.median(_timed(first.train, 0) for _ in range(50))
+    o = statistics.median(ours_t)
+    bound = 1 + (chunks - 1) * overhead / (chunk_steps * o)
+    log(f"  chunking, {chunk_pairs} pairs: {chunk_steps} steps in one call median {statistics.median(whole_t):.3f} s, "
+        f"in {chunks} calls {statistics.median(chunked_t):.3f} s; pair ratios: "
+        + " ".join(f"{x:.3f}" for x in chunk_ratios))
+    log(f"  one train() call's fixed cost (train(0), median of 50): {overhead * 1e6:.0f} us")
+    return SpeedResult(ours_step_s=o, bare_step_s=statistics.median(bare_t), ratio=statistics.median(ratios),
+                       ratio_of_fastest=min(ours_t) / min(bare_t), chunked_s=statistics.median(chunked_t),
                        whole_s=statistics.median(whole_t), chunk_ratio=statistics.median(chunk_ratios),
-                       steps=steps, chunks=chunks, repeats=repeats, latent_hw=latent_hw, ratios=ratios,
-                       chunk_ratios=chunk_ratios)
+                       call_overhead_s=overhead, chunk_ratio_bound=bound, steps=chunk_steps, chunks=chunks,
+                       repeats=pairs, latent_hw=latent_hw, ratios=ratios, chunk_ratios=chunk_ratios)
+
+
+def forward_backward_ab(rounds: int = 12, calls: int = 6, instances: int = 2,
+                        latent_hw: tuple[int, int] = LATENT_HW) -> dict[str, float]:
+    """Median ms of one forward + backward (no optimizer, no data) of three setups with the same weights:
+    our trainer's model (FrozenLinearFunction + BlockRunner), the same with diffusers' stock Linear forward
+    put back, and the bare diffusers + peft model; `instances` of each, rotating order. Attributes a
+    step-time difference to the model's compute path or to the training loop around it."""
+    setups: dict[str, list] = {"ours": [], "ours, stock Linear": [], "bare": []}
+    for _ in range(instances):
+        setups["ours"].append(our_trainer(latent_hw=latent_hw).transformer)
+        stock = our_trainer(latent_hw=latent_hw).transformer
+        for m in stock.transformer_blocks.modules():
+            if isinstance(m, torch.nn.Linear) and "forward" in m.__dict__:
+                del m.forward
+        setups["ours, stock Linear"].append(stock)
+        setups["bare"].append(BareLoop(latent_hw=latent_hw).model)
+    g = torch.Generator().manual_seed(0)
+    h, w = latent_hw[0] // 2, latent_hw[1] // 2
+    x = torch.randn(1, h * w, 64, generator=g)  # (B, packed tokens, 4 x 16 channels)
+    text = torch.randn(1, TEXT_TOKENS, 3584, generator=g)  # (B, text tokens, joint dim)
+
+    def step(model):
+        out = model(hidden_states=x, encoder_hidden_states=text, timestep=torch.tensor([0.5]),
+                    img_shapes=[[(1, h, w)]], return_dict=False)[0]
+        out.square().mean().backward()
+
+    times = {k: [] for k in setups}
+    names = list(setups)
+    for models in setups.values():
+        for m in models:
+            m.train()
+            step(m)
+    for r in range(rounds):
+        for name in names[r % 3:] + names[: r % 3]:
+            model = setups[name][r % instances]
+            t = time.perf_counter()
+            for _ in range(calls):
+                step(model)
+            times[name].append((time.perf_counter() - t) / calls * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def profile_ours(steps: int = 10, top: int = 25) -> str:
