@@ -37,7 +37,6 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=4)
     args = parser.parse_args()
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     # Two blocks: block 0 is then not the last block, whose text-stream modules get no LoRA.
     model = random_transformer(dict(num_layers=2, num_attention_heads=args.heads), storage="bfloat16")
     arch = arch_from_transformer(model)
