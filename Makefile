@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test bench install clean
 
 $(STAMP): requirements.txt requirements-test.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# CPU memory and speed measurements; writes benchmarks/results_cpu.md and .json (a few minutes).
+bench: $(STAMP)
+	$(PY) benchmarks/memory_cpu.py
 
 clean:
 	rm -rf $(VENV) demo_out

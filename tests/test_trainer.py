@@ -119,6 +119,7 @@ def test_close_returns_the_model_unchanged(demo_folder, tmp_path):
     names_after = {n.replace(".base_layer", "") for n, _ in t.transformer.named_parameters()}
     assert names_after == {n.replace(".base_layer", "") for n in names_before}
     assert all(p.numel() > 0 for p in t.transformer.parameters())  # swapped weights are back in place
+    assert not hasattr(t.transformer, "peft_config")  # a new adapter can be injected without peft's warning
 
 
 def test_bad_training_settings_are_named():

@@ -1,4 +1,4 @@
-"""Command line: `python -m trainer_core demo|...`."""
+"""Command line: `python -m trainer_core demo|plan`."""
 
 from __future__ import annotations
 
@@ -55,6 +55,27 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .memory import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
+
+    width = args.width or args.resolution
+    height = args.height or args.resolution
+    inputs = PlanInputs(
+        width=width, height=height, batch=args.batch, text_tokens=args.text_tokens, rank=args.rank,
+        targets=args.targets, lora_dtype=args.lora_dtype, storage=args.storage,
+        checkpointing=not args.no_checkpointing, blocks_to_swap=args.blocks_to_swap or 0,
+        optimizer=args.optimizer, grad_accum_steps=args.grad_accum, dataset_images=args.images,
+        text_encoder_storage=args.text_encoder_storage,
+    )
+    if args.blocks_to_swap is not None:
+        budget = int(args.budget_gb * GIB) if args.budget_gb is not None else None
+        print(render_plan(plan_memory(inputs), budget))
+        return 0
+    choice = auto_blocks_to_swap(inputs, int(args.budget_gb * GIB))
+    print(render_choice(choice))
+    return 0 if choice.fits else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer_core", description="Qwen-Image LoRA trainer engine.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -79,6 +100,31 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--layout", choices=("comfyui", "diffusers"), default="comfyui")
     export.add_argument("--seed", type=int, default=0)
     export.set_defaults(func=cmd_export_tiny)
+
+    from .config import LORA_TARGET_PRESETS
+
+    plan = sub.add_parser(
+        "plan", help="predict GPU memory and host RAM of a training setup (real Qwen-Image), term by term",
+        description="Without --blocks-to-swap, picks the fewest swapped blocks that fit --budget-gb "
+                    "(GiB, default 24); exits 1 when nothing fits, with what to change.")
+    plan.add_argument("--resolution", type=int, default=1024, help="square side in pixels (default 1024)")
+    plan.add_argument("--width", type=int, help="image width in pixels (overrides --resolution)")
+    plan.add_argument("--height", type=int, help="image height in pixels (overrides --resolution)")
+    plan.add_argument("--rank", type=int, default=32)
+    how = plan.add_mutually_exclusive_group()
+    how.add_argument("--blocks-to-swap", type=int, help="plan this swap count")
+    how.add_argument("--budget-gb", type=float, default=None, help="GPU budget in GiB for the automatic choice")
+    plan.add_argument("--batch", type=int, default=1, help="micro-batch size")
+    plan.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
+    plan.add_argument("--targets", choices=list(LORA_TARGET_PRESETS), default="attention+mlp")
+    plan.add_argument("--lora-dtype", choices=["float32", "bfloat16"], default="float32")
+    plan.add_argument("--storage", choices=["float8", "float8_scaled", "bfloat16"], default="float8")
+    plan.add_argument("--no-checkpointing", action="store_true", help="plan without gradient checkpointing")
+    plan.add_argument("--optimizer", choices=["adamw8bit", "adamw"], default="adamw8bit")
+    plan.add_argument("--text-tokens", type=int, default=256, help="prompt tokens per sample (default 256)")
+    plan.add_argument("--images", type=int, default=0, help="dataset images whose cache stays in host RAM")
+    plan.add_argument("--text-encoder-storage", choices=["bfloat16", "float8"], default="bfloat16")
+    plan.set_defaults(func=cmd_plan)
     return parser
 
 
@@ -86,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import UserInputError
 
     args = build_parser().parse_args(argv)
+    if getattr(args, "command", None) == "plan" and args.blocks_to_swap is None and args.budget_gb is None:
+        args.budget_gb = 24.0
     _quiet_libraries()
     try:
         return args.func(args)

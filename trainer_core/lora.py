@@ -84,6 +84,8 @@ def remove_lora(transformer: nn.Module) -> None:
     for name, layer in list(lora_layers(transformer).items()):
         parent_name, _, child = name.rpartition(".")
         setattr(transformer.get_submodule(parent_name), child, layer.get_base_layer())
+    # peft leaves its config on the model; a later `inject_lora` would then warn of "multiple adapters".
+    transformer.__dict__.pop("peft_config", None)
 
 
 def lora_parameters(transformer: nn.Module) -> list[nn.Parameter]:

@@ -44,10 +44,15 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, st
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes held by the optimizer's per-parameter state tensors."""
-    total = 0
+    """Bytes held by the optimizer's per-parameter state tensors, each storage counted once.
+
+    bitsandbytes' 8-bit optimizers put the same two quantisation maps (2 KiB) into every parameter's
+    state; counting them per parameter would add 2 KiB per LoRA tensor that is not there.
+    """
+    storages: dict[tuple[str, int], int] = {}
     for state in optimizer.state.values():
         for value in state.values():
             if torch.is_tensor(value):
-                total += value.numel() * value.element_size()
-    return total
+                st = value.untyped_storage()
+                storages[(str(value.device), st.data_ptr())] = st.nbytes()
+    return sum(storages.values())

@@ -1,0 +1,26 @@
+"""The GPU check script's code path, run on the CPU with tiny dims (`gpu_check.py --tiny`)."""
+
+import re
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_gpu_check_runs_tiny_on_cpu(tmp_path):
+    out = tmp_path / "gpu_check.md"
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--tiny", "--out", str(out)],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines()
+            if line.startswith("| ") and not line.startswith(("| configuration", "| ---"))]
+    assert [r[0].strip() for r in rows] == ["no swapping", "1 swapped", "2 swapped", "auto (tiny budget)"]
+    swaps = [int(r[1]) for r in rows]
+    measured = [float(r[2]) for r in rows]
+    planned_over_measured = [float(r[4]) for r in rows]
+    losses = [r[9].strip() for r in rows]
+    # The auto budget is the plan at 3 blocks: fewer (0, 1, 2) plan more, since 2 GPU slots hold swapped weights.
+    assert swaps == [0, 1, 2, 3]
+    assert measured[1] > measured[0] == measured[2] > measured[3]  # one slot's worth more, then less
+    assert all(1.0 <= r <= 1.05 for r in planned_over_measured)  # the plan is on the safe side, and close
+    assert len(set(losses)) == 1 and re.fullmatch(r"[\d.]+, [\d.]+", losses[0])  # swapping changes no result

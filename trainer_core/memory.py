@@ -1,0 +1,489 @@
+"""VRAM and host-RAM planner for Qwen-Image LoRA training: predict, term by term, what a run needs.
+
+    plan = plan_memory(PlanInputs(width=1024, height=1024, rank=32, blocks_to_swap=16))
+    print(render_plan(plan))
+    choice = auto_blocks_to_swap(PlanInputs(width=1024, height=1024, rank=32), budget_bytes=16 * GIB)
+
+Where the numbers come from:
+- Parameter counts: the real transformer built on the meta device (`memory_arch.real_arch`).
+- Weights: float8 1 byte per parameter, float8_scaled adds one fp32 scale per output row, bf16 2 bytes;
+  everything outside the block Linears (biases, norms, embedders, final layers) in the compute dtype.
+- Block swapping (`offload.BlockSwapper`): the last `blocks_to_swap` blocks' frozen Linear weights live
+  in a pinned CPU master; the GPU holds a ring of `NUM_SLOTS` slots of one block's weights each.
+- LoRA: shapes of `lora.target_module_names` (the last block's dead text-stream modules left out);
+  gradients in the LoRA dtype; optimizer state exactly as bitsandbytes / torch allocate it.
+- Activations: `memory_activations` (exact saved-tensor formula, measured working memory).
+- Peak: during backward, block i's inputs (or saved activations) for blocks <= i are still alive while
+  the LoRA gradients of blocks >= i already are; the planner takes the worst i. The optimizer step is
+  a second phase (all gradients, optimizer temporaries, no activations). The larger phase counts.
+- Not from torch's allocator: the CUDA context and allocator slack, explicit assumed terms.
+
+All sizes are bytes; tables print GiB. A "16 GB" card has 16 GiB.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .config import LORA_TARGET_PRESETS, LoraConfig, OptimizerConfig, TrainConfig
+from .memory_activations import (
+    ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
+)
+from .memory_arch import QwenImageArch, real_arch, text_encoder_params, vae_params
+from .offload import NUM_SLOTS
+
+GIB = 1024 ** 3
+MIB = 1024 ** 2
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "float8_scaled": 1}
+BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes keeps 32-bit state for smaller tensors (its `min_8bit_size`)
+BNB_BLOCK = 256  # bitsandbytes' blockwise quantisation: one fp32 absmax per 256 values, per state
+BNB_QMAP_BYTES = 2 * 256 * 4  # the two 256-entry fp32 quantisation maps, one pair per optimizer
+# Assumptions (not measured here; benchmarks/gpu_check.py measures them on a GPU):
+CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + cuBLAS workspace: outside torch's allocator
+ALLOCATOR_SLACK = 0.05  # caching-allocator rounding and fragmentation, as a share of allocated bytes
+# Resident memory of a Python process after importing torch, diffusers, transformers, peft and bitsandbytes:
+# 0.38-0.40 GiB measured on the CPU build (command in benchmarks/README.md); CUDA's host libraries add an
+# unmeasured amount, hence 1 GiB assumed.
+PROCESS_BASELINE_BYTES = GIB
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """A training setup to plan. Defaults: 1024 x 1024, rank 32, the pack's default training settings."""
+
+    width: int = 1024
+    height: int = 1024
+    batch: int = 1  # micro-batch size
+    text_tokens: int = 256  # prompt tokens per sample (the longest caption in a batch)
+    rank: int = 32
+    targets: str = "attention+mlp"
+    lora_dtype: str = "float32"
+    lora_dropout: float = 0.0
+    storage: str = "float8"  # block Linear weights: float8, float8_scaled or bfloat16
+    compute_dtype: str = "bfloat16"
+    checkpointing: bool = True
+    blocks_to_swap: int = 0
+    optimizer: str = "adamw8bit"
+    grad_accum_steps: int = 1
+    device: str = "cuda"  # "cuda" or "cpu": decides pinned memory, context and two kernels' saved tensors
+    text_encoder_storage: str = "bfloat16"  # how the text encoder sits in memory while caching
+    dataset_images: int = 0  # cached latents + prompt embeddings the trainer holds in host RAM
+    cuda_context_bytes: int = CUDA_CONTEXT_BYTES
+    allocator_slack: float = ALLOCATOR_SLACK
+
+    @classmethod
+    def from_configs(cls, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig, width: int,
+                     height: int, storage: str = "float8", **kwargs) -> PlanInputs:
+        """The inputs for a run the nodes describe with their config objects."""
+        return cls(width=width, height=height, batch=train.micro_batch_size, rank=lora.rank,
+                   targets=lora.targets, lora_dtype=lora.dtype, lora_dropout=lora.dropout, storage=storage,
+                   checkpointing=train.gradient_checkpointing, blocks_to_swap=train.blocks_to_swap,
+                   optimizer=optimizer.optimizer, grad_accum_steps=train.grad_accum_steps, **kwargs)
+
+    def validate(self, arch: QwenImageArch) -> None:
+        if self.targets not in LORA_TARGET_PRESETS:
+            raise ValueError(f"targets={self.targets!r}: expected one of {list(LORA_TARGET_PRESETS)}")
+        if self.compute_dtype != "bfloat16":
+            raise ValueError("the planner models bf16 compute only (the activation terms were measured in bf16)")
+        for name, allowed in (("storage", ("float8", "float8_scaled", "bfloat16")),
+                              ("lora_dtype", ("float32", "bfloat16")), ("optimizer", ("adamw8bit", "adamw")),
+                              ("device", ("cuda", "cpu")), ("text_encoder_storage", ("float8", "bfloat16"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {list(allowed)}")
+        if not 0 <= self.blocks_to_swap <= arch.num_blocks - 1:
+            raise ValueError(f"blocks_to_swap={self.blocks_to_swap}: 0 to {arch.num_blocks - 1}")
+        if min(self.width, self.height, self.batch, self.rank, self.grad_accum_steps) < 1 or self.text_tokens < 0:
+            raise ValueError("width, height, batch, rank and grad_accum_steps must be positive")
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    note: str = ""
+
+
+@dataclass
+class MemoryPlan:
+    inputs: PlanInputs
+    gpu: list[Term]  # the training peak, term by term (they sum to gpu_total)
+    host_training: list[Term]
+    host_loading: list[Term]
+    gpu_caching: list[Term]  # while latents and prompts are cached (before the transformer moves)
+    optimizer_step_peak: int  # the other training phase, for reference (already <= gpu_total)
+    peak_phase: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_total(self) -> int:
+        return sum(t.bytes for t in self.gpu)
+
+    @property
+    def host_training_total(self) -> int:
+        return sum(t.bytes for t in self.host_training)
+
+    @property
+    def host_loading_total(self) -> int:
+        return sum(t.bytes for t in self.host_loading)
+
+    @property
+    def host_peak(self) -> int:
+        return max(self.host_training_total, self.host_loading_total)
+
+    @property
+    def gpu_caching_total(self) -> int:
+        return sum(t.bytes for t in self.gpu_caching)
+
+    def term(self, name: str) -> int:
+        """Bytes of the GPU or host term whose name starts with `name` (0 when absent)."""
+        for t in self.gpu + self.host_training + self.host_loading:
+            if t.name.startswith(name):
+                return t.bytes
+        return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# parts
+
+
+def _weight_bytes(params: int, storage: str) -> int:
+    return params * DTYPE_BYTES[storage]
+
+
+def lora_shapes(arch: QwenImageArch, targets: str) -> list[tuple[int, int, int]]:
+    """(block, in_features, out_features) of every LoRA'd Linear, in model order."""
+    return [(b, arch.linear(m).in_features, arch.linear(m).out_features) for b, m in arch.lora_targets[targets]]
+
+
+def lora_tensor_sizes(arch: QwenImageArch, targets: str, rank: int) -> list[tuple[int, int]]:
+    """(block, numel) of every LoRA tensor: A (rank, in) then B (out, rank) per module."""
+    sizes = []
+    for block, fan_in, fan_out in lora_shapes(arch, targets):
+        sizes += [(block, rank * fan_in), (block, fan_out * rank)]
+    return sizes
+
+
+def optimizer_state_bytes(numels: list[int], optimizer: str, param_bytes: int) -> int:
+    """Bytes of optimizer state for parameters of these sizes, as the optimizers allocate it.
+
+    bitsandbytes AdamW8bit: per tensor of >= 4096 values, two uint8 states (2 bytes/value) and two fp32
+    absmax vectors (one value per 256); smaller tensors get two fp32 states; the two quantisation maps
+    exist once per optimizer. torch AdamW: exp_avg and exp_avg_sq in the parameter's dtype, plus a
+    4-byte `step` tensor per parameter.
+    """
+    if optimizer == "adamw":
+        return sum(2 * n * param_bytes + 4 for n in numels)
+    total = 0
+    for n in numels:
+        if n >= BNB_MIN_8BIT_SIZE:
+            total += 2 * n + 2 * 4 * -(-n // BNB_BLOCK)
+        else:
+            total += 2 * 4 * n
+    return total + (BNB_QMAP_BYTES if any(n >= BNB_MIN_8BIT_SIZE for n in numels) else 0)
+
+
+def _pow2ceil(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else n
+
+
+def activation_settings(p: PlanInputs) -> ActivationSettings:
+    return ActivationSettings(preset=p.targets, rank=p.rank,
+                              lora_bytes=DTYPE_BYTES[p.lora_dtype], dropout=p.lora_dropout > 0,
+                              act_bytes=DTYPE_BYTES[p.compute_dtype], cuda=p.device == "cuda",
+                              checkpointing=p.checkpointing)
+
+
+def _outside_activation_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int, act: int) -> int:
+    """Tensors outside the blocks that are alive while a block runs its backward: the gradients arriving
+    at the block (image + text, B x N x D) and the image tokens' RoPE factors (complex64).
+
+    The final layer's and the loss's own activations are freed before the first block's backward starts,
+    so they never add to the block peak (measured: the whole-model check in tests/test_memory.py).
+    """
+    grads_in = p.batch * (n_img + p.text_tokens) * arch.dim * act
+    rope = p.batch * n_img * arch.rope_complex_per_token * 8
+    return grads_in + rope
+
+
+# --------------------------------------------------------------------------------------------------
+# the plan
+
+
+def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> MemoryPlan:
+    """Predict GPU and host memory of one training setup, term by term (see module docstring)."""
+    arch = arch or real_arch()
+    p = inputs
+    p.validate(arch)
+    n, K = arch.num_blocks, p.blocks_to_swap
+    act, lora_b = DTYPE_BYTES[p.compute_dtype], DTYPE_BYTES[p.lora_dtype]
+    n_img = arch.image_tokens(p.width, p.height)
+    cuda = p.device == "cuda"
+
+    # Weights.
+    block_w = _weight_bytes(arch.block_linear_weight_params, p.storage)  # one block's frozen Linear weights
+    scales = arch.block_linear_rows * 4 if p.storage == "float8_scaled" else 0
+    rest = (n * (arch.block_linear_bias_params + arch.block_other_params) + arch.outside_params) * act
+    rest += 2 * arch.rope_table_positions * arch.rope_complex_per_token * 8  # the RoPE tables (complex64)
+    slots = NUM_SLOTS * block_w if K else 0
+
+    # LoRA, gradients, optimizer.
+    tensors = lora_tensor_sizes(arch, p.targets, p.rank)
+    lora_params = sum(numel for _, numel in tensors)
+    grads_per_block = [0] * n
+    for block, numel in tensors:
+        grads_per_block[block] += numel * lora_b
+    opt_state = optimizer_state_bytes([numel for _, numel in tensors], p.optimizer, lora_b)
+
+    # Activations: per-block amounts, then the worst moment of the backward pass.
+    s = activation_settings(p)
+    saved = block_saved_bytes(arch, s, p.batch, n_img, p.text_tokens)
+    kept = block_input_bytes(arch, p.batch, n_img, p.text_tokens, act) if p.checkpointing else saved
+    working = block_working_bytes(arch, s, p.batch, n_img, p.text_tokens)
+    recompute = saved if p.checkpointing else 0
+    all_grads = p.grad_accum_steps > 1  # accumulated gradients stay from the first micro-batch on
+    worst_i, worst = 0, -1
+    for i in range(n):
+        alive = (i + 1) * kept + (sum(grads_per_block) if all_grads else sum(grads_per_block[i:]))
+        if alive > worst:
+            worst_i, worst = i, alive
+    grads_at_peak = worst - (worst_i + 1) * kept
+    upcast = {"float8": 1, "float8_scaled": 2, "bfloat16": 0}[p.storage] * max(
+        s_.in_features * s_.out_features for s_ in arch.block_linears) * act
+    outside = _outside_activation_bytes(arch, p, n_img, act)
+
+    persistent = (n - K) * block_w + n * scales + rest + slots + lora_params * lora_b + opt_state
+    backward_peak = persistent + worst + recompute + working + upcast + outside
+    step_temp = lora_params * lora_b if p.optimizer == "adamw" else 0  # foreach AdamW: one sqrt(v) buffer
+    step_peak = persistent + sum(grads_per_block) + step_temp
+    allocated = max(backward_peak, step_peak)
+    phase = "backward" if backward_peak >= step_peak else "optimizer step"
+
+    gib = lambda b: f"{b / GIB:.2f} GiB"  # noqa: E731
+    kept_name = "block inputs kept for backward" if p.checkpointing else "saved activations of the blocks"
+    gpu = [
+        Term("frozen block Linears, resident", (n - K) * block_w,
+             f"{n - K} of {n} blocks x {gib(block_w)} ({p.storage}, {arch.block_linear_weight_params / 1e6:.0f}M params each)"),
+        Term("swap slots", slots, f"{NUM_SLOTS} slots x one block's Linear weights" if K else "no swapping"),
+        Term("float8 row scales", n * scales, "fp32, one per output row, all blocks" if scales else "not scaled"),
+        Term("biases, norms, non-block layers", rest, f"{p.compute_dtype}, and the RoPE tables"),
+        Term("LoRA weights", lora_params * lora_b, f"{lora_params / 1e6:.1f}M params, {p.lora_dtype}"),
+        Term("optimizer state", opt_state, p.optimizer),
+    ]
+    if phase == "backward":
+        gpu += [
+            Term("LoRA gradients at the peak", grads_at_peak,
+                 f"blocks {worst_i}..{n - 1}" if not all_grads else "all (gradient accumulation)"),
+            Term(kept_name, (worst_i + 1) * kept, f"{worst_i + 1} blocks x {kept / MIB:.1f} MiB"),
+            Term("one block's recomputed activations", recompute,
+                 f"{n_img} image + {p.text_tokens} text tokens x batch {p.batch}" if recompute else "no checkpointing"),
+            Term("backward working memory", working, "measured per token (memory_activations)"),
+            Term("largest weight upcast", upcast, f"{p.storage} -> {p.compute_dtype}, transient"),
+            Term("activations outside the blocks", outside, "gradients in flight, image RoPE factors"),
+        ]
+    else:
+        gpu += [Term("LoRA gradients", sum(grads_per_block), "all blocks"),
+                Term("optimizer step temporaries", step_temp, "torch AdamW (foreach)" if step_temp else "none")]
+    gpu += [
+        Term("allocator slack", int(allocated * p.allocator_slack) if cuda else 0,
+             f"assumed {p.allocator_slack:.0%} of allocated" if cuda else "CPU: none"),
+        Term("CUDA context", p.cuda_context_bytes if cuda else 0, "assumed, outside torch's allocator" if cuda else "CPU"),
+    ]
+
+    # Host RAM while training: what stays on the CPU once the blocks are placed.
+    masters = K * block_w
+    rounding = 0
+    if cuda:  # torch's pinned-memory allocator rounds every allocation up to a power of two
+        per_tensor = [_weight_bytes(s_.in_features * s_.out_features, p.storage) for s_ in arch.block_linears]
+        rounding = K * sum(_pow2ceil(b) - b for b in per_tensor)
+    latent_bytes = arch.latent_channels * (p.height // arch.vae_scale_factor) * (p.width // arch.vae_scale_factor) * 4
+    cached = p.dataset_images * (latent_bytes + p.text_tokens * arch.text_dim * act)
+    host_training = [
+        Term("CPU master of swapped blocks", masters, f"{K} blocks, pinned" if cuda else f"{K} blocks"),
+        Term("pinned-allocator rounding", rounding, "each tensor rounded up to a power of two" if cuda else "CPU: none"),
+        Term("cached latents + prompt embeddings", cached, f"{p.dataset_images} images in RAM"),
+        Term("process baseline", PROCESS_BASELINE_BYTES, "Python + libraries (assumed)"),
+    ]
+    # Host RAM while loading: the whole transformer sits on the CPU before its blocks move, and the text
+    # encoder passes through the CPU on its way to the GPU for caching.
+    te_total, te_linears = text_encoder_params()
+    te_bytes = te_total * 2 - (te_linears if p.text_encoder_storage == "float8" else 0)
+    largest = max(s_.in_features * s_.out_features for s_ in arch.block_linears)
+    host_loading = [
+        Term("transformer on the CPU", n * (block_w + scales) + rest, "all blocks, before placement"),
+        Term("text encoder", te_bytes, f"Qwen2.5-VL-7B, {p.text_encoder_storage} ({te_total / 1e9:.2f}B params)"),
+        Term("VAE", vae_params() * act, f"{vae_params() / 1e6:.0f}M params"),
+        Term("loading transient", largest * (4 + act), "largest tensor read and converted via fp32"),
+        Term("process baseline", PROCESS_BASELINE_BYTES, "Python + libraries (assumed)"),
+    ]
+    gpu_caching = [
+        Term("text encoder", te_bytes, p.text_encoder_storage),
+        Term("VAE", vae_params() * act, "encoder activations not included"),
+        Term("CUDA context", p.cuda_context_bytes if cuda else 0, "assumed"),
+    ]
+    notes = []
+    if K in (1, 2):
+        notes.append(f"blocks_to_swap={K} saves nothing: the swapper keeps {NUM_SLOTS} GPU slots of a block's "
+                     "weights, so swapping pays off from 3 blocks on")
+    return MemoryPlan(inputs=p, gpu=gpu, host_training=host_training, host_loading=host_loading,
+                      gpu_caching=gpu_caching, optimizer_step_peak=step_peak + (
+                          int(step_peak * p.allocator_slack) + p.cuda_context_bytes if cuda else 0),
+                      peak_phase=phase, notes=notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# choosing blocks_to_swap
+
+
+@dataclass
+class SwapChoice:
+    blocks_to_swap: int | None  # None: nothing fits
+    budget_bytes: int
+    plan: MemoryPlan  # at the chosen count, or at the most swapping when nothing fits
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.blocks_to_swap is not None
+
+
+def auto_blocks_to_swap(inputs: PlanInputs, budget_bytes: int, arch: QwenImageArch | None = None) -> SwapChoice:
+    """The smallest blocks_to_swap whose planned GPU peak fits `budget_bytes`.
+
+    When even the most swapping (all blocks but one) does not fit, `blocks_to_swap` is None and `advice`
+    lists changes that would fit, each with its planned peak and the swap count it needs.
+    """
+    arch = arch or real_arch()
+    k, plan = _fewest_swapped(inputs, budget_bytes, arch)
+    if k is not None:
+        return SwapChoice(k, budget_bytes, plan)
+    return SwapChoice(None, budget_bytes, plan, _advice(plan, budget_bytes, arch))
+
+
+def _fewest_swapped(inputs: PlanInputs, budget: int, arch: QwenImageArch) -> tuple[int | None, MemoryPlan]:
+    """(smallest fitting swap count or None, its plan or the plan with the most swapping)."""
+    plan = None
+    for k in range(arch.num_blocks):
+        plan = plan_memory(dataclasses.replace(inputs, blocks_to_swap=k), arch)
+        if plan.gpu_total <= budget:
+            return k, plan
+    return None, plan
+
+
+def _advice(plan: MemoryPlan, budget: int, arch: QwenImageArch) -> list[str]:
+    p = plan.inputs
+    gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
+    lines = [f"Nothing fits in {gib(budget)}: even with {p.blocks_to_swap} of {arch.num_blocks} blocks swapped "
+             f"the GPU peak is {gib(plan.gpu_total)}. Changes that would fit (with the swap count they need):"]
+    candidates = []
+    if not p.checkpointing:
+        candidates.append(("enable gradient checkpointing", dict(checkpointing=True)))
+    if p.batch > 1:
+        candidates.append(("micro-batch 1 (use gradient accumulation instead)", dict(batch=1)))
+    if p.lora_dtype == "float32":
+        candidates.append(("LoRA dtype bfloat16", dict(lora_dtype="bfloat16")))
+    if p.optimizer == "adamw":
+        candidates.append(("optimizer adamw8bit", dict(optimizer="adamw8bit")))
+    for rank in (16, 8, 4):
+        if rank < p.rank:
+            candidates.append((f"rank {rank}", dict(rank=rank)))
+    if p.targets != "attention":
+        candidates.append(("targets 'attention'", dict(targets="attention")))
+    side = max(p.width, p.height)
+    for smaller in (1024, 896, 768, 640, 512):
+        if smaller < side:
+            w, h = p.width * smaller // side // 32 * 32, p.height * smaller // side // 32 * 32
+            candidates.append((f"resolution {w}x{h}", dict(width=w, height=h)))
+    found = False
+    for label, change in candidates:
+        k, fitting = _fewest_swapped(dataclasses.replace(p, **change), budget, arch)
+        if k is not None:
+            lines.append(f"  - {label}: {gib(fitting.gpu_total)} with blocks_to_swap={k}")
+            found = True
+    if not found:
+        lines.append("  - no single change fits; combine a lower resolution with a lower rank, or use a larger GPU")
+    return lines
+
+
+@dataclass(frozen=True)
+class Budget:
+    bytes: int
+    source: str
+    context_included: bool  # the CUDA context already exists and is not part of `bytes`
+
+
+def detect_budget(device=None, reserve_bytes: int = 512 * MIB) -> Budget:
+    """Free memory of a CUDA device now (plus what torch's cache already holds), less `reserve_bytes`.
+
+    The CUDA context exists once this runs, so its memory is already outside the free figure: plan with
+    `cuda_context_bytes=0` against this budget (`auto_for_device` does).
+    """
+    import torch
+
+    device = torch.device(device or "cuda")
+    free, total = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device)
+    return Budget(free + cached - reserve_bytes, f"{device}: {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB, "
+                  f"{cached / GIB:.1f} GiB cached by torch, {reserve_bytes / GIB:.1f} GiB kept back", True)
+
+
+def auto_for_device(inputs: PlanInputs, device=None, reserve_bytes: int = 512 * MIB,
+                    arch: QwenImageArch | None = None) -> SwapChoice:
+    """`auto_blocks_to_swap` against the free memory of a CUDA device."""
+    budget = detect_budget(device, reserve_bytes)
+    return auto_blocks_to_swap(dataclasses.replace(inputs, cuda_context_bytes=0), budget.bytes, arch)
+
+
+# --------------------------------------------------------------------------------------------------
+# text
+
+
+def render_plan(plan: MemoryPlan, budget_bytes: int | None = None) -> str:
+    """The plan as a plain-text table (what the CLI prints and a node shows)."""
+    p = plan.inputs
+    lines = [
+        f"Memory plan: {p.width}x{p.height}, batch {p.batch}, {p.text_tokens} text tokens, LoRA rank {p.rank} "
+        f"({p.targets}, {p.lora_dtype}), {p.storage} blocks, {p.optimizer}, "
+        f"checkpointing {'on' if p.checkpointing else 'off'}, blocks_to_swap {p.blocks_to_swap}",
+        "",
+    ]
+    lines += _section(f"GPU at the training peak ({plan.peak_phase})", plan.gpu)
+    if budget_bytes is not None:
+        verdict = "fits" if plan.gpu_total <= budget_bytes else "does NOT fit"
+        lines.append(f"{'budget':<38}{budget_bytes / GIB:>9.2f} GiB  {verdict}")
+    lines.append(f"{'(optimizer step phase total)':<38}{plan.optimizer_step_peak / GIB:>9.2f} GiB")
+    lines.append("")
+    lines += _section("Host RAM while training", plan.host_training)
+    lines.append("")
+    lines += _section("Host RAM while loading (transformer on the CPU)", plan.host_loading)
+    lines.append("")
+    lines += _section("GPU while caching latents and prompts", plan.gpu_caching)
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def _section(title: str, terms: list[Term]) -> list[str]:
+    width = 38
+    lines = [title, "-" * (width + 13)]
+    for t in terms:
+        lines.append(f"{t.name:<{width}}{t.bytes / GIB:>9.2f} GiB  {t.note}")
+    lines.append(f"{'total':<{width}}{sum(t.bytes for t in terms) / GIB:>9.2f} GiB")
+    return lines
+
+
+def render_choice(choice: SwapChoice) -> str:
+    head = (f"blocks_to_swap = {choice.blocks_to_swap} (the fewest that fit {choice.budget_bytes / GIB:.2f} GiB)"
+            if choice.fits else "\n".join(choice.advice))
+    return head + "\n\n" + render_plan(choice.plan, choice.budget_bytes)
+
+
+def render_budget_table(inputs: PlanInputs, budgets_gib: list[float], arch: QwenImageArch | None = None) -> str:
+    """One line per budget: the swap count it needs, the planned GPU peak and host RAM while training."""
+    lines = [f"{'budget':>8}  {'blocks_to_swap':>14}  {'GPU peak':>9}  {'host RAM (train)':>16}  {'host RAM (load)':>15}"]
+    for b in budgets_gib:
+        c = auto_blocks_to_swap(inputs, int(b * GIB), arch)
+        k = str(c.blocks_to_swap) if c.fits else "none fits"
+        lines.append(f"{b:>5.0f} GiB  {k:>14}  {c.plan.gpu_total / GIB:>5.2f} GiB  "
+                     f"{c.plan.host_training_total / GIB:>12.2f} GiB  {c.plan.host_loading_total / GIB:>11.2f} GiB")
+    return "\n".join(lines)

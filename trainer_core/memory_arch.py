@@ -1,0 +1,187 @@
+"""Parameter counts the memory planner works from, read off a transformer's modules (no weights needed).
+
+`real_arch()` builds the real Qwen-Image transformer on the meta device: the defaults of diffusers'
+`QwenImageTransformer2DModel` are the real model's config (60 blocks, 24 heads x 128, joint dim 3584,
+in 64, out 16). `arch_from_transformer` reads the same numbers from any instance (a tiny test model,
+a loaded model), so the planner's formulas can be checked against real tensors of a small model.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+
+from torch import nn
+
+from .config import LORA_TARGET_PRESETS
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    name: str  # module name inside one block, e.g. "attn.to_q"
+    in_features: int
+    out_features: int
+    bias: bool
+
+
+@dataclass(frozen=True)
+class QwenImageArch:
+    num_blocks: int
+    dim: int  # D: width of both streams (heads x head_dim)
+    mlp_dim: int  # F: hidden width of the feed-forwards (4 D)
+    heads: int
+    head_dim: int
+    text_dim: int  # width of the prompt embeddings (joint_attention_dim)
+    latent_channels: int  # VAE latent channels (in_channels / patch^2)
+    patch_size: int
+    vae_scale_factor: int  # pixels per latent cell along a side
+    rope_complex_per_token: int  # complex64 RoPE factors per token (sum of axes / 2)
+    rope_table_positions: int  # rows of the precomputed RoPE table (kept whole by the text stream's slice)
+    block_linears: tuple[LinearShape, ...]  # the frozen Linears of one block (every block is the same)
+    block_other_params: int  # one block's parameters outside its Linears (q/k RMSNorm weights)
+    outside_params: int  # parameters outside the blocks (embedders, final norm, projection)
+    outside_largest_linear: int  # parameters of the largest Linear weight outside the blocks
+    lora_targets: dict[str, tuple[tuple[int, str], ...]]  # preset -> (block index, module name), model order
+
+    @property
+    def block_linear_weight_params(self) -> int:
+        return sum(s.in_features * s.out_features for s in self.block_linears)
+
+    @property
+    def block_linear_bias_params(self) -> int:
+        return sum(s.out_features for s in self.block_linears if s.bias)
+
+    @property
+    def block_linear_rows(self) -> int:
+        """Output rows of one block's Linears: the count of float8_scaled per-row scales."""
+        return sum(s.out_features for s in self.block_linears)
+
+    @property
+    def block_params(self) -> int:
+        return self.block_linear_weight_params + self.block_linear_bias_params + self.block_other_params
+
+    @property
+    def total_params(self) -> int:
+        return self.num_blocks * self.block_params + self.outside_params
+
+    def linear(self, module: str) -> LinearShape:
+        return next(s for s in self.block_linears if s.name == module)
+
+    def image_tokens(self, width: int, height: int) -> int:
+        """Packed latent tokens of one image of width x height pixels."""
+        cell = self.vae_scale_factor * self.patch_size
+        return (height // cell) * (width // cell)
+
+
+def arch_from_transformer(transformer: nn.Module, vae_scale_factor: int | None = None) -> QwenImageArch:
+    """Read the planner's numbers from a `QwenImageTransformer2DModel` (meta, CPU or GPU; with or without
+    a LoRA injected). Parameter counts come from shapes only, so float8 storage does not change them."""
+    from .lora import target_module_names
+
+    cfg = transformer.config
+    block = transformer.transformer_blocks[0]
+    linears = [  # a LoRA-wrapped Linear keeps its frozen layer as `<name>.base_layer`
+        LinearShape(name.removesuffix(".base_layer"), m.in_features, m.out_features, m.bias is not None)
+        for name, m in block.named_modules() if isinstance(m, nn.Linear) and "lora_" not in name
+    ]
+    linears.sort(key=lambda s: s.name)
+    linear_param_names = {f"{s.name}.{leaf}" for s in linears for leaf in ("weight", "bias")}
+    other = sum(
+        p.numel() for n, p in block.named_parameters()
+        if ".lora_" not in n and n.replace(".base_layer", "") not in linear_param_names
+    )
+    outside_linears = [
+        m for n, m in transformer.named_modules()
+        if isinstance(m, nn.Linear) and not n.startswith("transformer_blocks")
+    ]
+    outside = sum(p.numel() for n, p in transformer.named_parameters() if not n.startswith("transformer_blocks"))
+    axes = list(cfg.axes_dims_rope)
+    pos_freqs = getattr(transformer.pos_embed, "pos_freqs", None)
+    heads, head_dim = cfg.num_attention_heads, cfg.attention_head_dim
+    mlp = next(s for s in linears if s.name == "img_mlp.net.0.proj")
+    return QwenImageArch(
+        num_blocks=len(transformer.transformer_blocks),
+        dim=heads * head_dim, mlp_dim=mlp.out_features, heads=heads, head_dim=head_dim,
+        text_dim=cfg.joint_attention_dim,
+        latent_channels=cfg.in_channels // (cfg.patch_size ** 2), patch_size=cfg.patch_size,
+        vae_scale_factor=vae_scale_factor or default_vae_scale_factor(),
+        rope_complex_per_token=sum(axes) // 2,
+        rope_table_positions=pos_freqs.shape[0] if pos_freqs is not None else 4096,
+        block_linears=tuple(linears), block_other_params=other, outside_params=outside,
+        outside_largest_linear=max(m.weight.numel() for m in outside_linears),
+        lora_targets={
+            preset: tuple(_split_target(n) for n in target_module_names(transformer, preset))
+            for preset in LORA_TARGET_PRESETS
+        },
+    )
+
+
+def arch_for_components(components) -> QwenImageArch:
+    """The numbers of a loaded model set (`models.QwenImageComponents`), its VAE's scale factor included
+    (read from the VAE's config when the VAE is there). Works while a trainer has the model."""
+    vae = getattr(components, "vae", None)
+    scale = 2 ** len(vae.config.temperal_downsample) if vae is not None else None
+    return arch_from_transformer(components.transformer, vae_scale_factor=scale)
+
+
+def _split_target(full_name: str) -> tuple[int, str]:
+    _, index, module = full_name.split(".", 2)  # "transformer_blocks.<i>.<module>"
+    return int(index), module
+
+
+def default_vae_scale_factor() -> int:
+    """Pixels per latent cell of the real Qwen-Image VAE: 2 ** len(temperal_downsample) of the installed
+    diffusers' `AutoencoderKLQwenImage` defaults (the real config), read, not hard-coded."""
+    from diffusers import AutoencoderKLQwenImage
+
+    default = inspect.signature(AutoencoderKLQwenImage.__init__).parameters["temperal_downsample"].default
+    return 2 ** len(default)
+
+
+@functools.lru_cache(maxsize=1)
+def real_arch() -> QwenImageArch:
+    """The real Qwen-Image transformer's numbers, from a model built on the meta device (~0.3 s)."""
+    from .models.streaming import empty_transformer
+
+    return arch_from_transformer(empty_transformer({}))
+
+
+# Qwen2.5-VL-7B-Instruct, the text encoder of Qwen-Image (its published config; its hidden size is the
+# transformer's joint_attention_dim 3584). Counted on the meta device in `text_encoder_params`.
+QWEN25_VL_7B = dict(
+    text_config=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                     num_key_value_heads=4, vocab_size=152064),
+    vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584),
+    tie_word_embeddings=False,
+)
+
+
+@functools.lru_cache(maxsize=1)
+def text_encoder_params() -> tuple[int, int]:
+    """(all parameters, parameters of the language model's decoder Linears) of Qwen2.5-VL-7B.
+
+    The decoder Linears are what a float8 text encoder file stores in float8; embeddings, the vision
+    tower and the LM head stay in bf16.
+    """
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**QWEN25_VL_7B))
+    total = sum(p.numel() for p in model.parameters())
+    decoder_linears = sum(
+        m.weight.numel() for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and ".language_model.layers." in f".{n}"
+    )
+    return total, decoder_linears
+
+
+@functools.lru_cache(maxsize=1)
+def vae_params() -> int:
+    """Parameters of the real Qwen-Image VAE (the installed diffusers' `AutoencoderKLQwenImage` defaults)."""
+    import torch
+    from diffusers import AutoencoderKLQwenImage
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in AutoencoderKLQwenImage().parameters())
