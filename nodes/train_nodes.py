@@ -10,11 +10,12 @@ from pathlib import Path
 
 from ..trainer_core import registry
 from ..trainer_core.config import TrainConfig, check_run_name, to_dict
+from ..trainer_core.memory import plan_run
 from ..trainer_core.plot import loss_plot
 from ..trainer_core.trainer import Trainer
 from . import host
 from .common import CACHED, CATEGORY, LORA_CONFIG, MODELS, OPTIMIZER_CONFIG, TRAINER, engine_mode
-from .widgets import widgets
+from .widgets import widget, widgets
 
 log = logging.getLogger("qwen_lora")
 
@@ -27,6 +28,7 @@ TRAIN_WIDGETS = (
 # queue" control, which would change the seed, hence start a new run, on every queue.
 WIDGET_NAMES = {"seed": "training_seed"}
 NO_LORA = "(none: start from zero)"
+AUTO_SWAP = -1
 
 
 def run_directory(run_name: str) -> Path:
@@ -65,6 +67,10 @@ class QwenLoRAInitTrainer:
             "lora_config": (LORA_CONFIG, {"tooltip": "From the LoRA Config node."}),
             "optimizer_config": (OPTIMIZER_CONFIG, {"tooltip": "From the Optimizer node."}),
             **{WIDGET_NAMES.get(n, n): spec for n, spec in widgets(TrainConfig, *TRAIN_WIDGETS).items()},
+            "blocks_to_swap": widget(TrainConfig, "blocks_to_swap", default=AUTO_SWAP, min=AUTO_SWAP, tooltip=(
+                "Transformer blocks whose frozen weights stay in CPU RAM and are copied to the GPU when needed "
+                "(slower, less VRAM). -1 = auto: the fewest that fit the GPU's free memory, from the memory "
+                "plan shown in the status output.")),
             "continue_from_lora": ([NO_LORA, *host.model_file_list("loras")], {
                 "default": NO_LORA,
                 "tooltip": "Start from this LoRA file (ComfyUI, diffusers or kohya/musubi layout) instead of from "
@@ -76,6 +82,9 @@ class QwenLoRAInitTrainer:
     def init(self, models, cached_dataset, lora_config, optimizer_config, continue_from_lora=NO_LORA, **widget_values):
         names = {widget: field for field, widget in WIDGET_NAMES.items()}
         train_cfg = TrainConfig(**{names.get(k, k): v for k, v in widget_values.items()})
+        auto_swap = train_cfg.blocks_to_swap == AUTO_SWAP
+        if auto_swap:
+            train_cfg.blocks_to_swap = 0  # decided below, once ComfyUI's own models are out of the GPU
         train_cfg.validate(num_blocks=models.num_blocks)
         init_lora = None if continue_from_lora == NO_LORA else host.model_file_path("loras", continue_from_lora)
         signature = trainer_signature(models, cached_dataset, lora_config, optimizer_config, train_cfg, init_lora)
@@ -90,6 +99,9 @@ class QwenLoRAInitTrainer:
                 old.checkpoint_if_behind()
             old.close()
         host.free_host_models()
+        train_cfg.blocks_to_swap, plan = plan_run(models, cached_dataset, lora_config, optimizer_config, train_cfg,
+                                                  auto=auto_swap)
+        log.info("[qwen-lora] memory plan for run '%s':\n%s", train_cfg.run_name, plan)
         run_dir = run_directory(train_cfg.run_name)
         with engine_mode():
             trainer = Trainer(models, cached_dataset, lora_config, optimizer_config, train_cfg, run_dir=run_dir,
@@ -105,7 +117,7 @@ class QwenLoRAInitTrainer:
         else:
             status = f"started run '{train_cfg.run_name}' at step 0; checkpoints go to {run_dir}"
         log.info("[qwen-lora] %s", status)
-        return (trainer, status)
+        return (trainer, f"{status}\nblocks_to_swap: {train_cfg.blocks_to_swap}\n\n{plan}")
 
 
 class QwenLoRATrain:

@@ -22,7 +22,16 @@ class RecordImages:
         return {"ui": {}, "result": ()}
 
 
-CORE = {"SaveImage": RecordImages, "PreviewImage": RecordImages}
+class RecordText:
+    FUNCTION = "record"
+    received: list = []
+
+    def record(self, source=None):
+        RecordText.received.append(source)
+        return {"ui": {"text": (str(source),)}, "result": ()}
+
+
+CORE = {"SaveImage": RecordImages, "PreviewImage": RecordImages, "PreviewAny": RecordText}
 
 
 class GraphRunner:

@@ -19,8 +19,9 @@ def test_gpu_check_runs_tiny_on_cpu(tmp_path):
     measured = [float(r[2]) for r in rows]
     planned_over_measured = [float(r[4]) for r in rows]
     losses = [r[9].strip() for r in rows]
-    # The auto budget is the plan at 3 blocks: fewer (0, 1, 2) plan more, since 2 GPU slots hold swapped weights.
+    # The auto budget is the plan at 3 blocks: fewer (0, 1, 2) plan more, since up to 2 GPU slots hold swapped
+    # weights (one per swapped block).
     assert swaps == [0, 1, 2, 3]
-    assert measured[1] > measured[0] == measured[2] > measured[3]  # one slot's worth more, then less
+    assert measured[0] == measured[1] == measured[2] > measured[3]
     assert all(1.0 <= r <= 1.05 for r in planned_over_measured)  # the plan is on the safe side, and close
     assert len(set(losses)) == 1 and re.fullmatch(r"[\d.]+, [\d.]+", losses[0])  # swapping changes no result

@@ -81,6 +81,9 @@ def test_workflow_trains_previews_and_saves_a_comfyui_lora(pack, tmp_path, demo_
     assert torch.isfinite(torch.tensor(outputs["7"][1]))
     preview, plot = RecordImages.received
     assert preview.shape == (1, 64, 64, 3) and plot.shape[-1] == 3
+    status = outputs["6"][1]
+    assert status.startswith("started run") and "blocks_to_swap: 1" in status
+    assert "CPU training: no GPU memory to plan." in status
     assert 0.0 <= preview.min() and preview.max() <= 1.0
     saved = Path(outputs["10"][0])
     assert saved.parent == loras_dir and saved.name.endswith("_000003.safetensors")
@@ -91,11 +94,12 @@ def test_workflow_trains_previews_and_saves_a_comfyui_lora(pack, tmp_path, demo_
 
 def test_queueing_again_trains_more_and_loads_nothing_again(pack, tmp_path, demo_folder, loras_dir):
     runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
-    prompt = tiny_prompt(tmp_path, demo_folder, steps=2)
-    runner.run(prompt)
+    prompt = tiny_prompt(tmp_path, demo_folder, steps=2, **{"6": {"blocks_to_swap": -1}})
+    first = runner.run(prompt)
+    assert "blocks_to_swap: 0" in first["6"][1]  # auto on a CPU: nothing to swap
     outputs = runner.run(prompt)
     assert outputs["7"][0].step == 4  # the same trainer, two steps further
-    assert set(runner.executed) == {"7", "8", "9", "10", "11", "12"}  # loaders, cache and init were cached
+    assert set(runner.executed) == {"7", "8", "9", "10", "11", "12", "14"}  # loaders, cache and init were cached
 
 
 def test_evicted_init_output_continues_the_live_trainer(pack, tmp_path, demo_folder, loras_dir):

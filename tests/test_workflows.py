@@ -13,8 +13,9 @@ API_WORKFLOWS = sorted((REPO / "workflows" / "api").glob("*.api.json"))
 CORE = {
     "SaveImage": {"required": {"images": ("IMAGE",), "filename_prefix": ("STRING", {"default": "ComfyUI"})}},
     "PreviewImage": {"required": {"images": ("IMAGE",)}},
+    "PreviewAny": {"required": {"source": ("*", {})}},  # ComfyUI's IO.ANY: takes any type
 }
-CORE_OUTPUTS = {"SaveImage": (), "PreviewImage": ()}
+CORE_OUTPUTS = {"SaveImage": (), "PreviewImage": (), "PreviewAny": ()}
 WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
 
 
@@ -75,7 +76,7 @@ def test_api_workflow_fits_the_node_definitions(pack, path):
             if isinstance(value, list):
                 src_id, slot = value
                 src_outputs = defs[prompt[src_id]["class_type"]][1]
-                assert src_outputs[slot] == inputs[name][0], f"{where}: link type {src_outputs[slot]}"
+                assert inputs[name][0] in (src_outputs[slot], "*"), f"{where}: link type {src_outputs[slot]}"
             else:
                 assert is_widget(inputs[name]), f"{where}: a socket given a value"
                 check_value(where, inputs[name], value)
@@ -103,7 +104,7 @@ def test_ui_workflow_fits_the_node_definitions(pack, path):
     for link_id, src, src_slot, dst, dst_slot, kind in wf["links"]:
         out = nodes[src]["outputs"][src_slot]
         inp = nodes[dst]["inputs"][dst_slot]
-        assert out["type"] == inp["type"] == kind, f"link {link_id}: {out['type']} -> {inp['type']}"
+        assert out["type"] == kind and inp["type"] in (kind, "*"), f"link {link_id}: {out['type']} -> {inp['type']}"
         assert link_id in out["links"] and inp["link"] == link_id
 
 

@@ -34,7 +34,7 @@ NODES = [
                               "eps": 1e-8, "weight_decay": 0.01, "warmup_steps": 20, "schedule": "constant",
                               "schedule_steps": 1000, "min_lr_ratio": 0.0, "max_grad_norm": 1.0}, (420, 680)),
     (6, "QwenLoRAInitTrainer", {"run_name": "my_qwen_lora", "micro_batch_size": 1, "grad_accum_steps": 1,
-                                "gradient_checkpointing": True, "blocks_to_swap": 16, "training_seed": 42,
+                                "gradient_checkpointing": True, "blocks_to_swap": -1, "training_seed": 42,
                                 "timestep_sampling": "logit_normal", "logit_mean": 0.0, "logit_std": 1.0,
                                 "resolution_shift": True, "caption_dropout": 0.0, "checkpoint_every": 100,
                                 "max_nonfinite_steps": 3, "continue_from_lora": "(none: start from zero)"},
@@ -46,6 +46,8 @@ NODES = [
     (10, "QwenLoRASave", {"filename": "{run_name}_{step}", "dtype": "bfloat16", "layout": "comfyui"}, (1520, 560)),
     (11, "SaveImage", {"filename_prefix": "qwen_lora/preview"}, (1880, 60)),
     (12, "PreviewImage", {}, (1880, 380)),
+    (13, "PreviewAny", {}, (820, 640)),  # Init Trainer's status: started/resumed, blocks_to_swap, memory plan
+    (14, "PreviewAny", {}, (1200, 420)),  # Train Steps' report: steps, losses, speed
 ]
 
 # (from node, from output slot, to node, to input name)
@@ -53,13 +55,14 @@ LINKS = [
     (1, 0, 3, "models"), (2, 0, 3, "dataset"),
     (1, 0, 6, "models"), (3, 0, 6, "cached_dataset"), (4, 0, 6, "lora_config"), (5, 0, 6, "optimizer_config"),
     (6, 0, 7, "trainer"), (7, 0, 8, "trainer"), (7, 0, 9, "trainer"), (7, 0, 10, "trainer"),
-    (8, 0, 11, "images"), (9, 0, 12, "images"),
+    (8, 0, 11, "images"), (9, 0, 12, "images"), (6, 1, 13, "source"), (7, 2, 14, "source"),
 ]
 
 # Core nodes the workflow uses, as ComfyUI declares them (name, type) for inputs; outputs none.
 CORE_INPUTS = {
     "SaveImage": {"required": {"images": ("IMAGE",), "filename_prefix": ("STRING", {"default": "ComfyUI"})}},
     "PreviewImage": {"required": {"images": ("IMAGE",)}},
+    "PreviewAny": {"required": {"source": ("*", {})}},
 }
 
 

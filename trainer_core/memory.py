@@ -31,7 +31,7 @@ from .memory_activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
 )
 from .memory_arch import QwenImageArch, real_arch, text_encoder_params, vae_params
-from .offload import NUM_SLOTS
+from .offload import NUM_SLOTS, arena_layout
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -225,7 +225,8 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     scales = arch.block_linear_rows * 4 if p.storage == "float8_scaled" else 0
     rest = (n * (arch.block_linear_bias_params + arch.block_other_params) + arch.outside_params) * act
     rest += 2 * arch.rope_table_positions * arch.rope_complex_per_token * 8  # the RoPE tables (complex64)
-    slots = NUM_SLOTS * block_w if K else 0
+    num_slots = min(NUM_SLOTS, K)
+    slots = num_slots * block_w
 
     # LoRA, gradients, optimizer.
     tensors = lora_tensor_sizes(arch, p.targets, p.rank)
@@ -264,7 +265,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     gpu = [
         Term("frozen block Linears, resident", (n - K) * block_w,
              f"{n - K} of {n} blocks x {gib(block_w)} ({p.storage}, {arch.block_linear_weight_params / 1e6:.0f}M params each)"),
-        Term("swap slots", slots, f"{NUM_SLOTS} slots x one block's Linear weights" if K else "no swapping"),
+        Term("swap slots", slots, f"{num_slots} slot(s) x one block's Linear weights" if K else "no swapping"),
         Term("float8 row scales", n * scales, "fp32, one per output row, all blocks" if scales else "not scaled"),
         Term("biases, norms, non-block layers", rest, f"{p.compute_dtype}, and the RoPE tables"),
         Term("LoRA weights", lora_params * lora_b, f"{lora_params / 1e6:.1f}M params, {p.lora_dtype}"),
@@ -292,15 +293,14 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
 
     # Host RAM while training: what stays on the CPU once the blocks are placed.
     masters = K * block_w
-    rounding = 0
-    if cuda:  # torch's pinned-memory allocator rounds every allocation up to a power of two
-        per_tensor = [_weight_bytes(s_.in_features * s_.out_features, p.storage) for s_ in arch.block_linears]
-        rounding = K * sum(_pow2ceil(b) - b for b in per_tensor)
+    # The swapper packs the masters into power-of-two chunks (offload.arena_layout): what is left unused.
+    per_tensor = [_weight_bytes(s_.in_features * s_.out_features, p.storage) for s_ in arch.block_linears]
+    rounding = sum(arena_layout(per_tensor * K)[0]) - K * sum(per_tensor) if K else 0
     latent_bytes = arch.latent_channels * (p.height // arch.vae_scale_factor) * (p.width // arch.vae_scale_factor) * 4
     cached = p.dataset_images * (latent_bytes + p.text_tokens * arch.text_dim * act)
     host_training = [
         Term("CPU master of swapped blocks", masters, f"{K} blocks, pinned" if cuda else f"{K} blocks"),
-        Term("pinned-allocator rounding", rounding, "each tensor rounded up to a power of two" if cuda else "CPU: none"),
+        Term("pinned arena slack", rounding, "unused room in the masters' power-of-two chunks"),
         Term("cached latents + prompt embeddings", cached, f"{p.dataset_images} images in RAM"),
         Term("process baseline", PROCESS_BASELINE_BYTES, "Python + libraries (assumed)"),
     ]
@@ -322,9 +322,9 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         Term("CUDA context", p.cuda_context_bytes if cuda else 0, "assumed"),
     ]
     notes = []
-    if K in (1, 2):
-        notes.append(f"blocks_to_swap={K} saves nothing: the swapper keeps {NUM_SLOTS} GPU slots of a block's "
-                     "weights, so swapping pays off from 3 blocks on")
+    if K == 1 or K == NUM_SLOTS:
+        notes.append(f"blocks_to_swap={K} saves nothing: the swapper keeps {num_slots} GPU slot(s) of a "
+                     f"block's weights, so swapping pays off from {NUM_SLOTS + 1} blocks on")
     return MemoryPlan(inputs=p, gpu=gpu, host_training=host_training, host_loading=host_loading,
                       gpu_caching=gpu_caching, optimizer_step_peak=step_peak + (
                           int(step_peak * p.allocator_slack) + p.cuda_context_bytes if cuda else 0),
@@ -487,3 +487,44 @@ def render_budget_table(inputs: PlanInputs, budgets_gib: list[float], arch: Qwen
         lines.append(f"{b:>5.0f} GiB  {k:>14}  {c.plan.gpu_total / GIB:>5.2f} GiB  "
                      f"{c.plan.host_training_total / GIB:>12.2f} GiB  {c.plan.host_loading_total / GIB:>11.2f} GiB")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# a run as the nodes describe it
+
+
+def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
+                   blocks_to_swap: int = 0) -> PlanInputs:
+    """Plan inputs for training `components` on a cached dataset: its largest bucket and longest caption."""
+    width, height = max((s.bucket for s in dataset.samples), key=lambda b: b[0] * b[1])
+    text_tokens = max(dataset.embedding(s.text_key).shape[0] for s in dataset.samples)
+    return PlanInputs.from_configs(
+        lora, optimizer, dataclasses.replace(train, blocks_to_swap=blocks_to_swap), width, height,
+        storage=components.storage if components.storage in ("float8", "float8_scaled") else "bfloat16",
+        text_tokens=text_tokens, device="cuda" if components.device.type == "cuda" else "cpu",
+        dataset_images=len(dataset.samples),
+    )
+
+
+def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
+             auto: bool) -> tuple[int, str]:
+    """(blocks_to_swap to use, the plan as text) for a run; `auto` picks the fewest swapped blocks that fit
+    the device's free memory. On the CPU nothing is swapped and there is no GPU plan to show. Raises a
+    `UserInputError` with what to change when nothing fits."""
+    import torch
+
+    from .errors import UserInputError
+    from .memory_arch import arch_for_components
+
+    if components.device.type != "cuda":
+        return (0 if auto else train.blocks_to_swap), "CPU training: no GPU memory to plan."
+    if components.compute_dtype != torch.bfloat16:
+        return (0 if auto else train.blocks_to_swap), "The memory plan covers bfloat16 compute only."
+    arch = arch_for_components(components)
+    inputs = inputs_for_run(components, dataset, lora, optimizer, train, train.blocks_to_swap if not auto else 0)
+    if not auto:
+        return train.blocks_to_swap, render_plan(plan_memory(inputs, arch), detect_budget(components.device).bytes)
+    choice = auto_for_device(inputs, components.device, arch=arch)
+    if not choice.fits:
+        raise UserInputError("blocks_to_swap=auto: " + render_choice(choice))
+    return choice.blocks_to_swap, render_choice(choice)

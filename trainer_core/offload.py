@@ -9,8 +9,8 @@ and the diffusers forward and pipeline stay untouched) with one that
      prefetches the previous block, so backward walks the blocks in reverse with weights ready.
 
 `BlockSwapper` keeps the frozen base Linear weights of the last `blocks_to_swap` blocks in a CPU
-master copy (pinned on CUDA) and only ever copies host-to-device, into a ring of two GPU slots, on a
-side stream ordered by events. LoRA parameters, biases, norms and scales stay on the GPU. An evicted
+master copy (pinned on CUDA, packed into a `PinnedArena`) and only ever copies host-to-device, into a
+ring of (at most) two GPU slots, on a side stream ordered by events. LoRA parameters, biases, norms and scales stay on the GPU. An evicted
 block's weights point at an empty placeholder, so a block run without its weights fails loudly
 instead of computing with another block's. On a CPU device the copies are plain synchronous copies
 into the slots, which keeps the bookkeeping (and its tests) identical.
@@ -27,6 +27,61 @@ from torch import nn
 from .models.float8 import frozen_linears
 
 NUM_SLOTS = 2
+MIB = 1 << 20
+# Pinned host memory comes from torch's caching host allocator, which rounds every allocation up to a
+# power of two: pinning each weight on its own would cost up to 2x (a 9 MiB weight takes 16 MiB). The
+# arena packs weights into chunks whose sizes are powers of two already.
+ARENA_CHUNK = 512 * MIB
+ARENA_ALIGN = 512  # bytes; keeps every view aligned for any dtype and for fast DMA
+
+
+def _pow2ceil(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else max(n, 1)
+
+
+def arena_layout(sizes: list[int], chunk: int = ARENA_CHUNK) -> tuple[list[int], list[tuple[int, int]]]:
+    """Greedy placement of `sizes` (bytes, in order) into power-of-two chunks.
+
+    Returns (chunk capacities, (chunk index, byte offset) per size). Chunks are `chunk` bytes, except a
+    tensor larger than `chunk` (its own chunk, rounded up) and the last chunk, shrunk to the power of
+    two that holds what it received. Pure arithmetic: the planner uses it to predict host RAM.
+    """
+    caps: list[int] = []
+    used: list[int] = []
+    places = []
+    for size in sizes:
+        if size > chunk:
+            caps.append(_pow2ceil(size))
+            used.append(size)
+            places.append((len(caps) - 1, 0))
+            continue
+        if not caps or caps[-1] != chunk or used[-1] + size > chunk:
+            caps.append(chunk)
+            used.append(0)
+        offset = used[-1]
+        places.append((len(caps) - 1, offset))
+        used[-1] = -(-(offset + size) // ARENA_ALIGN) * ARENA_ALIGN
+    if caps and caps[-1] == chunk:
+        caps[-1] = min(chunk, _pow2ceil(used[-1]))
+    return caps, places
+
+
+class PinnedArena:
+    """Host copies of tensors packed into a few (pinned) byte buffers laid out by `arena_layout`."""
+
+    def __init__(self, tensors: list[torch.Tensor], pin: bool):
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        caps, places = arena_layout(sizes)
+        self.chunks = [torch.empty(cap, dtype=torch.uint8, pin_memory=pin) for cap in caps]
+        self.views = []
+        for t, size, (c, offset) in zip(tensors, sizes, places):
+            view = self.chunks[c][offset:offset + size].view(t.dtype).view(t.shape)
+            view.copy_(t)
+            self.views.append(view)
+
+    @property
+    def bytes(self) -> int:
+        return sum(c.numel() for c in self.chunks)
 
 
 class BlockSwapper:
@@ -35,24 +90,23 @@ class BlockSwapper:
         self.swapped = list(swapped)
         self.cuda = device.type == "cuda"
         blocks = transformer.transformer_blocks
-        # Per swapped block: the frozen Linears, in a fixed order, and their CPU master weights.
-        self.linears: dict[int, list[nn.Linear]] = {}
-        self.master: dict[int, list[torch.Tensor]] = {}
-        for i in self.swapped:
-            linears = [m for _, m in frozen_linears(blocks[i])]
-            self.linears[i] = linears
-            masters = []
-            for lin in linears:
-                w = lin.weight.data.to("cpu")
-                # CPU: the slots are separate buffers already, so the weight itself can be the master.
-                masters.append(w.pin_memory() if self.cuda else w)
-            self.master[i] = masters
+        # Per swapped block: the frozen Linears, in a fixed order, and their CPU master weights, all in
+        # one arena (pinned on CUDA so host-to-device copies are truly asynchronous).
+        self.linears = {i: [m for _, m in frozen_linears(blocks[i])] for i in self.swapped}
+        flat = [lin.weight.data.to("cpu") for i in self.swapped for lin in self.linears[i]]
+        self.arena = PinnedArena(flat, pin=self.cuda)
+        views = iter(self.arena.views)
+        self.master = {i: [next(views) for _ in self.linears[i]] for i in self.swapped}
+        del flat
         template = self.master[self.swapped[0]] if self.swapped else []
-        self.slots = [[torch.empty_like(w, device=device) for w in template] for _ in range(NUM_SLOTS)]
-        self.slot_owner: list[int | None] = [None] * NUM_SLOTS
+        # One slot per swapped block up to NUM_SLOTS: with a single swapped block a second slot would
+        # only cost memory.
+        self.num_slots = min(NUM_SLOTS, len(self.swapped))
+        self.slots = [[torch.empty_like(w, device=device) for w in template] for _ in range(self.num_slots)]
+        self.slot_owner: list[int | None] = [None] * self.num_slots
         self.placeholder = {w.dtype: torch.empty(0, dtype=w.dtype, device=device) for w in template}
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
-        self.copy_done: list[torch.cuda.Event | None] = [None] * NUM_SLOTS
+        self.copy_done: list[torch.cuda.Event | None] = [None] * self.num_slots
         for i in self.swapped:
             self._point_at_placeholder(i)
         self.bytes_copied = 0
@@ -62,7 +116,7 @@ class BlockSwapper:
         return sum(w.numel() * w.element_size() for slot in self.slots for w in slot)
 
     def _slot_of(self, i: int) -> int:
-        return self.swapped.index(i) % NUM_SLOTS
+        return self.swapped.index(i) % self.num_slots
 
     def _point_at_placeholder(self, i: int) -> None:
         for lin in self.linears[i]:
@@ -121,7 +175,7 @@ class BlockSwapper:
         for i in self.swapped:
             for lin, w in zip(self.linears[i], self.master[i]):
                 lin.weight.data = w
-        self.slot_owner = [None] * NUM_SLOTS
+        self.slot_owner = [None] * self.num_slots
 
 
 class _BackwardMark(torch.autograd.Function):
@@ -186,7 +240,9 @@ class BlockRunner:
         return outputs
 
     def uninstall(self) -> None:
-        """Restore the blocks' own forward and full weights (the model stays on the device)."""
+        """Restore the blocks' own forward and full weights. The model stays where it is: resident blocks
+        on the device, swapped blocks' Linear weights on their CPU master copies (a later BlockRunner
+        places everything again)."""
         if self.swapper is not None:
             self.swapper.release()
         for block in self.transformer.transformer_blocks:
