@@ -1,18 +1,8 @@
 """Dataset discovery, buckets and crops; bad images and captions give errors that name the file."""
 
-import pytest
-from PIL import Image
-
 from conftest import tiny_dataset_config
 from trainer_core.config import DatasetConfig
 from trainer_core.data import bucket_sizes, choose_bucket, discover, load_cropped
-from trainer_core.errors import UserInputError
-
-
-def _image(folder, name, size=(64, 64), caption="a caption"):
-    Image.new("RGB", size, "red").save(folder / f"{name}.png")
-    if caption is not None:
-        (folder / f"{name}.txt").write_text(caption)
 
 
 def test_buckets_are_multiples_of_32_near_the_target_area():
@@ -41,19 +31,4 @@ def test_crop_covers_the_bucket(demo_folder):
     assert -1.0 <= pixels.min() and pixels.max() <= 1.0
 
 
-def test_missing_caption_is_an_error_or_empty_by_choice(tmp_path):
-    _image(tmp_path, "a", caption=None)
-    with pytest.raises(UserInputError, match="a.png has no caption"):
-        discover(tiny_dataset_config(tmp_path))
-    assert discover(tiny_dataset_config(tmp_path, missing_caption="empty"))[0].caption == ""
-
-
-def test_bad_inputs_name_the_file(tmp_path):
-    with pytest.raises(UserInputError, match="does not exist"):
-        discover(tiny_dataset_config(tmp_path / "nope"))
-    with pytest.raises(UserInputError, match="has no images"):
-        discover(tiny_dataset_config(tmp_path))
-    _image(tmp_path, "small", size=(40, 40))
-    with pytest.raises(UserInputError, match="small.png is 40x40, smaller than"):
-        discover(tiny_dataset_config(tmp_path))
-    assert discover(tiny_dataset_config(tmp_path, upscale_small_images=True))[0].bucket == (64, 64)
+# Bad dataset inputs (missing/empty folder, unreadable image, small image, captions): test_bad_inputs.py
