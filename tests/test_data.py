@@ -1,4 +1,4 @@
-"""Dataset discovery, buckets and crops; bad images and captions give errors that name the file."""
+"""Dataset discovery, aspect buckets and crops."""
 
 from conftest import tiny_dataset_config
 from trainer_core.config import DatasetConfig
