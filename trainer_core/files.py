@@ -45,6 +45,8 @@ def _replacing(path: str | Path):
         yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        # Writers may create the temporary file private (0600); give the result the usual permissions.
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
