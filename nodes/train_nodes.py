@@ -10,7 +10,6 @@ from pathlib import Path
 
 from ..trainer_core import registry
 from ..trainer_core.config import TrainConfig, check_run_name, to_dict
-from ..trainer_core.memory import plan_run
 from ..trainer_core.plot import loss_plot
 from ..trainer_core.trainer import Trainer
 from . import host
@@ -82,9 +81,6 @@ class QwenLoRAInitTrainer:
     def init(self, models, cached_dataset, lora_config, optimizer_config, continue_from_lora=NO_LORA, **widget_values):
         names = {widget: field for field, widget in WIDGET_NAMES.items()}
         train_cfg = TrainConfig(**{names.get(k, k): v for k, v in widget_values.items()})
-        auto_swap = train_cfg.blocks_to_swap == AUTO_SWAP
-        if auto_swap:
-            train_cfg.blocks_to_swap = 0  # decided below, once ComfyUI's own models are out of the GPU
         train_cfg.validate(num_blocks=models.num_blocks)
         init_lora = None if continue_from_lora == NO_LORA else host.model_file_path("loras", continue_from_lora)
         signature = trainer_signature(models, cached_dataset, lora_config, optimizer_config, train_cfg, init_lora)
@@ -98,10 +94,7 @@ class QwenLoRAInitTrainer:
             with engine_mode():
                 old.checkpoint_if_behind()
             old.close()
-        host.free_host_models()
-        train_cfg.blocks_to_swap, plan = plan_run(models, cached_dataset, lora_config, optimizer_config, train_cfg,
-                                                  auto=auto_swap)
-        log.info("[qwen-lora] memory plan for run '%s':\n%s", train_cfg.run_name, plan)
+        host.free_host_models()  # before the Trainer plans 'auto' swapping against the free memory
         run_dir = run_directory(train_cfg.run_name)
         with engine_mode():
             trainer = Trainer(models, cached_dataset, lora_config, optimizer_config, train_cfg, run_dir=run_dir,
@@ -111,13 +104,14 @@ class QwenLoRAInitTrainer:
             except BaseException:
                 trainer.close()  # leave the model without a half-made adapter
                 raise
+        log.info("[qwen-lora] memory plan for run '%s':\n%s", train_cfg.run_name, trainer.memory_plan)
         registry.register(train_cfg.run_name, trainer, signature)
         if resumed:
             status = f"resumed run '{train_cfg.run_name}' from its checkpoint at step {trainer.step} ({run_dir})"
         else:
             status = f"started run '{train_cfg.run_name}' at step 0; checkpoints go to {run_dir}"
         log.info("[qwen-lora] %s", status)
-        return (trainer, f"{status}\nblocks_to_swap: {train_cfg.blocks_to_swap}\n\n{plan}")
+        return (trainer, f"{status}\nblocks_to_swap: {trainer.train_cfg.blocks_to_swap}\n\n{trainer.memory_plan}")
 
 
 class QwenLoRATrain:

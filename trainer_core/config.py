@@ -140,6 +140,10 @@ class OptimizerConfig:
         _check_choice(self, "optimizer", "schedule")
 
 
+# blocks_to_swap = AUTO_SWAP asks the memory planner for the fewest swapped blocks that fit the device.
+AUTO_SWAP = -1
+
+
 @dataclass
 class TrainConfig:
     run_name: str = _f("qwen_lora", "Name of this run: the trainer, its checkpoints and its LoRA files use it.")
@@ -147,8 +151,9 @@ class TrainConfig:
     grad_accum_steps: int = _f(1, "Micro-batches summed into one optimizer step.", min=1, max=1024)
     gradient_checkpointing: bool = _f(True, "Recompute each block's activations in backward: much less memory.")
     blocks_to_swap: int = _f(
-        0, "Transformer blocks whose frozen weights stay in CPU RAM and are copied to the GPU when needed.",
-        min=0, max=1000,
+        AUTO_SWAP, "Transformer blocks whose frozen weights stay in CPU RAM and are copied to the GPU when needed "
+        "(slower, less VRAM). -1 (or 'auto') = auto: the fewest that fit the GPU's free memory, from the memory "
+        "plan; on a CPU nothing is swapped.", min=AUTO_SWAP, max=1000,
     )
     seed: int = _f(42, "Seed for LoRA initialisation, data order, noise and timesteps.", min=0, max=2**31 - 1)
     timestep_sampling: str = _f(
@@ -172,18 +177,41 @@ class TrainConfig:
         "LoRA.", min=1, max=1000,
     )
 
+    def __post_init__(self) -> None:
+        self.blocks_to_swap = parse_blocks_to_swap(self.blocks_to_swap)
+
+    @property
+    def auto_swap(self) -> bool:
+        return self.blocks_to_swap == AUTO_SWAP
+
     def validate(self, num_blocks: int | None = None) -> None:
         _check_range(self, "micro_batch_size", "grad_accum_steps", "seed", "caption_dropout", "checkpoint_every",
-                     "max_nonfinite_steps")
+                     "max_nonfinite_steps", "blocks_to_swap")
         _check_choice(self, "timestep_sampling")
-        if self.blocks_to_swap < 0:
-            raise UserInputError(f"blocks_to_swap={self.blocks_to_swap} must be 0 or more.")
         if num_blocks is not None and self.blocks_to_swap > num_blocks - 1:
             raise UserInputError(
                 f"blocks_to_swap={self.blocks_to_swap} is too large: the transformer has {num_blocks} blocks and "
                 f"at least one must stay on the GPU. Use at most {num_blocks - 1}."
             )
         check_run_name(self.run_name)
+
+
+def parse_blocks_to_swap(value: int | str) -> int:
+    """'auto' (any case) or -1 -> AUTO_SWAP; a whole number (or its text) -> that number."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return AUTO_SWAP
+        try:
+            return int(text)
+        except ValueError:
+            raise UserInputError(
+                f"blocks_to_swap={value!r} is not a number: use 'auto' (or -1), 0 for no swapping, or how many "
+                "blocks to keep in CPU RAM."
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserInputError(f"blocks_to_swap={value!r} must be a whole number or 'auto'.")
+    return value
 
 
 def check_run_name(name: str) -> str:

@@ -506,16 +506,16 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
     )
 
 
-def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
-             auto: bool) -> tuple[int, str]:
-    """(blocks_to_swap to use, the plan as text) for a run; `auto` picks the fewest swapped blocks that fit
-    the device's free memory. On the CPU nothing is swapped and there is no GPU plan to show. Raises a
-    `UserInputError` with what to change when nothing fits."""
+def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig) -> tuple[int, str]:
+    """(blocks_to_swap to use, the plan as text) for a run. `train.blocks_to_swap` = AUTO_SWAP picks the fewest
+    swapped blocks that fit the device's free memory. On the CPU nothing is swapped under auto and there is
+    no GPU plan to show. Raises a `UserInputError` with what to change when nothing fits."""
     import torch
 
     from .errors import UserInputError
     from .memory_arch import arch_for_components
 
+    auto = train.auto_swap
     if components.device.type != "cuda":
         return (0 if auto else train.blocks_to_swap), "CPU training: no GPU memory to plan."
     if components.compute_dtype != torch.bfloat16:

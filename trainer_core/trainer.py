@@ -32,6 +32,7 @@ from .errors import TrainingStopped, UserInputError
 from .files import write_safetensors_atomic
 from .lora import inject_lora, lora_metadata, matching_preset, remove_lora, target_module_names
 from .lora_files import LoraFile, check_targets, layout_metadata, load_into_adapter, lora_file_tensors, read_lora_file
+from .memory import plan_run
 from .models.components import QwenImageComponents
 from .models.latents import pack_latents
 from .models.text import pad_prompt_batch
@@ -111,6 +112,11 @@ class Trainer:
                 lora, rank=self.init_lora.rank, alpha=self.init_lora.alpha,
                 targets=matching_preset(self.transformer, modules) or lora.targets)
         self.lora_modules = modules or target_module_names(self.transformer, lora.targets)
+        # blocks_to_swap 'auto' becomes a number here, from the memory plan at the dataset's largest bucket
+        # (against the device's free memory now: free other models first). `requested_train_cfg` keeps 'auto'.
+        self.requested_train_cfg = train
+        resolved_swap, self.memory_plan = plan_run(components, dataset, lora, optimizer, train)
+        self.train_cfg = train = dataclasses.replace(train, blocks_to_swap=resolved_swap)
         self.params = inject_lora(self.transformer, lora, seed=train.seed, modules=self.lora_modules)
         if self.init_lora is not None:
             load_into_adapter(self.transformer, self.init_lora.weights)
