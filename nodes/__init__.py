@@ -4,7 +4,7 @@ from .config_nodes import QwenLoRAConfig, QwenLoRAOptimizer
 from .data_nodes import QwenLoRACache, QwenLoRADataset
 from .model_nodes import QwenLoRALoadModels
 from .output_nodes import QwenLoRALossPlot, QwenLoRAPreview, QwenLoRASave
-from .train_nodes import QwenLoRAInitTrainer, QwenLoRATrain
+from .train_nodes import QwenLoRAInitTrainer, QwenLoRARelease, QwenLoRATrain
 
 NODE_CLASS_MAPPINGS = {
     "QwenLoRALoadModels": QwenLoRALoadModels,
@@ -17,6 +17,7 @@ NODE_CLASS_MAPPINGS = {
     "QwenLoRAPreview": QwenLoRAPreview,
     "QwenLoRALossPlot": QwenLoRALossPlot,
     "QwenLoRASave": QwenLoRASave,
+    "QwenLoRARelease": QwenLoRARelease,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -30,4 +31,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "QwenLoRAPreview": "Qwen LoRA Preview",
     "QwenLoRALossPlot": "Qwen LoRA Loss Plot",
     "QwenLoRASave": "Qwen LoRA Save",
+    "QwenLoRARelease": "Qwen LoRA Release Memory",
 }

@@ -10,7 +10,6 @@ from ..trainer_core.errors import UserInputError
 from ..trainer_core.files import inside
 from ..trainer_core.lora_files import LORA_LAYOUTS
 from ..trainer_core.plot import loss_plot
-from ..trainer_core.sampling import sample_image
 from . import host
 from .common import CATEGORY, TRAINER, engine_mode, pil_to_image
 
@@ -42,12 +41,13 @@ class QwenLoRAPreview:
         }}
 
     def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed):
+        trainer.require_live()
         prompt = prompt.strip() or first_preview_prompt(trainer)
         negative = trainer.dataset.negative_prompt
         progress = host.Progress(steps)
         with engine_mode():
-            image = sample_image(trainer.components, trainer.dataset, prompt, negative, width, height, steps, cfg,
-                                 preview_seed, progress=lambda i, n: progress.update(i, total=n))
+            image = trainer.sample_preview(prompt, negative, width, height, steps, cfg, preview_seed,
+                                           progress=lambda i, n: progress.update(i, total=n))
         return (pil_to_image(image),)
 
 

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from pathlib import Path
 
-from ..trainer_core import registry
-from ..trainer_core.config import TrainConfig, check_run_name, to_dict
+from ..trainer_core import runs
+from ..trainer_core.config import TrainConfig, check_run_name
 from ..trainer_core.plot import loss_plot
 from ..trainer_core.trainer import Trainer
 from . import host
 from .common import CACHED, CATEGORY, LORA_CONFIG, MODELS, OPTIMIZER_CONFIG, TRAINER, engine_mode
-from .widgets import widget, widgets
+from .widgets import widgets
 
 log = logging.getLogger("qwen_lora")
 
@@ -27,7 +25,6 @@ TRAIN_WIDGETS = (
 # queue" control, which would change the seed, hence start a new run, on every queue.
 WIDGET_NAMES = {"seed": "training_seed"}
 NO_LORA = "(none: start from zero)"
-AUTO_SWAP = -1
 
 
 def run_directory(run_name: str) -> Path:
@@ -35,22 +32,11 @@ def run_directory(run_name: str) -> Path:
     return host.output_directory() / "qwen_lora_training" / "runs" / check_run_name(run_name)
 
 
-def trainer_signature(models, cached, lora_cfg, optim_cfg, train_cfg, init_lora=None) -> str:
-    """What a live trainer was built from; the same inputs continue it instead of starting over."""
-    parts = {
-        "init_lora": str(init_lora),
-        "models": id(models.transformer),
-        "samples": [(s.latent_key, s.text_key) for s in cached.samples],
-        "repeats": cached.repeats,
-        "lora": to_dict(lora_cfg), "optimizer": to_dict(optim_cfg), "train": to_dict(train_cfg),
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
-
-
 class QwenLoRAInitTrainer:
     DESCRIPTION = (
         "Creates the trainer (LoRA on the transformer, optimizer, schedule, data order) or, when a trainer of "
-        "this run name built from the same inputs is alive, hands that one on so training continues."
+        "this run name built from the same inputs is alive, hands that one on so training continues. One loaded "
+        "model trains one run at a time: starting another run on it checkpoints and retires the first."
     )
     CATEGORY = CATEGORY
     FUNCTION = "init"
@@ -66,10 +52,6 @@ class QwenLoRAInitTrainer:
             "lora_config": (LORA_CONFIG, {"tooltip": "From the LoRA Config node."}),
             "optimizer_config": (OPTIMIZER_CONFIG, {"tooltip": "From the Optimizer node."}),
             **{WIDGET_NAMES.get(n, n): spec for n, spec in widgets(TrainConfig, *TRAIN_WIDGETS).items()},
-            "blocks_to_swap": widget(TrainConfig, "blocks_to_swap", default=AUTO_SWAP, min=AUTO_SWAP, tooltip=(
-                "Transformer blocks whose frozen weights stay in CPU RAM and are copied to the GPU when needed "
-                "(slower, less VRAM). -1 = auto: the fewest that fit the GPU's free memory, from the memory "
-                "plan shown in the status output.")),
             "continue_from_lora": ([NO_LORA, *host.model_file_list("loras")], {
                 "default": NO_LORA,
                 "tooltip": "Start from this LoRA file (ComfyUI, diffusers or kohya/musubi layout) instead of from "
@@ -78,40 +60,53 @@ class QwenLoRAInitTrainer:
             }),
         }}
 
+    @classmethod
+    def IS_CHANGED(cls, run_name="", **_):
+        # Run again once the run's trainer was retired or released, so the next queue rebuilds it (an
+        # unchanged count keeps ComfyUI's cached output: the live trainer).
+        return runs.changes(run_name)
+
     def init(self, models, cached_dataset, lora_config, optimizer_config, continue_from_lora=NO_LORA, **widget_values):
         names = {widget: field for field, widget in WIDGET_NAMES.items()}
         train_cfg = TrainConfig(**{names.get(k, k): v for k, v in widget_values.items()})
-        train_cfg.validate(num_blocks=models.num_blocks)
         init_lora = None if continue_from_lora == NO_LORA else host.model_file_path("loras", continue_from_lora)
-        signature = trainer_signature(models, cached_dataset, lora_config, optimizer_config, train_cfg, init_lora)
-        live = registry.find(train_cfg.run_name, signature)
-        if live is not None:
-            return (live, f"continuing run '{train_cfg.run_name}' at step {live.step} (still in memory)")
-        # One adapter per model at a time: finish (checkpoint) and detach whatever trains this model now.
-        retiring = registry.retire_users_of(models.transformer)
-        stale = registry.retire(train_cfg.run_name)
-        for old in retiring + ([stale] if stale is not None and stale not in retiring else []):
-            with engine_mode():
-                old.checkpoint_if_behind()
-            old.close()
-        host.free_host_models()  # before the Trainer plans 'auto' swapping against the free memory
-        run_dir = run_directory(train_cfg.run_name)
         with engine_mode():
-            trainer = Trainer(models, cached_dataset, lora_config, optimizer_config, train_cfg, run_dir=run_dir,
-                              init_lora=init_lora)
-            try:
-                resumed = trainer.resume()
-            except BaseException:
-                trainer.close()  # leave the model without a half-made adapter
-                raise
-        log.info("[qwen-lora] memory plan for run '%s':\n%s", train_cfg.run_name, trainer.memory_plan)
-        registry.register(train_cfg.run_name, trainer, signature)
-        if resumed:
-            status = f"resumed run '{train_cfg.run_name}' from its checkpoint at step {trainer.step} ({run_dir})"
-        else:
-            status = f"started run '{train_cfg.run_name}' at step 0; checkpoints go to {run_dir}"
+            run = runs.open_run(models, cached_dataset, lora_config, optimizer_config, train_cfg,
+                                run_dir=run_directory(train_cfg.run_name), init_lora=init_lora,
+                                before_build=host.free_host_models)  # 'auto' swapping plans on a GPU freed of them
+        log.info("[qwen-lora] %s", run.status)
+        return (run.trainer, run.status)
+
+
+class QwenLoRARelease:
+    DESCRIPTION = (
+        "Gives the run's memory back so ComfyUI can load its own models in this canvas: checkpoints the run, "
+        "drops its LoRA and optimizer from the GPU, frees its pinned RAM and moves the loaded model to the CPU. "
+        "Queue again and Init Trainer resumes the run from its checkpoint."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "release"
+    OUTPUT_NODE = True
+    RETURN_TYPES = ("STRING",)
+    RETURN_NAMES = ("status",)
+    OUTPUT_TOOLTIPS = ("What was released.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "trainer": (TRAINER, {"tooltip": "From Save LoRA's trainer output or Train Steps: the run to release."}),
+        }}
+
+    @classmethod
+    def IS_CHANGED(cls, **_):
+        return float("nan")  # a release is an action: do it on every queue
+
+    def release(self, trainer):
+        with engine_mode():
+            status = runs.release(trainer.train_cfg.run_name) if trainer.live else \
+                f"run '{trainer.train_cfg.run_name}' holds no memory: {trainer.retired_reason}"
         log.info("[qwen-lora] %s", status)
-        return (trainer, f"{status}\nblocks_to_swap: {trainer.train_cfg.blocks_to_swap}\n\n{trainer.memory_plan}")
+        return {"ui": {"text": [status]}, "result": (status,)}
 
 
 class QwenLoRATrain:

@@ -64,9 +64,12 @@ class GraphRunner:
         """Run every node of `prompt`; return node id -> outputs of this run."""
         self.executed = []
         memo, outputs = {}, {}
+        order = self._order(prompt)
+        # As ComfyUI does, every node's signature (IS_CHANGED included) is taken before any node runs.
+        signatures = {node_id: self._signature(prompt, node_id, memo) for node_id in order}
         with torch.inference_mode():
-            for node_id in self._order(prompt):
-                signature = self._signature(prompt, node_id, memo)
+            for node_id in order:
+                signature = signatures[node_id]
                 cached = self.cache.get(node_id)
                 if cached and cached[0] == signature:
                     outputs[node_id] = cached[1]

@@ -185,7 +185,7 @@ def test_full_disk_while_saving_the_lora_keeps_the_previous_file(pack, graph, tm
 def test_resuming_with_a_different_rank(pack, graph):
     runner, prompt = graph
     runner.run(prompt)
-    pack_module(pack, "trainer_core.registry").retire(prompt["6"]["inputs"]["run_name"]).close()
+    pack_module(pack, "trainer_core.runs").release(prompt["6"]["inputs"]["run_name"])
     prompt["4"]["inputs"]["rank"] = 8
     with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError,
                        match="rank: checkpoint 16, now 8.*new run_name"):

@@ -32,7 +32,7 @@ def reference_adapter(pack, tmp_path, demo_folder, chunks):
         prompt["7"]["inputs"]["steps"] = steps
         trainer = runner.run(prompt)["7"][0]
     result = adapter(trainer)
-    pack_module(pack, "trainer_core.registry").retire("reference").close()
+    pack_module(pack, "trainer_core.runs").release("reference")
     return result
 
 
@@ -45,9 +45,9 @@ def test_cancel_stops_at_a_step_boundary_checkpoints_and_continues(pack, tmp_pat
     prompt = tiny_prompt(tmp_path, demo_folder, steps=5)
     with pytest.raises(exc):
         runner.run(prompt)
-    registry = pack_module(pack, "trainer_core.registry")
+    runs = pack_module(pack, "trainer_core.runs")
     run_name = prompt["6"]["inputs"]["run_name"]
-    trainer = registry.find(run_name, registry._live[run_name][1])
+    trainer = runs.find(run_name)
     assert trainer.step == 2
     run_dir = output_dirs / "qwen_lora_training" / "runs" / run_name
     assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["step"] == 2
@@ -57,15 +57,15 @@ def test_cancel_stops_at_a_step_boundary_checkpoints_and_continues(pack, tmp_pat
     expected = reference_adapter(pack, tmp_path, demo_folder, chunks=(2, 5))
     got = adapter(trainer)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
-    registry.retire(run_name).close()
+    runs.release(run_name)
 
 
 def test_restart_rebuilds_the_trainer_from_its_checkpoint(pack, tmp_path, demo_folder, output_dirs):
     prompt = tiny_prompt(tmp_path, demo_folder, steps=3)
     GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
-    registry = pack_module(pack, "trainer_core.registry")
+    runs = pack_module(pack, "trainer_core.runs")
     run_name = prompt["6"]["inputs"]["run_name"]
-    registry.retire(run_name).close()  # the server restarted: nothing of the run is left in memory
+    runs.release(run_name)  # the server restarted: nothing of the run is left in memory
 
     fresh = GraphRunner(pack.NODE_CLASS_MAPPINGS)  # and every cached output is gone
     outputs = fresh.run(prompt)
@@ -74,7 +74,7 @@ def test_restart_rebuilds_the_trainer_from_its_checkpoint(pack, tmp_path, demo_f
     expected = reference_adapter(pack, tmp_path, demo_folder, chunks=(3, 3))
     got = adapter(outputs["7"][0])
     assert all(torch.equal(expected[k], got[k]) for k in expected)
-    registry.retire(run_name).close()
+    runs.release(run_name)
 
 
 def test_changed_rank_with_the_same_run_name_is_an_error_that_names_it(pack, tmp_path, demo_folder, output_dirs):
@@ -82,6 +82,6 @@ def test_changed_rank_with_the_same_run_name_is_an_error_that_names_it(pack, tmp
     prompt = tiny_prompt(tmp_path, demo_folder, steps=1)
     GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
     prompt["4"]["inputs"]["rank"] = 32
-    pack_module(pack, "trainer_core.registry").retire(prompt["6"]["inputs"]["run_name"]).close()
+    pack_module(pack, "trainer_core.runs").release(prompt["6"]["inputs"]["run_name"])
     with pytest.raises(UserInputError, match="rank: checkpoint 16, now 32"):
         GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)

@@ -70,7 +70,9 @@ def test_checkpoints_every_n_steps_and_at_the_end_keeping_two(demo_folder, tmp_p
 
 
 def test_resuming_with_another_rank_or_optimizer_names_the_difference(demo_folder, tmp_path):
-    make(tmp_path, demo_folder).train(2)
+    first = make(tmp_path, demo_folder)
+    first.train(2)
+    first.close()  # one trainer per run folder
     with pytest.raises(UserInputError, match=r"rank: checkpoint 4, now 8.*use a\s+new run_name"):
         make(tmp_path, demo_folder, lora=LoraConfig(rank=8, alpha=4.0)).resume()
     with pytest.raises(UserInputError, match="optimizer: checkpoint 'adamw8bit', now 'adamw'"):
@@ -83,6 +85,7 @@ def test_resume_uses_the_newest_complete_checkpoint(demo_folder, tmp_path):
     root = ckpt.checkpoints_dir(tmp_path / "run")
     (root / "step_000003" / "state.safetensors").write_bytes(b"cut short")  # as if the disk filled up
     (root / "latest.json").unlink()
+    t.close()  # one trainer per run folder
     again = make(tmp_path, demo_folder)
     assert again.resume() and again.step == 2
 

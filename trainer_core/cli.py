@@ -39,7 +39,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                        compute_dtype=torch.float32, text_encoder_fp8=args.text_encoder_fp8)
         print(f"model: {components.name} from {', '.join(files)}")
     result = run_demo(args.out, steps=args.steps, seed=args.seed, components=components,
-                      resume=args.resume)
+                      resume=args.resume, blocks_to_swap=args.blocks_to_swap)
     print(f"loss: first step {result.first_loss:.4f}, last step {result.last_loss:.4f} ({result.steps} steps)")
     print(f"lora:      {result.lora}")
     print(f"preview:   {result.preview}")
@@ -76,13 +76,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if choice.fits else 1
 
 
+def _swap_count(text: str) -> int:
+    """argparse type for --blocks-to-swap: a number or 'auto', with the engine's own message when wrong."""
+    from .config import parse_blocks_to_swap
+    from .errors import UserInputError
+
+    try:
+        return parse_blocks_to_swap(text)
+    except UserInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .config import LORA_TARGET_PRESETS
+
     parser = argparse.ArgumentParser(prog="python -m trainer_core", description="Qwen-Image LoRA trainer engine.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a small LoRA on the built-in tiny model and a generated dataset")
     demo.add_argument("--steps", type=int, default=200, help="total optimizer steps (default 200)")
     demo.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--blocks-to-swap", type=_swap_count, default=1, metavar="N|auto",
+                      help="blocks whose frozen weights stay in CPU RAM (default 1, to exercise swapping); 'auto' "
+                           "picks the fewest that fit the GPU from the memory plan (none on a CPU)")
     demo.add_argument("--resume", action="store_true",
                       help="continue from the checkpoint in --out up to --steps total steps")
     demo.add_argument("--transformer", help="train this transformer file (e.g. from export-tiny) instead of the "
@@ -100,8 +116,6 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--layout", choices=("comfyui", "diffusers"), default="comfyui")
     export.add_argument("--seed", type=int, default=0)
     export.set_defaults(func=cmd_export_tiny)
-
-    from .config import LORA_TARGET_PRESETS
 
     plan = sub.add_parser(
         "plan", help="predict GPU memory and host RAM of a training setup (real Qwen-Image), term by term",

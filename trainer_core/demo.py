@@ -20,8 +20,7 @@ from .data import discover
 from .models.components import QwenImageComponents
 from .models.tiny import build_tiny_components
 from .plot import loss_plot
-from .sampling import sample_image
-from .trainer import Trainer
+from .runs import open_run, release
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 70, 220), "yellow": (235, 200, 30)}
 SHAPES = ("circle", "square")
@@ -29,6 +28,7 @@ PREVIEW_PROMPT = "a red circle on a white background"
 # The cosine schedule's length is fixed (not --steps), so `demo --steps 3` resumed to 6 follows the very
 # same learning rates as `demo --steps 6`.
 SCHEDULE_STEPS = 200
+RUN_NAME = "demo"
 
 
 def make_demo_dataset(folder: str | Path, size: int = 64) -> Path:
@@ -58,9 +58,10 @@ class DemoResult:
 
 
 def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = False, log=print,
-             components: QwenImageComponents | None = None) -> DemoResult:
+             components: QwenImageComponents | None = None, blocks_to_swap: int | str = 1) -> DemoResult:
     """Train to `steps` total steps on the generated dataset; with `resume`, continue from the checkpoint in
-    `out` first. `components` default to the built-in tiny model (float8 blocks)."""
+    `out` first. `components` default to the built-in tiny model (float8 blocks). `blocks_to_swap` may be
+    'auto'. The run goes through the same recipe as the nodes (`runs.open_run`) and is released at the end."""
     out = Path(out)
     run_dir = out / "run"
     if not resume:
@@ -71,24 +72,29 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = Fa
     dataset_cfg = DatasetConfig(folder=str(dataset_dir), resolution=64, min_bucket_side=32, max_bucket_side=128)
     cached = build_cache(components, discover(dataset_cfg), out / "cache", preview_prompts=[PREVIEW_PROMPT])
     log(f"cache: {cached.report.summary()}")
-    trainer = Trainer(
+    run = open_run(
         components, cached,
         LoraConfig(rank=8, alpha=8.0, targets="all"),
         OptimizerConfig(optimizer="adamw8bit", learning_rate=2e-3, warmup_steps=10, schedule="cosine",
                         schedule_steps=SCHEDULE_STEPS, min_lr_ratio=0.1),
-        TrainConfig(run_name="demo", seed=seed, micro_batch_size=2, gradient_checkpointing=True, blocks_to_swap=1,
-                    checkpoint_every=50),
+        TrainConfig(run_name=RUN_NAME, seed=seed, micro_batch_size=2, gradient_checkpointing=True,
+                    blocks_to_swap=blocks_to_swap, checkpoint_every=50),
         run_dir=run_dir,
     )
+    trainer = run.trainer
+    log(f"blocks_to_swap: {trainer.train_cfg.blocks_to_swap}" + (" (auto)" if trainer.requested_train_cfg.auto_swap else ""))
     if resume:
-        log(f"resumed from step {trainer.step}" if trainer.resume() else f"no checkpoint in {run_dir}: starting at step 0")
-    trainer.train(max(0, steps - trainer.step),
-                  on_step=lambda r: log(f"step {r.step:4d}  loss {r.loss:.4f}  lr {r.lr:.2e}")
-                  if r.step == 1 or r.step % 25 == 0 else None)
-    lora = trainer.save_lora(out / "demo_lora.safetensors")
-    preview = out / "preview.png"
-    sample_image(components, cached, PREVIEW_PROMPT, "", width=64, height=64, steps=20, cfg_scale=4.0,
-                 seed=seed).resize((256, 256), Image.Resampling.NEAREST).save(preview)
+        log(f"resumed from step {trainer.step}" if run.action == "resumed" else f"no checkpoint in {run_dir}: starting at step 0")
+    try:
+        trainer.train(max(0, steps - trainer.step),
+                      on_step=lambda r: log(f"step {r.step:4d}  loss {r.loss:.4f}  lr {r.lr:.2e}")
+                      if r.step == 1 or r.step % 25 == 0 else None)
+        lora = trainer.save_lora(out / "demo_lora.safetensors")
+        preview = out / "preview.png"
+        trainer.sample_preview(PREVIEW_PROMPT, "", width=64, height=64, steps=20, cfg_scale=4.0,
+                               seed=seed).resize((256, 256), Image.Resampling.NEAREST).save(preview)
+    finally:
+        release(RUN_NAME)  # the demo is a whole program: leave no live run behind
     plot = out / "loss.png"
     loss_plot(trainer.loss_history, title="demo loss").save(plot)
     (out / "losses.json").write_text(json.dumps(trainer.loss_history))

@@ -72,7 +72,8 @@ class PinnedArena:
     def __init__(self, tensors: list[torch.Tensor], pin: bool):
         sizes = [t.numel() * t.element_size() for t in tensors]
         caps, places = arena_layout(sizes)
-        self.chunks = [torch.empty(cap, dtype=torch.uint8, pin_memory=pin) for cap in caps]
+        self.chunks: list[torch.Tensor | None] = [torch.empty(cap, dtype=torch.uint8, pin_memory=pin) for cap in caps]
+        self.chunk_of = [c for c, _ in places]  # arena chunk index of each tensor, in order
         self.views = []
         for t, size, (c, offset) in zip(tensors, sizes, places):
             view = self.chunks[c][offset:offset + size].view(t.dtype).view(t.shape)
@@ -81,7 +82,7 @@ class PinnedArena:
 
     @property
     def bytes(self) -> int:
-        return sum(c.numel() for c in self.chunks)
+        return sum(c.numel() for c in self.chunks if c is not None)
 
 
 class BlockSwapper:
@@ -176,6 +177,20 @@ class BlockSwapper:
             for lin, w in zip(self.linears[i], self.master[i]):
                 lin.weight.data = w
         self.slot_owner = [None] * self.num_slots
+        self.slots = []
+
+    def unpin(self) -> None:
+        """Move the master weights into ordinary (pageable) memory and give the pinned arena back, one chunk
+        at a time, so no more than one chunk is ever held twice. Call after `release`."""
+        flat = [(lin, i, k) for i in self.swapped for k, lin in enumerate(self.linears[i])]
+        last_user = {c: n for n, c in enumerate(self.arena.chunk_of)}  # the last tensor placed in each chunk
+        for n, (lin, i, k) in enumerate(flat):
+            plain = self.master[i][k].clone()
+            self.master[i][k] = lin.weight.data = plain
+            chunk = self.arena.chunk_of[n]
+            if last_user[chunk] == n:
+                self.arena.chunks[chunk] = None
+        self.arena.views = []
 
 
 class _BackwardMark(torch.autograd.Function):
@@ -239,15 +254,25 @@ class BlockRunner:
             outputs = _BackwardMark.apply(before_backward, *outputs)
         return outputs
 
-    def uninstall(self) -> None:
+    def uninstall(self, unpin: bool = False) -> None:
         """Restore the blocks' own forward and full weights. The model stays where it is: resident blocks
         on the device, swapped blocks' Linear weights on their CPU master copies (a later BlockRunner
-        places everything again)."""
+        places everything again). `unpin`: those masters move to pageable memory, the pinned arena is freed."""
         if self.swapper is not None:
             self.swapper.release()
+            if unpin:
+                self.swapper.unpin()
+            self.swapper = None
         for block in self.transformer.transformer_blocks:
             if _is_ours(block.forward):
                 block.forward = block.forward.__wrapped_forward__
+
+
+def uninstall_leftover_runner(transformer: nn.Module) -> None:
+    """Uninstall a BlockRunner whose trainer was dropped without closing it (its wrappers keep it alive)."""
+    forward = transformer.transformer_blocks[0].forward
+    if _is_ours(forward):
+        forward.func.__self__.uninstall()
 
 
 def _is_ours(forward) -> bool:

@@ -18,11 +18,13 @@ import errno
 import json
 import math
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 from . import checkpoint as ckpt
 from .batching import DataOrder
@@ -37,7 +39,9 @@ from .models.components import QwenImageComponents
 from .models.latents import pack_latents
 from .models.text import pad_prompt_batch
 from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, velocity_target
-from .offload import BlockRunner
+from .offload import BlockRunner, uninstall_leftover_runner
+from .run_lock import RunLock
+from .sampling import sample_image
 from .optim import build_optimizer, set_learning_rate
 
 
@@ -97,10 +101,44 @@ class Trainer:
         self.components = components
         self.dataset = dataset
         self.lora_cfg, self.optim_cfg, self.train_cfg = lora, optimizer, train
+        self.requested_lora_cfg = lora  # before a LoRA file to continue from replaces rank and alpha
+        self.requested_train_cfg = train  # blocks_to_swap may say 'auto' here
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.device = components.device
         self.compute_dtype = components.compute_dtype
         self.transformer = components.transformer
+        self.params: list[torch.nn.Parameter] = []
+        self.runner: BlockRunner | None = None
+        self.optimizer = None
+        self.lock: RunLock | None = None
+        # Why this trainer may no longer be used (set by `retire`); None while it is live.
+        self.retired_reason: str | None = None
+        self._claim_model_set()
+        try:
+            # One trainer per run folder, in this process or any other (before anything touches the model).
+            if self.run_dir is not None:
+                self.lock = RunLock(self.run_dir)
+                self.lock.acquire(owner=f"run '{train.run_name}'")
+            self._build(components, dataset, lora, optimizer, train, init_lora)
+        except BaseException:
+            self.close()  # the model without a half-made adapter, the run folder unlocked
+            raise
+
+    def _claim_model_set(self) -> None:
+        """A trainer owns its adapter, and a model set carries one adapter: refuse a second live trainer
+        (`runs.open_run` retires the previous one first) rather than train each other's weights."""
+        holder = self.components.trainer_ref() if self.components.trainer_ref is not None else None
+        if holder is not None and holder.live:
+            raise UserInputError(
+                f"this model set is being trained by run '{holder.train_cfg.run_name}'; one loaded model trains one "
+                "LoRA at a time. Retire or release that run first (runs.open_run does so), or load the model again."
+            )
+        if holder is None and self.components.trainer_ref is not None:  # a trainer dropped without close()
+            uninstall_leftover_runner(self.transformer)
+            remove_lora(self.transformer)
+        self.components.trainer_ref = weakref.ref(self)
+
+    def _build(self, components, dataset, lora, optimizer, train, init_lora) -> None:
         self.base_fingerprint = components.fingerprint("transformer")  # before the adapter joins the model
         self.init_lora: LoraFile | None = None
         modules = None
@@ -113,8 +151,7 @@ class Trainer:
                 targets=matching_preset(self.transformer, modules) or lora.targets)
         self.lora_modules = modules or target_module_names(self.transformer, lora.targets)
         # blocks_to_swap 'auto' becomes a number here, from the memory plan at the dataset's largest bucket
-        # (against the device's free memory now: free other models first). `requested_train_cfg` keeps 'auto'.
-        self.requested_train_cfg = train
+        # (against the device's free memory now: free other models first).
         resolved_swap, self.memory_plan = plan_run(components, dataset, lora, optimizer, train)
         self.train_cfg = train = dataclasses.replace(train, blocks_to_swap=resolved_swap)
         self.params = inject_lora(self.transformer, lora, seed=train.seed, modules=self.lora_modules)
@@ -140,6 +177,7 @@ class Trainer:
     def train(self, n_steps: int, on_step: Callable[[StepReport], None] | None = None) -> TrainReport:
         """Run `n_steps` more optimizer steps. `on_step` runs after each finished step and may raise (a
         ComfyUI interrupt, say) to stop at that step boundary: the trainer checkpoints and stays usable."""
+        self.require_live()
         report = TrainReport(first_step=self.step + 1, last_step=self.step)
         started = time.perf_counter()
         bad_in_a_row = 0
@@ -339,6 +377,7 @@ class Trainer:
     # outputs
 
     def lora_state_dict(self, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> dict[str, torch.Tensor]:
+        self.require_live()
         return lora_file_tensors(self.transformer, self.lora_cfg.rank, self.lora_cfg.alpha, dtype, layout)
 
     def lora_metadata(self, layout: str = "comfyui") -> dict[str, str]:
@@ -355,6 +394,14 @@ class Trainer:
         extra.update(layout_metadata(layout, self.lora_cfg.rank, self.lora_cfg.alpha))
         return lora_metadata(self.lora_cfg, init_steps + self.step, self.components.name, extra)
 
+    def sample_preview(self, prompt: str, negative_prompt: str = "", width: int = 1024, height: int = 1024,
+                       steps: int = 20, cfg_scale: float = 4.0, seed: int = 0,
+                       progress: Callable[[int, int], None] | None = None) -> Image.Image:
+        """An image from the adapter as it is now (`sampling.sample_image`; the prompts must be cached)."""
+        self.require_live()
+        return sample_image(self.components, self.dataset, prompt, negative_prompt, width, height, steps, cfg_scale,
+                            seed, progress=progress)
+
     def save_lora(self, path, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> Path:
         """Write the adapter in `layout` (lora_files.LORA_LAYOUTS; default ComfyUI's), atomically; return the path."""
         try:
@@ -364,15 +411,52 @@ class Trainer:
                                f"Any earlier {Path(path).name} is intact and the trainer still holds step "
                                f"{self.step}.") from None
 
-    def close(self) -> None:
-        """Give the transformer back as it was (no adapter, blocks' own forward) and free optimizer state.
+    # ----------------------------------------------------------------------------------------------
+    # lifetime
 
-        The model set can then be trained again by a new Trainer.
+    @property
+    def live(self) -> bool:
+        return self.retired_reason is None
+
+    def require_live(self) -> None:
+        """Raise the reason this trainer was retired (another run took its model, or it was released)."""
+        if self.retired_reason is not None:
+            raise UserInputError(self.retired_reason)
+
+    def retire(self, reason: str, unpin: bool = False) -> None:
+        """Checkpoint, give the model back (`close`), let go of the model set and the dataset, and refuse any
+        further use with `reason`. The loss history stays (a loss plot still works)."""
+        if self.retired_reason is not None:
+            return
+        try:
+            if self.params:
+                self.checkpoint_if_behind()
+        finally:
+            self.retired_reason = reason
+            self.close(unpin=unpin)
+            self.components = self.transformer = self.dataset = None
+
+    def close(self, unpin: bool = False) -> None:
+        """Give the transformer back as it was (no adapter, blocks' own forward), drop every tensor this
+        trainer owns (adapter, gradients, optimizer state, swap slots) and unlock the run folder.
+
+        The model set can then be trained again by a new Trainer. `unpin`: also move the swapped blocks'
+        master weights out of pinned memory (when the model set is released rather than handed on).
         """
-        self.runner.uninstall()
-        remove_lora(self.transformer)
-        self.optimizer.state.clear()
-        self.params = []
+        if self.components is None:  # retired: closed already
+            return
+        if self.runner is not None:
+            self.runner.uninstall(unpin=unpin)
+        owner = self.components.trainer_ref() if self.components.trainer_ref is not None else None
+        if owner is self:  # never take out an adapter that another trainer owns
+            remove_lora(self.transformer)
+            self.components.trainer_ref = None
+        if self.optimizer is not None:
+            self.optimizer.state.clear()
+            self.optimizer.param_groups.clear()
+        self.params, self.runner, self.optimizer = [], None, None
+        if self.lock is not None:
+            self.lock.release()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

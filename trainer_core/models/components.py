@@ -33,6 +33,8 @@ class QwenImageComponents:
     # meets a new caption; None when the source cannot be read again.
     text_encoder_loader: Callable[[], tuple[nn.Module, Any]] | None = field(default=None, repr=False)
     _fingerprints: dict[str, str] = field(default_factory=dict, repr=False)
+    # The trainer whose adapter is in the transformer now (a weak reference; see Trainer._claim_model_set).
+    trainer_ref: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_blocks(self) -> int:

@@ -1,0 +1,208 @@
+"""The run recipe: the one path from settings to a live trainer, for the nodes, the demo and the CLI.
+
+    run = open_run(components, dataset, lora, optimizer, train, run_dir="out/run")
+    run.trainer.train(100)
+    release(run.trainer.train_cfg.run_name)      # checkpoint, free GPU memory and pinned RAM
+
+`open_run` gets or creates the run of `train.run_name`:
+- the live trainer of that name, built from the same inputs: continue it (nothing is rebuilt);
+- the live trainer of that name with other settings: if they may change between runs (learning rate,
+  schedule, swap count, ...), checkpoint and retire it, then build a new trainer that resumes from that
+  checkpoint bit-exactly; if not (rank, alpha, targets, LoRA dtype, optimizer kind, base weights), an error
+  that names each difference, and the live trainer goes on untouched;
+- no live trainer: build one and resume from the run folder's newest checkpoint, if any.
+
+Ownership: a trainer owns its adapter and a model set carries one adapter, so at most one live trainer
+per model set. Opening a run on a model set that another run trains checkpoints and retires that run;
+its trainer then refuses every use with an error naming both runs (never a silent mix of adapters).
+`blocks_to_swap='auto'` is resolved by the Trainer from the memory plan (see `memory.plan_run`), after
+`before_build` ran (a host frees its own models there).
+
+Live trainers are kept here by run name, because a host may drop the object that holds one (ComfyUI
+evicts cached node outputs under memory pressure): the next `open_run` of that name finds it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .cache import CachedDataset
+from .config import LoraConfig, OptimizerConfig, TrainConfig, check_run_name, to_dict
+from .errors import UserInputError
+from .models.components import QwenImageComponents
+from .trainer import MUST_MATCH_LORA, Trainer
+
+
+@dataclass
+class OpenedRun:
+    trainer: Trainer
+    action: str  # "continued" (the live trainer), "resumed" (from a checkpoint) or "started" (at step 0)
+    status: str  # one paragraph for a person: what happened, the swap count, the memory plan
+
+
+@dataclass
+class _Live:
+    trainer: Trainer
+    signature: str
+
+
+_lock = threading.RLock()
+_live: dict[str, _Live] = {}  # run name -> its live trainer
+_changes: dict[str, int] = {}  # run name -> how often its live trainer was retired or released
+
+
+def open_run(
+    components: QwenImageComponents,
+    dataset: CachedDataset,
+    lora: LoraConfig,
+    optimizer: OptimizerConfig,
+    train: TrainConfig,
+    run_dir: str | Path | None,
+    init_lora: str | Path | None = None,
+    before_build: Callable[[], None] | None = None,
+) -> OpenedRun:
+    """Get or create the run of `train.run_name` (see module docstring). `run_dir`: its checkpoints (None:
+    none, and nothing to resume). `before_build` runs only when a trainer is about to be built."""
+    name = check_run_name(train.run_name)
+    lora.validate()
+    optimizer.validate()
+    train.validate(num_blocks=components.num_blocks)
+    run_dir = Path(run_dir) if run_dir is not None else None
+    signature = run_signature(components, dataset, lora, optimizer, train, run_dir, init_lora)
+    with _lock:
+        live = _live.get(name)
+        if live is not None and live.trainer.live and live.signature == signature:
+            return OpenedRun(live.trainer, "continued",
+                             f"continuing run '{name}' at step {live.trainer.step} (still in memory)")
+        if live is not None and live.trainer.live:
+            conflicts = setting_conflicts(live.trainer, lora, optimizer, components)
+            if conflicts:
+                raise UserInputError(
+                    f"run '{name}' is training (step {live.trainer.step}) with other settings: {'; '.join(conflicts)}. "
+                    "Change them back to continue that run, or use a new run_name to start another."
+                )
+            _retire(name, f"run '{name}' was rebuilt with new settings at step {live.trainer.step}: use the trainer "
+                          "that its Init Trainer gives now.")
+        previous = components.trainer_ref() if components.trainer_ref is not None else None
+        if previous is not None and previous.live:
+            other = previous.train_cfg.run_name
+            kept = (f"Its training is kept in its checkpoint ({previous.run_dir})" if previous.run_dir is not None
+                    else "It had no run folder, so its training is gone")
+            _retire(other, f"run '{other}' was retired at step {previous.step}: run '{name}' started training the "
+                           f"same loaded model, and one loaded model trains one LoRA at a time. {kept}. To go on "
+                           f"with '{other}', run its Init Trainer again (and bypass or remove the other run's Init "
+                           "Trainer), or give both the same run_name.")
+        if before_build is not None:
+            before_build()
+        trainer = Trainer(components, dataset, lora, optimizer, train, run_dir=run_dir, init_lora=init_lora)
+        try:
+            resumed = trainer.resume()
+        except BaseException:
+            trainer.close()
+            raise
+        _live[name] = _Live(trainer, signature)
+    if resumed:
+        head = f"resumed run '{name}' from its checkpoint at step {trainer.step}{_where(run_dir)}"
+    else:
+        head = f"started run '{name}' at step 0" + (f"; checkpoints go to {run_dir}" if run_dir else "")
+    status = f"{head}\nblocks_to_swap: {_swap_text(trainer)}\n\n{trainer.memory_plan}"
+    return OpenedRun(trainer, "resumed" if resumed else "started", status)
+
+
+def release(run_name: str) -> str:
+    """Checkpoint the live trainer of `run_name`, drop it (adapter, optimizer, swap slots, pinned masters)
+    and move its model set to the CPU, so the GPU and pinned RAM go back to other work. The next
+    `open_run` of that name resumes from the checkpoint. Returns what was done, for a person."""
+    with _lock:
+        live = _live.get(run_name)
+        if live is None or not live.trainer.live:
+            return f"run '{run_name}' holds no memory (nothing to release)"
+        trainer, components = live.trainer, live.trainer.components
+        _retire(run_name, f"run '{run_name}' was released at step {trainer.step} (its memory was given back): "
+                          "queue again, and Init Trainer resumes it from its checkpoint.", unpin=True)
+        _park(components)
+    return (f"released run '{run_name}' at step {trainer.step}: GPU memory and pinned RAM freed, the model moved "
+            f"to the CPU; its checkpoint{_where(trainer.run_dir)} continues it")
+
+
+def release_all() -> list[str]:
+    """`release` every live run; their messages."""
+    return [release(name) for name in live_runs()]
+
+
+def live_runs() -> list[str]:
+    with _lock:
+        return [name for name, live in _live.items() if live.trainer.live]
+
+
+def find(run_name: str) -> Trainer | None:
+    """The live trainer of `run_name`, or None."""
+    with _lock:
+        live = _live.get(run_name)
+        return live.trainer if live is not None and live.trainer.live else None
+
+
+def changes(run_name: str) -> int:
+    """How often the live trainer of `run_name` was retired or released: a host re-runs its Init Trainer
+    when this changes (ComfyUI's IS_CHANGED), so a released run is rebuilt on the next queue."""
+    with _lock:
+        return _changes.get(run_name, 0)
+
+
+def _retire(run_name: str, reason: str, unpin: bool = False) -> None:
+    live = _live.pop(run_name, None)
+    if live is None:
+        return
+    _changes[run_name] = _changes.get(run_name, 0) + 1
+    live.trainer.retire(reason, unpin=unpin)
+
+
+def _park(components: QwenImageComponents) -> None:
+    """Move the model set off the GPU (the transformer's blocks and the VAE) and return cached memory."""
+    components.transformer.to("cpu")
+    if components.vae is not None:
+        components.vae.to("cpu")
+    if components.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_signature(components, dataset, lora, optimizer, train, run_dir, init_lora) -> str:
+    """What a live trainer was built from; the same inputs continue it instead of rebuilding it."""
+    parts = {
+        "models": id(components.transformer),
+        "samples": [(s.latent_key, s.text_key) for s in dataset.samples],
+        "repeats": dataset.repeats,
+        "lora": to_dict(lora), "optimizer": to_dict(optimizer), "train": to_dict(train),
+        "run_dir": str(run_dir), "init_lora": str(init_lora),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def setting_conflicts(trainer: Trainer, lora: LoraConfig, optimizer: OptimizerConfig,
+                      components: QwenImageComponents) -> list[str]:
+    """Differences between a live trainer and new settings that a run cannot continue across (the same
+    rule a checkpoint is held to: `Trainer.MUST_MATCH_LORA`, the optimizer kind, the base weights)."""
+    asked = trainer.requested_lora_cfg
+    conflicts = [f"{key}: running {getattr(asked, key)!r}, now {getattr(lora, key)!r}"
+                 for key in MUST_MATCH_LORA if getattr(asked, key) != getattr(lora, key)]
+    if trainer.optim_cfg.optimizer != optimizer.optimizer:
+        conflicts.append(f"optimizer: running {trainer.optim_cfg.optimizer!r}, now {optimizer.optimizer!r}")
+    if components is not trainer.components and components.fingerprint("transformer") != trainer.base_fingerprint:
+        conflicts.append(f"base model: running {trainer.components.name!r}, now {components.name!r} (different weights)")
+    return conflicts
+
+
+def _swap_text(trainer: Trainer) -> str:
+    chosen = trainer.train_cfg.blocks_to_swap
+    return f"{chosen} (auto)" if trainer.requested_train_cfg.auto_swap else str(chosen)
+
+
+def _where(run_dir: Path | None) -> str:
+    return f" ({run_dir})" if run_dir is not None else ""
