@@ -73,7 +73,8 @@ class QwenLoRAInitTrainer:
         with engine_mode():
             run = runs.open_run(models, cached_dataset, lora_config, optimizer_config, train_cfg,
                                 run_dir=run_directory(train_cfg.run_name), init_lora=init_lora,
-                                before_build=host.free_host_models)  # 'auto' swapping plans on a GPU freed of them
+                                before_build=host.free_host_models,  # 'auto' swapping plans on a freed GPU
+                                exclusive=True)  # one GPU, one training: an earlier model set's run lets go
         log.info("[qwen-lora] %s", run.status)
         return (run.trainer, run.status)
 

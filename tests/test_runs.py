@@ -251,3 +251,15 @@ def test_release_node_frees_the_run_and_the_next_queue_resumes_it(pack, tmp_path
     again = runner.run(prompt)  # Init Trainer runs again (its IS_CHANGED moved) and resumes
     assert "6" in runner.executed and again["6"][1].startswith(f"resumed run '{name}' from its checkpoint at step 2")
     assert again["7"][0].step == 4
+
+
+def test_a_run_on_a_new_model_set_releases_the_run_on_the_old_one(pack, tmp_path, demo_folder, output_dirs):
+    """The Load node re-ran (other settings): its old model set must not keep a trainer, and memory, alive."""
+    runs_ = pack_module(pack, "trainer_core.runs")
+    first = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(tiny_prompt(tmp_path / "a", demo_folder, steps=1))["7"][0]
+    old_models = first.components
+    second = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(tiny_prompt(tmp_path / "b", demo_folder, steps=1))["7"][0]
+    assert second.components is not old_models
+    assert runs_.live_runs() == [second.train_cfg.run_name]
+    assert not first.live and f"run '{second.train_cfg.run_name}' started" in first.retired_reason
+    assert not any(".lora_" in n for n in old_models.transformer.state_dict())

@@ -67,9 +67,12 @@ def open_run(
     run_dir: str | Path | None,
     init_lora: str | Path | None = None,
     before_build: Callable[[], None] | None = None,
+    exclusive: bool = False,
 ) -> OpenedRun:
     """Get or create the run of `train.run_name` (see module docstring). `run_dir`: its checkpoints (None:
-    none, and nothing to resume). `before_build` runs only when a trainer is about to be built."""
+    none, and nothing to resume). `before_build` runs only when a trainer is about to be built.
+    `exclusive`: release every other live run, on other model sets too (one GPU, one training: a host
+    that replaced its model set must not keep the old one's trainer and memory alive)."""
     name = check_run_name(train.run_name)
     lora.validate()
     optimizer.validate()
@@ -99,6 +102,12 @@ def open_run(
                            f"same loaded model, and one loaded model trains one LoRA at a time. {kept}. To go on "
                            f"with '{other}', run its Init Trainer again (and bypass or remove the other run's Init "
                            "Trainer), or give both the same run_name.")
+        if exclusive:
+            # (A run on this same model set is retired below without moving the model off the GPU.)
+            for other in [n for n in live_runs() if n != name and _live[n].trainer.components is not components]:
+                _release(other, f"run '{other}' was released at step {_live[other].trainer.step}: run '{name}' "
+                                "started, and one run trains at a time here. Run its Init Trainer again to resume it "
+                                "from its checkpoint.")
         if before_build is not None:
             before_build()
         trainer = Trainer(components, dataset, lora, optimizer, train, run_dir=run_dir, init_lora=init_lora)
@@ -124,10 +133,9 @@ def release(run_name: str) -> str:
         live = _live.get(run_name)
         if live is None or not live.trainer.live:
             return f"run '{run_name}' holds no memory (nothing to release)"
-        trainer, components = live.trainer, live.trainer.components
-        _retire(run_name, f"run '{run_name}' was released at step {trainer.step} (its memory was given back): "
-                          "queue again, and Init Trainer resumes it from its checkpoint.", unpin=True)
-        _park(components)
+        trainer = live.trainer
+        _release(run_name, f"run '{run_name}' was released at step {trainer.step} (its memory was given back): "
+                           "queue again, and Init Trainer resumes it from its checkpoint.")
     return (f"released run '{run_name}' at step {trainer.step}: GPU memory and pinned RAM freed, the model moved "
             f"to the CPU; its checkpoint{_where(trainer.run_dir)} continues it")
 
@@ -162,6 +170,12 @@ def _retire(run_name: str, reason: str, unpin: bool = False) -> None:
         return
     _changes[run_name] = _changes.get(run_name, 0) + 1
     live.trainer.retire(reason, unpin=unpin)
+
+
+def _release(run_name: str, reason: str) -> None:
+    components = _live[run_name].trainer.components
+    _retire(run_name, reason, unpin=True)
+    _park(components)
 
 
 def _park(components: QwenImageComponents) -> None:
