@@ -263,3 +263,21 @@ def test_a_run_on_a_new_model_set_releases_the_run_on_the_old_one(pack, tmp_path
     assert runs_.live_runs() == [second.train_cfg.run_name]
     assert not first.live and f"run '{second.train_cfg.run_name}' started" in first.retired_reason
     assert not any(".lora_" in n for n in old_models.transformer.state_dict())
+
+
+def test_a_retirement_whose_checkpoint_fails_keeps_the_run_live(tiny_run, monkeypatch):
+    import errno
+
+    open_, _ = tiny_run
+    live = open_("a").trainer
+    live.train(2)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "save_file", disk_full)
+    with pytest.raises(UserInputError, match="disk is full.*still holds step 2"):
+        open_("b")
+    assert runs.find("a") is live and live.live and live.step == 2  # nothing lost, nothing half-retired
+    monkeypatch.undo()
+    assert open_("b").action == "started" and not live.live

@@ -165,11 +165,12 @@ def changes(run_name: str) -> int:
 
 
 def _retire(run_name: str, reason: str, unpin: bool = False) -> None:
-    live = _live.pop(run_name, None)
+    live = _live.get(run_name)
     if live is None:
         return
+    live.trainer.retire(reason, unpin=unpin)  # raises (checkpoint not written) with the run still live
+    del _live[run_name]
     _changes[run_name] = _changes.get(run_name, 0) + 1
-    live.trainer.retire(reason, unpin=unpin)
 
 
 def _release(run_name: str, reason: str) -> None:

@@ -428,13 +428,11 @@ class Trainer:
         further use with `reason`. The loss history stays (a loss plot still works)."""
         if self.retired_reason is not None:
             return
-        try:
-            if self.params:
-                self.checkpoint_if_behind()
-        finally:
-            self.retired_reason = reason
-            self.close(unpin=unpin)
-            self.components = self.transformer = self.dataset = None
+        if self.params:
+            self.checkpoint_if_behind()  # if this fails (a full disk) nothing is retired: no step is lost
+        self.retired_reason = reason
+        self.close(unpin=unpin)
+        self.components = self.transformer = self.dataset = None
 
     def close(self, unpin: bool = False) -> None:
         """Give the transformer back as it was (no adapter, blocks' own forward), drop every tensor this
