@@ -278,6 +278,6 @@ def test_a_retirement_whose_checkpoint_fails_keeps_the_run_live(tiny_run, monkey
     with pytest.raises(UserInputError, match="disk is full.*still holds step 0"):
         open_("b")
     assert runs.find("a") is live and live.live  # nothing lost, nothing half-retired
-    live.train(1)
     monkeypatch.undo()
+    live.train(1)
     assert open_("b").action == "started" and not live.live
