@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from trainer_core.config import LORA_TARGET_PRESETS, LoraConfig, OptimizerConfig
+from trainer_core.config import LoraConfig, OptimizerConfig
 from trainer_core.lora import inject_lora, remove_lora
 from trainer_core.memory import (
     GIB, PlanInputs, auto_blocks_to_swap, lora_tensor_sizes, optimizer_state_bytes, plan_memory, render_plan,
@@ -14,6 +14,7 @@ from trainer_core.memory import (
 from trainer_core.memory_activations import ActivationSettings, block_saved_bytes, block_working_bytes
 from trainer_core.memory_arch import arch_from_transformer, real_arch
 from trainer_core.memprobe import LiveBytes, probe_block
+from trainer_core.models.qwen_arch import LORA_TARGET_PRESETS
 from trainer_core.models.random import random_transformer
 from trainer_core.optim import build_optimizer
 from trainer_core.optim import optimizer_state_bytes as measured_state_bytes

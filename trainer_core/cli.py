@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--seed", type=int, default=0)
     export.set_defaults(func=cmd_export_tiny)
 
-    from .config import LORA_TARGET_PRESETS
+    from .models.qwen_arch import LORA_TARGET_PRESETS
 
     plan = sub.add_parser(
         "plan", help="predict GPU memory and host RAM of a training setup (real Qwen-Image), term by term",

@@ -18,7 +18,8 @@ import json
 import torch
 from torch import nn
 
-from .config import DEAD_IN_LAST_BLOCK, LORA_TARGET_PRESETS, LoraConfig
+from .config import LoraConfig
+from .models.qwen_arch import DEAD_IN_LAST_BLOCK, LORA_TARGET_PRESETS, block_module
 
 ADAPTER = "default"
 COMFY_PREFIX = "diffusion_model."
@@ -32,7 +33,7 @@ def target_module_names(transformer: nn.Module, preset: str) -> list[str]:
         for module in LORA_TARGET_PRESETS[preset]:
             if i == last and module in DEAD_IN_LAST_BLOCK:
                 continue
-            names.append(f"transformer_blocks.{i}.{module}")
+            names.append(block_module(i, module))
     return names
 
 

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import LORA_TARGET_PRESETS
 from .errors import UserInputError
 from .lora import COMFY_PREFIX, adapter_weights, comfyui_state_dict, lora_layers
+from .models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
 
 LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")
 DIFFUSERS_PREFIX = "transformer."
@@ -45,10 +45,7 @@ _UNSUPPORTED_SUFFIXES = (".dora_scale", ".diff", ".diff_b", ".w_norm", ".b_norm"
 _UNSUPPORTED_PARTS = (".lora_mid.", ".hada_", ".lokr_")
 
 # Linear modules of the Qwen-Image transformer, to undo kohya's '.' -> '_' (module names contain '_').
-_BLOCK_MODULES = LORA_TARGET_PRESETS["all"]
-_OUTER_MODULES = ("img_in", "txt_in", "proj_out", "norm_out.linear",
-                  "time_text_embed.timestep_embedder.linear_1", "time_text_embed.timestep_embedder.linear_2")
-_KOHYA_BLOCK = re.compile(r"transformer_blocks_(\d+)_(.+)")
+_KOHYA_BLOCK = re.compile(BLOCKS + r"_(\d+)_(.+)")
 
 
 @dataclass
@@ -116,10 +113,10 @@ def layout_metadata(layout: str, rank: int, alpha: float) -> dict[str, str]:
 def _kohya_module(stem: str) -> str:
     """'transformer_blocks_3_attn_to_q' -> 'transformer_blocks.3.attn.to_q' (unknown names stay as they are)."""
     if m := _KOHYA_BLOCK.fullmatch(stem):
-        inner = {n.replace(".", "_"): n for n in _BLOCK_MODULES}.get(m.group(2))
+        inner = {n.replace(".", "_"): n for n in BLOCK_LINEARS}.get(m.group(2))
         if inner:
-            return f"transformer_blocks.{m.group(1)}.{inner}"
-    return {n.replace(".", "_"): n for n in _OUTER_MODULES}.get(stem, stem)
+            return f"{BLOCKS}.{m.group(1)}.{inner}"
+    return {n.replace(".", "_"): n for n in OUTER_LINEARS}.get(stem, stem)
 
 
 def _split_key(key: str) -> tuple[str, str, str] | None:

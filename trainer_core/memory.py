@@ -26,11 +26,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .config import LORA_TARGET_PRESETS, LoraConfig, OptimizerConfig, TrainConfig
+from .config import LoraConfig, OptimizerConfig, TrainConfig
 from .memory_activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
 )
 from .memory_arch import QwenImageArch, real_arch, text_encoder_params, vae_params
+from .models.qwen_arch import LORA_TARGET_PRESETS
 from .offload import NUM_SLOTS, arena_layout
 
 GIB = 1024 ** 3

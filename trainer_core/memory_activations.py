@@ -32,19 +32,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import LORA_TARGET_PRESETS
 from .memory_arch import QwenImageArch
+from .models.qwen_arch import IMG_STREAM as IMG
+from .models.qwen_arch import LORA_TARGET_PRESETS
+from .models.qwen_arch import TXT_STREAM as TXT
 
-IMG = dict(mod="img_mod.1", q="attn.to_q", k="attn.to_k", v="attn.to_v", out="attn.to_out.0",
-           mlp0="img_mlp.net.0.proj", mlp2="img_mlp.net.2")
-TXT = dict(mod="txt_mod.1", q="attn.add_q_proj", k="attn.add_k_proj", v="attn.add_v_proj", out="attn.to_add_out",
-           mlp0="txt_mlp.net.0.proj", mlp2="txt_mlp.net.2")
 FP32 = 4
 
 
 @dataclass(frozen=True)
 class ActivationSettings:
-    preset: str  # LoRA target preset (config.LORA_TARGET_PRESETS)
+    preset: str  # LoRA target preset (models.qwen_arch.LORA_TARGET_PRESETS)
     rank: int
     lora_bytes: int  # 4 for float32 LoRA weights, 2 for bfloat16
     dropout: bool  # LoRA dropout > 0
