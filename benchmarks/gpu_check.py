@@ -30,8 +30,8 @@ import common  # noqa: F401  (puts the repository on sys.path)
 import torch
 
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.memory import GIB, MIB, PlanInputs, auto_blocks_to_swap, plan_memory
-from trainer_core.memory_arch import arch_from_transformer
+from trainer_core.planner.plan import GIB, MIB, PlanInputs, auto_blocks_to_swap, plan_memory
+from trainer_core.planner.arch import arch_from_transformer
 from trainer_core.models.random import random_transformer
 from trainer_core.trainer import Trainer
 

@@ -25,8 +25,8 @@ def main() -> None:
 
     from trainer_core.config import LoraConfig
     from trainer_core.lora import inject_lora, remove_lora
-    from trainer_core.memory_activations import ActivationSettings, block_saved_bytes
-    from trainer_core.memory_arch import arch_from_transformer
+    from trainer_core.planner.activations import ActivationSettings, block_saved_bytes
+    from trainer_core.planner.arch import arch_from_transformer
     from trainer_core.memprobe import probe_block
     from trainer_core.models.qwen_arch import LORA_TARGET_PRESETS
     from trainer_core.models.random import random_transformer

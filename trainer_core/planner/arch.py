@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .models.qwen_arch import BLOCKS, IMG_STREAM, LORA_TARGET_PRESETS, QWEN25_VL_7B_CONFIG, split_block_module
+from ..models.qwen_arch import BLOCKS, IMG_STREAM, LORA_TARGET_PRESETS, QWEN25_VL_7B_CONFIG, split_block_module
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class QwenImageArch:
 def arch_from_transformer(transformer: nn.Module, vae_scale_factor: int | None = None) -> QwenImageArch:
     """Read the planner's numbers from a `QwenImageTransformer2DModel` (meta, CPU or GPU; with or without
     a LoRA injected). Parameter counts come from shapes only, so float8 storage does not change them."""
-    from .lora import target_module_names
+    from ..lora import target_module_names
 
     cfg = transformer.config
     block = transformer.transformer_blocks[0]
@@ -137,7 +137,7 @@ def default_vae_scale_factor() -> int:
 @functools.lru_cache(maxsize=1)
 def real_arch() -> QwenImageArch:
     """The real Qwen-Image transformer's numbers, from a model built on the meta device (~0.3 s)."""
-    from .models.streaming import empty_transformer
+    from ..models.streaming import empty_transformer
 
     return arch_from_transformer(empty_transformer({}))
 

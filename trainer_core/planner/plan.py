@@ -26,13 +26,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .config import LoraConfig, OptimizerConfig, TrainConfig
-from .memory_activations import (
+from ..config import LoraConfig, OptimizerConfig, TrainConfig
+from ..models.qwen_arch import LORA_TARGET_PRESETS
+from ..offload import NUM_SLOTS, arena_layout
+from .activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
 )
-from .memory_arch import QwenImageArch, real_arch, text_encoder_params, vae_params
-from .models.qwen_arch import LORA_TARGET_PRESETS
-from .offload import NUM_SLOTS, arena_layout
+from .arch import QwenImageArch, real_arch, text_encoder_params, vae_params
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -513,8 +513,8 @@ def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, 
     no GPU plan to show. Raises a `UserInputError` with what to change when nothing fits."""
     import torch
 
-    from .errors import UserInputError
-    from .memory_arch import arch_for_components
+    from ..errors import UserInputError
+    from .arch import arch_for_components
 
     auto = train.auto_swap
     if components.device.type != "cuda":

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .memory_arch import QwenImageArch
-from .models.qwen_arch import IMG_STREAM as IMG
-from .models.qwen_arch import LORA_TARGET_PRESETS
-from .models.qwen_arch import TXT_STREAM as TXT
+from ..models.qwen_arch import IMG_STREAM as IMG
+from ..models.qwen_arch import LORA_TARGET_PRESETS
+from ..models.qwen_arch import TXT_STREAM as TXT
+from .arch import QwenImageArch
 
 FP32 = 4
 

@@ -1,0 +1,1 @@
+"""The VRAM and host-RAM planner (placeholder, filled in the next commit)."""
