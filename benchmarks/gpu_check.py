@@ -30,9 +30,8 @@ import common  # noqa: F401  (puts the repository on sys.path)
 import torch
 
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.planner.plan import GIB, MIB, PlanInputs, auto_blocks_to_swap, plan_memory
-from trainer_core.planner.arch import arch_from_transformer
 from trainer_core.models.random import random_transformer
+from trainer_core.planner import GIB, MIB, PlanInputs, arch_from_transformer, auto_blocks_to_swap, plan_memory
 from trainer_core.trainer import Trainer
 
 # Tiny dims for --tiny: a real Qwen-Image layout (16 latent channels, 2x2 patches) at toy width.

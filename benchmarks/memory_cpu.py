@@ -96,7 +96,7 @@ def float8_bytes_and_error(log, quick: bool) -> dict:
 
 def optimizer_states(log) -> dict:
     from trainer_core.config import OptimizerConfig
-    from trainer_core.planner.arch import real_arch
+    from trainer_core.planner import real_arch
     from trainer_core.optim import build_optimizer, optimizer_state_bytes
 
     arch = real_arch()
@@ -127,7 +127,7 @@ def optimizer_states(log) -> dict:
 
 
 def planner_tables(log) -> dict:
-    from trainer_core.planner.plan import GIB, PlanInputs, auto_blocks_to_swap, render_budget_table, render_choice
+    from trainer_core.planner import GIB, PlanInputs, auto_blocks_to_swap, render_budget_table, render_choice
 
     inputs = PlanInputs(width=1024, height=1024, rank=32)
     log("```")

@@ -56,7 +56,7 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .planner.plan import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
+    from .planner import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
 
     width = args.width or args.resolution
     height = args.height or args.resolution

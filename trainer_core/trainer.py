@@ -32,7 +32,7 @@ from .errors import TrainingStopped, UserInputError
 from .files import write_safetensors_atomic
 from .lora import inject_lora, matching_preset, remove_lora, target_module_names
 from .lora_files import LoraFile, check_targets, layout_metadata, load_into_adapter, lora_file_tensors, lora_metadata, read_lora_file
-from .planner.plan import plan_run
+from .planner.for_run import plan_run
 from .models.components import QwenImageComponents
 from .models.latents import pack_latents
 from .models.text import pad_prompt_batch
