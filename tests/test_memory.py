@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from trainer_core.config import LoraConfig, OptimizerConfig
+from trainer_core.devtools.memprobe import LiveBytes, probe_block
+from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.lora import inject_lora, remove_lora
-from trainer_core.memprobe import LiveBytes, probe_block
 from trainer_core.models.qwen_arch import LORA_TARGET_PRESETS
-from trainer_core.models.random import random_transformer
 from trainer_core.optim import build_optimizer
 from trainer_core.optim import optimizer_state_bytes as measured_state_bytes
 from trainer_core.planner import (

@@ -48,7 +48,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_export_tiny(args: argparse.Namespace) -> int:
-    from .models.export import export_tiny
+    from .devtools.export import export_tiny
 
     for name, path in export_tiny(args.dir, layout=args.layout, seed=args.seed).items():
         print(f"{name}: {path}")

@@ -3,9 +3,9 @@
 `block_saved_bytes` lists, tensor by tensor, what autograd keeps for the backward of one
 `QwenImageTransformerBlock` (diffusers 0.42) with a peft LoRA (0.21) on some of its Linears and the frozen
 Linears computed by `FrozenLinearFunction` (which saves nothing). It is exact: `tests/test_memory.py`
-compares it with `memprobe.SavedTensors` on real blocks, byte for byte. It assumes the block's inputs
-require grad (true for every block but the first, whose inputs come from frozen embedders), so it is an
-upper bound for block 0 by one LayerNorm input per stream.
+compares it with `devtools.memprobe.SavedTensors` on real blocks, byte for byte. It assumes the block's
+inputs require grad (true for every block but the first, whose inputs come from frozen embedders), so it
+is an upper bound for block 0 by one LayerNorm input per stream.
 
 Per stream (image: N = image tokens, text: N = text tokens), rows = batch x N, D = width, F = MLP width,
 H = heads, a = activation bytes (bf16: 2), l = LoRA weight bytes, r = rank, sigma = LayerNorm statistic
