@@ -64,3 +64,14 @@ def test_the_facts_module_imports_nothing():
     tree = ast.parse(inspect.getsource(qwen_arch))
     imported = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert [ast.unparse(n) for n in imported] == ["from __future__ import annotations"]
+
+
+def test_latent_statistics_are_the_vaes_defaults():
+    from diffusers import AutoencoderKLQwenImage
+
+    from trainer_core.models.qwen_arch import LATENTS_MEAN, LATENTS_STD
+
+    defaults = inspect.signature(AutoencoderKLQwenImage.__init__).parameters
+    assert list(LATENTS_MEAN) == list(defaults["latents_mean"].default)
+    assert list(LATENTS_STD) == list(defaults["latents_std"].default)
+    assert len(LATENTS_MEAN) == defaults["z_dim"].default

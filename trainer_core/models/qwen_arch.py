@@ -5,12 +5,13 @@ the memory planner; a second spelling can drift from the first silently (a kohya
 maps, a planner term for a module the trainer does not adapt). Everything else imports them from here.
 
 Pure data: no torch, no diffusers. `config.py` (the bottom of the engine) takes its preset choices from
-here, and importing it must stay cheap. `tests/test_qwen_arch.py` checks every name against diffusers'
-`QwenImageTransformer2DModel` and `Qwen2_5_VLForConditionalGeneration`, so a diffusers release that
+here, and importing it must stay cheap. `tests/test_qwen_arch.py` checks the names and constants against
+diffusers' `QwenImageTransformer2DModel` and `AutoencoderKLQwenImage`, so a diffusers release that
 renames a module fails a test instead of training the wrong layers.
 
-What is not here, on purpose: numbers a config tells (block count, widths, latent channels, the VAE's
-scale factor). Those are read from the model or its config where they are used, never hard-coded.
+What is not here, on purpose: numbers a loaded model's config tells (block count, widths, latent
+channels, the VAE's scale factor). Those are read from the model where they are used, so the tiny test
+models and the real one go through the same code; the constants below are for files that do not say.
 """
 
 from __future__ import annotations
@@ -68,6 +69,21 @@ PATCH_SIZE = 2
 
 # RoPE axes (frame, height, width) of the real model; their sum is the attention head size (128).
 AXES_DIMS_ROPE: tuple[int, int, int] = (16, 56, 56)
+
+# ------------------------------------------------------------------------------------------------
+# VAE latents
+
+# Qwen-Image's vae/config.json: per-channel latent statistics (latents are normalised with them before
+# the transformer sees them). The same numbers are ComfyUI's comfy/latent_formats.py Wan21
+# latents_mean/latents_std and diffusers' AutoencoderKLQwenImage defaults. A VAE file does not hold them.
+LATENTS_MEAN: tuple[float, ...] = (
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+)
+LATENTS_STD: tuple[float, ...] = (
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
+)
 
 # ------------------------------------------------------------------------------------------------
 # text encoder
