@@ -4,8 +4,8 @@
     python benchmarks/gpu_check.py --tiny                                      # CPU, tiny dims, same code path
 
 Builds the real transformer (60 blocks, 20.4B parameters) directly on the GPU with random float8 block
-weights (`models.random.random_transformer`: meta first, then one tensor at a time; no download), and
-trains 5 steps of a rank-32 attention+mlp LoRA at 1024 x 1024 (64 x 64 = 4096 packed latent tokens, 16
+weights (`devtools.random_weights.random_transformer`: meta first, then one tensor at a time; no
+download), and trains 5 steps of a rank-32 attention+mlp LoRA at 1024 x 1024 (64 x 64 = 4096 packed latent tokens, 16
 latent channels, 256 prompt tokens x 3584, all synthetic) through our `Trainer` (`lora.inject_lora`,
 `offload.BlockRunner` with gradient checkpointing) for blocks_to_swap in {0, 8, 16, auto for 16 GiB}.
 The model is built once; each configuration gets a fresh Trainer, whose `close()` takes the LoRA out and
@@ -30,9 +30,8 @@ import common  # noqa: F401  (puts the repository on sys.path)
 import torch
 
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.memory import GIB, MIB, PlanInputs, auto_blocks_to_swap, plan_memory
-from trainer_core.memory_arch import arch_from_transformer
-from trainer_core.models.random import random_transformer
+from trainer_core.devtools.random_weights import random_transformer
+from trainer_core.planner import GIB, MIB, PlanInputs, arch_from_transformer, auto_blocks_to_swap, plan_memory
 from trainer_core.trainer import Trainer
 
 # Tiny dims for --tiny: a real Qwen-Image layout (16 latent channels, 2x2 patches) at toy width.
@@ -85,7 +84,7 @@ def resident_bytes(trainer) -> int:
 
 
 def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch, steps: int, cuda: bool) -> Row:
-    from trainer_core.memprobe import LiveBytes
+    from trainer_core.devtools.memprobe import LiveBytes
 
     device = components.device
     gc.collect()

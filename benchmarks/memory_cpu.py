@@ -38,9 +38,9 @@ def section(title: str, log) -> None:
 
 
 def float8_bytes_and_error(log, quick: bool) -> dict:
+    from trainer_core.devtools.random_weights import random_transformer
     from trainer_core.models import build_tiny_components
     from trainer_core.models.float8 import block_linear_bytes, store_block_linears
-    from trainer_core.models.random import random_transformer
 
     result = {}
     # Tiny model (the test config), float32 compute as in the demo.
@@ -96,7 +96,7 @@ def float8_bytes_and_error(log, quick: bool) -> dict:
 
 def optimizer_states(log) -> dict:
     from trainer_core.config import OptimizerConfig
-    from trainer_core.memory_arch import real_arch
+    from trainer_core.planner import real_arch
     from trainer_core.optim import build_optimizer, optimizer_state_bytes
 
     arch = real_arch()
@@ -127,7 +127,7 @@ def optimizer_states(log) -> dict:
 
 
 def planner_tables(log) -> dict:
-    from trainer_core.memory import GIB, PlanInputs, auto_blocks_to_swap, render_budget_table, render_choice
+    from trainer_core.planner import GIB, PlanInputs, auto_blocks_to_swap, render_budget_table, render_choice
 
     inputs = PlanInputs(width=1024, height=1024, rank=32)
     log("```")
@@ -152,11 +152,11 @@ def planner_tables(log) -> dict:
 def real_width_activations(log, quick: bool) -> dict:
     """The planner's per-block terms against one real-width block measured with `memprobe`."""
     from trainer_core.config import LoraConfig
+    from trainer_core.devtools.memprobe import probe_block
+    from trainer_core.devtools.random_weights import random_transformer
     from trainer_core.lora import inject_lora
-    from trainer_core.memory_activations import ActivationSettings, block_saved_bytes, block_working_bytes
-    from trainer_core.memory_arch import arch_from_transformer
-    from trainer_core.memprobe import probe_block
-    from trainer_core.models.random import random_transformer
+    from trainer_core.planner.activations import ActivationSettings, block_saved_bytes, block_working_bytes
+    from trainer_core.planner.arch import arch_from_transformer
 
     # Two blocks so block 0 has all its targets; bf16 storage: the working term excludes the upcast.
     model = random_transformer(dict(num_layers=2), storage="bfloat16")

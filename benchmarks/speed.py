@@ -30,8 +30,8 @@ from common import synthetic_setup
 import torch
 
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.lora import target_module_names
-from trainer_core.models.random import random_transformer
 from trainer_core.objective import resolution_mu
 from trainer_core.trainer import Trainer
 

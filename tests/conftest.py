@@ -84,7 +84,7 @@ def adapter_snapshot(trainer) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="session")
 def tiny_files(tmp_path_factory):
     """The tiny model (seed 0) written by `export-tiny` as ComfyUI single files: name -> path."""
-    from trainer_core.models.export import export_tiny
+    from trainer_core.devtools.export import export_tiny
 
     return export_tiny(tmp_path_factory.mktemp("tiny_files"), layout="comfyui", seed=0)
 

@@ -98,7 +98,7 @@ def comfy_base(tmp_path):
     (base / "custom_nodes").mkdir(parents=True)
     (base / "custom_nodes" / "qwen_image_lora_trainer").symlink_to(REPO, target_is_directory=True)
     # The tiny model as ComfyUI single files in ComfyUI's own model folders (diffusion_models, ...).
-    from trainer_core.models.export import export_tiny
+    from trainer_core.devtools.export import export_tiny
 
     export_tiny(base / "models", layout="comfyui")
     return base

@@ -6,17 +6,18 @@ import dataclasses
 import pytest
 import torch
 
-from trainer_core.config import LORA_TARGET_PRESETS, LoraConfig, OptimizerConfig
+from trainer_core.config import LoraConfig, OptimizerConfig
+from trainer_core.devtools.memprobe import LiveBytes, probe_block
+from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.lora import inject_lora, remove_lora
-from trainer_core.memory import (
-    GIB, PlanInputs, auto_blocks_to_swap, lora_tensor_sizes, optimizer_state_bytes, plan_memory, render_plan,
-)
-from trainer_core.memory_activations import ActivationSettings, block_saved_bytes, block_working_bytes
-from trainer_core.memory_arch import arch_from_transformer, real_arch
-from trainer_core.memprobe import LiveBytes, probe_block
-from trainer_core.models.random import random_transformer
+from trainer_core.models.qwen_arch import LORA_TARGET_PRESETS
 from trainer_core.optim import build_optimizer
 from trainer_core.optim import optimizer_state_bytes as measured_state_bytes
+from trainer_core.planner import (
+    GIB, PlanInputs, arch_from_transformer, auto_blocks_to_swap, plan_memory, real_arch, render_plan,
+)
+from trainer_core.planner.activations import ActivationSettings, block_saved_bytes, block_working_bytes
+from trainer_core.planner.plan import lora_tensor_sizes, optimizer_state_bytes
 
 # A narrow but real Qwen-Image transformer: 2 heads x 128 (D = 256, F = 1024), the real joint dim and
 # channels. Two blocks, so block 0 is not the last one (whose text-stream modules get no LoRA).
@@ -236,7 +237,7 @@ def test_plan_for_loaded_components_while_training(demo_folder, tmp_path):
     injected, one block swapped) equal those of a fresh one, and its VAE's scale factor is used."""
     from conftest import cached_demo
     from trainer_core.config import TrainConfig
-    from trainer_core.memory_arch import arch_for_components
+    from trainer_core.planner import arch_for_components
     from trainer_core.models import build_tiny_components
     from trainer_core.trainer import Trainer
 
@@ -256,7 +257,7 @@ def test_plan_for_loaded_components_while_training(demo_folder, tmp_path):
 def test_a_run_is_planned_at_its_largest_bucket_and_longest_caption(tiny, demo_folder, tmp_path):
     from conftest import cached_demo
     from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-    from trainer_core.memory import inputs_for_run
+    from trainer_core.planner import inputs_for_run
 
     cached = cached_demo(tiny, demo_folder, tmp_path)
     inputs = inputs_for_run(tiny, cached, LoraConfig(rank=8), OptimizerConfig(), TrainConfig(micro_batch_size=2))

@@ -8,14 +8,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import cached_demo
+from trainer_core.devtools.export import public_config, write_part_file
 from trainer_core.errors import UserInputError
 from trainer_core.models import build_tiny_components, load_single_files
-from trainer_core.models.export import public_config, write_part_file
 from trainer_core.models.float8 import FLOAT8, dequantized_state_dict, frozen_block_linears
 from trainer_core.models.latents import decode_latents, encode_images
+from trainer_core.models.qwen_arch import QWEN25_VL_7B_CONFIG
 from trainer_core.models.text import encode_prompts
 from trainer_core.models.text_encoder_file import (
-    QWEN25_VL_7B_CONFIG, comfyui_name, empty_text_encoder, load_text_encoder_file, our_name, text_encoder_config,
+    comfyui_name, empty_text_encoder, load_text_encoder_file, our_name, text_encoder_config,
     text_encoder_file_tensors,
 )
 from trainer_core.models.transformer_file import load_transformer_file, transformer_config, transformer_file_tensors

@@ -3,7 +3,7 @@
     .venv/bin/python tools/calibrate_activations.py [--heads 4] [--grid 64] [--text 256]
 
 Working memory is a block's measured peak (forward + backward, `memprobe.probe_block`) minus what the
-block saves (`memory_activations.block_saved_bytes`, exact). It is reported per token of the longer
+block saves (`planner.activations.block_saved_bytes`, exact). It is reported per token of the longer
 stream and per unit of MLP width F, the form in which it scales: the ratio is the same at 2, 4 and 8
 heads to 0.1% (measured while writing this), so a narrow block on a CPU gives the real model's number.
 Block Linears are stored in bf16 here, so no float8 upcast is in the peak (the planner adds the largest
@@ -23,12 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> None:
     import torch
 
-    from trainer_core.config import LORA_TARGET_PRESETS, LoraConfig
+    from trainer_core.config import LoraConfig
+    from trainer_core.devtools.memprobe import probe_block
+    from trainer_core.devtools.random_weights import random_transformer
     from trainer_core.lora import inject_lora, remove_lora
-    from trainer_core.memory_activations import ActivationSettings, block_saved_bytes
-    from trainer_core.memory_arch import arch_from_transformer
-    from trainer_core.memprobe import probe_block
-    from trainer_core.models.random import random_transformer
+    from trainer_core.models.qwen_arch import LORA_TARGET_PRESETS
+    from trainer_core.planner.activations import ActivationSettings, block_saved_bytes
+    from trainer_core.planner.arch import arch_from_transformer
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--heads", type=int, default=4)

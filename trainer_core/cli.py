@@ -48,7 +48,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_export_tiny(args: argparse.Namespace) -> int:
-    from .models.export import export_tiny
+    from .devtools.export import export_tiny
 
     for name, path in export_tiny(args.dir, layout=args.layout, seed=args.seed).items():
         print(f"{name}: {path}")
@@ -56,7 +56,7 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .memory import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
+    from .planner import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
 
     width = args.width or args.resolution
     height = args.height or args.resolution
@@ -88,7 +88,7 @@ def _swap_count(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import LORA_TARGET_PRESETS
+    from .models.qwen_arch import LORA_TARGET_PRESETS
 
     parser = argparse.ArgumentParser(prog="python -m trainer_core", description="Qwen-Image LoRA trainer engine.")
     sub = parser.add_subparsers(dest="command", required=True)

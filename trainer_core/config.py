@@ -13,34 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import UserInputError
+from .models.qwen_arch import LORA_TARGET_PRESETS
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
-
-
-LORA_TARGET_PRESETS: dict[str, tuple[str, ...]] = {
-    # Module names inside one `transformer_blocks.<i>` block of the Qwen-Image transformer.
-    "attention": (
-        "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-        "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
-    ),
-    "attention+mlp": (
-        "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-        "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
-        "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2",
-    ),
-    "all": (
-        "img_mod.1", "txt_mod.1",
-        "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-        "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
-        "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2",
-    ),
-}
-
-# In the last block the text stream's output is thrown away (only the image stream reaches `proj_out`),
-# so a LoRA on these modules there would never receive a gradient: leave them out.
-DEAD_IN_LAST_BLOCK: tuple[str, ...] = ("attn.add_q_proj", "attn.to_add_out", "txt_mlp.net.0.proj", "txt_mlp.net.2")
 
 
 @dataclass

@@ -1,27 +1,22 @@
-"""LoRA on the Qwen-Image transformer with peft, and the LoRA file format ComfyUI loads.
+"""LoRA on the Qwen-Image transformer with peft: inject, remove, the adapter's parameters and weights.
 
 Injection creates the adapter on the meta device and materialises it in the LoRA dtype: peft would
 otherwise cast the adapter to the base layer's dtype, which is float8 here, and training would fail.
 
-Default file layout (what ComfyUI's and diffusers' loaders both take; see DESIGN §6; other layouts and
-reading files back: lora_files.py):
-    diffusion_model.<module>.lora_A.weight   (rank, in_features)
-    diffusion_model.<module>.lora_B.weight   (out_features, rank)
-    diffusion_model.<module>.alpha           scalar; ComfyUI scales by alpha / rank
-with safetensors metadata (rank, alpha, targets, steps, base model).
+Which modules get a LoRA comes from `models.qwen_arch` (presets, the last block's dead modules). How the
+adapter is written to and read from files, in every layout, is `lora_files.py`: this module knows
+nothing of files.
 """
 
 from __future__ import annotations
 
-import json
-
 import torch
 from torch import nn
 
-from .config import DEAD_IN_LAST_BLOCK, LORA_TARGET_PRESETS, LoraConfig
+from .config import LoraConfig
+from .models.qwen_arch import DEAD_IN_LAST_BLOCK, LORA_TARGET_PRESETS, block_module
 
 ADAPTER = "default"
-COMFY_PREFIX = "diffusion_model."
 
 
 def target_module_names(transformer: nn.Module, preset: str) -> list[str]:
@@ -32,7 +27,7 @@ def target_module_names(transformer: nn.Module, preset: str) -> list[str]:
         for module in LORA_TARGET_PRESETS[preset]:
             if i == last and module in DEAD_IN_LAST_BLOCK:
                 continue
-            names.append(f"transformer_blocks.{i}.{module}")
+            names.append(block_module(i, module))
     return names
 
 
@@ -98,34 +93,3 @@ def adapter_weights(transformer: nn.Module) -> dict[str, tuple[torch.Tensor, tor
         name: (layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight)
         for name, layer in lora_layers(transformer).items()
     }
-
-
-def comfyui_state_dict(transformer: nn.Module, alpha: float, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The adapter in the ComfyUI layout, tensors detached, on the CPU, in `dtype` (alpha stays fp32)."""
-    out = {}
-    for name, (a, b) in adapter_weights(transformer).items():
-        out[f"{COMFY_PREFIX}{name}.lora_A.weight"] = a.detach().to("cpu", dtype).contiguous()
-        out[f"{COMFY_PREFIX}{name}.lora_B.weight"] = b.detach().to("cpu", dtype).contiguous()
-        out[f"{COMFY_PREFIX}{name}.alpha"] = torch.tensor(float(alpha), dtype=torch.float32)
-    return out
-
-
-def lora_metadata(cfg: LoraConfig, steps: int, base_model: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """safetensors metadata (strings only). `ss_network_*` are the names kohya-style tools read.
-
-    `extra` is applied last (a file layout's own entries, see lora_files.layout_metadata)."""
-    meta = {
-        "format": "comfyui-lora",
-        "qwen_lora.rank": str(cfg.rank),
-        "qwen_lora.alpha": repr(float(cfg.alpha)),
-        "qwen_lora.targets": cfg.targets,
-        "qwen_lora.steps": str(steps),
-        "qwen_lora.base_model": base_model,
-        "ss_network_dim": str(cfg.rank),
-        "ss_network_alpha": repr(float(cfg.alpha)),
-        "ss_base_model_version": "qwen_image",
-        "modelspec.architecture": "qwen-image/lora",
-    }
-    if extra:
-        meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in extra.items()})
-    return meta

@@ -1,9 +1,16 @@
-"""LoRA files in and out, in the layouts ComfyUI, diffusers and kohya-style trainers use.
+"""LoRA files in and out, in every layout: the ones ComfyUI, diffusers and kohya-style trainers use.
+
+One module for all layouts, so a key convention is written once and read back by the same code: a
+writer and a reader that disagree could otherwise both pass their own tests. The adapter itself (peft
+inject, its live weights) is `lora.py`; this module only turns it into file tensors and back.
 
 Written (`lora_file_tensors`), A = lora_A (rank, in_features), B = lora_B (out_features, rank):
   comfyui (default)  diffusion_model.<module>.lora_A.weight / .lora_B.weight / .alpha
   kohya              lora_unet_<module, '.' -> '_'>.lora_down.weight (A) / .lora_up.weight (B) / .alpha
   diffusers          transformer.<module>.lora_A.weight / .lora_B.weight, no alpha, B stored as B * alpha / rank
+The ComfyUI layout is what ComfyUI's and diffusers' loaders both take (DESIGN §6); ComfyUI scales by
+alpha / rank. Every file carries safetensors metadata (`lora_metadata`: rank, alpha, targets, steps,
+base model; `layout_metadata`: the layout's own entries).
 Why the diffusers layout folds alpha into B: diffusers 0.42.1 fails on `transformer.` keys with `.alpha`
 (it prefixes them a second time, DESIGN §9), and an alpha kept only in metadata is ignored by ComfyUI,
 which then applies scale 1. With alpha / rank already inside B, every loader applies the trained
@@ -26,11 +33,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import LORA_TARGET_PRESETS
+from .config import LoraConfig
 from .errors import UserInputError
-from .lora import COMFY_PREFIX, adapter_weights, comfyui_state_dict, lora_layers
+from .lora import ADAPTER, adapter_weights, lora_layers
+from .models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
 
 LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")
+COMFY_PREFIX = "diffusion_model."
 DIFFUSERS_PREFIX = "transformer."
 KOHYA_PREFIX = "lora_unet_"
 B_SCALE_KEY = "qwen_lora.lora_B_scale"  # metadata: B in the file = trained B * this
@@ -45,10 +54,7 @@ _UNSUPPORTED_SUFFIXES = (".dora_scale", ".diff", ".diff_b", ".w_norm", ".b_norm"
 _UNSUPPORTED_PARTS = (".lora_mid.", ".hada_", ".lokr_")
 
 # Linear modules of the Qwen-Image transformer, to undo kohya's '.' -> '_' (module names contain '_').
-_BLOCK_MODULES = LORA_TARGET_PRESETS["all"]
-_OUTER_MODULES = ("img_in", "txt_in", "proj_out", "norm_out.linear",
-                  "time_text_embed.timestep_embedder.linear_1", "time_text_embed.timestep_embedder.linear_2")
-_KOHYA_BLOCK = re.compile(r"transformer_blocks_(\d+)_(.+)")
+_KOHYA_BLOCK = re.compile(BLOCKS + r"_(\d+)_(.+)")
 
 
 @dataclass
@@ -74,6 +80,37 @@ class LoraFile:
 
 # --------------------------------------------------------------------------------------------------
 # out
+
+
+def comfyui_state_dict(transformer: nn.Module, alpha: float, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The adapter in the ComfyUI layout, tensors detached, on the CPU, in `dtype` (alpha stays fp32)."""
+    out = {}
+    for name, (a, b) in adapter_weights(transformer).items():
+        out[f"{COMFY_PREFIX}{name}.lora_A.weight"] = a.detach().to("cpu", dtype).contiguous()
+        out[f"{COMFY_PREFIX}{name}.lora_B.weight"] = b.detach().to("cpu", dtype).contiguous()
+        out[f"{COMFY_PREFIX}{name}.alpha"] = torch.tensor(float(alpha), dtype=torch.float32)
+    return out
+
+
+def lora_metadata(cfg: LoraConfig, steps: int, base_model: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """safetensors metadata (strings only). `ss_network_*` are the names kohya-style tools read.
+
+    `extra` is applied last (a file layout's own entries, see `layout_metadata`)."""
+    meta = {
+        "format": "comfyui-lora",
+        "qwen_lora.rank": str(cfg.rank),
+        "qwen_lora.alpha": repr(float(cfg.alpha)),
+        "qwen_lora.targets": cfg.targets,
+        "qwen_lora.steps": str(steps),
+        "qwen_lora.base_model": base_model,
+        "ss_network_dim": str(cfg.rank),
+        "ss_network_alpha": repr(float(cfg.alpha)),
+        "ss_base_model_version": "qwen_image",
+        "modelspec.architecture": "qwen-image/lora",
+    }
+    if extra:
+        meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in extra.items()})
+    return meta
 
 
 def lora_file_tensors(transformer: nn.Module, rank: int, alpha: float, dtype: torch.dtype,
@@ -116,10 +153,10 @@ def layout_metadata(layout: str, rank: int, alpha: float) -> dict[str, str]:
 def _kohya_module(stem: str) -> str:
     """'transformer_blocks_3_attn_to_q' -> 'transformer_blocks.3.attn.to_q' (unknown names stay as they are)."""
     if m := _KOHYA_BLOCK.fullmatch(stem):
-        inner = {n.replace(".", "_"): n for n in _BLOCK_MODULES}.get(m.group(2))
+        inner = {n.replace(".", "_"): n for n in BLOCK_LINEARS}.get(m.group(2))
         if inner:
-            return f"transformer_blocks.{m.group(1)}.{inner}"
-    return {n.replace(".", "_"): n for n in _OUTER_MODULES}.get(stem, stem)
+            return f"{BLOCKS}.{m.group(1)}.{inner}"
+    return {n.replace(".", "_"): n for n in OUTER_LINEARS}.get(stem, stem)
 
 
 def _split_key(key: str) -> tuple[str, str, str] | None:
@@ -228,8 +265,6 @@ def check_targets(transformer: nn.Module, lora: LoraFile) -> None:
 @torch.no_grad()
 def load_into_adapter(transformer: nn.Module, weights: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
     """Copy (A, B) per module into the injected adapter (cast to its dtype); the module sets must match."""
-    from .lora import ADAPTER
-
     layers = lora_layers(transformer)
     if set(layers) != set(weights):
         extra, missing = sorted(set(weights) - set(layers)), sorted(set(layers) - set(weights))

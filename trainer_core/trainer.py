@@ -32,9 +32,9 @@ from .cache import CachedDataset
 from .config import LoraConfig, OptimizerConfig, TrainConfig, from_dict, to_dict
 from .errors import TrainingStopped, UserInputError
 from .files import write_safetensors_atomic
-from .lora import inject_lora, lora_metadata, matching_preset, remove_lora, target_module_names
-from .lora_files import LoraFile, check_targets, layout_metadata, load_into_adapter, lora_file_tensors, read_lora_file
-from .memory import plan_run
+from .lora import inject_lora, matching_preset, remove_lora, target_module_names
+from .lora_files import LoraFile, check_targets, layout_metadata, load_into_adapter, lora_file_tensors, lora_metadata, read_lora_file
+from .planner.for_run import plan_run
 from .models.components import QwenImageComponents
 from .models.latents import pack_latents
 from .models.text import pad_prompt_batch

@@ -1,20 +1,33 @@
-"""Qwen-Image model parts: loading, float8 storage, prompt and latent encoding, tiny test models."""
+"""Qwen-Image model parts: loading, float8 storage, prompt and latent encoding, tiny test models.
 
-from .components import QwenImageComponents, module_fingerprint
-from .diffusers_dir import load_diffusers_dir, save_diffusers_dir
-from .float8 import STORAGE_MODES, store_block_linears
-from .single_file import load_single_files
-from .text_encoder_file import TEXT_ENCODER_FP8_MODES
-from .tiny import build_tiny_components
+The names below are imported on first use (PEP 562), not when the package is: `config.py` takes its
+preset choices from `models.qwen_arch` (pure data), and importing the config must not pull in torch,
+diffusers and transformers through this package's loaders.
+"""
 
-__all__ = [
-    "QwenImageComponents",
-    "STORAGE_MODES",
-    "TEXT_ENCODER_FP8_MODES",
-    "build_tiny_components",
-    "load_diffusers_dir",
-    "load_single_files",
-    "module_fingerprint",
-    "save_diffusers_dir",
-    "store_block_linears",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "QwenImageComponents": "components",
+    "module_fingerprint": "components",
+    "load_diffusers_dir": "diffusers_dir",
+    "save_diffusers_dir": "diffusers_dir",
+    "STORAGE_MODES": "float8",
+    "store_block_linears": "float8",
+    "load_single_files": "single_file",
+    "TEXT_ENCODER_FP8_MODES": "text_encoder_file",
+    "build_tiny_components": "tiny",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

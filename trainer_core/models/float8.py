@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .qwen_arch import BLOCKS
+
 FLOAT8 = torch.float8_e4m3fn
 FLOAT8_MAX = float(torch.finfo(FLOAT8).max)  # 448.0
 STORAGE_MODES = ("float8", "float8_scaled", "bfloat16", "float32")
@@ -37,7 +39,7 @@ def frozen_linears(module: nn.Module, prefix: str = "") -> list[tuple[str, nn.Li
 
 def frozen_block_linears(transformer: nn.Module) -> list[tuple[str, nn.Linear]]:
     """The frozen base Linears of all `transformer_blocks`, named from the transformer."""
-    return frozen_linears(transformer.transformer_blocks, prefix="transformer_blocks")
+    return frozen_linears(transformer.transformer_blocks, prefix=BLOCKS)
 
 
 def dequantized_weight(linear: nn.Linear, dtype: torch.dtype) -> torch.Tensor:
@@ -97,8 +99,8 @@ def quantize_weight(weight: torch.Tensor, mode: str) -> tuple[torch.Tensor, torc
 def store_block_linears(transformer: nn.Module, mode: str) -> None:
     """Convert every frozen block Linear's weight to `mode` storage, one tensor at a time, in place.
 
-    Biases stay in their dtype (they are tiny and precision-sensitive). Layers outside the blocks and
-    all norms are left alone. Safe to call on weights that are already stored this way.
+    Biases stay in their dtype (they are tiny and precision-sensitive). Layers outside the blocks
+    (`qwen_arch.OUTER_LINEARS`) and all norms are left alone. Safe to call on weights that are already stored this way.
     """
     for _, linear in frozen_block_linears(transformer):
         if linear.weight.dtype == FLOAT8 and mode.startswith("float8"):

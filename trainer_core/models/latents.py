@@ -1,12 +1,15 @@
 """VAE latents: encode, per-channel normalisation, and the 2x2 packing the transformer consumes.
 
 Shapes: images (B, 3, H, W) in [-1, 1]; latents (B, C, h, w) with C = vae z_dim and h = H / f,
-f = 2 ** len(vae.temperal_downsample) (8 for Qwen-Image); packed (B, h/2 * w/2, 4C).
+f = 2 ** len(vae.temperal_downsample) (8 for Qwen-Image); packed (B, h/2 * w/2, 4C): 2 x 2 latent cells
+per token (`qwen_arch.PATCH_SIZE`).
 """
 
 from __future__ import annotations
 
 import torch
+
+from .qwen_arch import PATCH_SIZE
 
 
 def vae_scale_factor(vae) -> int:
@@ -19,7 +22,7 @@ def latent_channels(vae) -> int:
 
 def pixel_multiple(vae) -> int:
     """Image sides must be multiples of this: the VAE's downscale times the 2x2 patch."""
-    return vae_scale_factor(vae) * 2
+    return vae_scale_factor(vae) * PATCH_SIZE
 
 
 def _stats(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,12 +54,14 @@ def decode_latents(vae, latents: torch.Tensor) -> torch.Tensor:
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
     """(B, C, h, w) -> (B, h/2 * w/2, 4C): each 2x2 patch becomes one token, channels major."""
     b, c, h, w = latents.shape
-    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)  # (B, h/2, w/2, C, 2, 2)
-    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+    p = PATCH_SIZE
+    x = latents.view(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)  # (B, h/2, w/2, C, 2, 2)
+    return x.reshape(b, (h // p) * (w // p), c * p * p)
 
 
 def unpack_latents(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
     """(B, h/2 * w/2, 4C) -> (B, C, h, w), the inverse of `pack_latents`."""
     b, _, c4 = tokens.shape
-    x = tokens.view(b, h // 2, w // 2, c4 // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)  # (B, C, h/2, 2, w/2, 2)
-    return x.reshape(b, c4 // 4, h, w)
+    p = PATCH_SIZE
+    x = tokens.view(b, h // p, w // p, c4 // (p * p), p, p).permute(0, 3, 1, 4, 2, 5)  # (B, C, h/2, 2, w/2, 2)
+    return x.reshape(b, c4 // (p * p), h, w)

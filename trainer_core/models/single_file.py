@@ -18,6 +18,7 @@ import torch
 from ..errors import UserInputError
 from .components import QwenImageComponents
 from .layouts import detect_layout, strip_prefix
+from .qwen_arch import PATCH_SIZE
 from .safetensors_file import SafetensorsFile
 from .scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
 from .text_encoder_file import load_text_encoder_file, our_name
@@ -53,10 +54,10 @@ def check_files_fit(transformer: str | Path, text_encoder: str | Path, vae: str 
             f"text encoder file {text_encoder} makes features of width {text_width}, but transformer file "
             f"{transformer} takes {joint_dim}: they are not parts of the same model. Choose matching files."
         )
-    if z_dim is not None and 4 * z_dim != in_channels:  # a VAE without it is refused by its loader
+    if z_dim is not None and PATCH_SIZE**2 * z_dim != in_channels:  # a VAE without it is refused by its loader
         raise UserInputError(
             f"VAE file {vae} makes {z_dim}-channel latents, but transformer file {transformer} takes "
-            f"{in_channels // 4} (x 2x2 patches = {in_channels}): they are not parts of the same model."
+            f"{in_channels // PATCH_SIZE**2} (x 2x2 patches = {in_channels}): they are not parts of the same model."
         )
     return vocab_rows
 

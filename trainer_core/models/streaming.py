@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import UserInputError
 from .float8 import FLOAT8, SCALE_BUFFER, install_frozen_compute, quantize_weight
+from .qwen_arch import BLOCKS
 
 # (module, leaf name, full name, tensor) -> None; stores `tensor` as `module.<leaf>`.
 Assign = Callable[[nn.Module, str, str, torch.Tensor], None]
@@ -86,7 +87,7 @@ def fill_empty(
 
 def _block_linear_names(model: nn.Module) -> set[str]:
     return {
-        name for name, m in model.transformer_blocks.named_modules(prefix="transformer_blocks")
+        name for name, m in model.transformer_blocks.named_modules(prefix=BLOCKS)
         if isinstance(m, nn.Linear)
     }
 

@@ -17,8 +17,8 @@ fp8 files, two ways (`fp8`): "dequantize" multiplies each weight by its scale wh
 at a time, into `compute_dtype`; "keep" keeps the float8 weights (half of bf16's memory) with their
 scale as `weight_scale` and computes through float8.py's `FrozenLinearFunction` (upcast per call).
 
-Config: the JSON beside the file when there is one (a test model), else `QWEN25_VL_7B_CONFIG` when the
-tensor shapes are the 7B's; anything else is refused with a message that names what was found.
+Config: the JSON beside the file when there is one (a test model), else `qwen_arch.QWEN25_VL_7B_CONFIG` when
+the tensor shapes are the 7B's; anything else is refused with a message that names what was found.
 """
 
 from __future__ import annotations
@@ -31,39 +31,13 @@ from torch import nn
 from ..errors import UserInputError
 from .float8 import dequantized_state_dict, quantize_per_tensor
 from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, split_scaled_fp8, strip_prefix
+from .qwen_arch import QWEN25_VL_7B_CONFIG
 from .safetensors_file import SafetensorsFile
 from .streaming import assign_frozen_linear_weight, assign_parameter, dequantize, fill_empty
 
 TEXT_ENCODER_FP8_MODES = ("dequantize", "keep")
 TEXT_ENCODER_FILE_FORMATS = ("bf16", "fp8_scaled")
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-# Qwen2.5-VL 7B Instruct as Qwen-Image uses it. Text model: ComfyUI's comfy/text_encoders/llama.py
-# Qwen25_7BVLI_Config (vocab 152064, hidden 3584, MLP 18944, 28 layers, 28 heads of 128, 4 KV heads,
-# RMSNorm eps 1e-6, RoPE theta 1e6, M-RoPE sections 16/24/24), written the way transformers 5 takes it.
-# Vision tower (not loaded, kept for a complete config): comfy/text_encoders/qwen_vl.py defaults with
-# ComfyUI's width 1280. Token ids: ComfyUI's qwen25_tokenizer/tokenizer_config.json.
-QWEN25_VL_7B_CONFIG = {
-    "model_type": "qwen2_5_vl",
-    "text_config": {
-        "model_type": "qwen2_5_vl_text",
-        "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
-        "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_act": "silu",
-        "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "attention_dropout": 0.0,
-        "use_sliding_window": False, "sliding_window": 32768, "max_window_layers": 28,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
-        "bos_token_id": 151643, "eos_token_id": 151645, "pad_token_id": 151643, "tie_word_embeddings": False,
-    },
-    "vision_config": {
-        "model_type": "qwen2_5_vl_vision",
-        "depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "out_hidden_size": 3584,
-        "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2, "window_size": 112,
-        "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "in_channels": 3, "hidden_act": "silu",
-    },
-    "image_token_id": 151655, "video_token_id": 151656,
-    "vision_start_token_id": 151652, "vision_end_token_id": 151653,
-    "tie_word_embeddings": False,
-}
 
 _LM = "model.language_model."
 

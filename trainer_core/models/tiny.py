@@ -1,9 +1,9 @@
 """Tiny Qwen-Image parts with random weights: the real classes, configs small enough for a CPU.
 
 Used by the demo and the tests (no real weights exist on CI machines). The configs follow the rules
-the real classes impose: transformer in_channels = 4 x VAE z_dim; attention_head_dim = sum of the RoPE
-axes; joint_attention_dim = text encoder hidden size; the text config's mrope_section sums to
-head_dim / 2. The tokenizer is a small byte-level BPE trained offline on a fixed corpus
+the real classes impose: transformer in_channels = 4 x VAE z_dim (2 x 2 patches, `qwen_arch.PATCH_SIZE`);
+attention_head_dim = sum of the RoPE axes; joint_attention_dim = text encoder hidden size; the text
+config's mrope_section sums to head_dim / 2. The tokenizer is a small byte-level BPE trained offline on a fixed corpus
 (deterministic), wrapped in transformers' `Qwen2Tokenizer` with Qwen's special tokens.
 """
 
@@ -15,6 +15,7 @@ import torch
 
 from .components import QwenImageComponents
 from .float8 import store_block_linears
+from .qwen_arch import PATCH_SIZE
 from .scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
 
 SPECIAL_TOKENS = (
@@ -33,7 +34,7 @@ _TOKENIZER_CORPUS = (
 TINY_LATENT_CHANNELS = 4
 
 TINY_TRANSFORMER = dict(
-    patch_size=2, in_channels=4 * TINY_LATENT_CHANNELS, out_channels=TINY_LATENT_CHANNELS, num_layers=2,
+    patch_size=PATCH_SIZE, in_channels=PATCH_SIZE**2 * TINY_LATENT_CHANNELS, out_channels=TINY_LATENT_CHANNELS, num_layers=2,
     attention_head_dim=16, num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(8, 4, 4),
 )
 

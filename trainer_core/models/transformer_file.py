@@ -7,7 +7,7 @@ optionally "scaled" (ComfyUI's `scale_weight` per Linear plus a `scaled_fp8` mar
 Reading streams tensor by tensor onto an empty model (`streaming.stream_into`), so the block Linears
 are stored as `storage` asks without a full bf16 copy ever existing. The config is derived from the
 tensor shapes (block count, widths, channels); the two values shapes cannot tell come from the JSON
-beside the file when there is one, else from Qwen-Image's own values:
+beside the file when there is one, else from Qwen-Image's own values (`qwen_arch`):
 - `patch_size`: 2 (proj_out has patch_size**2 * out_channels rows; ComfyUI assumes 2 as well);
 - `axes_dims_rope`: (16, 56, 56), which needs attention_head_dim 128 (their sum).
 """
@@ -23,24 +23,24 @@ from torch import nn
 from ..errors import UserInputError
 from .float8 import FLOAT8, FLOAT8_MAX, STORAGE_MODES, dequantized_state_dict, quantize_per_tensor
 from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, split_scaled_fp8, strip_prefix
+from .qwen_arch import AXES_DIMS_ROPE as QWEN_IMAGE_AXES_DIMS_ROPE
+from .qwen_arch import BLOCKS, PATCH_SIZE
 from .safetensors_file import SafetensorsFile
 from .streaming import empty_transformer, stream_into
 
-PATCH_SIZE = 2
-QWEN_IMAGE_AXES_DIMS_ROPE = (16, 56, 56)
 TRANSFORMER_FILE_FORMATS = ("bf16", "fp8_e4m3fn", "fp8_e4m3fn_scaled")
-_BLOCK = re.compile(r"transformer_blocks\.(\d+)\.")
+_BLOCK = re.compile(BLOCKS + r"\.(\d+)\.")
 
 
 def transformer_config_from_shapes(shapes: dict[str, tuple[int, ...]], source: str) -> dict:
     """The config values the tensor shapes determine (names without prefix -> shape)."""
-    needed = ("img_in.weight", "txt_in.weight", "proj_out.weight", "transformer_blocks.0.attn.norm_q.weight")
+    needed = ("img_in.weight", "txt_in.weight", "proj_out.weight", f"{BLOCKS}.0.attn.norm_q.weight")
     absent = [n for n in needed if n not in shapes]
     if absent:
         raise UserInputError(f"transformer file {source} lacks {absent}: it is not a complete Qwen-Image "
                              "transformer. Choose qwen_image_fp8_e4m3fn.safetensors or qwen_image_bf16.safetensors.")
     inner_dim, in_channels = shapes["img_in.weight"]  # (heads * head_dim, 4 * latent channels)
-    head_dim = shapes["transformer_blocks.0.attn.norm_q.weight"][0]
+    head_dim = shapes[f"{BLOCKS}.0.attn.norm_q.weight"][0]
     blocks = {int(m.group(1)) for n in shapes if (m := _BLOCK.match(n))}
     return dict(
         patch_size=PATCH_SIZE,

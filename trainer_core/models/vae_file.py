@@ -10,7 +10,8 @@ names from the config instead, and a test checks it agrees with diffusers' conve
 
 The config comes from the tensor shapes (base_dim, z_dim, dim_mult, num_res_blocks,
 temperal_downsample); `latents_mean`/`latents_std` (not in the file) from the JSON beside it, else
-Qwen-Image's values below when the VAE has 16 latent channels. A diffusers-layout single file is read too.
+Qwen-Image's values (`qwen_arch.LATENTS_MEAN`/`LATENTS_STD`) when the VAE has 16 latent channels. A
+diffusers-layout single file is read too.
 """
 
 from __future__ import annotations
@@ -25,19 +26,10 @@ from torch import nn
 from ..errors import UserInputError
 from .float8 import dequantized_state_dict
 from .layouts import detect_layout, strip_prefix
+from .qwen_arch import LATENTS_MEAN as QWEN_IMAGE_LATENTS_MEAN
+from .qwen_arch import LATENTS_STD as QWEN_IMAGE_LATENTS_STD
 from .safetensors_file import SafetensorsFile
 from .streaming import assign_parameter, fill_empty
-
-# Qwen-Image's vae/config.json: per-channel latent statistics. The same numbers are ComfyUI's
-# comfy/latent_formats.py Wan21 latents_mean/latents_std and diffusers' AutoencoderKLQwenImage defaults.
-QWEN_IMAGE_LATENTS_MEAN = (
-    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
-)
-QWEN_IMAGE_LATENTS_STD = (
-    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
-)
 
 # Inside a residual block: diffusers name -> Wan name (Wan's Sequential: RMS_norm, SiLU, conv, RMS_norm,
 # SiLU, Dropout, conv).

@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 
 from ..files import write_bytes_atomic, write_safetensors_atomic
-from .components import QwenImageComponents
-from .diffusers_dir import save_diffusers_dir
-from .text_encoder_file import text_encoder_file_tensors
-from .tiny import build_tiny_components
-from .transformer_file import transformer_file_tensors
-from .vae_file import vae_file_tensors
+from ..models.components import QwenImageComponents
+from ..models.diffusers_dir import save_diffusers_dir
+from ..models.text_encoder_file import text_encoder_file_tensors
+from ..models.tiny import build_tiny_components
+from ..models.transformer_file import transformer_file_tensors
+from ..models.vae_file import vae_file_tensors
 
 EXPORT_LAYOUTS = ("comfyui", "diffusers")
 

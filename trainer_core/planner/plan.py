@@ -1,18 +1,20 @@
-"""VRAM and host-RAM planner for Qwen-Image LoRA training: predict, term by term, what a run needs.
+"""The plan maths: predict, term by term, the VRAM and host RAM a Qwen-Image LoRA training setup needs.
 
     plan = plan_memory(PlanInputs(width=1024, height=1024, rank=32, blocks_to_swap=16))
-    print(render_plan(plan))
-    choice = auto_blocks_to_swap(PlanInputs(width=1024, height=1024, rank=32), budget_bytes=16 * GIB)
+
+Pure arithmetic on a `PlanInputs` and the architecture's parameter counts: no device is probed here
+(`device.py`), no swap count searched (`search.py`), nothing formatted (`render.py`), no live model or
+dataset read (`for_run.py`), so every term can be checked against measurements on any machine.
 
 Where the numbers come from:
-- Parameter counts: the real transformer built on the meta device (`memory_arch.real_arch`).
+- Parameter counts: the real transformer built on the meta device (`arch.real_arch`).
 - Weights: float8 1 byte per parameter, float8_scaled adds one fp32 scale per output row, bf16 2 bytes;
   everything outside the block Linears (biases, norms, embedders, final layers) in the compute dtype.
 - Block swapping (`offload.BlockSwapper`): the last `blocks_to_swap` blocks' frozen Linear weights live
   in a pinned CPU master; the GPU holds a ring of `NUM_SLOTS` slots of one block's weights each.
 - LoRA: shapes of `lora.target_module_names` (the last block's dead text-stream modules left out);
   gradients in the LoRA dtype; optimizer state exactly as bitsandbytes / torch allocate it.
-- Activations: `memory_activations` (exact saved-tensor formula, measured working memory).
+- Activations: `activations.py` (exact saved-tensor formula, measured working memory).
 - Peak: during backward, block i's inputs (or saved activations) for blocks <= i are still alive while
   the LoRA gradients of blocks >= i already are; the planner takes the worst i. The optimizer step is
   a second phase (all gradients, optimizer temporaries, no activations). The larger phase counts.
@@ -23,15 +25,15 @@ All sizes are bytes; tables print GiB. A "16 GB" card has 16 GiB.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
-from .config import LORA_TARGET_PRESETS, LoraConfig, OptimizerConfig, TrainConfig
-from .memory_activations import (
+from ..config import LoraConfig, OptimizerConfig, TrainConfig
+from ..models.qwen_arch import LORA_TARGET_PRESETS
+from ..offload import NUM_SLOTS, arena_layout
+from .activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
 )
-from .memory_arch import QwenImageArch, real_arch, text_encoder_params, vae_params
-from .offload import NUM_SLOTS, arena_layout
+from .arch import QwenImageArch, real_arch, text_encoder_params, vae_params
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -278,7 +280,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
             Term(kept_name, (worst_i + 1) * kept, f"{worst_i + 1} blocks x {kept / MIB:.1f} MiB"),
             Term("one block's recomputed activations", recompute,
                  f"{n_img} image + {p.text_tokens} text tokens x batch {p.batch}" if recompute else "no checkpointing"),
-            Term("backward working memory", working, "measured per token (memory_activations)"),
+            Term("backward working memory", working, "measured per token (planner.activations)"),
             Term("largest weight upcast", upcast, f"{p.storage} -> {p.compute_dtype}, transient"),
             Term("activations outside the blocks", outside, "gradients in flight, image RoPE factors"),
         ]
@@ -329,202 +331,3 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
                       gpu_caching=gpu_caching, optimizer_step_peak=step_peak + (
                           int(step_peak * p.allocator_slack) + p.cuda_context_bytes if cuda else 0),
                       peak_phase=phase, notes=notes)
-
-
-# --------------------------------------------------------------------------------------------------
-# choosing blocks_to_swap
-
-
-@dataclass
-class SwapChoice:
-    blocks_to_swap: int | None  # None: nothing fits
-    budget_bytes: int
-    plan: MemoryPlan  # at the chosen count, or at the most swapping when nothing fits
-    advice: list[str] = field(default_factory=list)
-
-    @property
-    def fits(self) -> bool:
-        return self.blocks_to_swap is not None
-
-
-def auto_blocks_to_swap(inputs: PlanInputs, budget_bytes: int, arch: QwenImageArch | None = None) -> SwapChoice:
-    """The smallest blocks_to_swap whose planned GPU peak fits `budget_bytes`.
-
-    When even the most swapping (all blocks but one) does not fit, `blocks_to_swap` is None and `advice`
-    lists changes that would fit, each with its planned peak and the swap count it needs.
-    """
-    arch = arch or real_arch()
-    k, plan = _fewest_swapped(inputs, budget_bytes, arch)
-    if k is not None:
-        return SwapChoice(k, budget_bytes, plan)
-    return SwapChoice(None, budget_bytes, plan, _advice(plan, budget_bytes, arch))
-
-
-def _fewest_swapped(inputs: PlanInputs, budget: int, arch: QwenImageArch) -> tuple[int | None, MemoryPlan]:
-    """(smallest fitting swap count or None, its plan or the plan with the most swapping)."""
-    plan = None
-    for k in range(arch.num_blocks):
-        plan = plan_memory(dataclasses.replace(inputs, blocks_to_swap=k), arch)
-        if plan.gpu_total <= budget:
-            return k, plan
-    return None, plan
-
-
-def _advice(plan: MemoryPlan, budget: int, arch: QwenImageArch) -> list[str]:
-    p = plan.inputs
-    gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
-    lines = [f"Nothing fits in {gib(budget)}: even with {p.blocks_to_swap} of {arch.num_blocks} blocks swapped "
-             f"the GPU peak is {gib(plan.gpu_total)}. Changes that would fit (with the swap count they need):"]
-    candidates = []
-    if not p.checkpointing:
-        candidates.append(("enable gradient checkpointing", dict(checkpointing=True)))
-    if p.batch > 1:
-        candidates.append(("micro-batch 1 (use gradient accumulation instead)", dict(batch=1)))
-    if p.lora_dtype == "float32":
-        candidates.append(("LoRA dtype bfloat16", dict(lora_dtype="bfloat16")))
-    if p.optimizer == "adamw":
-        candidates.append(("optimizer adamw8bit", dict(optimizer="adamw8bit")))
-    for rank in (16, 8, 4):
-        if rank < p.rank:
-            candidates.append((f"rank {rank}", dict(rank=rank)))
-    if p.targets != "attention":
-        candidates.append(("targets 'attention'", dict(targets="attention")))
-    side = max(p.width, p.height)
-    for smaller in (1024, 896, 768, 640, 512):
-        if smaller < side:
-            w, h = p.width * smaller // side // 32 * 32, p.height * smaller // side // 32 * 32
-            candidates.append((f"resolution {w}x{h}", dict(width=w, height=h)))
-    found = False
-    for label, change in candidates:
-        k, fitting = _fewest_swapped(dataclasses.replace(p, **change), budget, arch)
-        if k is not None:
-            lines.append(f"  - {label}: {gib(fitting.gpu_total)} with blocks_to_swap={k}")
-            found = True
-    if not found:
-        lines.append("  - no single change fits; combine a lower resolution with a lower rank, or use a larger GPU")
-    return lines
-
-
-@dataclass(frozen=True)
-class Budget:
-    bytes: int
-    source: str
-    context_included: bool  # the CUDA context already exists and is not part of `bytes`
-
-
-def detect_budget(device=None, reserve_bytes: int = 512 * MIB) -> Budget:
-    """Free memory of a CUDA device now (plus what torch's cache already holds), less `reserve_bytes`.
-
-    The CUDA context exists once this runs, so its memory is already outside the free figure: plan with
-    `cuda_context_bytes=0` against this budget (`auto_for_device` does).
-    """
-    import torch
-
-    device = torch.device(device or "cuda")
-    free, total = torch.cuda.mem_get_info(device)
-    cached = torch.cuda.memory_reserved(device)
-    return Budget(free + cached - reserve_bytes, f"{device}: {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB, "
-                  f"{cached / GIB:.1f} GiB cached by torch, {reserve_bytes / GIB:.1f} GiB kept back", True)
-
-
-def auto_for_device(inputs: PlanInputs, device=None, reserve_bytes: int = 512 * MIB,
-                    arch: QwenImageArch | None = None) -> SwapChoice:
-    """`auto_blocks_to_swap` against the free memory of a CUDA device."""
-    budget = detect_budget(device, reserve_bytes)
-    return auto_blocks_to_swap(dataclasses.replace(inputs, cuda_context_bytes=0), budget.bytes, arch)
-
-
-# --------------------------------------------------------------------------------------------------
-# text
-
-
-def render_plan(plan: MemoryPlan, budget_bytes: int | None = None) -> str:
-    """The plan as a plain-text table (what the CLI prints and a node shows)."""
-    p = plan.inputs
-    lines = [
-        f"Memory plan: {p.width}x{p.height}, batch {p.batch}, {p.text_tokens} text tokens, LoRA rank {p.rank} "
-        f"({p.targets}, {p.lora_dtype}), {p.storage} blocks, {p.optimizer}, "
-        f"checkpointing {'on' if p.checkpointing else 'off'}, blocks_to_swap {p.blocks_to_swap}",
-        "",
-    ]
-    lines += _section(f"GPU at the training peak ({plan.peak_phase})", plan.gpu)
-    if budget_bytes is not None:
-        verdict = "fits" if plan.gpu_total <= budget_bytes else "does NOT fit"
-        lines.append(f"{'budget':<38}{budget_bytes / GIB:>9.2f} GiB  {verdict}")
-    lines.append(f"{'(optimizer step phase total)':<38}{plan.optimizer_step_peak / GIB:>9.2f} GiB")
-    lines.append("")
-    lines += _section("Host RAM while training", plan.host_training)
-    lines.append("")
-    lines += _section("Host RAM while loading (transformer on the CPU)", plan.host_loading)
-    lines.append("")
-    lines += _section("GPU while caching latents and prompts", plan.gpu_caching)
-    for note in plan.notes:
-        lines.append(f"note: {note}")
-    return "\n".join(lines)
-
-
-def _section(title: str, terms: list[Term]) -> list[str]:
-    width = 38
-    lines = [title, "-" * (width + 13)]
-    for t in terms:
-        lines.append(f"{t.name:<{width}}{t.bytes / GIB:>9.2f} GiB  {t.note}")
-    lines.append(f"{'total':<{width}}{sum(t.bytes for t in terms) / GIB:>9.2f} GiB")
-    return lines
-
-
-def render_choice(choice: SwapChoice) -> str:
-    head = (f"blocks_to_swap = {choice.blocks_to_swap} (the fewest that fit {choice.budget_bytes / GIB:.2f} GiB)"
-            if choice.fits else "\n".join(choice.advice))
-    return head + "\n\n" + render_plan(choice.plan, choice.budget_bytes)
-
-
-def render_budget_table(inputs: PlanInputs, budgets_gib: list[float], arch: QwenImageArch | None = None) -> str:
-    """One line per budget: the swap count it needs, the planned GPU peak and host RAM while training."""
-    lines = [f"{'budget':>8}  {'blocks_to_swap':>14}  {'GPU peak':>9}  {'host RAM (train)':>16}  {'host RAM (load)':>15}"]
-    for b in budgets_gib:
-        c = auto_blocks_to_swap(inputs, int(b * GIB), arch)
-        k = str(c.blocks_to_swap) if c.fits else "none fits"
-        lines.append(f"{b:>5.0f} GiB  {k:>14}  {c.plan.gpu_total / GIB:>5.2f} GiB  "
-                     f"{c.plan.host_training_total / GIB:>12.2f} GiB  {c.plan.host_loading_total / GIB:>11.2f} GiB")
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------------------------------
-# a run as the nodes describe it
-
-
-def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
-                   blocks_to_swap: int = 0) -> PlanInputs:
-    """Plan inputs for training `components` on a cached dataset: its largest bucket and longest caption."""
-    width, height = max((s.bucket for s in dataset.samples), key=lambda b: b[0] * b[1])
-    text_tokens = max(dataset.embedding(s.text_key).shape[0] for s in dataset.samples)
-    return PlanInputs.from_configs(
-        lora, optimizer, dataclasses.replace(train, blocks_to_swap=blocks_to_swap), width, height,
-        storage=components.storage if components.storage in ("float8", "float8_scaled") else "bfloat16",
-        text_tokens=text_tokens, device="cuda" if components.device.type == "cuda" else "cpu",
-        dataset_images=len(dataset.samples),
-    )
-
-
-def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig) -> tuple[int, str]:
-    """(blocks_to_swap to use, the plan as text) for a run. `train.blocks_to_swap` = AUTO_SWAP picks the fewest
-    swapped blocks that fit the device's free memory. On the CPU nothing is swapped under auto and there is
-    no GPU plan to show. Raises a `UserInputError` with what to change when nothing fits."""
-    import torch
-
-    from .errors import UserInputError
-    from .memory_arch import arch_for_components
-
-    auto = train.auto_swap
-    if components.device.type != "cuda":
-        return (0 if auto else train.blocks_to_swap), "CPU training: no GPU memory to plan."
-    if components.compute_dtype != torch.bfloat16:
-        return (0 if auto else train.blocks_to_swap), "The memory plan covers bfloat16 compute only."
-    arch = arch_for_components(components)
-    inputs = inputs_for_run(components, dataset, lora, optimizer, train, train.blocks_to_swap if not auto else 0)
-    if not auto:
-        return train.blocks_to_swap, render_plan(plan_memory(inputs, arch), detect_budget(components.device).bytes)
-    choice = auto_for_device(inputs, components.device, arch=arch)
-    if not choice.fits:
-        raise UserInputError("blocks_to_swap=auto: " + render_choice(choice))
-    return choice.blocks_to_swap, render_choice(choice)

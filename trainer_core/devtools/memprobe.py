@@ -1,6 +1,6 @@
 """Measure tensor memory on any device, the CPU included: what autograd saves, and the peak of live bytes.
 
-The planner (`memory.py`) predicts activation memory from formulas; these two probes are how those
+The planner (`planner/activations.py`) predicts activation memory from formulas; these two probes are how those
 formulas are checked on a machine without a GPU (tests, `benchmarks/memory_cpu.py`).
 
 - `SavedTensors`: a `saved_tensors_hooks` context that records every tensor autograd keeps for backward,

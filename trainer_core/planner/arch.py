@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .config import LORA_TARGET_PRESETS
+from ..models.qwen_arch import BLOCKS, IMG_STREAM, LORA_TARGET_PRESETS, QWEN25_VL_7B_CONFIG, split_block_module
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class QwenImageArch:
 def arch_from_transformer(transformer: nn.Module, vae_scale_factor: int | None = None) -> QwenImageArch:
     """Read the planner's numbers from a `QwenImageTransformer2DModel` (meta, CPU or GPU; with or without
     a LoRA injected). Parameter counts come from shapes only, so float8 storage does not change them."""
-    from .lora import target_module_names
+    from ..lora import target_module_names
 
     cfg = transformer.config
     block = transformer.transformer_blocks[0]
@@ -93,13 +93,13 @@ def arch_from_transformer(transformer: nn.Module, vae_scale_factor: int | None =
     )
     outside_linears = [
         m for n, m in transformer.named_modules()
-        if isinstance(m, nn.Linear) and not n.startswith("transformer_blocks")
+        if isinstance(m, nn.Linear) and not n.startswith(BLOCKS)
     ]
-    outside = sum(p.numel() for n, p in transformer.named_parameters() if not n.startswith("transformer_blocks"))
+    outside = sum(p.numel() for n, p in transformer.named_parameters() if not n.startswith(BLOCKS))
     axes = list(cfg.axes_dims_rope)
     pos_freqs = getattr(transformer.pos_embed, "pos_freqs", None)
     heads, head_dim = cfg.num_attention_heads, cfg.attention_head_dim
-    mlp = next(s for s in linears if s.name == "img_mlp.net.0.proj")
+    mlp = next(s for s in linears if s.name == IMG_STREAM["mlp0"])
     return QwenImageArch(
         num_blocks=len(transformer.transformer_blocks),
         dim=heads * head_dim, mlp_dim=mlp.out_features, heads=heads, head_dim=head_dim,
@@ -111,7 +111,7 @@ def arch_from_transformer(transformer: nn.Module, vae_scale_factor: int | None =
         block_linears=tuple(linears), block_other_params=other, outside_params=outside,
         outside_largest_linear=max(m.weight.numel() for m in outside_linears),
         lora_targets={
-            preset: tuple(_split_target(n) for n in target_module_names(transformer, preset))
+            preset: tuple(split_block_module(n) for n in target_module_names(transformer, preset))
             for preset in LORA_TARGET_PRESETS
         },
     )
@@ -123,11 +123,6 @@ def arch_for_components(components) -> QwenImageArch:
     vae = getattr(components, "vae", None)
     scale = 2 ** len(vae.config.temperal_downsample) if vae is not None else None
     return arch_from_transformer(components.transformer, vae_scale_factor=scale)
-
-
-def _split_target(full_name: str) -> tuple[int, str]:
-    _, index, module = full_name.split(".", 2)  # "transformer_blocks.<i>.<module>"
-    return int(index), module
 
 
 def default_vae_scale_factor() -> int:
@@ -142,24 +137,15 @@ def default_vae_scale_factor() -> int:
 @functools.lru_cache(maxsize=1)
 def real_arch() -> QwenImageArch:
     """The real Qwen-Image transformer's numbers, from a model built on the meta device (~0.3 s)."""
-    from .models.streaming import empty_transformer
+    from ..models.streaming import empty_transformer
 
     return arch_from_transformer(empty_transformer({}))
 
 
-# Qwen2.5-VL-7B-Instruct, the text encoder of Qwen-Image (its published config; its hidden size is the
-# transformer's joint_attention_dim 3584). Counted on the meta device in `text_encoder_params`.
-QWEN25_VL_7B = dict(
-    text_config=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                     num_key_value_heads=4, vocab_size=152064),
-    vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584),
-    tie_word_embeddings=False,
-)
-
-
 @functools.lru_cache(maxsize=1)
 def text_encoder_params() -> tuple[int, int]:
-    """(all parameters, parameters of the language model's decoder Linears) of Qwen2.5-VL-7B.
+    """(all parameters, parameters of the language model's decoder Linears) of Qwen2.5-VL-7B, the text
+    encoder of Qwen-Image (`models.qwen_arch.QWEN25_VL_7B_CONFIG`), counted on the meta device.
 
     The decoder Linears are what a float8 text encoder file stores in float8; embeddings, the vision
     tower and the LM head stay in bf16.
@@ -168,7 +154,7 @@ def text_encoder_params() -> tuple[int, int]:
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     with torch.device("meta"):
-        model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**QWEN25_VL_7B))
+        model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**QWEN25_VL_7B_CONFIG))
     total = sum(p.numel() for p in model.parameters())
     decoder_linears = sum(
         m.weight.numel() for n, m in model.named_modules()

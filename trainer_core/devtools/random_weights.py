@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .float8 import SCALE_BUFFER, install_frozen_compute, quantize_weight
-from .streaming import empty_transformer
+from ..models.float8 import SCALE_BUFFER, install_frozen_compute, quantize_weight
+from ..models.streaming import empty_transformer
 
 
 @torch.no_grad()

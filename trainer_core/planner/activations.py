@@ -3,9 +3,9 @@
 `block_saved_bytes` lists, tensor by tensor, what autograd keeps for the backward of one
 `QwenImageTransformerBlock` (diffusers 0.42) with a peft LoRA (0.21) on some of its Linears and the frozen
 Linears computed by `FrozenLinearFunction` (which saves nothing). It is exact: `tests/test_memory.py`
-compares it with `memprobe.SavedTensors` on real blocks, byte for byte. It assumes the block's inputs
-require grad (true for every block but the first, whose inputs come from frozen embedders), so it is an
-upper bound for block 0 by one LayerNorm input per stream.
+compares it with `devtools.memprobe.SavedTensors` on real blocks, byte for byte. It assumes the block's
+inputs require grad (true for every block but the first, whose inputs come from frozen embedders), so it
+is an upper bound for block 0 by one LayerNorm input per stream.
 
 Per stream (image: N = image tokens, text: N = text tokens), rows = batch x N, D = width, F = MLP width,
 H = heads, a = activation bytes (bf16: 2), l = LoRA weight bytes, r = rank, sigma = LayerNorm statistic
@@ -32,19 +32,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import LORA_TARGET_PRESETS
-from .memory_arch import QwenImageArch
+from ..models.qwen_arch import IMG_STREAM as IMG
+from ..models.qwen_arch import LORA_TARGET_PRESETS
+from ..models.qwen_arch import TXT_STREAM as TXT
+from .arch import QwenImageArch
 
-IMG = dict(mod="img_mod.1", q="attn.to_q", k="attn.to_k", v="attn.to_v", out="attn.to_out.0",
-           mlp0="img_mlp.net.0.proj", mlp2="img_mlp.net.2")
-TXT = dict(mod="txt_mod.1", q="attn.add_q_proj", k="attn.add_k_proj", v="attn.add_v_proj", out="attn.to_add_out",
-           mlp0="txt_mlp.net.0.proj", mlp2="txt_mlp.net.2")
 FP32 = 4
 
 
 @dataclass(frozen=True)
 class ActivationSettings:
-    preset: str  # LoRA target preset (config.LORA_TARGET_PRESETS)
+    preset: str  # LoRA target preset (models.qwen_arch.LORA_TARGET_PRESETS)
     rank: int
     lora_bytes: int  # 4 for float32 LoRA weights, 2 for bfloat16
     dropout: bool  # LoRA dropout > 0

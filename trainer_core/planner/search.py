@@ -1,0 +1,84 @@
+"""Choosing blocks_to_swap: the fewest swapped blocks whose planned GPU peak fits a budget.
+
+Pure search over `plan.plan_memory`: the budget is a number handed in, never read from a device
+(`device.py` does that), so the choice is testable anywhere. When nothing fits, `advice` says which
+single change (checkpointing, batch, LoRA dtype, optimizer, rank, targets, resolution) would fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .arch import QwenImageArch, real_arch
+from .plan import GIB, MemoryPlan, PlanInputs, plan_memory
+
+
+@dataclass
+class SwapChoice:
+    blocks_to_swap: int | None  # None: nothing fits
+    budget_bytes: int
+    plan: MemoryPlan  # at the chosen count, or at the most swapping when nothing fits
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.blocks_to_swap is not None
+
+
+def auto_blocks_to_swap(inputs: PlanInputs, budget_bytes: int, arch: QwenImageArch | None = None) -> SwapChoice:
+    """The smallest blocks_to_swap whose planned GPU peak fits `budget_bytes`.
+
+    When even the most swapping (all blocks but one) does not fit, `blocks_to_swap` is None and `advice`
+    lists changes that would fit, each with its planned peak and the swap count it needs.
+    """
+    arch = arch or real_arch()
+    k, plan = _fewest_swapped(inputs, budget_bytes, arch)
+    if k is not None:
+        return SwapChoice(k, budget_bytes, plan)
+    return SwapChoice(None, budget_bytes, plan, _advice(plan, budget_bytes, arch))
+
+
+def _fewest_swapped(inputs: PlanInputs, budget: int, arch: QwenImageArch) -> tuple[int | None, MemoryPlan]:
+    """(smallest fitting swap count or None, its plan or the plan with the most swapping)."""
+    plan = None
+    for k in range(arch.num_blocks):
+        plan = plan_memory(dataclasses.replace(inputs, blocks_to_swap=k), arch)
+        if plan.gpu_total <= budget:
+            return k, plan
+    return None, plan
+
+
+def _advice(plan: MemoryPlan, budget: int, arch: QwenImageArch) -> list[str]:
+    p = plan.inputs
+    gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
+    lines = [f"Nothing fits in {gib(budget)}: even with {p.blocks_to_swap} of {arch.num_blocks} blocks swapped "
+             f"the GPU peak is {gib(plan.gpu_total)}. Changes that would fit (with the swap count they need):"]
+    candidates = []
+    if not p.checkpointing:
+        candidates.append(("enable gradient checkpointing", dict(checkpointing=True)))
+    if p.batch > 1:
+        candidates.append(("micro-batch 1 (use gradient accumulation instead)", dict(batch=1)))
+    if p.lora_dtype == "float32":
+        candidates.append(("LoRA dtype bfloat16", dict(lora_dtype="bfloat16")))
+    if p.optimizer == "adamw":
+        candidates.append(("optimizer adamw8bit", dict(optimizer="adamw8bit")))
+    for rank in (16, 8, 4):
+        if rank < p.rank:
+            candidates.append((f"rank {rank}", dict(rank=rank)))
+    if p.targets != "attention":
+        candidates.append(("targets 'attention'", dict(targets="attention")))
+    side = max(p.width, p.height)
+    for smaller in (1024, 896, 768, 640, 512):
+        if smaller < side:
+            w, h = p.width * smaller // side // 32 * 32, p.height * smaller // side // 32 * 32
+            candidates.append((f"resolution {w}x{h}", dict(width=w, height=h)))
+    found = False
+    for label, change in candidates:
+        k, fitting = _fewest_swapped(dataclasses.replace(p, **change), budget, arch)
+        if k is not None:
+            lines.append(f"  - {label}: {gib(fitting.gpu_total)} with blocks_to_swap={k}")
+            found = True
+    if not found:
+        lines.append("  - no single change fits; combine a lower resolution with a lower rank, or use a larger GPU")
+    return lines
