@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 from ..trainer_core import registry
-from ..trainer_core.config import TrainConfig, check_run_name, to_dict
+from ..trainer_core.config import NO_LORA, InitConfig, TrainConfig, TrainStepsConfig, check_run_name, to_dict
 from ..trainer_core.plot import loss_plot
 from ..trainer_core.trainer import Trainer
 from . import host
 from .common import CACHED, CATEGORY, LORA_CONFIG, MODELS, OPTIMIZER_CONFIG, TRAINER, engine_mode
-from .widgets import widget, widgets
+from .widgets import widgets
 
 log = logging.getLogger("qwen_lora")
 
@@ -26,7 +26,6 @@ TRAIN_WIDGETS = (
 # The seed widget is called training_seed: ComfyUI gives any INT input named "seed" a "randomize after
 # queue" control, which would change the seed, hence start a new run, on every queue.
 WIDGET_NAMES = {"seed": "training_seed"}
-NO_LORA = "(none: start from zero)"
 AUTO_SWAP = -1
 
 
@@ -65,17 +64,8 @@ class QwenLoRAInitTrainer:
             "cached_dataset": (CACHED, {"tooltip": "From the Cache node."}),
             "lora_config": (LORA_CONFIG, {"tooltip": "From the LoRA Config node."}),
             "optimizer_config": (OPTIMIZER_CONFIG, {"tooltip": "From the Optimizer node."}),
-            **{WIDGET_NAMES.get(n, n): spec for n, spec in widgets(TrainConfig, *TRAIN_WIDGETS).items()},
-            "blocks_to_swap": widget(TrainConfig, "blocks_to_swap", default=AUTO_SWAP, min=AUTO_SWAP, tooltip=(
-                "Transformer blocks whose frozen weights stay in CPU RAM and are copied to the GPU when needed "
-                "(slower, less VRAM). -1 = auto: the fewest that fit the GPU's free memory, from the memory "
-                "plan shown in the status output.")),
-            "continue_from_lora": ([NO_LORA, *host.model_file_list("loras")], {
-                "default": NO_LORA,
-                "tooltip": "Start from this LoRA file (ComfyUI, diffusers or kohya/musubi layout) instead of from "
-                           "zero. Its rank, alpha and layers replace the LoRA Config's; optimizer and steps start "
-                           "fresh.",
-            }),
+            **widgets(TrainConfig, *TRAIN_WIDGETS, rename=WIDGET_NAMES),
+            **widgets(InitConfig, "continue_from_lora"),
         }}
 
     def init(self, models, cached_dataset, lora_config, optimizer_config, continue_from_lora=NO_LORA, **widget_values):
@@ -129,8 +119,7 @@ class QwenLoRATrain:
     def INPUT_TYPES(cls):
         return {"required": {
             "trainer": (TRAINER, {"tooltip": "From Init Trainer or another Train Steps node."}),
-            "steps": ("INT", {"default": 100, "min": 1, "max": 1_000_000,
-                              "tooltip": "How many optimizer steps this execution trains."}),
+            **widgets(TrainStepsConfig, "steps"),
         }}
 
     @classmethod

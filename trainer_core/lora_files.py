@@ -26,11 +26,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import LORA_TARGET_PRESETS
+from .config import LORA_LAYOUTS, LORA_TARGET_PRESETS
 from .errors import UserInputError
 from .lora import COMFY_PREFIX, adapter_weights, comfyui_state_dict, lora_layers
 
-LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")
 DIFFUSERS_PREFIX = "transformer."
 KOHYA_PREFIX = "lora_unet_"
 B_SCALE_KEY = "qwen_lora.lora_B_scale"  # metadata: B in the file = trained B * this
