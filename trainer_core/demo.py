@@ -58,9 +58,10 @@ class DemoResult:
 
 
 def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = False, log=print,
-             components: QwenImageComponents | None = None) -> DemoResult:
+             components: QwenImageComponents | None = None, blocks_to_swap: int | str = 1) -> DemoResult:
     """Train to `steps` total steps on the generated dataset; with `resume`, continue from the checkpoint in
-    `out` first. `components` default to the built-in tiny model (float8 blocks)."""
+    `out` first. `components` default to the built-in tiny model (float8 blocks). `blocks_to_swap`: a count,
+    or 'auto' / -1 to let the memory planner choose."""
     out = Path(out)
     run_dir = out / "run"
     if not resume:
@@ -76,7 +77,8 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = Fa
         LoraConfig(rank=8, alpha=8.0, targets="all"),
         OptimizerConfig(optimizer="adamw8bit", learning_rate=2e-3, warmup_steps=10, schedule="cosine",
                         schedule_steps=SCHEDULE_STEPS, min_lr_ratio=0.1),
-        TrainConfig(run_name="demo", seed=seed, micro_batch_size=2, gradient_checkpointing=True, blocks_to_swap=1,
+        TrainConfig(run_name="demo", seed=seed, micro_batch_size=2, gradient_checkpointing=True,
+                    blocks_to_swap=blocks_to_swap,
                     checkpoint_every=50),
         run_dir=run_dir,
     )
