@@ -225,8 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export-tiny", help="write the tiny test model as ComfyUI single files (every format, "
                                                 "with config JSONs and the tokenizer) or as a diffusers folder")
     export.add_argument("dir", help="output folder")
-    export.add_argument("--layout", choices=("comfyui", "diffusers"), default="comfyui",
-                        help="ComfyUI single files or a diffusers folder (default: comfyui)")
+    from .models.export import EXPORT_LAYOUTS
+
+    export.add_argument("--layout", choices=EXPORT_LAYOUTS, default=EXPORT_LAYOUTS[0],
+                        help=f"ComfyUI single files or a diffusers folder (default: {EXPORT_LAYOUTS[0]})")
     export.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0, help="seed of the random weights"))
     export.set_defaults(func=cmd_export_tiny)
 
