@@ -91,6 +91,18 @@ def test_every_widget_of_every_node_is_its_config_field(pack):
     assert checked >= 60  # every widget of the ten nodes
 
 
+def test_every_setting_of_a_node_has_its_widget(pack):
+    """The other way round: each field of a node's config classes is one of its widgets (no setting that
+    the canvas cannot reach)."""
+    config = pack_module(pack, "trainer_core.config")
+    used: dict[str, set[str]] = {}
+    for node, _, _, cls, f in widget_fields(pack):
+        used.setdefault(node, set()).add(f"{cls.__name__}.{f.name}")
+    for node, names in NODE_SETTINGS.items():
+        fields = {f"{name}.{f.name}" for name in names for f in dataclasses.fields(getattr(config, name))}
+        assert used.get(node, set()) == fields, f"{node}: settings without a widget: {fields - used.get(node, set())}"
+
+
 def test_file_choices_list_the_model_folder_and_preselect_the_usual_file(pack):
     required = pack.NODE_CLASS_MAPPINGS["QwenLoRALoadModels"].INPUT_TYPES()["required"]
     assert required["transformer"] == (MODEL_FILES["diffusion_models"], {
