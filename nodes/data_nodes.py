@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..trainer_core.cache import build_cache
-from ..trainer_core.config import DatasetConfig
+from ..trainer_core.config import CacheConfig, DatasetConfig
 from ..trainer_core.data import folder_state, load_dataset
 from ..trainer_core.files import inside
 from . import host
@@ -56,19 +56,7 @@ class QwenLoRACache:
         return {"required": {
             "models": (MODELS, {"tooltip": "From Load Qwen-Image (training)."}),
             "dataset": (DATASET, {"tooltip": "From the Dataset node."}),
-            "preview_prompts": ("STRING", {
-                "multiline": True, "default": "",
-                "tooltip": "One prompt per line for the Preview node. They are encoded now, because the text "
-                           "encoder is freed after caching.",
-            }),
-            "negative_prompt": ("STRING", {"default": "", "tooltip": "Negative prompt for previews (CFG)."}),
-            "caching_batch_size": ("INT", {"default": 4, "min": 1, "max": 64,
-                                           "tooltip": "Images or prompts encoded at once."}),
-            "cache_folder": ("STRING", {
-                "default": "", "tooltip": "Folder inside ComfyUI's output folder for the cache. Empty: "
-                                          "qwen_lora_training/cache. Entries are keyed by content, so one "
-                                          "folder serves many datasets and models.",
-            }),
+            **widgets(CacheConfig, "preview_prompts", "negative_prompt", "caching_batch_size", "cache_folder"),
         }}
 
     def cache(self, models, dataset, preview_prompts, negative_prompt, caching_batch_size, cache_folder):

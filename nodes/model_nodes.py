@@ -4,36 +4,21 @@ from __future__ import annotations
 
 import torch
 
+from ..trainer_core.config import MODEL_SOURCES, LoadConfig
 from ..trainer_core.errors import UserInputError
-from ..trainer_core.models import (
-    STORAGE_MODES, TEXT_ENCODER_FP8_MODES, build_tiny_components, load_diffusers_dir, load_single_files,
-)
+from ..trainer_core.models import build_tiny_components, load_diffusers_dir, load_single_files
 from ..trainer_core.models.tokenizer import tokenizer_candidates
 from . import host
 from .common import CATEGORY, MODELS, engine_mode
+from .widgets import widgets
 
-FILES = "ComfyUI model files"
-DIFFUSERS = "diffusers folder"
-TINY = "tiny test model (random weights)"
-
-# The file names of ComfyUI's repackaged Qwen-Image, preselected when present.
-DEFAULT_FILES = {
-    "diffusion_models": "qwen_image_fp8_e4m3fn.safetensors",
-    "text_encoders": "qwen_2.5_vl_7b_fp8_scaled.safetensors",
-    "vae": "qwen_image_vae.safetensors",
-}
+FILES, DIFFUSERS, TINY = MODEL_SOURCES
 
 
 def resolve_compute_dtype(choice: str, device: torch.device) -> torch.dtype:
     if choice == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, choice)
-
-
-def _file_choice(kind: str, tooltip: str) -> tuple:
-    files = host.model_file_list(kind)
-    default = DEFAULT_FILES[kind] if DEFAULT_FILES[kind] in files else (files[0] if files else "")
-    return (files, {"default": default, "tooltip": tooltip})
 
 
 class QwenLoRALoadModels:
@@ -50,38 +35,7 @@ class QwenLoRALoadModels:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "source": ([FILES, DIFFUSERS, TINY], {
-                    "default": FILES,
-                    "tooltip": "Where the model comes from: the three files below, a diffusers-format folder, or "
-                               "the tiny random model used for tests.",
-                }),
-                "transformer": _file_choice("diffusion_models", "Qwen-Image transformer file from "
-                                            "models/diffusion_models (qwen_image_fp8_e4m3fn or qwen_image_bf16)."),
-                "text_encoder": _file_choice("text_encoders", "Qwen2.5-VL 7B text encoder from models/text_encoders "
-                                             "(qwen_2.5_vl_7b_fp8_scaled or qwen_2.5_vl_7b)."),
-                "vae": _file_choice("vae", "Qwen-Image VAE from models/vae (qwen_image_vae)."),
-                "diffusers_folder": ("STRING", {
-                    "default": "", "tooltip": "Path of a diffusers Qwen-Image folder (with transformer/, vae/, "
-                                              "text_encoder/, tokenizer/). Used when source is 'diffusers folder'.",
-                }),
-                "storage": (list(STORAGE_MODES), {
-                    "default": "float8",
-                    "tooltip": "How the transformer's block weights are stored: float8 (half of bf16's memory), "
-                               "float8_scaled (a scale per row: more accurate), or bfloat16/float32.",
-                }),
-                "compute_dtype": (["auto", "bfloat16", "float32"], {
-                    "default": "auto", "tooltip": "Precision of the computation: auto is bfloat16 on a GPU, "
-                                                  "float32 on a CPU.",
-                }),
-                "text_encoder_fp8": (list(TEXT_ENCODER_FP8_MODES), {
-                    "default": "dequantize",
-                    "tooltip": "An fp8-scaled text encoder: dequantize to the compute dtype while loading (faster "
-                               "caching), or keep its float8 weights (half the memory while caching).",
-                }),
-            }
-        }
+        return {"required": widgets(LoadConfig)}
 
     def load(self, source, transformer, text_encoder, vae, diffusers_folder, storage, compute_dtype,
              text_encoder_fp8):

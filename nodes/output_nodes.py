@@ -6,12 +6,13 @@ from pathlib import Path
 
 import torch
 
+from ..trainer_core.config import LossPlotConfig, PreviewConfig, SaveConfig
 from ..trainer_core.errors import UserInputError
 from ..trainer_core.files import inside
-from ..trainer_core.lora_files import LORA_LAYOUTS
 from ..trainer_core.plot import loss_plot
 from . import host
 from .common import CATEGORY, TRAINER, engine_mode, pil_to_image
+from .widgets import widgets
 
 
 class QwenLoRAPreview:
@@ -29,15 +30,7 @@ class QwenLoRAPreview:
     def INPUT_TYPES(cls):
         return {"required": {
             "trainer": (TRAINER, {"tooltip": "From Train Steps (so the preview follows training)."}),
-            "prompt": ("STRING", {"multiline": True, "default": "",
-                                  "tooltip": "A preview prompt cached by the Cache node; empty: the first one."}),
-            "width": ("INT", {"default": 1024, "min": 64, "max": 4096, "step": 32, "tooltip": "Image width."}),
-            "height": ("INT", {"default": 1024, "min": 64, "max": 4096, "step": 32, "tooltip": "Image height."}),
-            "steps": ("INT", {"default": 20, "min": 1, "max": 200, "tooltip": "Sampling steps."}),
-            "cfg": ("FLOAT", {"default": 4.0, "min": 1.0, "max": 20.0, "step": 0.1,
-                              "tooltip": "True CFG scale against the cached negative prompt (1 = off)."}),
-            "preview_seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1,
-                                     "tooltip": "Noise seed of the preview; keep it fixed to compare steps."}),
+            **widgets(PreviewConfig, "prompt", "width", "height", "steps", "cfg", "preview_seed"),
         }}
 
     def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed):
@@ -70,15 +63,11 @@ class QwenLoRALossPlot:
     def INPUT_TYPES(cls):
         return {"required": {
             "trainer": (TRAINER, {"tooltip": "From Train Steps."}),
-            "width": ("INT", {"default": 768, "min": 256, "max": 4096, "tooltip": "Plot width in pixels."}),
-            "height": ("INT", {"default": 384, "min": 128, "max": 4096, "tooltip": "Plot height in pixels."}),
+            **widgets(LossPlotConfig, "width", "height"),
         }}
 
     def plot(self, trainer, width, height):
         return (pil_to_image(loss_plot(trainer.loss_history, width, height, title=trainer.train_cfg.run_name)),)
-
-
-SAVE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def lora_output_path(loras_dir: Path, filename: str, run_name: str, step: int) -> Path:
@@ -105,18 +94,11 @@ class QwenLoRASave:
     def INPUT_TYPES(cls):
         return {"required": {
             "trainer": (TRAINER, {"tooltip": "From Train Steps."}),
-            "filename": ("STRING", {"default": "{run_name}_{step}", "tooltip": "File name inside the loras "
-                                    "folder; {run_name} and {step} are filled in. Subfolders allowed."}),
-            "dtype": (list(SAVE_DTYPES), {"default": "bfloat16", "tooltip": "Precision of the saved weights."}),
-            "layout": (list(LORA_LAYOUTS), {
-                "default": "comfyui",
-                "tooltip": "Key layout: comfyui (diffusion_model.* + alpha; ComfyUI and diffusers load it), "
-                           "kohya (lora_unet_*; kohya/musubi tools), diffusers (transformer.*, alpha folded in).",
-            }),
+            **widgets(SaveConfig, "filename", "dtype", "layout"),
         }}
 
     def save(self, trainer, filename, dtype, layout="comfyui"):
         path = lora_output_path(host.loras_directory(), filename, trainer.train_cfg.run_name, trainer.step)
         with engine_mode():
-            trainer.save_lora(path, SAVE_DTYPES[dtype], layout=layout)
+            trainer.save_lora(path, getattr(torch, dtype), layout=layout)
         return {"ui": {"text": [str(path)]}, "result": (str(path),)}

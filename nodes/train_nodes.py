@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..trainer_core import runs
-from ..trainer_core.config import TrainConfig, check_run_name
+from ..trainer_core.config import NO_LORA, InitConfig, TrainConfig, TrainStepsConfig, check_run_name
 from ..trainer_core.plot import loss_plot
 from ..trainer_core.trainer import Trainer
 from . import host
@@ -24,7 +24,6 @@ TRAIN_WIDGETS = (
 # The seed widget is called training_seed: ComfyUI gives any INT input named "seed" a "randomize after
 # queue" control, which would change the seed, hence start a new run, on every queue.
 WIDGET_NAMES = {"seed": "training_seed"}
-NO_LORA = "(none: start from zero)"
 
 
 def run_directory(run_name: str) -> Path:
@@ -51,13 +50,8 @@ class QwenLoRAInitTrainer:
             "cached_dataset": (CACHED, {"tooltip": "From the Cache node."}),
             "lora_config": (LORA_CONFIG, {"tooltip": "From the LoRA Config node."}),
             "optimizer_config": (OPTIMIZER_CONFIG, {"tooltip": "From the Optimizer node."}),
-            **{WIDGET_NAMES.get(n, n): spec for n, spec in widgets(TrainConfig, *TRAIN_WIDGETS).items()},
-            "continue_from_lora": ([NO_LORA, *host.model_file_list("loras")], {
-                "default": NO_LORA,
-                "tooltip": "Start from this LoRA file (ComfyUI, diffusers or kohya/musubi layout) instead of from "
-                           "zero. Its rank, alpha and layers replace the LoRA Config's; optimizer and steps start "
-                           "fresh.",
-            }),
+            **widgets(TrainConfig, *TRAIN_WIDGETS, rename=WIDGET_NAMES),
+            **widgets(InitConfig, "continue_from_lora"),
         }}
 
     @classmethod
@@ -125,8 +119,7 @@ class QwenLoRATrain:
     def INPUT_TYPES(cls):
         return {"required": {
             "trainer": (TRAINER, {"tooltip": "From Init Trainer or another Train Steps node."}),
-            "steps": ("INT", {"default": 100, "min": 1, "max": 1_000_000,
-                              "tooltip": "How many optimizer steps this execution trains."}),
+            **widgets(TrainStepsConfig, "steps"),
         }}
 
     @classmethod

@@ -1,36 +1,53 @@
-"""ComfyUI input specs built from the engine's config metadata, so tooltips and ranges match it."""
+"""ComfyUI input specs built from the engine's config metadata, so tooltips, defaults and ranges match it.
+
+Every widget of every node comes from a config field (trainer_core/config.py): its help is the tooltip,
+its default, min/max/step and choices are the widget's. What only the host knows is filled in here: a
+field with `file_list` metadata lists the files of that ComfyUI model folder (after its `extra_choices`),
+with the field's default preselected when present (else the first). Only sockets (linked inputs) carry a
+tooltip written in nodes/.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from ..trainer_core.config import field_meta
+from ..trainer_core.config import field_default, field_meta
+from . import host
 
 
-def widget(cls: type, name: str, **override: Any) -> tuple:
+def widget(cls: type, name: str) -> tuple:
     """(TYPE, options) for field `name` of config dataclass `cls`."""
     meta = field_meta(cls, name)
-    default = next(f.default for f in dataclasses.fields(cls) if f.name == name)
+    default = field_default(cls, name)
     options: dict[str, Any] = {"default": default, "tooltip": meta["help"]}
+    if "file_list" in meta:
+        files = [*meta.get("extra_choices", ()), *host.model_file_list(meta["file_list"])]
+        options["default"] = default if default in files else (files[0] if files else "")
+        return (files, options)
     if "choices" in meta:
-        options.update(override)
         return (list(meta["choices"]), options)
     for key in ("min", "max", "step"):
         if key in meta:
             options[key] = meta[key]
-    options.update(override)
     if isinstance(default, bool):
         kind = "BOOLEAN"
     elif isinstance(default, int):
         kind = "INT"
     elif isinstance(default, float):
         kind = "FLOAT"
-        options.setdefault("round", False)
+        options["round"] = False  # keep values such as 1e-8 exact instead of rounding them to `step`
     else:
         kind = "STRING"
+        if meta.get("multiline"):
+            options["multiline"] = True
     return (kind, options)
 
 
-def widgets(cls: type, *names: str) -> dict[str, tuple]:
-    return {name: widget(cls, name) for name in names}
+def widgets(cls: type, *names: str, rename: dict[str, str] | None = None) -> dict[str, tuple]:
+    """Widgets for fields `names` of `cls` (all its fields when none are named), in that order. `rename`
+    maps a field name to the node's input name where they differ."""
+    import dataclasses
+
+    names = names or tuple(f.name for f in dataclasses.fields(cls))
+    rename = rename or {}
+    return {rename.get(name, name): widget(cls, name) for name in names}

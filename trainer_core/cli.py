@@ -1,4 +1,8 @@
-"""Command line: `python -m trainer_core demo|plan`."""
+"""Command line: `python -m trainer_core demo|export-tiny|plan`.
+
+Flags that are settings take their help, default, choices and range from the config metadata
+(`config_arg`); a bad value of any flag ends in one line, `error: ...` naming the flag, and exit code 2.
+"""
 
 from __future__ import annotations
 
@@ -29,15 +33,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     files = (args.transformer, args.text_encoder, args.vae)
     components = None
+    if any(files) and not all(files):
+        raise UserInputError("demo from files needs all three of --transformer, --text-encoder and --vae.")
+    check_writable_folder(args.out, "--out")
     if any(files):
-        if not all(files):
-            raise UserInputError("demo from files needs all three of --transformer, --text-encoder and --vae.")
         from .models import load_single_files
 
         # As the built-in demo: float8 block weights, fp32 compute (the CPU has no fast bf16 matmul).
         components = load_single_files(*files, tokenizer_dir=args.tokenizer, storage="float8",
                                        compute_dtype=torch.float32, text_encoder_fp8=args.text_encoder_fp8)
         print(f"model: {components.name} from {', '.join(files)}")
+    if components is not None:
+        num_blocks = components.num_blocks
+    else:
+        from .models.tiny import TINY_TRANSFORMER
+
+        num_blocks = TINY_TRANSFORMER["num_layers"]
+    if args.blocks_to_swap > num_blocks - 1:
+        raise UserInputError(
+            f"--blocks-to-swap {args.blocks_to_swap}: the transformer has {num_blocks} blocks and at least one must "
+            f"stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' to let the memory planner choose."
+        )
     result = run_demo(args.out, steps=args.steps, seed=args.seed, components=components,
                       resume=args.resume, blocks_to_swap=args.blocks_to_swap)
     print(f"loss: first step {result.first_loss:.4f}, last step {result.last_loss:.4f} ({result.steps} steps)")
@@ -50,94 +66,199 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_export_tiny(args: argparse.Namespace) -> int:
     from .devtools.export import export_tiny
 
+    check_writable_folder(args.dir, "dir")
     for name, path in export_tiny(args.dir, layout=args.layout, seed=args.seed).items():
         print(f"{name}: {path}")
     return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from .config import AUTO_SWAP, PlanConfig, field_default
+    from .errors import UserInputError
     from .planner import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
+    from .planner.arch import real_arch
 
-    width = args.width or args.resolution
-    height = args.height or args.resolution
+    num_blocks = real_arch().num_blocks
+    if args.blocks_to_swap > num_blocks - 1:
+        raise UserInputError(
+            f"--blocks-to-swap {args.blocks_to_swap}: Qwen-Image has {num_blocks} transformer blocks and at least one "
+            f"must stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' (or leave it out) to let the planner choose."
+        )
+    width = args.width if args.width is not None else args.resolution
+    height = args.height if args.height is not None else args.resolution
+    auto = args.blocks_to_swap == AUTO_SWAP
     inputs = PlanInputs(
         width=width, height=height, batch=args.batch, text_tokens=args.text_tokens, rank=args.rank,
         targets=args.targets, lora_dtype=args.lora_dtype, storage=args.storage,
-        checkpointing=not args.no_checkpointing, blocks_to_swap=args.blocks_to_swap or 0,
+        checkpointing=not args.no_checkpointing, blocks_to_swap=0 if auto else args.blocks_to_swap,
         optimizer=args.optimizer, grad_accum_steps=args.grad_accum, dataset_images=args.images,
         text_encoder_storage=args.text_encoder_storage,
     )
-    if args.blocks_to_swap is not None:
+    if not auto:
         budget = int(args.budget_gb * GIB) if args.budget_gb is not None else None
         print(render_plan(plan_memory(inputs), budget))
         return 0
-    choice = auto_blocks_to_swap(inputs, int(args.budget_gb * GIB))
+    budget_gb = args.budget_gb if args.budget_gb is not None else field_default(PlanConfig, "budget_gb")
+    choice = auto_blocks_to_swap(inputs, int(budget_gb * GIB))
     print(render_choice(choice))
     return 0 if choice.fits else 1
 
 
-def _swap_count(text: str) -> int:
-    """argparse type for --blocks-to-swap: a number or 'auto', with the engine's own message when wrong."""
-    from .config import parse_blocks_to_swap
+# --------------------------------------------------------------------------------------------------
+# flags from the config metadata
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises a UserInputError instead of printing usage and exiting: main() prints one line,
+    `error: ...`, naming the flag, and returns 2."""
+
+    def error(self, message: str):
+        from .errors import UserInputError
+
+        raise UserInputError(f"{message} (see: {self.prog} --help)")
+
+
+def config_arg(cls: type, name: str, shown_default=None, **override) -> dict:
+    """argparse keyword arguments for setting `name` of config dataclass `cls`: its help, default, choices,
+    and a type that refuses values outside its range or step. `override` replaces any of them (a flag
+    whose default differs from the canvas', or a help that says what the flag means in its command);
+    `shown_default` is the default the help names when the command, not argparse, fills it in."""
+    from .config import check_value, field_default, field_meta
+
+    meta = field_meta(cls, name)
+    default = field_default(cls, name)
+    kwargs: dict = {"default": default, "help": meta["help"]}
+    if "choices" in meta:
+        kwargs["choices"] = list(meta["choices"])
+    elif isinstance(default, (int, float)) and not isinstance(default, bool):
+        kwargs["type"] = _checked(cls, name, type(default), check_value)
+        kwargs["metavar"] = "N" if isinstance(default, int) else "X"
+    kwargs.update(override)
+    shown = kwargs["default"] if shown_default is None else shown_default
+    if shown is not None:
+        kwargs["help"] = f"{kwargs['help']} (default: {shown})"
+    kwargs["help"] = kwargs["help"].replace("%", "%%")
+    return kwargs
+
+
+def _checked(cls: type, name: str, kind: type, check_value, parse=None):
+    def convert(text: str):
+        try:
+            value = parse(text) if parse is not None else kind(text)
+        except ValueError as e:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(str(e) if parse is not None else f"{text!r} is not {what}") from None
+        why = check_value(cls, name, value)
+        if why is not None:
+            raise argparse.ArgumentTypeError(f"{text} {why}")
+        return value
+
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def blocks_to_swap_arg(**override) -> dict:
+    """--blocks-to-swap: 'auto' or a number (config.parse_blocks_to_swap), within TrainConfig's range."""
+    from .config import TrainConfig, check_value, parse_blocks_to_swap
+
+    kwargs = config_arg(TrainConfig, "blocks_to_swap", **override)  # a default of -1 means auto
+    kwargs["type"] = _checked(TrainConfig, "blocks_to_swap", int, check_value, parse=parse_blocks_to_swap)
+    kwargs["metavar"] = "N|auto"
+    return kwargs
+
+
+def existing_path(kind: str):
+    """An argparse type: a path that exists and is a `kind` ('file' or 'folder')."""
+    from pathlib import Path
+
+    def convert(text: str) -> str:
+        path = Path(text).expanduser()
+        ok = path.is_file() if kind == "file" else path.is_dir()
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an existing {kind}: check the path")
+        return str(path)
+
+    return convert
+
+
+def check_writable_folder(folder: str, flag: str) -> None:
+    """Make `folder` (and its parents) and write a probe file there, or say why not: before any work starts."""
+    import tempfile
+    from pathlib import Path
+
     from .errors import UserInputError
 
     try:
-        return parse_blocks_to_swap(text)
-    except UserInputError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        path = Path(folder).expanduser()
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise UserInputError(f"{flag} {folder}: cannot write there ({e.strerror or e}): choose a folder you can "
+                             "write to.") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .models.qwen_arch import LORA_TARGET_PRESETS
+    from .config import (
+        DatasetConfig, LoadConfig, LoraConfig, OptimizerConfig, PlanConfig, TrainConfig, TrainStepsConfig, help_text,
+    )
 
-    parser = argparse.ArgumentParser(prog="python -m trainer_core", description="Qwen-Image LoRA trainer engine.")
+    parser = _Parser(prog="python -m trainer_core", description="Qwen-Image LoRA trainer engine.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a small LoRA on the built-in tiny model and a generated dataset")
-    demo.add_argument("--steps", type=int, default=200, help="total optimizer steps (default 200)")
+    demo.add_argument("--steps", **config_arg(
+        TrainStepsConfig, "steps", default=200, help="total optimizer steps (with --resume: up to this many)"))
     demo.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--blocks-to-swap", type=_swap_count, default=1, metavar="N|auto",
-                      help="blocks whose frozen weights stay in CPU RAM (default 1, to exercise swapping); 'auto' "
-                           "picks the fewest that fit the GPU from the memory plan (none on a CPU)")
+    demo.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0))
+    demo.add_argument("--blocks-to-swap", **blocks_to_swap_arg(default=1))
     demo.add_argument("--resume", action="store_true",
                       help="continue from the checkpoint in --out up to --steps total steps")
-    demo.add_argument("--transformer", help="train this transformer file (e.g. from export-tiny) instead of the "
-                                            "built-in model; needs --text-encoder and --vae too")
-    demo.add_argument("--text-encoder", help="text encoder file (ComfyUI layout, bf16 or fp8_scaled)")
-    demo.add_argument("--vae", help="VAE file (ComfyUI's Wan 2.1 layout)")
-    demo.add_argument("--tokenizer", help="tokenizer folder (default: a tokenizer/ folder beside the text encoder "
-                                          "file or its folder)")
-    demo.add_argument("--text-encoder-fp8", choices=("dequantize", "keep"), default="dequantize",
-                      help="a scaled-fp8 text encoder: dequantise while loading, or keep float8 weights")
+    demo.add_argument("--transformer", type=existing_path("file"),
+                      help="train this transformer file (e.g. from export-tiny) instead of the built-in model; "
+                           "needs --text-encoder and --vae too")
+    demo.add_argument("--text-encoder", type=existing_path("file"),
+                      help="text encoder file (ComfyUI layout, bf16 or fp8_scaled)")
+    demo.add_argument("--vae", type=existing_path("file"), help="VAE file (ComfyUI's Wan 2.1 layout)")
+    demo.add_argument("--tokenizer", type=existing_path("folder"),
+                      help="tokenizer folder (default: a tokenizer/ folder beside the text encoder file or its folder)")
+    demo.add_argument("--text-encoder-fp8", **config_arg(LoadConfig, "text_encoder_fp8"))
     demo.set_defaults(func=cmd_demo)
     export = sub.add_parser("export-tiny", help="write the tiny test model as ComfyUI single files (every format, "
                                                 "with config JSONs and the tokenizer) or as a diffusers folder")
     export.add_argument("dir", help="output folder")
-    export.add_argument("--layout", choices=("comfyui", "diffusers"), default="comfyui")
-    export.add_argument("--seed", type=int, default=0)
+    from .devtools.export import EXPORT_LAYOUTS
+
+    export.add_argument("--layout", choices=EXPORT_LAYOUTS, default=EXPORT_LAYOUTS[0],
+                        help=f"ComfyUI single files or a diffusers folder (default: {EXPORT_LAYOUTS[0]})")
+    export.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0, help="seed of the random weights"))
     export.set_defaults(func=cmd_export_tiny)
 
     plan = sub.add_parser(
         "plan", help="predict GPU memory and host RAM of a training setup (real Qwen-Image), term by term",
-        description="Without --blocks-to-swap, picks the fewest swapped blocks that fit --budget-gb "
-                    "(GiB, default 24); exits 1 when nothing fits, with what to change.")
-    plan.add_argument("--resolution", type=int, default=1024, help="square side in pixels (default 1024)")
-    plan.add_argument("--width", type=int, help="image width in pixels (overrides --resolution)")
-    plan.add_argument("--height", type=int, help="image height in pixels (overrides --resolution)")
-    plan.add_argument("--rank", type=int, default=32)
-    how = plan.add_mutually_exclusive_group()
-    how.add_argument("--blocks-to-swap", type=int, help="plan this swap count")
-    how.add_argument("--budget-gb", type=float, default=None, help="GPU budget in GiB for the automatic choice")
-    plan.add_argument("--batch", type=int, default=1, help="micro-batch size")
-    plan.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
-    plan.add_argument("--targets", choices=list(LORA_TARGET_PRESETS), default="attention+mlp")
-    plan.add_argument("--lora-dtype", choices=["float32", "bfloat16"], default="float32")
-    plan.add_argument("--storage", choices=["float8", "float8_scaled", "bfloat16"], default="float8")
-    plan.add_argument("--no-checkpointing", action="store_true", help="plan without gradient checkpointing")
-    plan.add_argument("--optimizer", choices=["adamw8bit", "adamw"], default="adamw8bit")
-    plan.add_argument("--text-tokens", type=int, default=256, help="prompt tokens per sample (default 256)")
-    plan.add_argument("--images", type=int, default=0, help="dataset images whose cache stays in host RAM")
-    plan.add_argument("--text-encoder-storage", choices=["bfloat16", "float8"], default="bfloat16")
+        description="Without --blocks-to-swap (or with 'auto'), picks the fewest swapped blocks that fit "
+                    "--budget-gb; exits 1 when nothing fits, with what to change. With a number, plans that "
+                    "swap count (and compares it with --budget-gb when given). Defaults are the nodes' defaults.")
+    plan.add_argument("--resolution", **config_arg(DatasetConfig, "resolution", help="square side in pixels"))
+    plan.add_argument("--width", **config_arg(PlanConfig, "width", default=None,
+                                              help="image width in pixels, a multiple of 32 (default: --resolution)"))
+    plan.add_argument("--height", **config_arg(PlanConfig, "height", default=None,
+                                               help="image height in pixels, a multiple of 32 (default: --resolution)"))
+    plan.add_argument("--rank", **config_arg(LoraConfig, "rank"))
+    plan.add_argument("--blocks-to-swap", **blocks_to_swap_arg(shown_default="auto"))
+    # No default in argparse: a budget given with a swap count is compared with that plan.
+    plan.add_argument("--budget-gb", **config_arg(PlanConfig, "budget_gb", default=None,
+                                                  shown_default=PlanConfig.budget_gb))
+    plan.add_argument("--batch", **config_arg(TrainConfig, "micro_batch_size"))
+    plan.add_argument("--grad-accum", **config_arg(TrainConfig, "grad_accum_steps"))
+    plan.add_argument("--targets", **config_arg(LoraConfig, "targets"))
+    plan.add_argument("--lora-dtype", **config_arg(LoraConfig, "dtype"))
+    plan.add_argument("--storage", **config_arg(PlanConfig, "storage"))
+    plan.add_argument("--no-checkpointing", action="store_true",
+                      help="plan without gradient checkpointing (on by default: "
+                           f"{help_text(TrainConfig, 'gradient_checkpointing')})".replace("%", "%%"))
+    plan.add_argument("--optimizer", **config_arg(OptimizerConfig, "optimizer"))
+    plan.add_argument("--text-tokens", **config_arg(PlanConfig, "text_tokens"))
+    plan.add_argument("--images", **config_arg(PlanConfig, "dataset_images"))
+    plan.add_argument("--text-encoder-storage", **config_arg(PlanConfig, "text_encoder_storage"))
     plan.set_defaults(func=cmd_plan)
     return parser
 
@@ -145,11 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from .errors import UserInputError
 
-    args = build_parser().parse_args(argv)
-    if getattr(args, "command", None) == "plan" and args.blocks_to_swap is None and args.budget_gb is None:
-        args.budget_gb = 24.0
-    _quiet_libraries()
     try:
+        args = build_parser().parse_args(argv)
+        _quiet_libraries()
         return args.func(args)
     except UserInputError as e:  # the message says what is wrong and what to do: no traceback needed
         print(f"error: {e}", file=sys.stderr)

@@ -1,8 +1,11 @@
 """Configuration of a training run, with validation and help text per field.
 
 Each field carries `metadata`: `help` (shown as the tooltip of the matching node input), and, for
-numbers, `min`/`max`/`step`; for choices, `choices`. Nodes build their inputs from this metadata so the
-engine and the canvas never disagree about ranges or meaning.
+numbers, `min`/`max`/`step`; for choices, `choices`; `multiline` for a text box; `file_list` (a ComfyUI
+model folder) for a file choice whose list the node fills in at run time (`extra_choices` go first, the
+default is preselected when present). This is the one source of every setting: node widgets and their
+tooltips (nodes/widgets.py), the command line's flags (cli.py) and the planner's validation are all
+generated from it, so the engine, the canvas and the terminal never disagree about ranges or meaning.
 """
 
 from __future__ import annotations
@@ -18,6 +21,18 @@ from .models.qwen_arch import LORA_TARGET_PRESETS
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
+
+
+# Allowed values with one home each; the engine modules that act on them import them from here.
+STORAGE_MODES = ("float8", "float8_scaled", "bfloat16", "float32")  # block Linear weights (models.float8)
+TEXT_ENCODER_FP8_MODES = ("dequantize", "keep")  # an fp8-scaled text encoder file (models.text_encoder_file)
+LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")  # LoRA file key layouts (lora_files)
+SAVE_DTYPES = ("bfloat16", "float16", "float32")  # precision of a saved LoRA file (torch dtype names)
+COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
+MODEL_SOURCES = ("ComfyUI model files", "diffusers folder", "tiny test model (random weights)")
+NO_LORA = "(none: start from zero)"  # the continue_from_lora choice that starts a new adapter
+# The memory planner models these block storages (float32 blocks are a CPU/test mode it does not cover).
+PLAN_STORAGE_MODES = tuple(m for m in STORAGE_MODES if m != "float32")
 
 
 @dataclass
@@ -173,6 +188,134 @@ class TrainConfig:
         check_run_name(self.run_name)
 
 
+@dataclass
+class InitConfig:
+    """Init Trainer settings that are not part of the run's TrainConfig (which is stored in checkpoints and
+    compared between runs)."""
+
+    continue_from_lora: str = _f(
+        NO_LORA, "Start from this LoRA file (ComfyUI, diffusers or kohya/musubi layout) instead of from zero. Its "
+        "rank, alpha and layers replace the LoRA Config's; optimizer and steps start fresh.",
+        file_list="loras", extra_choices=(NO_LORA,),
+    )
+
+
+@dataclass
+class LoadConfig:
+    """How the Qwen-Image parts are loaded (the Load node)."""
+
+    source: str = _f(
+        MODEL_SOURCES[0], "Where the model comes from: the three files below, a diffusers-format folder, or the tiny "
+        "random model used for tests.", choices=MODEL_SOURCES,
+    )
+    # The file choices list ComfyUI's model folders (filled in by the node); the default is preselected
+    # when present: the file names of ComfyUI's repackaged Qwen-Image.
+    transformer: str = _f(
+        "qwen_image_fp8_e4m3fn.safetensors", "Qwen-Image transformer file from models/diffusion_models "
+        "(qwen_image_fp8_e4m3fn or qwen_image_bf16).", file_list="diffusion_models",
+    )
+    text_encoder: str = _f(
+        "qwen_2.5_vl_7b_fp8_scaled.safetensors", "Qwen2.5-VL 7B text encoder from models/text_encoders "
+        "(qwen_2.5_vl_7b_fp8_scaled or qwen_2.5_vl_7b).", file_list="text_encoders",
+    )
+    vae: str = _f("qwen_image_vae.safetensors", "Qwen-Image VAE from models/vae (qwen_image_vae).", file_list="vae")
+    diffusers_folder: str = _f(
+        "", "Path of a diffusers Qwen-Image folder (with transformer/, vae/, text_encoder/, tokenizer/). Used when "
+        "source is 'diffusers folder'.",
+    )
+    storage: str = _f(
+        "float8", "How the transformer's block weights are stored: float8 (half of bf16's memory), float8_scaled "
+        "(a scale per row: more accurate), or bfloat16/float32.", choices=STORAGE_MODES,
+    )
+    compute_dtype: str = _f(
+        "auto", "Precision of the computation: auto is bfloat16 on a GPU, float32 on a CPU.", choices=COMPUTE_DTYPES,
+    )
+    text_encoder_fp8: str = _f(
+        "dequantize", "An fp8-scaled text encoder: dequantize to the compute dtype while loading (faster caching), "
+        "or keep its float8 weights (half the memory while caching).", choices=TEXT_ENCODER_FP8_MODES,
+    )
+
+
+@dataclass
+class CacheConfig:
+    """The latent / prompt cache (the Cache node)."""
+
+    preview_prompts: str = _f(
+        "", "One prompt per line for the Preview node. They are encoded now, because the text encoder is freed "
+        "after caching.", multiline=True,
+    )
+    negative_prompt: str = _f("", "Negative prompt for previews (CFG).")
+    caching_batch_size: int = _f(4, "Images or prompts encoded at once.", min=1, max=64)
+    cache_folder: str = _f(
+        "", "Folder inside ComfyUI's output folder for the cache. Empty: qwen_lora_training/cache. Entries are "
+        "keyed by content, so one folder serves many datasets and models.",
+    )
+
+
+@dataclass
+class TrainStepsConfig:
+    """One Train Steps execution."""
+
+    steps: int = _f(100, "How many optimizer steps this execution trains.", min=1, max=1_000_000)
+
+
+@dataclass
+class PreviewConfig:
+    """A preview image sampled with the live adapter (the Preview node)."""
+
+    prompt: str = _f("", "A preview prompt cached by the Cache node; empty: the first one.", multiline=True)
+    width: int = _f(1024, "Image width.", min=64, max=4096, step=32)
+    height: int = _f(1024, "Image height.", min=64, max=4096, step=32)
+    steps: int = _f(20, "Sampling steps.", min=1, max=200)
+    cfg: float = _f(4.0, "True CFG scale against the cached negative prompt (1 = off).", min=1.0, max=20.0, step=0.1)
+    preview_seed: int = _f(0, "Noise seed of the preview; keep it fixed to compare steps.", min=0, max=2**31 - 1)
+
+
+@dataclass
+class LossPlotConfig:
+    width: int = _f(768, "Plot width in pixels.", min=256, max=4096)
+    height: int = _f(384, "Plot height in pixels.", min=128, max=4096)
+
+
+@dataclass
+class SaveConfig:
+    """Writing the LoRA file (the Save node)."""
+
+    filename: str = _f(
+        "{run_name}_{step}", "File name inside the loras folder; {run_name} and {step} are filled in. Subfolders "
+        "allowed.",
+    )
+    dtype: str = _f("bfloat16", "Precision of the saved weights.", choices=SAVE_DTYPES)
+    layout: str = _f(
+        "comfyui", "Key layout: comfyui (diffusion_model.* + alpha; ComfyUI and diffusers load it), kohya "
+        "(lora_unet_*; kohya/musubi tools), diffusers (transformer.*, alpha folded in).", choices=LORA_LAYOUTS,
+    )
+
+
+@dataclass
+class PlanConfig:
+    """Settings only the memory planner takes (`python -m trainer_core plan`); the rest of a planned run comes
+    from the LoRA, optimizer and train configs."""
+
+    width: int = _f(1024, "Image width in pixels (a bucket side: multiple of 32).", min=32, max=8192, step=32)
+    height: int = _f(1024, "Image height in pixels (a bucket side: multiple of 32).", min=32, max=8192, step=32)
+    storage: str = _f(
+        "float8", "How the transformer's block weights are stored during training (as the Load node's storage; "
+        "the planner covers the float8 and bfloat16 modes).", choices=PLAN_STORAGE_MODES,
+    )
+    budget_gb: float = _f(
+        24.0, "GPU memory budget in GiB: the planner picks the fewest swapped blocks that fit it.",
+        min=1.0, max=4096.0, step=0.5,
+    )
+    text_tokens: int = _f(256, "Prompt tokens per sample (the longest caption in a batch).", min=0, max=1024)
+    dataset_images: int = _f(0, "Dataset images whose cached latents and prompts stay in host RAM.",
+                             min=0, max=10_000_000)
+    text_encoder_storage: str = _f(
+        "bfloat16", "How the text encoder sits in memory while caching (float8: the Load node's "
+        "text_encoder_fp8 = keep).", choices=("bfloat16", "float8"),
+    )
+
+
 def parse_blocks_to_swap(value: int | str) -> int:
     """'auto' (any case) or -1 -> AUTO_SWAP; a whole number (or its text) -> that number."""
     if isinstance(value, str):
@@ -203,12 +346,44 @@ def check_run_name(name: str) -> str:
     return name
 
 
+def config_field(cls: type, name: str) -> dataclasses.Field:
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f
+    raise KeyError(f"{cls.__name__} has no setting {name!r}")
+
+
 def help_text(cls: type, name: str) -> str:
-    return next(f.metadata["help"] for f in dataclasses.fields(cls) if f.name == name)
+    return config_field(cls, name).metadata["help"]
 
 
 def field_meta(cls: type, name: str) -> dict[str, Any]:
-    return dict(next(f.metadata for f in dataclasses.fields(cls) if f.name == name))
+    return dict(config_field(cls, name).metadata)
+
+
+def field_default(cls: type, name: str) -> Any:
+    return config_field(cls, name).default
+
+
+def choices(cls: type, name: str) -> tuple:
+    """The allowed values of a choice setting."""
+    return tuple(config_field(cls, name).metadata["choices"])
+
+
+def check_value(cls: type, name: str, value: Any) -> str | None:
+    """Why `value` is not allowed for setting `name` of `cls` (its range, step or choices), or None if it is.
+    The reason reads after the value, e.g. "must be from 1 to 512"."""
+    meta = field_meta(cls, name)
+    if "choices" in meta:
+        return None if value in meta["choices"] else f"must be one of {', '.join(map(str, meta['choices']))}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    lo, hi, step = meta.get("min"), meta.get("max"), meta.get("step")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        return f"must be from {lo} to {hi}"
+    if isinstance(value, int) and isinstance(step, int) and step > 1 and value % step:
+        return f"must be a multiple of {step}"
+    return None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

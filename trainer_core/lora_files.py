@@ -33,12 +33,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import LoraConfig
+from .config import LORA_LAYOUTS, LoraConfig
 from .errors import UserInputError
 from .lora import ADAPTER, adapter_weights, lora_layers
 from .models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
 
-LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")
 COMFY_PREFIX = "diffusion_model."
 DIFFUSERS_PREFIX = "transformer."
 KOHYA_PREFIX = "lora_unet_"

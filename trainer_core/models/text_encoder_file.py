@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..config import TEXT_ENCODER_FP8_MODES
 from ..errors import UserInputError
 from .float8 import dequantized_state_dict, quantize_per_tensor
 from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, split_scaled_fp8, strip_prefix
@@ -35,7 +36,6 @@ from .qwen_arch import QWEN25_VL_7B_CONFIG
 from .safetensors_file import SafetensorsFile
 from .streaming import assign_frozen_linear_weight, assign_parameter, dequantize, fill_empty
 
-TEXT_ENCODER_FP8_MODES = ("dequantize", "keep")
 TEXT_ENCODER_FILE_FORMATS = ("bf16", "fp8_scaled")
 FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 

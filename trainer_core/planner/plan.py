@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import LoraConfig, OptimizerConfig, TrainConfig
-from ..models.qwen_arch import LORA_TARGET_PRESETS
 from ..offload import NUM_SLOTS, arena_layout
 from .activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
@@ -84,19 +83,24 @@ class PlanInputs:
                    optimizer=optimizer.optimizer, grad_accum_steps=train.grad_accum_steps, **kwargs)
 
     def validate(self, arch: QwenImageArch) -> None:
-        if self.targets not in LORA_TARGET_PRESETS:
-            raise ValueError(f"targets={self.targets!r}: expected one of {list(LORA_TARGET_PRESETS)}")
+        # Allowed values come from the settings' config metadata (one list per setting, shared with the
+        # nodes and the CLI); only the planner's own `device` is listed here.
+        from ..config import PlanConfig, choices
+        from ..errors import UserInputError
+
         if self.compute_dtype != "bfloat16":
-            raise ValueError("the planner models bf16 compute only (the activation terms were measured in bf16)")
-        for name, allowed in (("storage", ("float8", "float8_scaled", "bfloat16")),
-                              ("lora_dtype", ("float32", "bfloat16")), ("optimizer", ("adamw8bit", "adamw")),
-                              ("device", ("cuda", "cpu")), ("text_encoder_storage", ("float8", "bfloat16"))):
+            raise UserInputError("the planner models bf16 compute only (the activation terms were measured in bf16)")
+        for name, allowed in (("targets", choices(LoraConfig, "targets")), ("storage", choices(PlanConfig, "storage")),
+                              ("lora_dtype", choices(LoraConfig, "dtype")),
+                              ("optimizer", choices(OptimizerConfig, "optimizer")), ("device", ("cuda", "cpu")),
+                              ("text_encoder_storage", choices(PlanConfig, "text_encoder_storage"))):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {list(allowed)}")
+                raise UserInputError(f"{name}={getattr(self, name)!r}: expected one of {list(allowed)}")
         if not 0 <= self.blocks_to_swap <= arch.num_blocks - 1:
-            raise ValueError(f"blocks_to_swap={self.blocks_to_swap}: 0 to {arch.num_blocks - 1}")
+            raise UserInputError(f"blocks_to_swap={self.blocks_to_swap}: use 0 to {arch.num_blocks - 1} (the "
+                                 f"transformer has {arch.num_blocks} blocks; at least one stays on the GPU)")
         if min(self.width, self.height, self.batch, self.rank, self.grad_accum_steps) < 1 or self.text_tokens < 0:
-            raise ValueError("width, height, batch, rank and grad_accum_steps must be positive")
+            raise UserInputError("width, height, batch, rank and grad_accum_steps must be positive")
 
 
 @dataclass(frozen=True)
