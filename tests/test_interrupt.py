@@ -75,13 +75,3 @@ def test_restart_rebuilds_the_trainer_from_its_checkpoint(pack, tmp_path, demo_f
     got = adapter(outputs["7"][0])
     assert all(torch.equal(expected[k], got[k]) for k in expected)
     registry.retire(run_name).close()
-
-
-def test_changed_rank_with_the_same_run_name_is_an_error_that_names_it(pack, tmp_path, demo_folder, output_dirs):
-    UserInputError = pack_module(pack, "trainer_core.errors").UserInputError
-    prompt = tiny_prompt(tmp_path, demo_folder, steps=1)
-    GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
-    prompt["4"]["inputs"]["rank"] = 32
-    pack_module(pack, "trainer_core.registry").retire(prompt["6"]["inputs"]["run_name"]).close()
-    with pytest.raises(UserInputError, match="rank: checkpoint 16, now 32"):
-        GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
