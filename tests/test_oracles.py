@@ -12,7 +12,6 @@ writer and our reader cannot pass them.
 """
 
 import json
-import math
 import re
 
 import pytest
