@@ -297,12 +297,22 @@ def test_transformer_file_from_save_pretrained_loads_every_weight(pretrained, tm
 
 def comfyui_text_encoder_name(hf_name: str) -> str:
     """ComfyUI's text_encoders/qwen_2.5_vl_7b*.safetensors names (comfy/text_encoders/llama.py, qwen_vl.py):
-    the language model under `model.`, the vision tower under `visual.`, and `lm_head.weight`."""
+    the language model under `model.`, the vision tower under `visual.`, and `lm_head.weight`. (transformers
+    5's `save_pretrained` already writes Qwen2.5-VL's original checkpoint names, which are these; its
+    in-memory names `model.language_model.*` / `model.visual.*` map here too.)"""
     for ours, comfy in (("model.language_model.", "model."), ("model.visual.", "visual."),
                         ("model.", "model."), ("visual.", "visual."), ("lm_head.", "lm_head.")):
         if hf_name.startswith(ours):
             return comfy + hf_name[len(ours):]
     raise AssertionError(f"unexpected text encoder tensor {hf_name}")
+
+
+def transformers5_text_encoder_name(comfy_name: str) -> str:
+    """The names of transformers 5's `Qwen2_5_VLForConditionalGeneration` modules, from ComfyUI's."""
+    for comfy, ours in (("model.", "model.language_model."), ("visual.", "model.visual.")):
+        if comfy_name.startswith(comfy):
+            return ours + comfy_name[len(comfy):]
+    return comfy_name
 
 
 def scaled_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,8 +321,8 @@ def scaled_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (weight.float() / scale).to(FLOAT8), scale
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "fp8_scaled"])
-def test_text_encoder_file_from_save_pretrained_loads_every_language_model_weight(pretrained, tmp_path, fmt):
+@pytest.mark.parametrize("layout,fmt", [("comfyui", "fp32"), ("comfyui", "fp8_scaled"), ("transformers5", "fp32")])
+def test_text_encoder_file_from_save_pretrained_loads_every_language_model_weight(pretrained, tmp_path, layout, fmt):
     from trainer_core.models.text_encoder_file import load_text_encoder_file
 
     components, root = pretrained
@@ -332,6 +342,8 @@ def test_text_encoder_file_from_save_pretrained_loads_every_language_model_weigh
                 expected[name] = stored.float() * tensors[comfyui_text_encoder_name(name).removesuffix("weight") + "scale_weight"]
         assert sum(v.dtype == FLOAT8 for v in expected.values()) == 0 and sum(
             tensors[comfyui_text_encoder_name(n)].dtype == FLOAT8 for n in expected) == 2 * 7
+    if layout == "transformers5":
+        tensors = {transformers5_text_encoder_name(k): v for k, v in tensors.items()}
     path = write_single_file(tensors, tmp_path / "qwen_2.5_vl.safetensors", "text encoder", config)
     loaded = load_text_encoder_file(path, compute_dtype=torch.float32)
     assert_parameters_equal(expected, loaded)  # the vision tower and lm_head are not loaded, by design
