@@ -188,7 +188,7 @@ def pipeline_mu(image_tokens: int, scheduler) -> float:
                            c.get("base_shift", 0.5), c.get("max_shift", 1.15))
 
 
-@pytest.mark.parametrize("image_tokens", [16, 256, 1024, 3600, 4096, 6889, 8192])
+@pytest.mark.parametrize("image_tokens", [16, 256, 1024, 3600, 4096, 6889, 8192, 16384])
 def test_resolution_mu_and_shift_equal_the_qwen_image_scheduler(image_tokens):
     scheduler = qwen_scheduler()
     assert scheduler.config.use_dynamic_shifting and scheduler.config.time_shift_type == "exponential"
