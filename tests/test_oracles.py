@@ -139,9 +139,9 @@ def test_a_diffusers_saved_lora_reads_alike_in_ours_and_in_diffusers(tmp_path, d
 
 
 def test_a_kohya_musubi_lora_reads_alike_in_ours_and_in_diffusers(tmp_path, demo_folder, tiny_cache):
-    """The `lora_unet_` layout of kohya-style trainers (musubi-tuner): lora_down / lora_up in bf16, '.' of
-    the module name as '_', a scalar alpha per module. alpha / rank = 2, so diffusers' folding of the scale
-    into lora_down is exact in bf16 and the deltas must agree exactly."""
+    """The `lora_unet_` layout of kohya-style trainers (musubi-tuner): lora_down / lora_up, '.' of the
+    module name as '_', a scalar alpha per module, all in bf16 as musubi saves them. alpha / rank = 2, so
+    diffusers' folding of the scale into lora_down is exact in bf16 and the deltas must agree exactly."""
     rank, alpha = 4, 8.0
     source = build_tiny_components(storage="float32").transformer
     linears = dict(source.named_modules())
@@ -153,7 +153,7 @@ def test_a_kohya_musubi_lora_reads_alike_in_ours_and_in_diffusers(tmp_path, demo
         up = (torch.randn(linear.out_features, rank, generator=g) * 0.1).to(torch.bfloat16)
         stem = "lora_unet_" + module.replace(".", "_")
         tensors |= {f"{stem}.lora_down.weight": down, f"{stem}.lora_up.weight": up,
-                    f"{stem}.alpha": torch.tensor(alpha)}
+                    f"{stem}.alpha": torch.tensor(alpha, dtype=torch.bfloat16)}
         expected[module] = (down, up)
     path = tmp_path / "musubi.safetensors"
     save_file(tensors, str(path), metadata={"ss_network_dim": str(rank), "ss_network_alpha": str(alpha)})
