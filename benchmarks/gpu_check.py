@@ -123,13 +123,13 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
     return Row(label, k, planned_alloc, plan.gpu_total, allocated, reserved, seconds, pinned, losses)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny dims on the CPU (exercises the same code path)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "gpu_check_results.md"))
     parser.add_argument("--steps", type=int, default=None, help="steps per configuration (default 5, tiny 3)")
     parser.add_argument("--budget-gb", type=float, default=16.0, help="budget of the 'auto' configuration (GiB)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from trainer_core.cli import _quiet_libraries
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 # Tiny models gain nothing from several CPU threads, and on a busy 2-core machine OpenMP's waiting
 # threads make them many times slower (measured: the whole suite ~130 s with 2 threads under load,
-# ~36 s with 1). Set before torch is imported; a caller's own setting wins; the CLI subprocesses inherit it.
+# ~36 s with 1). Set before torch is imported; a caller's own setting wins; new processes (test_resume) inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402

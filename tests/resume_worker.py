@@ -1,5 +1,11 @@
 """Run in a fresh process by test_resume.py: train a tiny trainer to a total step count, optionally
-resuming from the run's checkpoint first, and write its adapter tensors (exact fp32) to a file."""
+resuming from the run's checkpoint first, and write its adapter tensors (exact fp32) to a file.
+
+    python tests/resume_worker.py DATA WORK TOTAL_STEPS fresh|resume OUT [-- ARGS...]
+
+With `-- ARGS`, the same process then runs `python -m trainer_core ARGS` (its `__main__`), so that one
+new process (whose imports are most of its cost) checks both resumes. `main` is also called in process.
+"""
 
 import sys
 from pathlib import Path
@@ -36,3 +42,8 @@ def main(data: str, work: str, total_steps: int, resume: bool, out: str) -> None
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "resume", sys.argv[5])
+    if "--" in sys.argv:
+        import runpy
+
+        sys.argv = ["python -m trainer_core", *sys.argv[sys.argv.index("--") + 1:]]
+        runpy.run_module("trainer_core", run_name="__main__", alter_sys=True)  # exits with the CLI's code

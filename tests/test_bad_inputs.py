@@ -100,7 +100,8 @@ def test_model_that_is_not_qwen_image(tmp_path):
 
 def test_cache_written_by_another_model_or_version_is_not_used(demo_folder, tmp_path, monkeypatch):
     cached_demo(build_tiny_components(seed=0), demo_folder, tmp_path)
-    assert cached_demo(build_tiny_components(seed=9), demo_folder, tmp_path).report.latents_reused == 0
+    report = cached_demo(build_tiny_components(seed=9), demo_folder, tmp_path).report
+    assert report.latents_reused == 0 and report.prompts_reused == 0
     monkeypatch.setattr(cache_module, "CACHE_VERSION", "older")
     report = cached_demo(build_tiny_components(seed=0), demo_folder, tmp_path).report
     assert report.latents_reused == 0 and report.prompts_reused == 0

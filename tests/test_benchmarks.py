@@ -1,17 +1,17 @@
-"""The GPU check script's code path, run on the CPU with tiny dims (`gpu_check.py --tiny`)."""
+"""The GPU check script's code path, run on the CPU with tiny dims (`gpu_check.py --tiny`), in process
+(its `main`; a new process would cost its imports, 5-25 s)."""
 
 import re
-import subprocess
-import sys
 
 from conftest import REPO
 
 
-def test_gpu_check_runs_tiny_on_cpu(tmp_path):
+def test_gpu_check_runs_tiny_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # where the script finds its `common` module
+    import gpu_check
+
     out = tmp_path / "gpu_check.md"
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--tiny", "--out", str(out)],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    gpu_check.main(["--tiny", "--out", str(out)])
     rows = [line.split("|")[1:-1] for line in out.read_text().splitlines()
             if line.startswith("| ") and not line.startswith(("| configuration", "| ---"))]
     assert [r[0].strip() for r in rows] == ["no swapping", "1 swapped", "2 swapped", "auto (tiny budget)"]

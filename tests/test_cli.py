@@ -1,36 +1,33 @@
-"""The standalone command line: `python -m trainer_core demo|export-tiny`."""
-
-import subprocess
-import sys
+"""The standalone command line: `python -m trainer_core demo|export-tiny`, called in process through
+`cli.main` (a new process costs its imports, 5-25 s; `python -m trainer_core` itself runs in a new
+process in test_resume.py)."""
 
 import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from conftest import REPO
 
+def test_demo_writes_lora_preview_and_loss_plot(tmp_path, capsys):
+    from trainer_core.cli import main
 
-def run_cli(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "trainer_core", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
-
-
-def test_demo_writes_lora_preview_and_loss_plot(tmp_path):
-    result = run_cli("demo", "--steps", "6", "--out", str(tmp_path / "out"))
-    assert result.returncode == 0, result.stderr
+    assert main(["demo", "--steps", "6", "--out", str(tmp_path / "out")]) == 0
+    stdout = capsys.readouterr().out
     out = tmp_path / "out"
     for name in ("demo_lora.safetensors", "preview.png", "loss.png"):
-        assert str(out / name) in result.stdout
+        assert str(out / name) in stdout
     assert len(load_file(str(out / "demo_lora.safetensors"))) == 3 * (2 * 14 - 4)
     assert Image.open(out / "preview.png").size == (256, 256)
     assert Image.open(out / "loss.png").size == (768, 384)
-    assert "loss: first step" in result.stdout
+    assert "loss: first step" in stdout
 
 
-def test_cli_help_lists_commands():
-    result = run_cli("--help")
-    assert result.returncode == 0 and "demo" in result.stdout
+def test_cli_help_lists_commands(capsys):
+    from trainer_core.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0 and "demo" in capsys.readouterr().out
 
 
 def test_export_tiny_writes_a_diffusers_folder_that_loads(tmp_path, capsys):

@@ -1,5 +1,5 @@
-"""The saved LoRA in each layout: every key maps to a model weight under ComfyUI's rules, metadata, and
-diffusers' `load_lora_weights` reproduces the in-memory adapter at the trained strength."""
+"""The saved LoRA in each layout: every key maps to a model weight under ComfyUI's rules, and its metadata.
+(diffusers' loader reading these files back: test_oracles.py.)"""
 
 import pytest
 import torch
@@ -44,20 +44,3 @@ def test_every_key_is_in_the_layout_and_maps_under_comfyuis_rules(trained_lora, 
     assert meta["qwen_lora.base_model"].startswith("tiny-qwen-image")
     if layout == "diffusers":  # alpha / rank is folded into lora_B (see lora_files.py for why)
         assert float(meta["qwen_lora.lora_B_scale"]) == 1.5
-
-
-@pytest.mark.parametrize("layout", LORA_LAYOUTS)
-def test_diffusers_reload_reproduces_the_adapter_output(trained_lora, tmp_path, layout):
-    from diffusers import QwenImagePipeline
-
-    path = trained_lora.save_lora(tmp_path / "lora.safetensors", dtype=torch.float32, layout=layout)
-    fresh = build_tiny_components(storage="float32")
-    pipe = QwenImagePipeline(scheduler=None, vae=fresh.vae, text_encoder=None, tokenizer=None,
-                             transformer=fresh.transformer)
-    pipe.load_lora_weights(str(path))
-    with torch.no_grad():
-        ours = trained_lora.transformer(**forward_inputs())[0]
-        theirs = fresh.transformer(**forward_inputs())[0]
-        base = build_tiny_components(storage="float32").transformer(**forward_inputs())[0]
-    assert (ours - base).abs().max() > 1e-4  # the adapter does something
-    assert (ours - theirs).abs().max().item() < 1e-6

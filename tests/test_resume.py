@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import resume_worker
 from conftest import REPO, adapter_snapshot, cached_demo
 from trainer_core import checkpoint as ckpt
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
@@ -19,13 +20,6 @@ from trainer_core.trainer import Trainer
 WORKER = Path(__file__).with_name("resume_worker.py")
 
 
-def worker(*args):
-    result = subprocess.run([sys.executable, str(WORKER), *map(str, args)], capture_output=True, text=True,
-                            timeout=300, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
-
-
 def assert_same_tensors(a: Path, b: Path):
     ta, tb = load_file(str(a)), load_file(str(b))
     assert ta.keys() == tb.keys()
@@ -34,22 +28,23 @@ def assert_same_tensors(a: Path, b: Path):
 
 
 def test_resume_in_a_new_process_is_bit_exact(demo_folder, tmp_path):
-    worker(demo_folder, tmp_path / "split", 3, "fresh", tmp_path / "first.safetensors")
-    worker(demo_folder, tmp_path / "split", 7, "resume", tmp_path / "split.safetensors")
-    worker(demo_folder, tmp_path / "whole", 7, "fresh", tmp_path / "whole.safetensors")
+    """k steps and a checkpoint, then a new process resumes and trains to k + m: the LoRA equals k + m steps
+    in one go, bit for bit. Twice: a Trainer with every stateful feature (resume_worker.py: float8, swapping,
+    dropout, accumulation, AdamW8bit, a schedule), and `python -m trainer_core demo --resume`. One new
+    process does both resumes (a process costs its imports, 5-25 s); the other runs are in this process."""
+    from trainer_core.cli import main
+
+    resume_worker.main(demo_folder, tmp_path / "split", 3, False, tmp_path / "first.safetensors")
+    resume_worker.main(demo_folder, tmp_path / "whole", 7, False, tmp_path / "whole.safetensors")
+    assert main(["demo", "--steps", "3", "--out", str(tmp_path / "D")]) == 0
+    assert main(["demo", "--steps", "6", "--out", str(tmp_path / "E")]) == 0
+    args = [demo_folder, tmp_path / "split", 7, "resume", tmp_path / "split.safetensors",
+            "--", "demo", "--steps", 6, "--out", tmp_path / "D", "--resume"]
+    result = subprocess.run([sys.executable, str(WORKER), *map(str, args)], capture_output=True, text=True,
+                            timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 7" in result.stdout and "resumed from step 3" in result.stdout
     assert_same_tensors(tmp_path / "split.safetensors", tmp_path / "whole.safetensors")
-
-
-def test_demo_resume_equals_one_run(tmp_path):
-    def demo(*args):
-        result = subprocess.run([sys.executable, "-m", "trainer_core", "demo", *args], capture_output=True,
-                                text=True, timeout=300, cwd=REPO)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return result.stdout
-
-    demo("--steps", "3", "--out", str(tmp_path / "D"))
-    assert "resumed from step 3" in demo("--steps", "6", "--out", str(tmp_path / "D"), "--resume")
-    demo("--steps", "6", "--out", str(tmp_path / "E"))
     assert_same_tensors(tmp_path / "D" / "demo_lora.safetensors", tmp_path / "E" / "demo_lora.safetensors")
 
 
