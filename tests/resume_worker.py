@@ -10,7 +10,6 @@ new process (whose imports are most of its cost) checks both resumes. `main` is 
 import sys
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -3,7 +3,6 @@ nothing already trained is lost. README.md's troubleshooting section lists the s
 
 import errno
 import json
-import shutil
 
 import pytest
 import torch
