@@ -37,6 +37,7 @@ def main(data: str, work: str, total_steps: int, resume: bool, out: str) -> None
     trainer.train(total_steps - trainer.step)
     save_file({n: p.detach().contiguous() for n, p in zip(trainer.param_names, trainer.params)}, out)
     print("step", trainer.step)
+    trainer.close()  # unlock the run folder: the new process resumes it next
 
 
 if __name__ == "__main__":
