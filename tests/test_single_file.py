@@ -108,6 +108,19 @@ def test_bf16_text_encoder_file_loads_the_language_model_exactly(bf16_parts, tmp
     loaded = load_text_encoder_file(path, compute_dtype=torch.bfloat16)
     language_model = [n for n, _ in original.named_parameters() if n.startswith("model.language_model.")]
     assert_same_parameters(original, loaded, language_model)  # vision tower and lm_head are not loaded
+
+
+@pytest.mark.parametrize("prefix", ["text_encoders.qwen25_7b.transformer.", "qwen25_7b.transformer."])
+def test_text_encoder_loads_under_comfyuis_save_prefixes(bf16_parts, tmp_path, prefix):
+    """ComfyUI's CheckpointSave puts the encoder under `text_encoders.qwen25_7b.transformer.`, its CLIPSave
+    under `qwen25_7b.transformer.` (next to a `qwen25_7b.logit_scale` that is no encoder tensor)."""
+    original = bf16_parts.text_encoder
+    tensors = {prefix + k: v for k, v in text_encoder_file_tensors(original, "bf16").items()}
+    tensors[prefix.split(".transformer.")[0] + ".logit_scale"] = torch.tensor(4.6055)
+    path = write_part_file(tensors, tmp_path / "te.safetensors", "text encoder", "bf16", original.config.to_dict())
+    loaded = load_text_encoder_file(path, compute_dtype=torch.bfloat16)
+    language_model = [n for n, _ in original.named_parameters() if n.startswith("model.language_model.")]
+    assert_same_parameters(original, loaded, language_model)
     assert all(t.device.type == "cpu" for t in [*loaded.parameters(), *loaded.buffers()])  # nothing left on meta
     loaded.to(torch.device("cpu"))
     # Reference: transformers' own loading of the same weights (which, unlike `.to(bf16)` on the tiny

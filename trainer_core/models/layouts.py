@@ -26,8 +26,9 @@ TRANSFORMER_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transform
 TRANSFORMER_PROBE = "txt_norm.weight"  # what ComfyUI detects Qwen-Image by
 
 # ComfyUI's single-file text encoders are bare (`model.layers.*`); a checkpoint that embeds the encoder
-# uses ComfyUI's own module path.
-TEXT_ENCODER_PREFIXES = ("text_encoders.qwen25_7b.transformer.", "")
+# uses ComfyUI's own module path, and ComfyUI's CLIPSave node writes the encoder under that path less
+# `text_encoders.` (it strips only the prefixes of the encoders it knows by name, not Qwen's).
+TEXT_ENCODER_PREFIXES = ("text_encoders.qwen25_7b.transformer.", "qwen25_7b.transformer.", "")
 TEXT_ENCODER_PROBES = ("model.layers.0.self_attn.q_proj.weight", "model.language_model.layers.0.self_attn.q_proj.weight")
 
 VAE_PREFIXES = ("first_stage_model.", "vae.", "")
