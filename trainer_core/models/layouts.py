@@ -8,7 +8,13 @@ Facts from ComfyUI 0.3.64 (read, not copied):
   hunyuan_video.py `llama_detect`): a marker tensor `<prefix>scaled_fp8` (empty; its dtype is the fp8
   format), and per Linear `<module>.scale_weight` (fp32 scalar: real weight = fp8 weight * scale_weight)
   and optionally `<module>.scale_input` (only used by fp8 matrix multiplication on the activations; it
-  does not change the weight, so loaders that compute in bf16/fp32 ignore it).
+  does not change the weight, so loaders that compute in bf16/fp32 ignore it). ComfyUI 0.33.0 has no
+  `scaled_fp8_ops` but still reads these files (comfy/utils.py `convert_old_quants`).
+- What ComfyUI's own save nodes write (tests/test_host_files.py, 0.3.64 and 0.33.0): ModelSave and
+  CheckpointSave put the transformer under `model.diffusion_model.`; a checkpoint holds the encoder
+  under `text_encoders.qwen25_7b.transformer.` and the VAE under `vae.`; CLIPSave writes the encoder
+  under `qwen25_7b.transformer.`, VAESave the VAE bare. With `weight_dtype fp8_e4m3fn` every transformer
+  tensor (biases and norms too) is float8.
 """
 
 from __future__ import annotations
