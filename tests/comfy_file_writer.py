@@ -10,8 +10,10 @@ Only the weights' values come from here (seeded random numbers, since no real we
 ComfyUI's loaders build its modules from them (UNETLoader, CLIPLoader and VAELoader code: comfy/sd.py),
 and ComfyUI's save nodes (comfy_extras/nodes_model_merging.py: ModelSave, CheckpointSave, CLIPSave,
 VAESave) write the files, with the names, prefixes and dtypes ComfyUI chooses:
-- the transformer at the real width (ComfyUI fixes the widths, DESIGN §9) with ONE block, in bf16 and
-  as ComfyUI stores it for `weight_dtype fp8_e4m3fn` (the UNETLoader option);
+- the transformer at the real width (ComfyUI fixes the widths, DESIGN §9) with ONE block, in bf16, as
+  ComfyUI stores it for `weight_dtype fp8_e4m3fn` (the UNETLoader option), and loaded from a scaled-fp8
+  state dict (the `scaled_fp8` marker and per-tensor `scale_weight` of ComfyUI's `_fp8_scaled` files),
+  which ComfyUI 0.3.x saves back in that format and 0.33+ in its per-layer `comfy_quant` format;
 - the Wan 2.1 VAE at its real size (ComfyUI derives the rest of its config);
 - Qwen2.5-VL through ComfyUI's own Qwen-Image text encoder class, made small by the per-model config
   option ComfyUI's CLIP loader takes (`qwen25_7b_model_config`); its vision tower has ComfyUI's fixed
@@ -43,6 +45,25 @@ def random_state(module, seed: int, dtype, zero_prefixes=()) -> dict:
         if leaf in ("gamma", "scale") or (leaf == "weight" and p.ndim == 1 and "norm" in name):
             t += 1.0
         out[name] = t.to(dtype)
+    return out
+
+
+def scaled_fp8_state(state: dict, linears: set) -> dict:
+    """`state` with the weights of `linears` in float8_e4m3fn, one fp32 `scale_weight` per weight
+    (real weight = float8 * scale), and the `scaled_fp8` marker: the layout of ComfyUI's `_fp8_scaled`
+    files, which ComfyUI reads by that marker."""
+    import torch
+
+    out = {}
+    for name, tensor in state.items():
+        module, _, leaf = name.rpartition(".")
+        if module in linears and leaf == "weight":
+            scale = tensor.float().abs().max() / torch.finfo(torch.float8_e4m3fn).max
+            out[name] = (tensor.float() / scale).to(torch.float8_e4m3fn)
+            out[module + ".scale_weight"] = scale.reshape(())
+        else:
+            out[name] = tensor
+    out["scaled_fp8"] = torch.tensor([], dtype=torch.float8_e4m3fn)
     return out
 
 
@@ -83,13 +104,17 @@ def main() -> None:
     with torch.device("meta"):
         shapes = qwen_model.QwenImageTransformer2DModel(num_layers=1, operations=comfy.ops.disable_weight_init)
     state = random_state(shapes, seed, torch.bfloat16)
+    block_linears = {n for n, m in shapes.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("transformer_blocks.")}
     del shapes
+    scaled = scaled_fp8_state(state, block_linears)
     models = {}
-    for name, dtype in (("bf16", torch.bfloat16), ("fp8_e4m3fn", torch.float8_e4m3fn)):
-        models[name] = comfy.sd.load_diffusion_model_state_dict(dict(state), model_options={"dtype": dtype})
+    for name, sd, options in (("bf16", state, {"dtype": torch.bfloat16}),
+                              ("fp8_e4m3fn", state, {"dtype": torch.float8_e4m3fn}),
+                              ("fp8_e4m3fn_scaled", scaled, {})):
+        models[name] = comfy.sd.load_diffusion_model_state_dict(dict(sd), model_options=options)
         if models[name] is None:
-            raise SystemExit("ComfyUI did not recognise the Qwen-Image transformer state dict")
-    del state
+            raise SystemExit(f"ComfyUI did not recognise the Qwen-Image transformer state dict ({name})")
+    del state, scaled
 
     # VAE: the Wan 2.1 VAE at its real size (comfy/sd.py VAE reads base width and latent channels from
     # the tensors), as VAELoader builds it.
@@ -115,6 +140,7 @@ def main() -> None:
     # The files, written by ComfyUI's save nodes.
     ModelSave().save(models["bf16"], "diffusion_models/comfy_model_save_bf16")
     ModelSave().save(models["fp8_e4m3fn"], "diffusion_models/comfy_model_save_fp8_e4m3fn")
+    ModelSave().save(models["fp8_e4m3fn_scaled"], "diffusion_models/comfy_model_save_fp8_e4m3fn_scaled")
     CheckpointSave().save(models["bf16"], clip, vae, "checkpoints/comfy_checkpoint")
     CLIPSave().save(clip, "text_encoders/comfy_clip_save")
     VAESave().save(vae, "vae/comfy_vae_save")

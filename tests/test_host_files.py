@@ -91,6 +91,25 @@ def prefix_of(keys, name: str) -> str:
     return found[0]
 
 
+def split_scales(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(tensors, {weight name: its per-tensor scale}) of a scaled-fp8 state dict in either of ComfyUI's
+    layouts: 0.3.x's `scaled_fp8` marker and `<layer>.scale_weight`, or 0.33+'s `<layer>.weight_scale` with
+    a `<layer>.comfy_quant` entry (JSON bytes naming the format); input scales change no weight."""
+    plain, scales = {}, {}
+    for name, tensor in tensors.items():
+        if name == "scaled_fp8" or name.endswith((".comfy_quant", ".input_scale", ".scale_input")):
+            if name.endswith(".comfy_quant"):
+                assert json.loads(bytes(tensor.tolist()))["format"] == "float8_e4m3fn", name
+            continue
+        for suffix in (".scale_weight", ".weight_scale"):
+            if name.endswith(suffix):
+                scales[name[: -len(suffix)] + ".weight"] = tensor
+                break
+        else:
+            plain[name] = tensor
+    return plain, scales
+
+
 def assert_loaded_exactly(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor], what: str) -> None:
     """Our parameters (by name) equal ComfyUI's tensors (mapped to our names) bit for bit: no tensor left out,
     none added, each value exactly as written, float8 kept float8."""
@@ -116,6 +135,7 @@ def assert_close(ours: torch.Tensor, theirs: torch.Tensor, what: str) -> float:
 @pytest.mark.parametrize("name, storage, output", [
     ("diffusion_models/comfy_model_save_bf16", "bfloat16", "transformer_bf16"),
     ("diffusion_models/comfy_model_save_fp8_e4m3fn", "float8", "transformer_fp8_e4m3fn"),
+    ("diffusion_models/comfy_model_save_fp8_e4m3fn_scaled", "float8", "transformer_fp8_e4m3fn_scaled"),
     ("checkpoints/comfy_checkpoint", "bfloat16", "transformer_bf16"),
 ])
 def test_transformer_files_comfyui_wrote(comfy_written, name, storage, output):
@@ -124,9 +144,19 @@ def test_transformer_files_comfyui_wrote(comfy_written, name, storage, output):
     prefix = prefix_of(tensors, "txt_norm.weight")
     theirs = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     model = load_transformer_file(files[name], storage=storage, compute_dtype=torch.float32)
-    assert_loaded_exactly(dict(model.named_parameters()), theirs, name)
+    theirs, scales = split_scales(theirs)
+    ours = dict(model.named_parameters())
+    for weight, scale in scales.items():  # scaled float8: kept as stored with its scale, or dequantized
+        module = model.get_submodule(weight.rpartition(".")[0])
+        if ours[weight].dtype == torch.float8_e4m3fn:
+            assert torch.equal(module.weight_scale, scale.float()), (name, weight)
+        else:
+            theirs[weight] = theirs[weight].float() * scale.float()
+    assert_loaded_exactly(ours, theirs, name)
     if storage == "float8":  # ComfyUI's fp8 weight storage, kept as stored
         assert model.transformer_blocks[0].attn.to_q.weight.dtype == torch.float8_e4m3fn
+    if name.endswith("_scaled"):
+        assert scales and hasattr(model.transformer_blocks[0].attn.to_q, "weight_scale"), name
 
     latents = inputs["latents"][:, :, 0]  # (B, C, h, w)
     with torch.no_grad():
