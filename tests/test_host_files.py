@@ -3,8 +3,9 @@
 tests/comfy_file_writer.py runs with ComfyUI's Python: ComfyUI's own loaders build its Qwen-Image
 transformer (one block at the real width), Wan 2.1 VAE (real size) and Qwen2.5-VL text encoder (small)
 from seeded random weights, and ComfyUI's own save nodes (ModelSave, CheckpointSave, CLIPSave, VAESave)
-write them, in bf16 and in ComfyUI's fp8_e4m3fn weight storage, with whatever names, prefixes and
-dtypes ComfyUI chooses. Our loaders then read every file, and
+write them, in bf16, in ComfyUI's fp8_e4m3fn weight storage and as ComfyUI saves back a model it loaded
+from a scaled-fp8 file, with whatever names, prefixes and dtypes ComfyUI chooses (see
+trainer_core/models/layouts.py for what they are). Our loaders then read every file, and
 - every tensor we load equals the one ComfyUI wrote, bit for bit (float8 stays float8), with names
   mapped by an oracle that is not our loader: the same name (transformer), diffusers' own Wan VAE
   converter (VAE), transformers' `model.language_model.` move (text encoder);
