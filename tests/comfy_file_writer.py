@@ -104,7 +104,8 @@ def main() -> None:
     with torch.device("meta"):
         shapes = qwen_model.QwenImageTransformer2DModel(num_layers=1, operations=comfy.ops.disable_weight_init)
     state = random_state(shapes, seed, torch.bfloat16)
-    block_linears = {n for n, m in shapes.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("transformer_blocks.")}
+    block_linears = {n for n, m in shapes.named_modules()
+                     if isinstance(m, torch.nn.Linear) and n.startswith("transformer_blocks.")}
     del shapes
     scaled = scaled_fp8_state(state, block_linears)
     models = {}
@@ -130,7 +131,8 @@ def main() -> None:
                  intermediate_size=text["intermediate_size"], num_hidden_layers=text["num_hidden_layers"],
                  num_attention_heads=text["num_attention_heads"], num_key_value_heads=text["num_key_value_heads"])
     with torch.device("meta"):
-        shapes = llama.Qwen25_7BVLI(small, dtype=torch.bfloat16, device="meta", operations=comfy.ops.disable_weight_init)
+        shapes = llama.Qwen25_7BVLI(small, dtype=torch.bfloat16, device="meta",
+                                    operations=comfy.ops.disable_weight_init)
     te_state = random_state(shapes, seed + 2, torch.bfloat16, zero_prefixes=("visual.",))
     del shapes
     clip = comfy.sd.load_text_encoder_state_dicts([te_state], clip_type=comfy.sd.CLIPType.QWEN_IMAGE,

@@ -111,8 +111,9 @@ def test_comfyuis_own_quantized_layout_loads_like_the_scaled_fp8_file(bf16_parts
         assert a[key].dtype == b[key].dtype and torch.equal(a[key].float(), b[key].float()), key
 
     layer = next(k for k in quant if k.endswith(".comfy_quant"))[: -len(".comfy_quant")]
-    nvfp4 = write_part_file(comfy_quant_layout(load_file(str(scaled_path)), {layer: "nvfp4"}), tmp_path / "n.safetensors",
-                            "transformer", "fp8_e4m3fn_scaled", public_config(bf16_parts.transformer.config))
+    nvfp4 = write_part_file(comfy_quant_layout(load_file(str(scaled_path)), {layer: "nvfp4"}),
+                            tmp_path / "n.safetensors", "transformer", "fp8_e4m3fn_scaled",
+                            public_config(bf16_parts.transformer.config))
     with pytest.raises(UserInputError, match=r"n\.safetensors has layers quantized as \['nvfp4'\]"):
         load_transformer_file(nvfp4)
 
