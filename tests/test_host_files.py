@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,7 +78,8 @@ def comfy_written(tmp_path_factory):
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     files = {name: Path(path) for name, path in json.loads(result.stdout.strip().splitlines()[-1])["files"].items()}
-    return files, load_file(request["outputs"]), inputs
+    yield files, load_file(request["outputs"]), inputs
+    shutil.rmtree(root / "models", ignore_errors=True)  # ~5 GB: not left for pytest's kept temp folders
 
 
 def written(path: Path) -> dict[str, torch.Tensor]:
