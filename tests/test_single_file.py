@@ -79,6 +79,46 @@ def test_float8_transformer_files_load_the_stored_values(bf16_parts, tmp_path, f
         assert torch.equal(linear.weight.view(torch.uint8), raw[f"{prefix}{name}.weight"].view(torch.uint8))
 
 
+def comfy_quant_layout(tensors: dict, formats: dict | None = None) -> dict:
+    """A scaled-fp8 file's tensors in ComfyUI 0.33's own layout for quantized layers (what its ModelSave
+    writes): `<layer>.weight_scale` and a `<layer>.comfy_quant` JSON entry instead of `scale_weight` and
+    the `scaled_fp8` marker."""
+    import json
+
+    out = {}
+    for key, value in tensors.items():
+        if key == "scaled_fp8":
+            continue
+        if key.endswith(".scale_weight"):
+            layer = key[: -len(".scale_weight")]
+            fmt = (formats or {}).get(layer, "float8_e4m3fn")
+            out[layer + ".weight_scale"] = value
+            out[layer + ".comfy_quant"] = torch.tensor(list(json.dumps({"format": fmt}).encode()), dtype=torch.uint8)
+        else:
+            out[key] = value
+    return out
+
+
+def test_comfyuis_own_quantized_layout_loads_like_the_scaled_fp8_file(bf16_parts, tmp_path):
+    scaled_path = write_transformer(bf16_parts, tmp_path, "fp8_e4m3fn_scaled")
+    scaled = load_transformer_file(scaled_path, storage="float8", compute_dtype=torch.float32)
+    quant = comfy_quant_layout(load_file(str(scaled_path)))
+    path = write_part_file(quant, tmp_path / "q.safetensors", "transformer", "fp8_e4m3fn_scaled",
+                           public_config(bf16_parts.transformer.config))
+    loaded = load_transformer_file(path, storage="float8", compute_dtype=torch.float32)
+    a, b = dict(scaled.state_dict()), dict(loaded.state_dict())
+    assert a.keys() == b.keys() and any(k.endswith("weight_scale") for k in a)
+    for key in a:
+        assert a[key].dtype == b[key].dtype and torch.equal(a[key].float(), b[key].float()), key
+
+    layer = next(k for k in quant if k.endswith(".comfy_quant"))[: -len(".comfy_quant")]
+    nvfp4 = write_part_file(comfy_quant_layout(load_file(str(scaled_path)), {layer: "nvfp4"}),
+                            tmp_path / "n.safetensors", "transformer", "fp8_e4m3fn_scaled",
+                            public_config(bf16_parts.transformer.config))
+    with pytest.raises(UserInputError, match=r"n\.safetensors has layers quantized as \['nvfp4'\]"):
+        load_transformer_file(nvfp4)
+
+
 def test_real_transformer_config_is_derived_from_its_shapes():
     from trainer_core.models.streaming import empty_transformer
 
@@ -109,6 +149,19 @@ def test_bf16_text_encoder_file_loads_the_language_model_exactly(bf16_parts, tmp
     loaded = load_text_encoder_file(path, compute_dtype=torch.bfloat16)
     language_model = [n for n, _ in original.named_parameters() if n.startswith("model.language_model.")]
     assert_same_parameters(original, loaded, language_model)  # vision tower and lm_head are not loaded
+
+
+@pytest.mark.parametrize("prefix", ["text_encoders.qwen25_7b.transformer.", "qwen25_7b.transformer."])
+def test_text_encoder_loads_under_comfyuis_save_prefixes(bf16_parts, tmp_path, prefix):
+    """ComfyUI's CheckpointSave puts the encoder under `text_encoders.qwen25_7b.transformer.`, its CLIPSave
+    under `qwen25_7b.transformer.` (next to a `qwen25_7b.logit_scale` that is no encoder tensor)."""
+    original = bf16_parts.text_encoder
+    tensors = {prefix + k: v for k, v in text_encoder_file_tensors(original, "bf16").items()}
+    tensors[prefix.split(".transformer.")[0] + ".logit_scale"] = torch.tensor(4.6055)
+    path = write_part_file(tensors, tmp_path / "te.safetensors", "text encoder", "bf16", original.config.to_dict())
+    loaded = load_text_encoder_file(path, compute_dtype=torch.bfloat16)
+    language_model = [n for n, _ in original.named_parameters() if n.startswith("model.language_model.")]
+    assert_same_parameters(original, loaded, language_model)
     assert all(t.device.type == "cpu" for t in [*loaded.parameters(), *loaded.buffers()])  # nothing left on meta
     loaded.to(torch.device("cpu"))
     # Reference: transformers' own loading of the same weights (which, unlike `.to(bf16)` on the tiny

@@ -8,7 +8,19 @@ Facts from ComfyUI 0.3.64 (read, not copied):
   hunyuan_video.py `llama_detect`): a marker tensor `<prefix>scaled_fp8` (empty; its dtype is the fp8
   format), and per Linear `<module>.scale_weight` (fp32 scalar: real weight = fp8 weight * scale_weight)
   and optionally `<module>.scale_input` (only used by fp8 matrix multiplication on the activations; it
-  does not change the weight, so loaders that compute in bf16/fp32 ignore it).
+  does not change the weight, so loaders that compute in bf16/fp32 ignore it). ComfyUI 0.33.0 has no
+  `scaled_fp8_ops` but still reads these files (comfy/utils.py `convert_old_quants`).
+- ComfyUI 0.33.0's own layout for quantized layers (comfy/ops.py `mixed_precision_ops`, which is what
+  its ModelSave writes for a model loaded from a scaled-fp8 file): per layer `<module>.weight` (float8),
+  `<module>.weight_scale` (fp32 scalar, same meaning as `scale_weight`), optionally `.input_scale`, and
+  `<module>.comfy_quant`, a uint8 tensor of JSON bytes naming the format ({"format": "float8_e4m3fn"});
+  or the same per-layer JSON in the file's `_quantization_metadata`. Only per-tensor float8 formats are
+  read here; block-scaled ones (nvfp4, mxfp8) and int8 are refused by name.
+- What ComfyUI's own save nodes write (tests/test_host_files.py, 0.3.64 and 0.33.0): ModelSave and
+  CheckpointSave put the transformer under `model.diffusion_model.`; a checkpoint holds the encoder
+  under `text_encoders.qwen25_7b.transformer.` and the VAE under `vae.`; CLIPSave writes the encoder
+  under `qwen25_7b.transformer.`, VAESave the VAE bare. With `weight_dtype fp8_e4m3fn` every transformer
+  tensor (biases and norms too) is float8.
 """
 
 from __future__ import annotations
@@ -20,14 +32,21 @@ from ..errors import UserInputError
 SCALED_FP8_MARKER = "scaled_fp8"
 SCALE_WEIGHT = ".scale_weight"
 SCALE_INPUT = ".scale_input"
+# ComfyUI 0.33+'s names for quantized layers (see the module docstring).
+WEIGHT_SCALE = ".weight_scale"
+INPUT_SCALE = ".input_scale"
+COMFY_QUANT = ".comfy_quant"
+QUANTIZATION_METADATA = "_quantization_metadata"
+PER_TENSOR_FLOAT8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
 
 # Most specific first: "model." would also match the start of "model.diffusion_model.".
 TRANSFORMER_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transformer.", "model.", "")
 TRANSFORMER_PROBE = "txt_norm.weight"  # what ComfyUI detects Qwen-Image by
 
 # ComfyUI's single-file text encoders are bare (`model.layers.*`); a checkpoint that embeds the encoder
-# uses ComfyUI's own module path.
-TEXT_ENCODER_PREFIXES = ("text_encoders.qwen25_7b.transformer.", "")
+# uses ComfyUI's own module path, and ComfyUI's CLIPSave node writes the encoder under that path less
+# `text_encoders.` (it strips only the prefixes of the encoders it knows by name, not Qwen's).
+TEXT_ENCODER_PREFIXES = ("text_encoders.qwen25_7b.transformer.", "qwen25_7b.transformer.", "")
 TEXT_ENCODER_PROBES = ("model.layers.0.self_attn.q_proj.weight", "model.language_model.layers.0.self_attn.q_proj.weight")
 
 VAE_PREFIXES = ("first_stage_model.", "vae.", "")
@@ -78,20 +97,49 @@ def strip_prefix(keys: Iterable[str], prefix: str) -> dict[str, str]:
     return {k[len(prefix):]: k for k in keys if k.startswith(prefix)}
 
 
-def split_scaled_fp8(names: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """Split (name -> file key) into (tensors, {weight name: file key of its scale_weight}).
+def split_scaled_fp8(names: dict[str, str], file=None) -> tuple[dict[str, str], dict[str, str]]:
+    """Split (name -> file key) into (tensors, {weight name: file key of its scale}).
 
-    The `scaled_fp8` marker and `scale_input` tensors are dropped (see the module docstring).
+    A scale is `scale_weight` (ComfyUI's scaled-fp8 files) or `weight_scale` (ComfyUI 0.33+'s quantized
+    layers). The `scaled_fp8` marker, input scales and `comfy_quant` entries are dropped (see the module
+    docstring). Given the `SafetensorsFile`, layers quantized in a format other than per-tensor float8
+    are refused with a `UserInputError` naming the format.
     """
+    if file is not None:
+        check_quantization_formats(file, {n: k for n, k in names.items() if n.endswith(COMFY_QUANT)})
     tensors, scales = {}, {}
     for name, key in names.items():
-        if name == SCALED_FP8_MARKER or name.endswith(SCALE_INPUT):
+        if name == SCALED_FP8_MARKER or name.endswith((SCALE_INPUT, INPUT_SCALE, COMFY_QUANT)):
             continue
-        if name.endswith(SCALE_WEIGHT):
-            scales[name[: -len(SCALE_WEIGHT)] + ".weight"] = key
+        for suffix in (SCALE_WEIGHT, WEIGHT_SCALE):
+            if name.endswith(suffix):
+                scales[name[: -len(suffix)] + ".weight"] = key
+                break
         else:
             tensors[name] = key
     return tensors, scales
+
+
+def check_quantization_formats(file, quant_keys: dict[str, str]) -> None:
+    """Refuse a file whose quantized layers (`comfy_quant` entries or `_quantization_metadata`) are not all
+    per-tensor float8: their scales mean something else, and reading them as one number would be wrong."""
+    import json
+
+    formats: dict[str, str] = {}
+    try:
+        if QUANTIZATION_METADATA in file.metadata:
+            for layer, conf in json.loads(file.metadata[QUANTIZATION_METADATA]).get("layers", {}).items():
+                formats[layer] = conf.get("format")
+        for name, key in quant_keys.items():
+            formats[name[: -len(COMFY_QUANT)]] = json.loads(bytes(file.tensor(key).tolist())).get("format")
+    except (ValueError, AttributeError) as e:
+        raise UserInputError(f"{file.part} file {file.path} has unreadable quantization entries ({e}).") from e
+    other = sorted({str(f) for f in formats.values() if f not in PER_TENSOR_FLOAT8_FORMATS})
+    if other:
+        raise UserInputError(
+            f"{file.part} file {file.path} has layers quantized as {other}; only float8 with one scale per "
+            f"weight ({list(PER_TENSOR_FLOAT8_FORMATS)}) can be read. Choose the bf16 or fp8_e4m3fn file."
+        )
 
 
 # (substring of some key, what the file then is), checked in order.

@@ -108,7 +108,7 @@ def load_text_encoder_file(
         raise UserInputError(f"text_encoder_fp8={fp8!r} is not one of {list(TEXT_ENCODER_FP8_MODES)}.")
     file = SafetensorsFile(path, "text encoder")
     _, prefix = detect_layout(file.path, "text encoder", file.keys)
-    file_names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix))
+    file_names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
     names = {ours: key for name, key in file_names.items() if (ours := our_name(name)) is not None}
     scales = {ours: file.tensor(key) for name, key in scale_keys.items() if (ours := our_name(name)) is not None}
     config = text_encoder_config({n: file.shapes[k] for n, k in names.items()}, file.sidecar_config(), str(file.path))

@@ -82,7 +82,7 @@ def load_transformer_file(
         raise UserInputError(f"storage={storage!r} is not one of {list(STORAGE_MODES)}.")
     file = SafetensorsFile(path, "transformer")
     _, prefix = detect_layout(file.path, "transformer", file.keys)
-    names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix))
+    names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
     config = transformer_config({n: file.shapes[k] for n, k in names.items()}, file.sidecar_config(), str(file.path))
     model = empty_transformer(config)
     scales = {name: file.tensor(key) for name, key in scale_keys.items()}
