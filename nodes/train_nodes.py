@@ -88,15 +88,21 @@ class QwenLoRARelease:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {
-            "trainer": (TRAINER, {"tooltip": "From Save LoRA's trainer output or Train Steps: the run to release."}),
-        }}
+        return {
+            "required": {"trainer": (TRAINER, {"tooltip": "From Train Steps: the run to release."})},
+            # ComfyUI runs a node after every node it takes an input from: wiring Save LoRA's path and the
+            # Preview image here makes the release come after them in the queue.
+            "optional": {
+                "saved_lora": ("STRING", {"forceInput": True, "tooltip": "Save LoRA's path: release after saving."}),
+                "preview": ("IMAGE", {"tooltip": "A Preview image: release after previewing."}),
+            },
+        }
 
     @classmethod
     def IS_CHANGED(cls, **_):
         return float("nan")  # a release is an action: do it on every queue
 
-    def release(self, trainer):
+    def release(self, trainer, saved_lora=None, preview=None):
         with engine_mode():
             status = runs.release(trainer.train_cfg.run_name) if trainer.live else \
                 f"run '{trainer.train_cfg.run_name}' holds no memory: {trainer.retired_reason}"

@@ -142,6 +142,19 @@ def test_workflow_runs_in_real_comfyui(comfy, tmp_path, demo_folder):
     assert len(list((base / "output" / "qwen_lora").glob("preview*.png"))) == 2
     assert "lora key not loaded" not in server.log()
 
+    # A Release node after Save and Preview gives the run's memory back; the next queue's Init Trainer
+    # runs again (its IS_CHANGED moved) and resumes the run from its checkpoint.
+    run_name = prompt["6"]["inputs"]["run_name"]
+    prompt["15"] = {"class_type": "QwenLoRARelease",
+                    "inputs": {"trainer": ["7", 0], "saved_lora": ["10", 0], "preview": ["8", 0]}}
+    third = server.run(prompt)
+    assert third["status"]["status_str"] == "success", json.dumps(third["status"], indent=1)[-3000:]
+    assert f"released run '{run_name}' at step 9" in server.log()
+    fourth = server.run(prompt)
+    assert fourth["status"]["status_str"] == "success", json.dumps(fourth["status"], indent=1)[-3000:]
+    assert f"resumed run '{run_name}' from its checkpoint at step 9" in server.log()
+    assert lora_steps(base)[-1] == 12
+
 
 def test_cancel_and_restart_continue_the_run_in_real_comfyui(comfy_base, tmp_path, demo_folder):
     prompt = tiny_prompt(tmp_path, demo_folder, steps=2, from_files=True)

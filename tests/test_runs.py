@@ -242,7 +242,8 @@ def test_two_init_trainers_on_one_model_set_never_mix_adapters(pack, tmp_path, d
 
 def test_release_node_frees_the_run_and_the_next_queue_resumes_it(pack, tmp_path, demo_folder, output_dirs):
     prompt = tiny_prompt(tmp_path, demo_folder, steps=2)
-    prompt["15"] = {"class_type": "QwenLoRARelease", "inputs": {"trainer": ["7", 0]}}
+    prompt["15"] = {"class_type": "QwenLoRARelease",
+                    "inputs": {"trainer": ["7", 0], "saved_lora": ["10", 0], "preview": ["8", 0]}}
     runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
     first = runner.run(prompt)
     name = prompt["6"]["inputs"]["run_name"]

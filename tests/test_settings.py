@@ -47,7 +47,7 @@ def model_folders(tmp_path, monkeypatch):
 
 
 def is_socket(spec) -> bool:
-    return not isinstance(spec[0], list) and spec[0] not in WIDGET_TYPES
+    return not isinstance(spec[0], list) and (spec[0] not in WIDGET_TYPES or spec[1].get("forceInput", False))
 
 
 def widget_fields(pack):
