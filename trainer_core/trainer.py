@@ -37,6 +37,7 @@ from .lora_files import LoraFile, check_targets, layout_metadata, load_into_adap
 from .planner.for_run import plan_run
 from .models.components import QwenImageComponents
 from .models.latents import pack_latents
+from .models.qwen_arch import PATCH_SIZE
 from .models.text import pad_prompt_batch
 from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, velocity_target
 from .offload import BlockRunner, uninstall_leftover_runner
@@ -256,7 +257,8 @@ class Trainer:
         b, _, h, w = x0.shape
         # Random draws, always in this order, from the trainer's CPU generator.
         noise = torch.randn(x0.shape, generator=self.rng)  # (B, C, h, w)
-        mu = resolution_mu((h // 2) * (w // 2), self.components.scheduler_config) if self.train_cfg.resolution_shift else None
+        grid = (h // PATCH_SIZE, w // PATCH_SIZE)  # image tokens per side
+        mu = resolution_mu(grid[0] * grid[1], self.components.scheduler_config) if self.train_cfg.resolution_shift else None
         levels = sample_noise_levels(b, self.rng, self.train_cfg.timestep_sampling,
                                      self.train_cfg.logit_mean, self.train_cfg.logit_std, mu)  # (B,)
         dropped = torch.rand(b, generator=self.rng) < self.train_cfg.caption_dropout  # (B,)
@@ -267,11 +269,11 @@ class Trainer:
 
         x_t = noisy_latents(x0, noise, levels)
         prediction = self.transformer(
-            hidden_states=pack_latents(x_t).to(self.device, self.compute_dtype),  # (B, h/2*w/2, 4C)
+            hidden_states=pack_latents(x_t).to(self.device, self.compute_dtype),  # (B, h/2*w/2, 4C): 2 = PATCH_SIZE
             encoder_hidden_states=text.to(self.device, self.compute_dtype),
             encoder_hidden_states_mask=None if text_mask is None else text_mask.to(self.device),
             timestep=levels.to(self.device, self.compute_dtype),
-            img_shapes=[[(1, h // 2, w // 2)]] * b,
+            img_shapes=[[(1, *grid)]] * b,
             return_dict=False,
         )[0]  # (B, h/2*w/2, 4C)
         target = pack_latents(velocity_target(x0, noise)).to(self.device)
