@@ -282,3 +282,47 @@ def test_a_retirement_whose_checkpoint_fails_keeps_the_run_live(tiny_run, monkey
     monkeypatch.undo()
     live.train(1)
     assert open_("b").action == "started" and not live.live
+
+
+RACE_FOR_LOCK = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from trainer_core.errors import UserInputError
+from trainer_core.run_lock import RunLock
+lock = RunLock(sys.argv[2])
+while time.time() < float(sys.argv[3]):  # start together
+    pass
+try:
+    lock.acquire(owner="racer")
+    print("won", flush=True)
+    time.sleep(2)
+except UserInputError as e:
+    print("refused", e, flush=True)
+"""
+
+
+def test_two_processes_racing_for_one_run_folder_never_both_get_it(tmp_path):
+    import time
+
+    start = time.time() + 1.0
+    racers = [subprocess.Popen([sys.executable, "-c", RACE_FOR_LOCK, str(REPO), str(tmp_path / "run"), str(start)],
+                               stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    results = sorted(p.communicate(timeout=60)[0].split()[0] for p in racers)
+    assert results == ["refused", "refused", "refused", "won"]
+
+
+def test_a_trainer_whose_lock_file_was_removed_stops_writing_checkpoints(tiny_run, tmp_path, demo_folder, tiny_cache):
+    open_, _ = tiny_run
+    first = open_("a").trainer
+    first.train(1)
+    (tmp_path / "a" / ".lock").unlink()  # a hostile or confused clean-up
+    other = build_tiny_components(seed=0, storage="float32")
+    second = Trainer(other, cached_demo(other, demo_folder, tiny_cache), LORA, OPTIM, TrainConfig(run_name="a"),
+                     run_dir=tmp_path / "a")  # takes the folder with a new lock file
+    with pytest.raises(UserInputError, match="lock of run folder .* was removed or replaced.*step 2 was not written"):
+        first.train(1)
+    assert ckpt.load_latest(tmp_path / "a")[1]["step"] == 1  # nothing of the first trainer's step 2 on disk
+    runs.release("a")  # the first run can still be let go (its step 2 is not written anywhere)
+    assert ckpt.load_latest(tmp_path / "a")[1]["step"] == 1
+    second.train(1)
+    second.close()

@@ -11,3 +11,7 @@ class UserInputError(ValueError):
 
 class TrainingStopped(RuntimeError):
     """Training stopped on purpose (for example repeated non-finite losses); the state was kept."""
+
+
+class RunFolderLost(UserInputError):
+    """The run folder's lock was removed or taken over: this trainer must not write there any more."""

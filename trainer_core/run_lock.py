@@ -62,20 +62,30 @@ class RunLock:
         if self._fd is not None:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        if not _try_lock(fd):
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise UserInputError(
-                f"the run folder {self.run_dir} is in use by another trainer ({holder}). Two trainers on one run "
-                "folder would overwrite each other's checkpoints: use another run_name, or stop the other trainer "
-                "(release it, or end that process) first."
-            )
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if not _try_lock(fd):
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise UserInputError(
+                    f"the run folder {self.run_dir} is in use by another trainer ({holder}). Two trainers on one run "
+                    "folder would overwrite each other's checkpoints: use another run_name, or stop the other "
+                    "trainer (release it, or end that process) first."
+                )
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # the file was removed or replaced between open and lock: lock the one there now
         # Record who holds it (after the lock byte range on Windows: write from offset 1 on).
         os.lseek(fd, 1, os.SEEK_SET)
         os.ftruncate(fd, 1)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} {owner}".strip().encode())
         self._fd = fd
+
+    def still_held(self) -> bool:
+        """Whether the lock file we hold is still the one at `path` (not deleted, replaced or moved away with
+        its folder): a writer checks this before each checkpoint, so a second trainer that took a new lock
+        file never shares the folder with it."""
+        return self._fd is not None and _same_file(self._fd, self.path)
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
@@ -87,6 +97,15 @@ class RunLock:
 
     def __del__(self):  # a trainer dropped without close() must not keep its folder locked
         self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        on_disk = os.stat(path)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
 
 
 def _read_holder(fd: int) -> str:

@@ -30,7 +30,7 @@ from . import checkpoint as ckpt
 from .batching import DataOrder
 from .cache import CachedDataset
 from .config import LoraConfig, OptimizerConfig, TrainConfig, from_dict, to_dict
-from .errors import TrainingStopped, UserInputError
+from .errors import RunFolderLost, TrainingStopped, UserInputError
 from .files import write_safetensors_atomic
 from .lora import inject_lora, matching_preset, remove_lora, target_module_names
 from .lora_files import LoraFile, check_targets, layout_metadata, load_into_adapter, lora_file_tensors, lora_metadata, read_lora_file
@@ -315,6 +315,13 @@ class Trainer:
     def save_checkpoint(self) -> Path | None:
         if self.run_dir is None:
             return None
+        if self.lock is not None and not self.lock.still_held():
+            raise RunFolderLost(
+                f"the lock of run folder {self.run_dir} was removed or replaced (the folder moved, or another process "
+                f"took it): the checkpoint of step {self.step} was not written, so two trainers never mix their "
+                "files. The trainer still holds its steps in memory: save the LoRA now; releasing the run drops the "
+                "steps since its last checkpoint."
+            )
         tensors, meta = self.training_state()
         try:
             folder = ckpt.save_checkpoint(self.run_dir, self.step, tensors, meta)
@@ -431,7 +438,10 @@ class Trainer:
         if self.retired_reason is not None:
             return
         if self.params:
-            self.checkpoint_if_behind()  # if this fails (a full disk) nothing is retired: no step is lost
+            try:
+                self.checkpoint_if_behind()  # if this fails (a full disk) nothing is retired: no step is lost
+            except RunFolderLost:
+                pass  # another trainer owns the folder now: writing there would mix two runs' checkpoints
         self.retired_reason = reason
         self.close(unpin=unpin)
         self.components = self.transformer = self.dataset = None
