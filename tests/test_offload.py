@@ -25,3 +25,23 @@ def test_arena_holds_exact_copies_with_shapes_and_dtypes():
         assert view.dtype == original.dtype and view.shape == original.shape
         assert torch.equal(view.view(torch.uint8), original.view(torch.uint8))
     assert arena.bytes == sum(arena_layout([t.numel() * t.element_size() for t in tensors])[0])
+
+
+def test_unpin_moves_the_masters_out_of_the_arena_and_frees_it():
+    """Releasing a run moves the swapped masters out of the (pinned on CUDA) arena and
+    the arena's memory goes back; the weights are unchanged."""
+    import weakref
+
+    from trainer_core.models import build_tiny_components
+    from trainer_core.offload import BlockRunner
+
+    components = build_tiny_components(seed=0, storage="float32")
+    blocks = components.transformer.transformer_blocks
+    before = {n: t.clone() for n, t in blocks[1].state_dict().items()}
+    runner = BlockRunner(components.transformer, torch.device("cpu"), blocks_to_swap=1)
+    swapper = runner.swapper
+    chunks = [weakref.ref(c) for c in swapper.arena.chunks]
+    runner.uninstall(unpin=True)
+    del swapper, runner
+    assert chunks and all(c() is None for c in chunks)
+    assert all(torch.equal(before[n], t) for n, t in blocks[1].state_dict().items())

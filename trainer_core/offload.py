@@ -185,12 +185,12 @@ class BlockSwapper:
         flat = [(lin, i, k) for i in self.swapped for k, lin in enumerate(self.linears[i])]
         last_user = {c: n for n, c in enumerate(self.arena.chunk_of)}  # the last tensor placed in each chunk
         for n, (lin, i, k) in enumerate(flat):
-            plain = self.master[i][k].clone()
+            plain = self.master[i][k].clone()  # a clone is pageable memory
             self.master[i][k] = lin.weight.data = plain
+            self.arena.views[n] = None  # the last references into the chunk go with these two
             chunk = self.arena.chunk_of[n]
             if last_user[chunk] == n:
                 self.arena.chunks[chunk] = None
-        self.arena.views = []
 
 
 class _BackwardMark(torch.autograd.Function):
