@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import UserInputError
+from .names import check_component
 from .models.qwen_arch import LORA_TARGET_PRESETS
 
 
@@ -335,7 +336,7 @@ def parse_blocks_to_swap(value: int | str) -> int:
 
 
 def check_run_name(name: str) -> str:
-    """A run name becomes a folder and a file name: keep it to one plain path component."""
+    """A run name becomes a folder and a file name: keep it to one plain path component, portable to every OS."""
     import re
 
     if not name or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._\- ]{0,99}", name) or ".." in name:
@@ -343,6 +344,7 @@ def check_run_name(name: str) -> str:
             f"run_name={name!r} is not a usable name: use letters, digits, '.', '_', '-' or spaces "
             "(up to 100 characters, no '..', no folders)."
         )
+    check_component(name, "run_name", name)  # Windows' reserved names, a trailing dot or space
     return name
 
 
