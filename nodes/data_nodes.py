@@ -26,7 +26,8 @@ class QwenLoRADataset:
     def INPUT_TYPES(cls):
         return {"required": widgets(
             DatasetConfig, "folder", "resolution", "enable_buckets", "min_bucket_side", "max_bucket_side",
-            "repeats", "caption_extension", "missing_caption", "upscale_small_images",
+            "repeats", "caption_extension", "missing_caption", "upscale_small_images", "background",
+            "allow_large_images",
         )}
 
     @classmethod

@@ -55,10 +55,21 @@ class DatasetConfig:
     upscale_small_images: bool = _f(
         False, "Upscale images smaller than their bucket. Off: such an image is an error that names it.",
     )
+    background: str = _f(
+        "white", "Colour that transparent pixels (alpha, palette or colour-key transparency) are composited onto: "
+        "a colour name (white, black, gray, ...) or #RRGGBB.",
+    )
+    allow_large_images: bool = _f(
+        False, "Open images over Pillow's decompression-bomb limit (about 89 megapixels). Off: such an image is an "
+        "error that names it. Turn on only for images you trust.",
+    )
 
     def validate(self) -> None:
         _check_range(self, "resolution", "repeats", "min_bucket_side", "max_bucket_side")
         _check_choice(self, "missing_caption")
+        from .data import parse_colour  # (data imports this module)
+
+        parse_colour(self.background)
         for name in ("resolution", "min_bucket_side", "max_bucket_side"):
             if getattr(self, name) % 32:
                 raise UserInputError(f"dataset {name}={getattr(self, name)} must be a multiple of 32 pixels.")
