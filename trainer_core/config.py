@@ -294,8 +294,8 @@ class SaveConfig:
     """Writing the LoRA file (the Save node)."""
 
     filename: str = _f(
-        "{run_name}_{step}", "File name inside the loras folder; {run_name} and {step} are filled in. Subfolders "
-        "allowed.",
+        "{run_name}_{step}", "File name inside the loras folder; {run_name} and {step} are filled in (the only "
+        "placeholders; {{ and }} for literal braces). Subfolders allowed ('/' or '\\').",
     )
     dtype: str = _f("bfloat16", "Precision of the saved weights.", choices=SAVE_DTYPES)
     layout: str = _f(

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import unicodedata
-from pathlib import Path, PureWindowsPath
+from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from .errors import UserInputError
-from .names import MAX_COMPONENT_BYTES, check_component
+from .names import MAX_COMPONENT_BYTES, check_component, shown
 
 
 def inside(root: str | Path, relative: str, what: str, example: str, suffix_room: int = 0) -> Path:
@@ -26,21 +26,20 @@ def inside(root: str | Path, relative: str, what: str, example: str, suffix_room
     root = Path(root).resolve()
     text = unicodedata.normalize("NFC", relative.strip()).replace("\\", "/")
     candidate = Path(text)
-    if (not text or candidate.is_absolute() or text.startswith(("~", "/")) or ".." in candidate.parts
-            or PureWindowsPath(text).drive):
+    if not text or candidate.is_absolute() or text.startswith(("~", "/")) or ".." in candidate.parts:
         raise UserInputError(
-            f"{what} {relative!r} must be a relative name inside {root} (no absolute path, no '..'), "
+            f"{what} {shown(relative)} must be a relative name inside {root} (no absolute path, no '..'), "
             f"for example {example!r}."
         )
     parts = candidate.parts
-    for i, part in enumerate(parts):
+    for i, part in enumerate(parts):  # (a Windows drive 'C:' fails here: ':' is not allowed in a name)
         check_component(part, what, relative, MAX_COMPONENT_BYTES - (suffix_room if i == len(parts) - 1 else 0))
     path = root / candidate
     limit = _path_limit(root)
-    size = len(os.fsencode(str(path)))
+    size = len(os.fsencode(str(path))) + suffix_room
     if size > limit:
         raise UserInputError(
-            f"{what}={relative!r} is too long: the path {str(path)[:60]}... is {size} bytes, over the {limit} "
+            f"{what}={shown(relative)} is too long: the path {str(path)[:60]}... is {size} bytes, over the {limit} "
             "bytes this system allows. Use shorter or fewer folder names."
         )
     real = path.resolve()
@@ -48,7 +47,7 @@ def inside(root: str | Path, relative: str, what: str, example: str, suffix_room
         link = _first_link(root, parts)
         through = f" through the link {link} -> {os.readlink(link)}" if link is not None else ""
         raise UserInputError(
-            f"{what} {relative!r} leads outside {root}{through}. Nothing is written outside it: remove the link, "
+            f"{what} {shown(relative)} leads outside {root}{through}. Nothing is written outside it: remove the link, "
             "or choose another name."
         )
     return real

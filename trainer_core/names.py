@@ -40,11 +40,17 @@ def component_problem(part: str, max_bytes: int = MAX_COMPONENT_BYTES) -> str | 
     return None
 
 
+def shown(value: str, width: int = 80) -> str:
+    """`value`'s repr for a message, cut to about `width` characters."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 4] + "...'"
+
+
 def check_component(part: str, what: str, value: str, max_bytes: int = MAX_COMPONENT_BYTES) -> None:
     problem = component_problem(part, max_bytes)
     if problem is not None:
         raise UserInputError(
-            f"{what}={value!r} is not a usable name on every system: {problem}. Choose another name "
+            f"{what}={shown(value)} is not a usable name on every system: {problem}. Choose another name "
             "(letters, digits, '_', '-', '.'), so the workflow also works on Windows and macOS."
         )
 
@@ -58,7 +64,7 @@ def fill_template(template: str, what: str, **values: str) -> str:
         pieces = list(string.Formatter().parse(template))
     except ValueError as e:
         raise UserInputError(
-            f"{what}={template!r} is not a valid name template ({e}). Use only {allowed} as placeholders; "
+            f"{what}={shown(template)} is not a valid name template ({e}). Use only {allowed} as placeholders; "
             "write a literal brace as {{ or }}."
         ) from None
     out = []
@@ -67,9 +73,9 @@ def fill_template(template: str, what: str, **values: str) -> str:
         if field is None:
             continue
         if field not in values or spec or conversion:
-            shown = "{" + field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            placeholder = "{" + field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
             raise UserInputError(
-                f"{what}={template!r} has the placeholder {shown}. Use only {allowed} (no positions, "
+                f"{what}={shown(template)} has the placeholder {placeholder}. Use only {allowed} (no positions, "
                 "attributes, indexes or formats); write a literal brace as {{ or }}."
             )
         out.append(values[field])
