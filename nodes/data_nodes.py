@@ -14,7 +14,8 @@ from .widgets import widgets
 class QwenLoRADataset:
     DESCRIPTION = (
         "A folder of training images (png/jpg/webp) with same-name .txt captions, grouped into aspect-ratio "
-        "buckets. Errors name the file to fix."
+        "buckets. Transparent pixels are composited onto the background colour; 16-bit grey is scaled. Errors "
+        "name the file to fix."
     )
     CATEGORY = CATEGORY
     FUNCTION = "discover"
