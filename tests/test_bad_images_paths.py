@@ -7,7 +7,6 @@ README.md's troubleshooting section lists each message."""
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import tempfile
@@ -19,7 +18,7 @@ import pytest
 from PIL import Image
 
 from conftest import REPO, pack_module, tiny_dataset_config
-from trainer_core.config import CacheConfig, DatasetConfig, TrainConfig, check_run_name
+from trainer_core.config import DatasetConfig, TrainConfig, check_run_name
 from trainer_core.data import discover, load_cropped
 from trainer_core.errors import UserInputError
 from trainer_core.files import inside
@@ -508,7 +507,8 @@ def test_a_lora_subfolder_that_links_outside_the_loras_folder_is_refused(pack, l
     elsewhere.mkdir()
     (loras / "sub").symlink_to(elsewhere)
     with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError,
-                       match=r"filename 'sub/x.safetensors' leads outside .*loras through the link .*sub -> .*elsewhere"):
+                       match=r"filename 'sub/x.safetensors' leads outside .*loras through the link "
+                             r".*sub -> .*elsewhere"):
         lora_output_path(loras, "sub/x", "r", 1)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import io
 import math
 import os
@@ -21,14 +22,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageColor, ImageOps, UnidentifiedImageError
-from PIL import (  # noqa: F401 - registers the formats of IMAGE_FORMATS (open(formats=...) needs them loaded)
-    BmpImagePlugin,
-    GifImagePlugin,
-    JpegImagePlugin,
-    PngImagePlugin,
-    TiffImagePlugin,
-    WebPImagePlugin,
-)
 
 from .config import DatasetConfig
 from .errors import UserInputError
@@ -41,6 +34,8 @@ IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "TIFF", "BMP")  # JPEG includes M
 WHITE = (255, 255, 255)
 ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 GREY_HIGH_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")  # more than 8 bits of grey
+for _plugin in ("Bmp", "Gif", "Jpeg", "Png", "Tiff", "WebP"):  # open(formats=...) needs them registered
+    importlib.import_module(f"PIL.{_plugin}ImagePlugin")
 
 
 @dataclass(frozen=True)
