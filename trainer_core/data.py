@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import io
 import math
 import os
@@ -21,7 +20,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageColor, ImageOps, UnidentifiedImageError
+from PIL import (
+    BmpImagePlugin,
+    GifImagePlugin,
+    Image,
+    ImageColor,
+    ImageOps,
+    JpegImagePlugin,
+    PngImagePlugin,
+    TiffImagePlugin,
+    UnidentifiedImageError,
+    WebPImagePlugin,
+)
 
 from .config import DatasetConfig
 from .errors import UserInputError
@@ -34,8 +44,8 @@ IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "TIFF", "BMP")  # JPEG includes M
 WHITE = (255, 255, 255)
 ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 GREY_HIGH_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")  # more than 8 bits of grey
-for _plugin in ("Bmp", "Gif", "Jpeg", "Png", "Tiff", "WebP"):  # open(formats=...) needs them registered
-    importlib.import_module(f"PIL.{_plugin}ImagePlugin")
+# Image.open(formats=...) needs these registered (Pillow loads only some plugins up front).
+_PLUGINS = (BmpImagePlugin, GifImagePlugin, JpegImagePlugin, PngImagePlugin, TiffImagePlugin, WebPImagePlugin)
 
 
 @dataclass(frozen=True)
