@@ -14,7 +14,8 @@ from .widgets import widgets
 class QwenLoRADataset:
     DESCRIPTION = (
         "A folder of training images (png/jpg/webp) with same-name .txt captions, grouped into aspect-ratio "
-        "buckets. Errors name the file to fix."
+        "buckets. Transparent pixels are composited onto the background colour; 16-bit grey is scaled. Errors "
+        "name the file to fix."
     )
     CATEGORY = CATEGORY
     FUNCTION = "discover"
@@ -26,7 +27,8 @@ class QwenLoRADataset:
     def INPUT_TYPES(cls):
         return {"required": widgets(
             DatasetConfig, "folder", "resolution", "enable_buckets", "min_bucket_side", "max_bucket_side",
-            "repeats", "caption_extension", "missing_caption", "upscale_small_images",
+            "repeats", "caption_extension", "missing_caption", "upscale_small_images", "background",
+            "allow_large_images",
         )}
 
     @classmethod

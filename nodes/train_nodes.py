@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..trainer_core import runs
-from ..trainer_core.config import NO_LORA, InitConfig, TrainConfig, TrainStepsConfig, check_run_name
+from ..trainer_core.config import NO_LORA, InitConfig, TrainConfig, TrainStepsConfig
 from ..trainer_core.plot import loss_plot
 from ..trainer_core.trainer import Trainer
 from . import host
@@ -28,7 +28,7 @@ WIDGET_NAMES = {"seed": "training_seed"}
 
 def run_directory(run_name: str) -> Path:
     """Where a run's checkpoints live: inside ComfyUI's output folder, one folder per run name."""
-    return host.output_directory() / "qwen_lora_training" / "runs" / check_run_name(run_name)
+    return runs.run_folder(host.output_directory(), run_name)
 
 
 class QwenLoRAInitTrainer:

@@ -89,6 +89,8 @@ class CachedDataset:
 
 def latent_key(sample: Sample, vae_fingerprint: str) -> str:
     parts = (CACHE_VERSION, CROP_RECIPE, sample.image_sha256, f"{sample.bucket[0]}x{sample.bucket[1]}", vae_fingerprint)
+    if sample.decode:  # transparency (its background) or high-bit grey: decoded differently from plain images
+        parts += (sample.decode,)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
@@ -143,7 +145,7 @@ def build_cache(
         for bucket_samples in by_bucket.values():
             for start in range(0, len(bucket_samples), batch_size):
                 chunk = bucket_samples[start:start + batch_size]
-                pixels = torch.stack([load_cropped(s.image_path, s.bucket) for s in chunk])  # (B, 3, H, W)
+                pixels = torch.stack([load_cropped(s.image_path, s.bucket, s.background, s.allow_large_images) for s in chunk])  # (B, 3, H, W)
                 latents = encode_images(components.vae, pixels)  # (B, C, h, w)
                 for s, lat in zip(chunk, latents):
                     write_safetensors_atomic({"latents": lat}, cache_dir / "latents" / f"{latent_key(s, vae_fp)}.safetensors",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import UserInputError
+from .names import check_component
 from .models.qwen_arch import LORA_TARGET_PRESETS
 
 
@@ -54,10 +55,21 @@ class DatasetConfig:
     upscale_small_images: bool = _f(
         False, "Upscale images smaller than their bucket. Off: such an image is an error that names it.",
     )
+    background: str = _f(
+        "white", "Colour that transparent pixels (alpha, palette or colour-key transparency) are composited onto: "
+        "a colour name (white, black, gray, ...) or #RRGGBB.",
+    )
+    allow_large_images: bool = _f(
+        False, "Open images over Pillow's decompression-bomb limit (about 89 megapixels). Off: such an image is an "
+        "error that names it. Turn on only for images you trust.",
+    )
 
     def validate(self) -> None:
         _check_range(self, "resolution", "repeats", "min_bucket_side", "max_bucket_side")
         _check_choice(self, "missing_caption")
+        from .data import parse_colour  # (data imports this module)
+
+        parse_colour(self.background)
         for name in ("resolution", "min_bucket_side", "max_bucket_side"):
             if getattr(self, name) % 32:
                 raise UserInputError(f"dataset {name}={getattr(self, name)} must be a multiple of 32 pixels.")
@@ -282,8 +294,8 @@ class SaveConfig:
     """Writing the LoRA file (the Save node)."""
 
     filename: str = _f(
-        "{run_name}_{step}", "File name inside the loras folder; {run_name} and {step} are filled in. Subfolders "
-        "allowed.",
+        "{run_name}_{step}", "File name inside the loras folder; {run_name} and {step} are filled in (the only "
+        "placeholders; {{ and }} for literal braces). Subfolders allowed ('/' or '\\').",
     )
     dtype: str = _f("bfloat16", "Precision of the saved weights.", choices=SAVE_DTYPES)
     layout: str = _f(
@@ -335,7 +347,7 @@ def parse_blocks_to_swap(value: int | str) -> int:
 
 
 def check_run_name(name: str) -> str:
-    """A run name becomes a folder and a file name: keep it to one plain path component."""
+    """A run name becomes a folder and a file name: keep it to one plain path component, portable to every OS."""
     import re
 
     if not name or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._\- ]{0,99}", name) or ".." in name:
@@ -343,6 +355,7 @@ def check_run_name(name: str) -> str:
             f"run_name={name!r} is not a usable name: use letters, digits, '.', '_', '-' or spaces "
             "(up to 100 characters, no '..', no folders)."
         )
+    check_component(name, "run_name", name)  # Windows' reserved names, a trailing dot or space
     return name
 
 

@@ -7,20 +7,45 @@ from diffusers on odd grids). Each bucket holds about `resolution`^2 pixels.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import math
+import os
+import re
+import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import (
+    BmpImagePlugin,
+    GifImagePlugin,
+    Image,
+    ImageColor,
+    ImageOps,
+    JpegImagePlugin,
+    PngImagePlugin,
+    TiffImagePlugin,
+    UnidentifiedImageError,
+    WebPImagePlugin,
+)
 
 from .config import DatasetConfig
 from .errors import UserInputError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
 BUCKET_STEP = 32
+# Formats opened, whatever the extension says (Pillow opens by content): raster formats Pillow decodes
+# itself. Never PostScript/PDF (Pillow would hand those to Ghostscript) or other exotic plugins.
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "TIFF", "BMP")  # JPEG includes MPO (its factory opens both)
+WHITE = (255, 255, 255)
+ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
+GREY_HIGH_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")  # more than 8 bits of grey
+# Image.open(formats=...) needs these registered (Pillow loads only some plugins up front).
+_PLUGINS = (BmpImagePlugin, GifImagePlugin, JpegImagePlugin, PngImagePlugin, TiffImagePlugin, WebPImagePlugin)
 
 
 @dataclass(frozen=True)
@@ -33,6 +58,11 @@ class Sample:
     height: int
     bucket: tuple[int, int]  # (width, height) it is cropped to
     image_sha256: str
+    # How its pixels depend on settings or on a decoding that changed: "" for an opaque 8-bit image;
+    # otherwise part of its cache key (a transparent image on another background is another latent).
+    decode: str = ""
+    background: tuple[int, int, int] = WHITE  # what transparent pixels are composited onto
+    allow_large_images: bool = False
 
 
 @dataclass(frozen=True)
@@ -47,7 +77,9 @@ class Dataset:
         for s in self.samples:
             buckets[s.bucket] = buckets.get(s.bucket, 0) + 1
         listing = ", ".join(f"{w}x{h}: {n}" for (w, h), n in sorted(buckets.items()))
-        return f"{len(self.samples)} images x {self.config.repeats} repeats; buckets {listing}"
+        transparent = sum(1 for s in self.samples if s.decode.startswith("alpha"))
+        return (f"{len(self.samples)} images x {self.config.repeats} repeats; buckets {listing}; "
+                f"{transparent} with transparency composited onto {self.config.background.strip()}")
 
 
 def folder_state(folder: str | Path) -> str:
@@ -56,10 +88,13 @@ def folder_state(folder: str | Path) -> str:
     if not folder.is_dir():
         return "missing"
     h = hashlib.sha256()
-    for p in sorted(folder.iterdir()):
-        if p.is_file():
-            st = p.stat()
-            h.update(f"{p.name}|{st.st_size}|{st.st_mtime_ns}".encode())
+    try:
+        for p in sorted(folder.iterdir()):
+            if p.is_file():
+                st = p.stat()
+                h.update(f"{p.name}|{st.st_size}|{st.st_mtime_ns}".encode())
+    except OSError as e:  # the Dataset node itself names the problem
+        return f"unreadable: {e}"
     return h.hexdigest()
 
 
@@ -89,31 +124,210 @@ def choose_bucket(width: int, height: int, buckets: list[tuple[int, int]]) -> tu
 
 def read_caption(image_path: Path, cfg: DatasetConfig) -> str:
     caption_path = image_path.with_suffix(cfg.caption_extension)
-    if not caption_path.is_file():
+    if not caption_path.exists() and not caption_path.is_symlink():
         if cfg.missing_caption == "empty":
             return ""
         raise UserInputError(
             f"image {image_path.name} has no caption file {caption_path.name} in {image_path.parent}. "
             "Add the caption, or set missing_caption to 'empty' to train it without one."
         )
+    return decode_caption(read_file(caption_path, "caption", "a text file"), caption_path)
+
+
+# Byte order marks of the Unicode encodings a caption may come in (Windows Notepad's "Unicode" is UTF-16).
+_BOMS = ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"),
+         (b"\xfe\xff", "utf-16"))
+
+
+def decode_caption(data: bytes, caption_path: Path) -> str:
+    """UTF-8 (with or without its BOM), or UTF-16/UTF-32 when a byte order mark says so."""
+    encoding = next((enc for bom, enc in _BOMS if data.startswith(bom)), "utf-8-sig")
     try:
-        return caption_path.read_bytes().decode("utf-8-sig").strip()
+        return data.decode(encoding).strip()
     except UnicodeDecodeError as e:
         raise UserInputError(
-            f"caption {caption_path} is not UTF-8 text (byte {e.start}). Re-save it as UTF-8."
+            f"caption {caption_path} is not {'UTF-8' if encoding == 'utf-8-sig' else encoding.upper()} text "
+            f"(byte {e.start}). Re-save it as UTF-8."
         ) from None
 
 
-def open_image(path: Path) -> Image.Image:
-    """Open, fully decode, apply EXIF rotation and convert to RGB; errors name the file."""
+def read_file(path: Path, kind: str = "image", thing: str = "an image file") -> bytes:
+    """The bytes of a dataset file; a folder, a broken link, a pipe or a file this user may not read is an
+    error naming the path and the fix."""
+    if path.is_symlink() and not path.exists():
+        raise UserInputError(
+            f"{kind} {path} is a link to {os.readlink(path)}, which does not exist (or loops). Fix the link or "
+            "remove it from the dataset folder."
+        )
     try:
-        with Image.open(path) as img:
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise UserInputError(
+                f"{kind} {path} is a folder, not {thing}: rename it (without the {path.suffix} extension) or move "
+                "it out of the dataset folder."
+            )
+        if not stat.S_ISREG(mode):
+            raise UserInputError(
+                f"{kind} {path} is not a regular file (a pipe, socket or device): replace it with {thing} or "
+                "remove it from the dataset folder."
+            )
+        return path.read_bytes()
+    except PermissionError:
+        raise UserInputError(
+            f"{kind} {path} cannot be read: permission denied. Let the user that runs ComfyUI read it (for "
+            f"example: chmod a+r '{path}'), or remove it from the dataset folder."
+        ) from None
+    except OSError as e:
+        raise UserInputError(
+            f"{kind} {path} cannot be read ({e.strerror or e}). Check the disk, copy the file again, or remove it "
+            "from the dataset folder."
+        ) from None
+
+
+def parse_colour(text: str, what: str = "background") -> tuple[int, int, int]:
+    """A colour name or #RRGGBB as an RGB tuple."""
+    try:
+        return ImageColor.getrgb(text.strip())[:3]
+    except (ValueError, AttributeError):
+        raise UserInputError(
+            f"dataset {what}={text!r} is not a colour: use a name (white, black, gray, ...) or #RRGGBB."
+        ) from None
+
+
+def decode_options(cfg: DatasetConfig) -> dict:
+    """The settings that change how an image decodes, as `load_cropped`/`decode_image` take them."""
+    return {"background": parse_colour(cfg.background), "allow_large_images": cfg.allow_large_images}
+
+
+_pixel_limit_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_pixel_limit():
+    """Pillow's decompression-bomb limit is a module global: lift it only around one open, under a lock."""
+    with _pixel_limit_lock:
+        saved = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = None
+        try:
+            yield
+        finally:
+            Image.MAX_IMAGE_PIXELS = saved
+
+
+def _too_large(path: Path, size: tuple[int, int], limit: int) -> UserInputError:
+    return UserInputError(
+        f"image {path} is {size[0]}x{size[1]} ({size[0] * size[1]} pixels), larger than Pillow's safety limit of "
+        f"{limit} pixels (a decompression bomb guard). Shrink the image, or turn on allow_large_images on the "
+        "Dataset node if you trust it."
+    )
+
+
+def decode_image(data: bytes, path: Path, background: tuple[int, int, int] = WHITE,
+                 allow_large_images: bool = False) -> tuple[Image.Image, str]:
+    """Decode an image file's bytes to RGB (the first frame of an animation; EXIF rotation applied;
+    transparency composited onto `background`; 16/32-bit and float grey scaled). Returns the image and its
+    `Sample.decode` tag. Errors name the file."""
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        if allow_large_images:
+            with _no_pixel_limit():
+                img = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+        else:
+            try:
+                img = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+            except Image.DecompressionBombError:
+                with _no_pixel_limit():  # only to read its size for the message
+                    img = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+                raise _too_large(path, img.size, limit) from None
+            if limit and img.width * img.height > limit:  # Pillow only warns up to twice its limit
+                raise _too_large(path, img.size, limit)
+        with img:
+            rawmode = _rawmode(img)
             img.load()
-            return ImageOps.exif_transpose(img).convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+            img = ImageOps.exif_transpose(img)
+            tag = decode_tag(img, background)
+            return to_rgb(img, background, rawmode), tag
+    except UserInputError:
+        raise
+    except UnidentifiedImageError:
+        raise UserInputError(
+            f"image {path} cannot be read (not a PNG, JPEG, WebP, GIF, TIFF or BMP image, or damaged). Re-export "
+            "it or remove it from the folder."
+        ) from None
+    except Exception as e:  # a damaged or hostile file: Pillow's plugins raise many types
         raise UserInputError(
             f"image {path} cannot be read ({type(e).__name__}: {e}). Re-export it or remove it from the folder."
         ) from None
+
+
+def open_image(path: Path, background: tuple[int, int, int] = WHITE, allow_large_images: bool = False) -> Image.Image:
+    """Read and decode one image file to RGB (see `decode_image`); errors name the file."""
+    return decode_image(read_file(path), path, background, allow_large_images)[0]
+
+
+def _rawmode(img: Image.Image) -> str | None:
+    """How the file stores its pixels (e.g. 'I;16B', 'I;32S'), before loading clears it."""
+    try:
+        args = img.tile[0][3]
+    except (IndexError, TypeError, AttributeError):
+        return None
+    rawmode = args if isinstance(args, str) else (args[0] if args and isinstance(args[0], str) else None)
+    return rawmode
+
+
+def has_transparency(img: Image.Image) -> bool:
+    return img.mode in ALPHA_MODES or "transparency" in img.info
+
+
+def decode_tag(img: Image.Image, background: tuple[int, int, int]) -> str:
+    """How an image's pixels depend on decoding choices: '' for an opaque 8-bit image (decoded as always);
+    the background for one with transparency; 'grey-scaled' for grey of more than 8 bits."""
+    parts = ["alpha on #%02x%02x%02x" % tuple(background)] if has_transparency(img) else []
+    if img.mode in GREY_HIGH_MODES:
+        parts.append("grey-scaled")
+    return "; ".join(parts)
+
+
+def to_rgb(img: Image.Image, background: tuple[int, int, int] = WHITE, rawmode: str | None = None) -> Image.Image:
+    """Any Pillow mode as 8-bit RGB: grey of more than 8 bits scaled by its full range (not clipped),
+    transparency (alpha, palette or colour key) composited onto `background`."""
+    if img.mode in GREY_HIGH_MODES:
+        raw = np.asarray(img)
+        grey = _grey_to_8bit(raw, img.mode, rawmode)
+        rgb = np.repeat(grey[..., None], 3, axis=2)
+        key = img.info.get("transparency")
+        if isinstance(key, (int, float)) and not isinstance(key, bool):
+            rgb[raw == key] = background
+        return Image.fromarray(np.ascontiguousarray(rgb))
+    if has_transparency(img):
+        if img.mode == "La":  # premultiplied: Pillow converts it to nothing else
+            arr = np.asarray(img).astype(np.float64)
+            alpha = arr[..., 1]
+            lum = np.where(alpha > 0, np.clip(np.round(arr[..., 0] * 255 / np.maximum(alpha, 1)), 0, 255), 0)
+            img = Image.fromarray(np.stack([lum, alpha], axis=-1).astype(np.uint8), "LA")
+        rgba = img.convert("RGBA")
+        out = Image.new("RGB", img.size, tuple(background))
+        out.paste(rgba.convert("RGB"), mask=rgba.getchannel("A"))
+        return out
+    return img.convert("RGB")
+
+
+def _grey_to_8bit(raw: np.ndarray, mode: str, rawmode: str | None) -> np.ndarray:
+    """Grey values scaled from their type's full range to 0..255: 16-bit by 65535, 32-bit integers by
+    2**31 - 1 (signed) or 2**32 - 1 (unsigned), floats by 1.0 (0..1 is white)."""
+    values = raw.astype(np.float64)
+    if mode == "F":
+        full = 1.0
+        values = np.nan_to_num(values, nan=0.0, posinf=1.0, neginf=0.0)
+    elif mode.startswith("I;16"):
+        full = 65535.0
+    else:  # "I": 32-bit signed storage of what the file held
+        match = re.fullmatch(r"I;(\d+)(.*)", rawmode or "")
+        bits, signed = (int(match[1]), "S" in match[2]) if match else (32, True)
+        if bits == 32 and not signed:
+            values = raw.astype(np.int32).view(np.uint32).astype(np.float64)
+        full = float(2 ** (bits - 1) - 1 if signed else 2 ** bits - 1)
+    return np.clip(np.round(values / full * 255.0), 0, 255).astype(np.uint8)
 
 
 def discover(cfg: DatasetConfig) -> list[Sample]:
@@ -124,22 +338,34 @@ def discover(cfg: DatasetConfig) -> list[Sample]:
         raise UserInputError(
             f"dataset folder {cfg.folder!r} does not exist. Point it at a folder of images with .txt captions."
         )
-    paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+    try:
+        entries = sorted(folder.iterdir())
+    except PermissionError:
+        raise UserInputError(
+            f"dataset folder {folder} cannot be listed: permission denied. Let the user that runs ComfyUI read it "
+            f"(for example: chmod a+rx '{folder}')."
+        ) from None
+    except OSError as e:
+        raise UserInputError(f"dataset folder {folder} cannot be listed ({e.strerror or e}). Check the disk.") from None
+    # Every entry with an image extension is an image (a folder or broken link named so is an error, not
+    # skipped), except hidden files: macOS leaves '._name.png' companions that are no images.
+    paths = [p for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")]
     if not paths:
         raise UserInputError(
             f"dataset folder {folder} has no images ({', '.join(IMAGE_EXTENSIONS)}). Add images with "
             "same-name .txt captions."
         )
     buckets = bucket_sizes(cfg)
+    options = decode_options(cfg)
     samples = []
     for path in paths:
-        data = path.read_bytes()
-        img = open_image(path)
+        data = read_file(path)
+        img, decode = decode_image(data, path, **options)
         bucket = choose_bucket(img.width, img.height, buckets)
         check_size(path.name, img.width, img.height, bucket, cfg)
         samples.append(Sample(
             image_path=str(path), caption=read_caption(path, cfg), width=img.width, height=img.height,
-            bucket=bucket, image_sha256=hashlib.sha256(data).hexdigest(),
+            bucket=bucket, image_sha256=hashlib.sha256(data).hexdigest(), decode=decode, **options,
         ))
     return samples
 
@@ -155,9 +381,10 @@ def check_size(name: str, width: int, height: int, bucket: tuple[int, int], cfg:
         )
 
 
-def load_cropped(path: str | Path, bucket: tuple[int, int]) -> torch.Tensor:
+def load_cropped(path: str | Path, bucket: tuple[int, int], background: tuple[int, int, int] = WHITE,
+                 allow_large_images: bool = False) -> torch.Tensor:
     """Resize to cover the bucket, centre-crop to it, return (3, H, W) in [-1, 1], fp32."""
-    img = open_image(Path(path))
+    img = open_image(Path(path), background, allow_large_images)
     bw, bh = bucket
     scale = max(bw / img.width, bh / img.height)
     size = (max(bw, round(img.width * scale)), max(bh, round(img.height * scale)))

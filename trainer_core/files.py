@@ -4,32 +4,73 @@ from __future__ import annotations
 
 import contextlib
 import os
+import unicodedata
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from .errors import UserInputError
+from .names import MAX_COMPONENT_BYTES, check_component, shown
 
 
-def inside(root: str | Path, relative: str, what: str, example: str) -> Path:
-    """`root / relative`, refusing anything that would land outside `root` (absolute paths, '..', '~').
+def inside(root: str | Path, relative: str, what: str, example: str, suffix_room: int = 0) -> Path:
+    """`root / relative`, refusing anything that would land outside `root` (absolute paths, '..', '~', a link
+    to elsewhere) and any name that is not portable (see names.py): control characters, Windows' forbidden
+    characters and reserved names, trailing dots or spaces, over-long names or paths. A backslash separates
+    folders on every OS, and names are NFC-normalised (as macOS stores them). `suffix_room`: bytes the
+    last name must leave free (a temporary file beside it adds a prefix and a suffix).
 
-    `what` names the input in the error; `example` shows a valid value.
+    `what` names the input in the error; `example` shows a valid value. Returns the real (resolved) path.
     """
     root = Path(root).resolve()
-    text = relative.strip()
+    text = unicodedata.normalize("NFC", relative.strip()).replace("\\", "/")
     candidate = Path(text)
-    if (not text or candidate.is_absolute() or text.startswith(("~", "/", "\\")) or ".." in candidate.parts
-            or ".." in Path(text.replace("\\", "/")).parts):
+    if not text or candidate.is_absolute() or text.startswith(("~", "/")) or ".." in candidate.parts:
         raise UserInputError(
-            f"{what} {relative!r} must be a relative name inside {root} (no absolute path, no '..'), "
+            f"{what} {shown(relative)} must be a relative name inside {root} (no absolute path, no '..'), "
             f"for example {example!r}."
         )
-    path = (root / candidate).resolve()
-    if path != root and root not in path.parents:
-        raise UserInputError(f"{what} {relative!r} resolves outside {root} (through a link?). Choose another name.")
-    return path
+    parts = candidate.parts
+    for i, part in enumerate(parts):  # (a Windows drive 'C:' fails here: ':' is not allowed in a name)
+        check_component(part, what, relative, MAX_COMPONENT_BYTES - (suffix_room if i == len(parts) - 1 else 0))
+    path = root / candidate
+    limit = _path_limit(root)
+    size = len(os.fsencode(str(path))) + suffix_room
+    if size > limit:
+        raise UserInputError(
+            f"{what}={shown(relative)} is too long: the path {str(path)[:60]}... is {size} bytes, over the {limit} "
+            "bytes this system allows. Use shorter or fewer folder names."
+        )
+    real = path.resolve()
+    if real != root and root not in real.parents:
+        link = _first_link(root, parts)
+        through = f" through the link {link} -> {os.readlink(link)}" if link is not None else ""
+        raise UserInputError(
+            f"{what} {shown(relative)} leads outside {root}{through}. Nothing is written outside it: remove the link, "
+            "or choose another name."
+        )
+    return real
+
+
+def _path_limit(root: Path) -> int:
+    """The longest path (in bytes) this system opens: 259 characters on Windows without long paths, PATH_MAX
+    (4096 with its NUL on Linux) elsewhere."""
+    if os.name == "nt":  # pragma: no cover - Windows only
+        return 259
+    try:
+        return int(os.pathconf(root if root.exists() else "/", "PC_PATH_MAX")) - 1
+    except (OSError, ValueError):
+        return 4095
+
+
+def _first_link(root: Path, parts: tuple[str, ...]) -> Path | None:
+    path = root
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            return path
+    return None
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ import torch
 from .cache import CachedDataset
 from .config import LoraConfig, OptimizerConfig, TrainConfig, check_run_name, to_dict
 from .errors import UserInputError
+from .files import inside
 from .models.components import QwenImageComponents
 from .trainer import MUST_MATCH_LORA, Trainer
 
@@ -123,6 +125,37 @@ def open_run(
         head = f"started run '{name}' at step 0" + (f"; checkpoints go to {run_dir}" if run_dir else "")
     status = f"{head}\nblocks_to_swap: {_swap_text(trainer)}\n\n{trainer.memory_plan}"
     return OpenedRun(trainer, "resumed" if resumed else "started", status)
+
+
+RUNS_FOLDER = "qwen_lora_training/runs"  # inside the host's output folder
+
+
+def run_folder(output_root: str | Path, run_name: str) -> Path:
+    """The real path of run `run_name`'s folder inside `output_root`. Refused: a name that differs only by
+    case from an existing run folder (one folder on Windows and macOS disks, two on Linux: a workflow would
+    change meaning when moved), and a run folder, or its checkpoints folder, that is a link leading outside
+    `output_root` (no write follows a link out of the output folder)."""
+    name = check_run_name(run_name)
+    root = Path(output_root).resolve()
+    runs_dir = inside(root, RUNS_FOLDER, "the runs folder", RUNS_FOLDER)
+    if runs_dir.is_dir():
+        for entry in runs_dir.iterdir():
+            if entry.name != name and entry.name.casefold() == name.casefold():
+                raise UserInputError(
+                    f"run_name={name!r} differs only by case from the run folder {entry}: on Windows and macOS "
+                    f"disks they are one folder. Use run_name={entry.name!r} to continue that run, or a name "
+                    "that differs by more than case."
+                )
+    folder = runs_dir / name
+    for path in (folder, folder / "checkpoints"):
+        real = path.resolve()
+        if real != root and root not in real.parents:
+            link = folder if folder.is_symlink() else path
+            raise UserInputError(
+                f"run_name {name!r} leads outside {root} through the link {link} -> {os.readlink(link)}. Nothing "
+                "is written outside the output folder: remove the link, or use another run_name."
+            )
+    return folder
 
 
 def release(run_name: str) -> str:
