@@ -110,6 +110,7 @@ def load_text_encoder_file(
     _, prefix = detect_layout(file.path, "text encoder", file.keys)
     file_names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
     names = {ours: key for name, key in file_names.items() if (ours := our_name(name)) is not None}
+    file.require_floating([*names.values(), *(k for n, k in scale_keys.items() if our_name(n) is not None)])
     scales = {ours: file.tensor(key) for name, key in scale_keys.items() if (ours := our_name(name)) is not None}
     config = text_encoder_config({n: file.shapes[k] for n, k in names.items()}, file.sidecar_config(), str(file.path))
     model = empty_text_encoder(config)

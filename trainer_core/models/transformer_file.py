@@ -83,6 +83,7 @@ def load_transformer_file(
     file = SafetensorsFile(path, "transformer")
     _, prefix = detect_layout(file.path, "transformer", file.keys)
     names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
+    file.require_floating([*names.values(), *scale_keys.values()])
     config = transformer_config({n: file.shapes[k] for n, k in names.items()}, file.sidecar_config(), str(file.path))
     model = empty_transformer(config)
     scales = {name: file.tensor(key) for name, key in scale_keys.items()}

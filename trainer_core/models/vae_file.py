@@ -151,6 +151,7 @@ def load_vae_file(path: str | Path, compute_dtype: torch.dtype = torch.bfloat16)
     file = SafetensorsFile(path, "vae")
     layout, prefix = detect_layout(file.path, "vae", file.keys)
     names = strip_prefix(file.keys, prefix)
+    file.require_floating(names.values())
     shapes = {n: file.shapes[k] for n, k in names.items()}
     config = vae_config(shapes, layout, file.sidecar_config(), str(file.path))
     with init_empty_weights(include_buffers=False):
