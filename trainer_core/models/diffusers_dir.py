@@ -54,13 +54,36 @@ def _json_object(path: Path, what: str) -> dict:
     return data
 
 
+def _check_text_encoder_config(root: Path, files: list[SafetensorsFile]) -> None:
+    """The text encoder's config must describe the widths its weights have. transformers builds the model from
+    the config before it reads the weights: a config of the 7B model beside small weights (or a missing
+    config, for which it assumes the 7B defaults) would allocate tens of GB before failing."""
+    config_file = root / "text_encoder" / "config.json"
+    config = _json_object(config_file, "the text encoder's config")
+    # (section, weight, config names of its leading dims, whether older configs keep them at the top level)
+    checks = [("text_config", "embed_tokens.weight", ("vocab_size", "hidden_size"), True),
+              ("vision_config", "visual.patch_embed.proj.weight", ("hidden_size",), False)]
+    for section, suffix, names, top_level in checks:
+        nested = config.get(section) if isinstance(config.get(section), dict) else {}
+        outer = config if top_level else {}
+        expected = {i: nested.get(n, outer.get(n)) for i, n in enumerate(names)}
+        found = [(k, f.shapes[k]) for f in files for k in f.keys if k.endswith(suffix)]
+        if found and any(v is not None and found[0][1][i] != v for i, v in expected.items()):
+            raise UserInputError(
+                f"{config_file} says {dict(zip(names, expected.values()))}, but the weights' {found[0][0]} is "
+                f"{found[0][1]}: the config and the weights are of different models. Copy the text_encoder folder "
+                "again from the diffusers Qwen-Image model.")
+
+
 def _load_part(root: Path, part: str, load):
     """`load()` a vae / text_encoder / tokenizer part, its library's errors turned into one naming the folder."""
     from safetensors import SafetensorError
 
     try:
         return load()
-    except (OSError, ValueError, TypeError, KeyError, SafetensorError) as e:
+    except torch.OutOfMemoryError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError, SafetensorError) as e:
         raise UserInputError(f"model folder {root}: {part}/ could not be loaded ({type(e).__name__}: "
                              f"{str(e)[:300]}). Copy that subfolder again from the diffusers Qwen-Image model.") from e
 
@@ -85,6 +108,8 @@ def load_diffusers_dir(
     config_file = root / "transformer" / "config.json"
     config = _json_object(config_file, "the transformer's config")
     weights = {part: _weight_files(root, part) for part in ("transformer", "vae", "text_encoder")}
+    _json_object(root / "vae" / "config.json", "the VAE's config")
+    _check_text_encoder_config(root, weights["text_encoder"])
     try:
         transformer = empty_transformer(config)
     except (TypeError, ValueError, KeyError, AttributeError) as e:
