@@ -306,6 +306,12 @@ def read_lora_file(path: str | Path) -> LoraFile:
     if len(set(alphas.values())) > 1:
         raise UserInputError(f"LoRA file {path} has different alphas per module ({sorted(set(alphas.values()))[:5]}); "
                              "continuing needs one alpha for all modules.")
+    without = [m for m, p in parts.items() if "alpha" not in p]
+    if alphas and without and next(iter(alphas.values())) != rank:
+        raise UserInputError(f"LoRA file {path} has .alpha keys for {len(alphas)} of {len(parts)} modules (first "
+                             f"without: {without[:2]}): loaders scale the modules with one by alpha / rank = "
+                             f"{next(iter(alphas.values())) / rank:g} and the others by 1; continuing needs one alpha "
+                             "for all modules.")
     alpha, b_scale = (next(iter(alphas.values())), 1.0) if alphas else _metadata_alpha(path, metadata, rank)
     if not math.isfinite(alpha) or alpha <= 0 or not math.isfinite(b_scale) or b_scale == 0:
         raise UserInputError(f"LoRA file {path} has alpha {alpha} (B scale {b_scale}) in its metadata: both must be "

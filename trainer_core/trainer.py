@@ -159,6 +159,10 @@ class Trainer:
         self.params = inject_lora(self.transformer, lora, seed=train.seed, modules=self.lora_modules)
         if self.init_lora is not None:
             load_into_adapter(self.transformer, self.init_lora.weights)
+            if not all_finite(self.params):  # finite in the file, but not once cast (float64 beyond float32's range)
+                raise UserInputError(
+                    f"LoRA file {self.init_lora.path} holds values too large for LoRA dtype {lora.dtype}: they become "
+                    "inf. Choose another LoRA file.")
         self.param_names = [n for n, p in self.transformer.named_parameters() if p.requires_grad]
         self.runner = BlockRunner(self.transformer, self.device, blocks_to_swap=train.blocks_to_swap,
                                   checkpointing=train.gradient_checkpointing)
