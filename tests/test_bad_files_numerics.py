@@ -394,15 +394,60 @@ def test_malformed_diffusers_folders_are_refused_naming_the_file(diffusers_folde
     ("transformer_bf16", torch.bool, lambda k: k.endswith("norm_q.weight"), r"\['BOOL'\]"),
 ], ids=["int8 transformer weight", "int32 transformer bias", "int8 text encoder", "int16 vae", "bool transformer"])
 def test_integer_weights_in_single_files_are_refused(tiny_files, tmp_path, part, dtype, which, pattern):
+    copies = single_file_copies(tiny_files, tmp_path)
+    to_dtype(copies[part], dtype, which)
+    with pytest.raises(UserInputError, match=pattern + r".*Choose the bf16 or fp8"):
+        load_single_files(copies["transformer_bf16"], copies["text_encoder_bf16"], copies["vae"],
+                          tokenizer_dir=tiny_files["tokenizer"], storage="float32", compute_dtype=torch.float32)
+
+
+def single_file_copies(tiny_files, tmp_path, names=("transformer_bf16", "text_encoder_bf16", "vae")):
     copies = {}
-    for name in ("transformer_bf16", "text_encoder_bf16", "vae"):
+    for name in names:
         copies[name] = tmp_path / tiny_files[name].name
         shutil.copy(tiny_files[name], copies[name])
         sidecar = tiny_files[name].with_suffix(".json")
         if sidecar.is_file():
             shutil.copy(sidecar, copies[name].with_suffix(".json"))
-    to_dtype(copies[part], dtype, which)
-    with pytest.raises(UserInputError, match=pattern + r".*Choose the bf16 or fp8"):
+    return copies
+
+
+def nan_first_scale(path):
+    tensors = load_file(str(path))
+    key = sorted(k for k in tensors if k.endswith("scale_weight"))[0]
+    tensors[key] = torch.tensor(float("nan"))
+    save_file(tensors, str(path))
+
+
+@pytest.mark.parametrize("transformer, text_encoder, damaged, damage, pattern", [
+    ("transformer_fp8_e4m3fn_scaled", "text_encoder_bf16", "transformer_fp8_e4m3fn_scaled", nan_first_scale,
+     r"transformer file .*_fp8_e4m3fn_scaled\.safetensors has NaN or inf weight scales \(1, first: \['img_in\.scale_weight'\]\)"),
+    ("transformer_bf16", "text_encoder_fp8_scaled", "text_encoder_fp8_scaled", nan_first_scale,
+     r"text encoder file .*_fp8_scaled\.safetensors has NaN or inf weight scales"),
+    ("transformer_bf16", "text_encoder_bf16", "transformer_bf16",
+     lambda p: edit_json(p.with_suffix(".json"), lambda c: c["config"].update(axes_dims_rope=[2, 2, 2])),
+     r"config JSON beside .*tiny_bf16\.safetensors has axes_dims_rope=\[2, 2, 2\]: it must be whole numbers summing"),
+    ("transformer_bf16", "text_encoder_bf16", "transformer_bf16",
+     lambda p: edit_json(p.with_suffix(".json"), lambda c: c["config"].update(axes_dims_rope="abc")),
+     r"axes_dims_rope='abc'"),
+], ids=["NaN transformer scale", "NaN text encoder scale", "RoPE axes not summing to the head size",
+        "RoPE axes not a list"])
+def test_damaged_scales_and_sidecar_configs_are_refused(tiny_files, tmp_path, transformer, text_encoder, damaged,
+                                                        damage, pattern):
+    """Before: NaN weights loaded silently (every step then skipped), or a raw error at the first forward."""
+    copies = single_file_copies(tiny_files, tmp_path, (transformer, text_encoder, "vae"))
+    damage(copies[damaged])
+    with pytest.raises(UserInputError, match=pattern):
+        load_single_files(copies[transformer], copies[text_encoder], copies["vae"], tokenizer_dir=tiny_files["tokenizer"],
+                          storage="float32", compute_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("key, value", [("latents_mean", [0.0]), ("latents_std", "x"), ("latents_std", [0.0] * 4)])
+def test_a_vae_sidecar_with_unusable_latent_statistics_is_refused(tiny_files, tmp_path, key, value):
+    copies = single_file_copies(tiny_files, tmp_path)
+    edit_json(copies["vae"].with_suffix(".json"), lambda c: c["config"].update({key: value}))
+    with pytest.raises(UserInputError, match=rf"config JSON beside .*vae\.safetensors has {key}=.*: it must be 4 "
+                                             r"finite numbers"):
         load_single_files(copies["transformer_bf16"], copies["text_encoder_bf16"], copies["vae"],
                           tokenizer_dir=tiny_files["tokenizer"], storage="float32", compute_dtype=torch.float32)
 
@@ -414,5 +459,5 @@ def test_the_readme_lists_every_message_of_this_catalogue():
                   "twice", "has rank 0", "do not form a Linear LoRA", "which is not a number",
                   "not a readable .safetensors file", "lacks transformer/config.json", "is not valid JSON",
                   "could not be loaded", "not as floating-point numbers", "too large for LoRA dtype",
-                  "has .alpha keys for", "but the weights'"):
+                  "has .alpha keys for", "but the weights'", "weight scales", "axes_dims_rope", "latents_mean"):
         assert topic in section, topic
