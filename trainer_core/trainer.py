@@ -9,6 +9,12 @@ so results depend neither on the device's RNG nor on what other code draws in be
 With a `run_dir`, the whole state is checkpointed (see checkpoint.py) every `checkpoint_every` steps
 and whenever `train` returns or is interrupted, and `resume()` continues bit-exactly from the newest
 checkpoint, also in a new process.
+
+Nothing non-finite is kept or written: a step with a NaN/inf loss or gradient is skipped (several in a
+row stop training); a step whose update makes a LoRA value NaN/inf (one fused check after every optimizer
+step) is undone by restoring the newest checkpoint with finite values, and training stops saying so (with
+no such checkpoint the trainer refuses further use); a checkpoint with NaN/inf is never written, and
+`resume` passes over one (see checkpoint.load_latest).
 """
 
 from __future__ import annotations
