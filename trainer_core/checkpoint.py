@@ -24,6 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .files import write_bytes_atomic
+from .finite import nonfinite_names
 
 FORMAT_VERSION = 1
 KEEP = 2
@@ -86,26 +87,69 @@ def _readable(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | 
     return tensors, meta
 
 
-def load_latest(run_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], Path] | None:
-    """(tensors, meta, folder) of the newest complete checkpoint, or None when the run has none.
+def _unusable(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> str | None:
+    """Why a readable checkpoint cannot be resumed (tensors missing, NaN/inf values), or None."""
+    try:
+        needed = [f"lora.{n}" for n in meta["param_names"]] + ["rng.trainer"]
+        needed += _tensor_refs(meta["optimizer_state"])
+        meta["step"], meta["lora"], meta["train"], meta["order"]  # noqa: B018 (the keys resume reads)
+    except (KeyError, TypeError):
+        return "its state.json lacks entries a checkpoint has"
+    missing = [k for k in needed if k not in tensors]
+    if missing:
+        return f"it lacks {len(missing)} tensors (first: {missing[:2]})"
+    bad = nonfinite_names(tensors)
+    if bad:
+        return f"{len(bad)} of its tensors hold NaN or inf values (first: {bad[:2]})"
+    return None
 
-    Follows `latest.json`; if that is missing or its folder unreadable, falls back to the newest
-    complete `step_*` folder.
+
+def _tensor_refs(skeleton: Any) -> list[str]:
+    if isinstance(skeleton, dict) and TENSOR_REF in skeleton:
+        return [skeleton[TENSOR_REF]]
+    if isinstance(skeleton, dict) and "__dict__" in skeleton:
+        return [r for _, _, v in skeleton["__dict__"] for r in _tensor_refs(v)]
+    if isinstance(skeleton, list):
+        return [r for v in skeleton for r in _tensor_refs(v)]
+    return []
+
+
+def load_latest(run_dir: str | Path, notes: list[str] | None = None
+                ) -> tuple[dict[str, torch.Tensor], dict[str, Any], Path] | None:
+    """(tensors, meta, folder) of the newest complete checkpoint with finite values, or None when the run
+    has none.
+
+    Follows `latest.json`; if that is missing or its folder unreadable, incomplete or holding NaN/inf
+    values, falls back to the newest usable `step_*` folder. Each checkpoint passed over for a reason
+    other than a missing folder adds a sentence to `notes` (a list the caller shows to a person).
     """
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return None
     candidates = []
     try:
-        pointer = json.loads((root / LATEST).read_text())
-        candidates.append(root / pointer["dir"])
-    except (OSError, ValueError, KeyError):
+        name = json.loads((root / LATEST).read_text())["dir"]
+        if isinstance(name, str) and name.startswith("step_") and Path(name).name == name:  # never outside root
+            candidates.append(root / name)
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     candidates += sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True)
+    seen: set[Path] = set()
     for folder in candidates:
+        if folder in seen:
+            continue
+        seen.add(folder)
         loaded = _readable(folder)
-        if loaded is not None:
-            return loaded[0], loaded[1], folder
+        if loaded is None:
+            if folder.is_dir() and notes is not None:
+                notes.append(f"checkpoint {folder} was skipped: it cannot be read (a damaged file).")
+            continue
+        reason = _unusable(*loaded)
+        if reason is not None:
+            if notes is not None:
+                notes.append(f"checkpoint {folder} was skipped: {reason}.")
+            continue
+        return loaded[0], loaded[1], folder
     return None
 
 

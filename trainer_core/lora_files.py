@@ -35,6 +35,7 @@ from torch import nn
 
 from .config import LORA_LAYOUTS, LoraConfig
 from .errors import UserInputError
+from .finite import nonfinite_names
 from .lora import ADAPTER, adapter_weights, lora_layers
 from .models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
 
@@ -175,36 +176,84 @@ def _split_key(key: str) -> tuple[str, str, str] | None:
     return "peft", stem.removeprefix("base_model.model."), part
 
 
-def _metadata_alpha(metadata: dict[str, str], rank: int) -> tuple[float, float]:
+def _metadata_number(path: Path, key: str, value) -> float:
+    """A number from a file's metadata; a `UserInputError` naming the file and the entry when it is none."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise UserInputError(f"LoRA file {path} has metadata {key}={value!r}, which is not a number. Fix the "
+                             "metadata or choose another LoRA file.") from None
+
+
+def _metadata_alpha(path: Path, metadata: dict[str, str], rank: int) -> tuple[float, float]:
     """(alpha, B scale in the file) when the file has no `.alpha` keys."""
     if B_SCALE_KEY in metadata and "qwen_lora.alpha" in metadata:  # our diffusers layout
-        return float(metadata["qwen_lora.alpha"]), float(metadata[B_SCALE_KEY])
+        return (_metadata_number(path, "qwen_lora.alpha", metadata["qwen_lora.alpha"]),
+                _metadata_number(path, B_SCALE_KEY, metadata[B_SCALE_KEY]))
     if "lora_adapter_metadata" in metadata:  # diffusers' save_lora_weights: a peft config per component
-        config = json.loads(metadata["lora_adapter_metadata"])
-        alpha = config.get("transformer.lora_alpha", config.get("lora_alpha"))
-        if alpha is not None:
-            return float(alpha), 1.0
+        try:
+            config = json.loads(metadata["lora_adapter_metadata"])
+        except ValueError:
+            config = None
+        if not isinstance(config, dict):
+            raise UserInputError(f"LoRA file {path} has metadata lora_adapter_metadata that is not a JSON object "
+                                 f"({metadata['lora_adapter_metadata'][:80]!r}). Fix the metadata or choose another "
+                                 "LoRA file.")
+        for key in ("transformer.lora_alpha", "lora_alpha"):
+            if config.get(key) is not None:
+                return _metadata_number(path, f"lora_adapter_metadata {key}", config[key]), 1.0
     return float(rank), 1.0  # no alpha anywhere: every loader applies scale 1
 
 
+def _file_alpha(path: Path, key: str, tensor: torch.Tensor) -> float:
+    """The number an `.alpha` tensor holds: one element, a real number (an integer is fine), positive."""
+    if tensor.numel() != 1 or tensor.dtype == torch.bool or tensor.is_complex():
+        what = f"{tensor.numel()} elements" if tensor.numel() != 1 else f"dtype {tensor.dtype}"
+        raise UserInputError(f"LoRA file {path}: {key} has {what} (shape {tuple(tensor.shape)}); an alpha is one "
+                             "number. The file is damaged or not a LoRA: choose another LoRA file.")
+    alpha = float(tensor.float())
+    if not math.isfinite(alpha) or alpha <= 0:
+        raise UserInputError(f"LoRA file {path}: {key} is {alpha}; alpha must be a positive finite number. The file "
+                             "is damaged: choose another LoRA file (or a checkpoint of the same training).")
+    return alpha
+
+
+_PART_NAMES = {"A": "lora_A", "B": "lora_B", "alpha": "alpha"}
+
+
+def _first(names: list[str], n: int = 3) -> str:
+    return f"{names[:n]}" + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
 def read_lora_file(path: str | Path) -> LoraFile:
-    """Read a LoRA file (any layout above) into rank, alpha and per-module (A, B) as trained."""
+    """Read a LoRA file (any layout above) into rank, alpha and per-module (A, B) as trained.
+
+    Refused, with a `UserInputError` naming the file and the problem: anything that is not a readable
+    plain LoRA, non-floating-point weights (integer or bool tensors are no trained LoRA: a damaged file or
+    another kind of file, and reading their values as weights would be silently wrong; float8, float16,
+    bfloat16, float32 and float64 are read), NaN or inf anywhere, a module present twice (in two layouts),
+    rank 0, and alphas that are not one positive finite number."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path).expanduser()
     if not path.is_file():
-        raise UserInputError(f"LoRA file {path} does not exist: choose an existing .safetensors LoRA.")
+        where = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise UserInputError(f"LoRA file {path} {where}: choose an existing .safetensors LoRA.")
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError) as e:
-        raise UserInputError(f"LoRA file {path} is not a readable .safetensors file ({e}).") from e
+        raise UserInputError(f"LoRA file {path} is not a readable .safetensors file ({e}): it is damaged, cut short "
+                             "or another format. Download or save it again, or choose another LoRA file.") from e
     unsupported = [k for k in tensors if k.endswith(_UNSUPPORTED_SUFFIXES) or any(u in k for u in _UNSUPPORTED_PARTS)]
     if unsupported:
         raise UserInputError(f"LoRA file {path} is not a plain LoRA (it has keys such as {unsupported[:3]}: DoRA, "
                              "LoHa, LoKr or LoCon). Only plain LoRAs can be continued.")
     parts: dict[str, dict[str, torch.Tensor]] = {}
+    keys: dict[str, dict[str, str]] = {}  # module -> part -> key in the file
     layouts: set[str] = set()
     for key, tensor in tensors.items():
         split = _split_key(key)
@@ -212,18 +261,32 @@ def read_lora_file(path: str | Path) -> LoraFile:
             raise UserInputError(f"LoRA file {path} has key {key}, which is no LoRA tensor (expected "
                                  "'<module>.lora_A.weight', '.lora_B.weight', '.lora_down/.lora_up.weight' or '.alpha').")
         layout, module, part = split
+        if part in keys.get(module, {}):
+            raise UserInputError(f"LoRA file {path} holds {module}'s {_PART_NAMES[part]} twice ({keys[module][part]} and "
+                                 f"{key}): "
+                                 "it mixes two LoRAs in different key layouts. Save each LoRA in its own file.")
         layouts.add(layout)
         parts.setdefault(module, {})[part] = tensor
+        keys.setdefault(module, {})[part] = key
     if not parts:
         raise UserInputError(f"LoRA file {path} holds no LoRA tensors.")
     incomplete = [m for m, p in parts.items() if "A" not in p or "B" not in p]
     if incomplete:
         raise UserInputError(f"LoRA file {path} lacks lora_A or lora_B for {len(incomplete)} modules "
                              f"(first: {incomplete[:3]}).")
-    ranks = {m: p["A"].shape[0] for m, p in parts.items()}
-    bad = [m for m, p in parts.items() if p["A"].ndim != 2 or p["B"].shape[1] != ranks[m]]
+    not_float = [keys[m][x] for m, p in parts.items() for x in ("A", "B") if not p[x].is_floating_point()]
+    if not_float:
+        dtypes = sorted({str(tensors[k].dtype).removeprefix("torch.") for k in not_float})
+        raise UserInputError(f"LoRA file {path} stores LoRA weights as {dtypes} (e.g. {_first(not_float)}): LoRA "
+                             "weights are floating-point numbers, so the file is damaged or not a LoRA. Choose a "
+                             "LoRA saved in float16, bfloat16 or float32.")
+    bad = [m for m, p in parts.items() if p["A"].ndim != 2 or p["B"].ndim != 2 or p["B"].shape[1] != p["A"].shape[0]]
     if bad:
-        raise UserInputError(f"LoRA file {path} has matrices that do not form a Linear LoRA for {bad[:3]}.")
+        shapes = {x: tuple(parts[bad[0]][x].shape) for x in ("A", "B")}
+        raise UserInputError(f"LoRA file {path} has matrices that do not form a Linear LoRA for {bad[:3]} (first: "
+                             f"lora_A {shapes['A']}, lora_B {shapes['B']}; a Linear LoRA has A (rank, in) and B "
+                             "(out, rank)).")
+    ranks = {m: p["A"].shape[0] for m, p in parts.items()}
     if len(set(ranks.values())) > 1:
         by_rank: dict[int, list[str]] = {}
         for m, r in ranks.items():
@@ -231,13 +294,28 @@ def read_lora_file(path: str | Path) -> LoraFile:
         raise UserInputError(f"LoRA file {path} mixes ranks {sorted(by_rank)} (e.g. "
                              f"{ {r: ms[0] for r, ms in by_rank.items()} }); continuing needs one rank for all modules.")
     rank = next(iter(ranks.values()))
-    alphas = {float(p["alpha"]) for p in parts.values() if "alpha" in p}
-    if len(alphas) > 1:
-        raise UserInputError(f"LoRA file {path} has different alphas per module ({sorted(alphas)[:5]}); "
+    if rank == 0:
+        raise UserInputError(f"LoRA file {path} has rank 0 (its lora_A matrices have no rows): it holds no trained "
+                             "weights. Choose another LoRA file (the LoRA Config's rank does not apply to a file).")
+    nonfinite = nonfinite_names({keys[m][x]: p[x] for m, p in parts.items() for x in ("A", "B")})
+    if nonfinite:
+        raise UserInputError(f"LoRA file {path} holds NaN or inf values in {len(nonfinite)} tensors "
+                             f"({_first(nonfinite)}): continuing from it would train nothing but NaN. Choose an "
+                             "earlier LoRA file or checkpoint of that training.")
+    alphas = {keys[m]["alpha"]: _file_alpha(path, keys[m]["alpha"], p["alpha"]) for m, p in parts.items() if "alpha" in p}
+    if len(set(alphas.values())) > 1:
+        raise UserInputError(f"LoRA file {path} has different alphas per module ({sorted(set(alphas.values()))[:5]}); "
                              "continuing needs one alpha for all modules.")
-    alpha, b_scale = (alphas.pop(), 1.0) if alphas else _metadata_alpha(metadata, rank)
+    without = [m for m, p in parts.items() if "alpha" not in p]
+    if alphas and without and next(iter(alphas.values())) != rank:
+        raise UserInputError(f"LoRA file {path} has .alpha keys for {len(alphas)} of {len(parts)} modules (first "
+                             f"without: {without[:2]}): loaders scale the modules with one by alpha / rank = "
+                             f"{next(iter(alphas.values())) / rank:g} and the others by 1; continuing needs one alpha "
+                             "for all modules.")
+    alpha, b_scale = (next(iter(alphas.values())), 1.0) if alphas else _metadata_alpha(path, metadata, rank)
     if not math.isfinite(alpha) or alpha <= 0 or not math.isfinite(b_scale) or b_scale == 0:
-        raise UserInputError(f"LoRA file {path} has alpha {alpha} (B scale {b_scale}): it must be a positive number.")
+        raise UserInputError(f"LoRA file {path} has alpha {alpha} (B scale {b_scale}) in its metadata: both must be "
+                             "positive finite numbers. Fix the metadata or choose another LoRA file.")
     weights = {m: (p["A"], p["B"] if b_scale == 1.0 else (p["B"].float() / b_scale)) for m, p in parts.items()}
     layout = sorted(layouts)[0] if len(layouts) == 1 else "mixed"
     return LoraFile(path=path, layout=layout, rank=rank, alpha=alpha, weights=weights, metadata=metadata)

@@ -123,6 +123,8 @@ def open_run(
         head = f"resumed run '{name}' from its checkpoint at step {trainer.step}{_where(run_dir)}"
     else:
         head = f"started run '{name}' at step 0" + (f"; checkpoints go to {run_dir}" if run_dir else "")
+    if trainer.resume_notes:  # checkpoints passed over (unreadable, incomplete, NaN/inf): say which and why
+        head += "\n" + "\n".join(trainer.resume_notes)
     status = f"{head}\nblocks_to_swap: {_swap_text(trainer)}\n\n{trainer.memory_plan}"
     return OpenedRun(trainer, "resumed" if resumed else "started", status)
 

@@ -9,6 +9,12 @@ so results depend neither on the device's RNG nor on what other code draws in be
 With a `run_dir`, the whole state is checkpointed (see checkpoint.py) every `checkpoint_every` steps
 and whenever `train` returns or is interrupted, and `resume()` continues bit-exactly from the newest
 checkpoint, also in a new process.
+
+Nothing non-finite is kept or written: a step with a NaN/inf loss or gradient is skipped (several in a
+row stop training); a step whose update makes a LoRA value NaN/inf (one fused check after every optimizer
+step) is undone by restoring the newest checkpoint with finite values, and training stops saying so (with
+no such checkpoint the trainer refuses further use); a checkpoint with NaN/inf is never written, and
+`resume` passes over one (see checkpoint.load_latest).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from .cache import CachedDataset
 from .config import LoraConfig, OptimizerConfig, TrainConfig, from_dict, to_dict
 from .errors import RunFolderLost, TrainingStopped, UserInputError
 from .files import write_safetensors_atomic
+from .finite import all_finite, nonfinite_names
 from .lora import inject_lora, matching_preset, remove_lora, target_module_names
 from .lora_files import LoraFile, check_targets, layout_metadata, load_into_adapter, lora_file_tensors, lora_metadata, read_lora_file
 from .planner.for_run import plan_run
@@ -158,6 +165,10 @@ class Trainer:
         self.params = inject_lora(self.transformer, lora, seed=train.seed, modules=self.lora_modules)
         if self.init_lora is not None:
             load_into_adapter(self.transformer, self.init_lora.weights)
+            if not all_finite(self.params):  # finite in the file, but not once cast (float64 beyond float32's range)
+                raise UserInputError(
+                    f"LoRA file {self.init_lora.path} holds values too large for LoRA dtype {lora.dtype}: they become "
+                    "inf. Choose another LoRA file.")
         self.param_names = [n for n, p in self.transformer.named_parameters() if p.requires_grad]
         self.runner = BlockRunner(self.transformer, self.device, blocks_to_swap=train.blocks_to_swap,
                                   checkpointing=train.gradient_checkpointing)
@@ -170,7 +181,13 @@ class Trainer:
                                batch_size=train.micro_batch_size, seed=train.seed)
         self.step = 0
         self.saved_step: int | None = None  # step of the newest checkpoint on disk
+        self.restored_from: Path | None = None  # the checkpoint folder `resume` last read
         self.loss_history: list[tuple[int, float]] = []
+        # Checkpoints `resume` passed over (unreadable, incomplete, NaN/inf), one sentence each, for a person.
+        self.resume_notes: list[str] = []
+        # Set when a step made the LoRA non-finite and no checkpoint could undo it: the LoRA in memory is
+        # unusable, so training, checkpoints and LoRA files are refused with this message.
+        self.broken_reason: str | None = None
 
     # ----------------------------------------------------------------------------------------------
     # training
@@ -179,6 +196,8 @@ class Trainer:
         """Run `n_steps` more optimizer steps. `on_step` runs after each finished step and may raise (a
         ComfyUI interrupt, say) to stop at that step boundary: the trainer checkpoints and stays usable."""
         self.require_live()
+        if self.broken_reason is not None:
+            raise TrainingStopped(self.broken_reason)
         report = TrainReport(first_step=self.step + 1, last_step=self.step)
         started = time.perf_counter()
         bad_in_a_row = 0
@@ -239,6 +258,8 @@ class Trainer:
                               seconds=time.perf_counter() - t0, skipped=True)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if not all_finite(self.params):  # one fused reduction and one host sync per step
+            self._undo_nonfinite_step()
         self.step += 1
         mean = total / accum
         self.loss_history.append((self.step, mean))
@@ -280,15 +301,46 @@ class Trainer:
         return flow_loss(prediction, target)
 
     def _stop_after_nonfinite(self, count: int) -> None:
-        restored = ""
-        if not all(torch.isfinite(p).all() for p in self.params):  # cannot happen with finite updates; be sure
-            if self.resume():
-                restored = f" The LoRA was restored from the checkpoint of step {self.step}."
+        # Every finished step left the LoRA finite (`_one_step` checks), and skipped steps change nothing.
         raise TrainingStopped(
             f"training stopped at step {self.step}: {count} steps in a row had a NaN/inf loss or gradient, so they "
-            f"were skipped and the LoRA is unchanged since step {self.step}.{restored} Try a lower learning rate, "
-            "keep max_grad_norm on, train the LoRA in float32, or check the dataset for broken images."
+            f"were skipped and the LoRA is unchanged since step {self.step}.{self._lora_file_note()} Try a lower "
+            "learning rate, keep max_grad_norm on, train the LoRA in float32, or check the dataset for broken images."
         )
+
+    def _undo_nonfinite_step(self) -> None:
+        """The optimizer step just taken made LoRA values NaN/inf: put back the newest checkpoint with finite
+        values (LoRA, optimizer state, RNG, data order) and stop; with none, refuse further use. Raises."""
+        failed = self.step + 1
+        bad = nonfinite_names(dict(zip(self.param_names, self.params)))
+        what = (f"training stopped: optimizer step {failed} made {len(bad)} LoRA tensors NaN/inf (first: {bad[:2]})"
+                f" although its loss and gradient were finite.{self._lora_file_note()}")
+        advice = "Lower the learning rate, keep max_grad_norm on, or train the LoRA in float32."
+        notes: list[str] = []
+        error = ""
+        try:
+            restored = self.resume(notes)
+        except Exception as e:  # noqa: BLE001 (the run folder changed under us: say so below)
+            restored, error = False, f" (reading it failed: {e})"
+        if restored:
+            lost = (f"; steps {self.step + 1} to {failed} are undone" if self.step + 1 < failed
+                    else f"; step {failed} is undone")
+            raise TrainingStopped(
+                f"{what} The LoRA and its optimizer state were restored from the checkpoint of step {self.step} "
+                f"({self.restored_from}), the newest with finite values{lost}. {advice}"
+                + (f" ({' '.join(notes)})" if notes else ""))
+        where = (f"its run folder {self.run_dir} holds no checkpoint with finite values{error}"
+                 if self.run_dir is not None else "this trainer has no run folder, so no checkpoint")
+        self.broken_reason = (
+            f"{what} It could not be undone: {where}. The LoRA in memory is unusable; nothing was written from it "
+            f"and this trainer refuses to train or save. Start the run again (queue again with a lower learning "
+            f"rate, or use a new run_name). {advice}")
+        raise TrainingStopped(self.broken_reason)
+
+    def _lora_file_note(self) -> str:
+        if self.init_lora is None:
+            return ""
+        return f" This run continued from LoRA file {self.init_lora.path}."
 
     # ----------------------------------------------------------------------------------------------
     # checkpoints
@@ -323,6 +375,12 @@ class Trainer:
                 "steps since its last checkpoint."
             )
         tensors, meta = self.training_state()
+        if not all_finite(tensors.values()):
+            bad = nonfinite_names(tensors)
+            raise TrainingStopped(
+                f"the checkpoint of step {self.step} was not written: {len(bad)} of its tensors hold NaN or inf "
+                f"values (first: {bad[:2]}). The newest checkpoint in {ckpt.checkpoints_dir(self.run_dir)} is "
+                "unchanged.")
         try:
             folder = ckpt.save_checkpoint(self.run_dir, self.step, tensors, meta)
         except OSError as e:
@@ -332,14 +390,18 @@ class Trainer:
         return folder
 
     def checkpoint_if_behind(self) -> None:
+        if self.broken_reason is not None:  # nothing finite to keep: the last good checkpoint stays the newest
+            return
         if self.run_dir is not None and self.saved_step != self.step:
             self.save_checkpoint()
 
-    def resume(self) -> bool:
-        """Continue from the newest checkpoint in `run_dir`; False when there is none."""
+    def resume(self, notes: list[str] | None = None) -> bool:
+        """Continue from the newest usable checkpoint in `run_dir` (complete, finite values); False when
+        there is none. A sentence per checkpoint passed over goes to `notes` (default: `resume_notes`)."""
         if self.run_dir is None:
             return False
-        loaded = ckpt.load_latest(self.run_dir)
+        notes = self.resume_notes if notes is None else notes
+        loaded = ckpt.load_latest(self.run_dir, notes=notes)
         if loaded is None:
             return False
         tensors, meta, folder = loaded
@@ -358,6 +420,8 @@ class Trainer:
             self.order.load_state_dict(meta["order"])
         self.step = meta["step"]
         self.saved_step = self.step
+        self.restored_from = folder
+        self.broken_reason = None
         self.loss_history = [tuple(x) for x in meta["loss_history"]]
         return True
 
@@ -387,6 +451,8 @@ class Trainer:
 
     def lora_state_dict(self, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> dict[str, torch.Tensor]:
         self.require_live()
+        if self.broken_reason is not None:
+            raise TrainingStopped(self.broken_reason)
         return lora_file_tensors(self.transformer, self.lora_cfg.rank, self.lora_cfg.alpha, dtype, layout)
 
     def lora_metadata(self, layout: str = "comfyui") -> dict[str, str]:

@@ -120,6 +120,17 @@ def split_scaled_fp8(names: dict[str, str], file=None) -> tuple[dict[str, str], 
     return tensors, scales
 
 
+def refuse_nonfinite_scales(file, scales: dict) -> None:
+    """Refuse a scaled-fp8 file whose weight scales (file key -> tensor) hold NaN or inf: every weight they
+    scale would be NaN, and training would only ever skip steps."""
+    from ..finite import nonfinite_names
+
+    bad = nonfinite_names(scales)
+    if bad:
+        raise UserInputError(f"{file.part} file {file.path} has NaN or inf weight scales ({len(bad)}, first: {bad[:3]}): "
+                             "the file is damaged. Download it again, or choose the bf16 file.")
+
+
 def check_quantization_formats(file, quant_keys: dict[str, str]) -> None:
     """Refuse a file whose quantized layers (`comfy_quant` entries or `_quantization_metadata`) are not all
     per-tensor float8: their scales mean something else, and reading them as one number would be wrong."""

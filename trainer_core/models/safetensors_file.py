@@ -12,6 +12,7 @@ statistics, a text encoder's head count); see `sidecar_config`.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 
@@ -34,8 +35,9 @@ class SafetensorsFile:
             self._handle = safe_open(str(self.path), framework="pt")
         except (SafetensorError, OSError) as e:
             raise UserInputError(
-                f"{part} file {self.path} is not a readable .safetensors file ({e}). Choose the model's "
-                ".safetensors file (other formats such as .ckpt or .gguf are not supported here)."
+                f"{part} file {self.path} is not a readable .safetensors file ({e}): it is cut short (an interrupted "
+                "download or copy), damaged, or in another format (.ckpt and .gguf are not supported here). Download "
+                "it again, or choose the model's .safetensors file."
             ) from e
 
     def __repr__(self) -> str:
@@ -60,6 +62,22 @@ class SafetensorsFile:
     def dtype(self, name: str) -> torch.dtype:
         return _DTYPES[self._handle.get_slice(name).get_dtype()]
 
+    def require_floating(self, names: Iterable[str]) -> None:
+        """Refuse the file when a weight among `names` (file keys) is not stored as floating-point numbers.
+
+        Integer weights are a quantisation whose scales we cannot know (int8 from bitsandbytes, quanto,
+        GGUF-style conversions each store them differently); reading their values as the weights would train
+        on a silently wrong model. float8, 16, 32 and 64-bit floats are read."""
+        bad = {n: self._handle.get_slice(n).get_dtype() for n in names}
+        bad = {n: d for n, d in bad.items() if d not in FLOATING_DTYPE_NAMES}
+        if bad:
+            first = list(bad)[:3]
+            raise UserInputError(
+                f"{self.part} file {self.path} stores {len(bad)} weights as {sorted(set(bad.values()))} (first: {first}), "
+                "not as floating-point numbers: integer (e.g. int8-quantised) or bool weights cannot be read here. "
+                "Choose the bf16 or fp8 (float8_e4m3fn) file of this model."
+            )
+
     def sidecar_config(self) -> dict | None:
         """The `config` of `<stem>.json` beside the file when it exists and names this part, else None."""
         side = self.path.with_suffix(".json")
@@ -77,6 +95,9 @@ class SafetensorsFile:
             )
         return data["config"]
 
+
+# safetensors' names of the floating-point dtypes weights may be stored in.
+FLOATING_DTYPE_NAMES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 
 # safetensors' dtype names (from the header) -> torch dtypes; only the ones model files use.
 _DTYPES = {

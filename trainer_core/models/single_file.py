@@ -17,7 +17,7 @@ import torch
 
 from ..errors import UserInputError
 from .components import QwenImageComponents
-from .layouts import detect_layout, strip_prefix
+from .layouts import detect_layout, split_scaled_fp8, strip_prefix
 from .qwen_arch import PATCH_SIZE
 from .safetensors_file import SafetensorsFile
 from .scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
@@ -31,7 +31,11 @@ def _shapes(path, part: str) -> dict[str, tuple[int, ...]]:
     """The file's tensor shapes by name without its prefix (header only); raises for a wrong part."""
     file = SafetensorsFile(path, part)
     _, prefix = detect_layout(file.path, part, file.keys)
-    return {name: file.shapes[key] for name, key in strip_prefix(file.keys, prefix).items()}
+    names = strip_prefix(file.keys, prefix)
+    if part == "transformer":  # the 20 GB file: refuse integer weights now, not after the other parts loaded
+        weights, scales = split_scaled_fp8(names)
+        file.require_floating([*weights.values(), *scales.values()])
+    return {name: file.shapes[key] for name, key in names.items()}
 
 
 def check_files_fit(transformer: str | Path, text_encoder: str | Path, vae: str | Path) -> int:

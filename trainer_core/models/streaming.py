@@ -67,6 +67,11 @@ def fill_empty(
         if name not in expected:
             unexpected.append(name)
             continue
+        if not tensor.is_floating_point():
+            raise UserInputError(
+                f"{source}: tensor {name} is stored as {str(tensor.dtype).removeprefix('torch.')}, not as "
+                f"floating-point numbers: integer (e.g. int8-quantised) or bool weights cannot be read here. {hint}"
+            )
         if tuple(tensor.shape) != expected[name]:
             raise UserInputError(
                 f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the model expects {expected[name]}. "

@@ -31,7 +31,7 @@ from torch import nn
 from ..config import TEXT_ENCODER_FP8_MODES
 from ..errors import UserInputError
 from .float8 import dequantized_state_dict, quantize_per_tensor
-from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, split_scaled_fp8, strip_prefix
+from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, refuse_nonfinite_scales, split_scaled_fp8, strip_prefix
 from .qwen_arch import QWEN25_VL_7B_CONFIG
 from .safetensors_file import SafetensorsFile
 from .streaming import assign_frozen_linear_weight, assign_parameter, dequantize, fill_empty
@@ -110,7 +110,9 @@ def load_text_encoder_file(
     _, prefix = detect_layout(file.path, "text encoder", file.keys)
     file_names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
     names = {ours: key for name, key in file_names.items() if (ours := our_name(name)) is not None}
+    file.require_floating([*names.values(), *(k for n, k in scale_keys.items() if our_name(n) is not None)])
     scales = {ours: file.tensor(key) for name, key in scale_keys.items() if (ours := our_name(name)) is not None}
+    refuse_nonfinite_scales(file, {k: file.tensor(k) for n, k in scale_keys.items() if our_name(n) is not None})
     config = text_encoder_config({n: file.shapes[k] for n, k in names.items()}, file.sidecar_config(), str(file.path))
     model = empty_text_encoder(config)
     linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import UserInputError
 from .float8 import FLOAT8, FLOAT8_MAX, STORAGE_MODES, dequantized_state_dict, quantize_per_tensor
-from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, split_scaled_fp8, strip_prefix
+from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, refuse_nonfinite_scales, split_scaled_fp8, strip_prefix
 from .qwen_arch import AXES_DIMS_ROPE as QWEN_IMAGE_AXES_DIMS_ROPE
 from .qwen_arch import BLOCKS, PATCH_SIZE
 from .safetensors_file import SafetensorsFile
@@ -61,6 +61,12 @@ def transformer_config(shapes: dict[str, tuple[int, ...]], sidecar: dict | None,
         if clashes:
             raise UserInputError(f"the config JSON beside {source} disagrees with the file's tensors "
                                  f"(name: (from tensors, from JSON)): {clashes}. Fix or delete the JSON.")
+        axes = sidecar.get("axes_dims_rope")
+        if axes is not None and (not isinstance(axes, (list, tuple)) or not all(type(a) is int for a in axes)
+                                 or sum(axes) != derived["attention_head_dim"]):
+            raise UserInputError(f"the config JSON beside {source} has axes_dims_rope={axes!r}: it must be whole "
+                                 f"numbers summing to the attention head size {derived['attention_head_dim']}. Fix or "
+                                 "delete the JSON.")
         return {**sidecar, **derived}
     if derived["attention_head_dim"] != sum(QWEN_IMAGE_AXES_DIMS_ROPE):
         raise UserInputError(
@@ -83,9 +89,15 @@ def load_transformer_file(
     file = SafetensorsFile(path, "transformer")
     _, prefix = detect_layout(file.path, "transformer", file.keys)
     names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
+    file.require_floating([*names.values(), *scale_keys.values()])
     config = transformer_config({n: file.shapes[k] for n, k in names.items()}, file.sidecar_config(), str(file.path))
-    model = empty_transformer(config)
+    try:
+        model = empty_transformer(config)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise UserInputError(f"the config JSON beside transformer file {file.path} does not describe a Qwen-Image "
+                             f"transformer ({type(e).__name__}: {e}). Fix or delete the JSON.") from e
     scales = {name: file.tensor(key) for name, key in scale_keys.items()}
+    refuse_nonfinite_scales(file, {scale_keys[n]: s for n, s in scales.items()})
     stream_into(model, ((n, file.tensor(k)) for n, k in names.items()), storage, compute_dtype,
                 source=f"transformer file {file.path}", scales=scales)
     return model.eval()

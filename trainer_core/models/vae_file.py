@@ -16,6 +16,7 @@ diffusers-layout single file is read too.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,14 @@ def vae_config(shapes: dict[str, tuple[int, ...]], layout: str, sidecar: dict | 
             raise UserInputError(f"the config JSON beside {source} disagrees with the file's tensors "
                                  f"(name: (from tensors, from JSON)): {clashes}. Fix or delete the JSON.")
         if "latents_mean" in sidecar and "latents_std" in sidecar:
+            for key in ("latents_mean", "latents_std"):
+                values = sidecar[key]
+                if (not isinstance(values, list) or len(values) != derived["z_dim"]
+                        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                   for v in values) or (key == "latents_std" and min(values) <= 0)):
+                    raise UserInputError(f"the config JSON beside {source} has {key}={values!r}: it must be "
+                                         f"{derived['z_dim']} finite numbers (one per latent channel"
+                                         f"{', all positive' if key == 'latents_std' else ''}). Fix or delete the JSON.")
             return {**derived, "latents_mean": sidecar["latents_mean"], "latents_std": sidecar["latents_std"]}
     if derived["z_dim"] != len(QWEN_IMAGE_LATENTS_MEAN):
         raise UserInputError(
@@ -151,6 +160,7 @@ def load_vae_file(path: str | Path, compute_dtype: torch.dtype = torch.bfloat16)
     file = SafetensorsFile(path, "vae")
     layout, prefix = detect_layout(file.path, "vae", file.keys)
     names = strip_prefix(file.keys, prefix)
+    file.require_floating(names.values())
     shapes = {n: file.shapes[k] for n, k in names.items()}
     config = vae_config(shapes, layout, file.sidecar_config(), str(file.path))
     with init_empty_weights(include_buffers=False):
