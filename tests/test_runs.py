@@ -17,6 +17,7 @@ from conftest import REPO, cached_demo, pack_module
 from graph_runner import GraphRunner
 from test_nodes import tiny_prompt
 from trainer_core import checkpoint as ckpt
+from trainer_core import files
 from trainer_core import runs
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.errors import UserInputError
@@ -275,7 +276,7 @@ def test_a_retirement_whose_checkpoint_fails_keeps_the_run_live(tiny_run, monkey
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt, "save_file", disk_full)
+    monkeypatch.setattr(files, "save_file", disk_full)  # the library writer under checkpoint.py
     with pytest.raises(UserInputError, match="disk is full.*still holds step 0"):
         open_("b")
     assert runs.find("a") is live and live.live  # nothing lost, nothing half-retired

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .errors import UserInputError
@@ -32,6 +35,16 @@ def inside(root: str | Path, relative: str, what: str, example: str) -> Path:
     return path
 
 
+def temp_path(path: str | Path) -> Path:
+    """Where `_replacing` writes `path` first: `.NAME.PID.tmp` beside it (`LEFTOVER` recognises it)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+# A temporary file of `_replacing` left by a killed process: `.NAME.PID.tmp`.
+LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)\.tmp$")
+
+
 @contextlib.contextmanager
 def _replacing(path: str | Path):
     """Yield a temporary path beside `path`; when the block succeeds, fsync it and rename it over `path`.
@@ -40,7 +53,7 @@ def _replacing(path: str | Path):
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path)
     try:
         yield tmp
         with open(tmp, "rb") as f:
@@ -49,15 +62,40 @@ def _replacing(path: str | Path):
         os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        with contextlib.suppress(OSError):  # a read-only or vanished folder: nothing more to clean
+            if tmp.exists():
+                tmp.unlink()
+
+
+def os_error(e: BaseException) -> OSError | None:
+    """The operating system's error behind a library's: `e` itself, or the one a `SafetensorError` names in its
+    message ("I/O error: No space left on device (os error 28)"); None when there is none."""
+    if isinstance(e, OSError):
+        return e
+    match = re.search(r"\(os error (\d+)\)", str(e)) if isinstance(e, SafetensorError) else None
+    if match is None:
+        return None
+    code = int(match.group(1))
+    return OSError(code, os.strerror(code))
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' `save_file`, raising an `OSError` (with its errno and the path) where the library raises
+    its own `SafetensorError` for a failed write (full disk, quota, permissions, read-only disk)."""
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path), metadata=metadata)
+    except SafetensorError as e:
+        error = os_error(e)
+        if error is None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from e
 
 
 def write_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | Path,
                              metadata: dict[str, str] | None = None) -> Path:
     """Write a safetensors file so that `path` is either the old file or the complete new one."""
     with _replacing(path) as tmp:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        save_safetensors(tensors, tmp, metadata)
     return Path(path)
 
 
@@ -65,3 +103,71 @@ def write_bytes_atomic(data: bytes, path: str | Path) -> Path:
     with _replacing(path) as tmp:
         tmp.write_bytes(data)
     return Path(path)
+
+
+def write_error(e: OSError, what: str, where: str | Path, kept: str) -> UserInputError:
+    """The documented message for a write that failed with `e` (README, Troubleshooting): what could not be
+    written where, what is kept (`kept`), and what to do. `e` may be a library's error (`os_error`)."""
+    e = os_error(e) or e
+    code = getattr(e, "errno", None)
+    kept = f"{kept} " if kept else ""
+    if code == errno.ENOSPC:
+        return UserInputError(f"the disk is full: the {what} could not be written to {where}. {kept}"
+                              "Free some space and run again.")
+    if code == errno.EDQUOT:
+        return UserInputError(f"the disk quota is used up: the {what} could not be written to {where}. {kept}"
+                              "Free some space or ask for a larger quota, and run again.")
+    if code == errno.EFBIG:
+        return UserInputError(f"the file is too large: the {what} could not be written to {where} (the disk's or "
+                              f"the process's file size limit, `ulimit -f`). {kept}Raise the limit or choose a "
+                              "folder on another disk.")
+    if code in (errno.EACCES, errno.EPERM):
+        return UserInputError(f"no permission to write: the {what} could not be written to {where}. {kept}Make the "
+                              "folder writable for the user that runs ComfyUI (or this script), or choose another "
+                              "folder.")
+    if code == errno.EROFS:
+        return UserInputError(f"the disk is read-only: the {what} could not be written to {where}. {kept}Choose a "
+                              "folder on a writable disk, or mount it read-write.")
+    if code in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
+        blocker = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        return UserInputError(f"a file is in the way: the {what} could not be written to {where}, because a file "
+                              f"stands where a folder must be, or a folder where a file must be{blocker}. {kept}"
+                              "Move or rename it, or choose another folder.")
+    return UserInputError(f"the {what} could not be written to {where} ({getattr(e, 'strerror', None) or e}). {kept}"
+                          .rstrip())
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process writes nothing while it clears its folders
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_leftovers(folder: str | Path, names: str = r".+", any_pid: bool = False) -> list[Path]:
+    """Delete the temporary files that `_replacing` leaves when its process is killed mid-write (`.NAME.PID.tmp`,
+    NAME matching the regular expression `names`) from `folder`, not its subfolders; returns what was removed.
+
+    Only regular files of exactly that form go, and only when process PID is gone (`any_pid`: whatever the PID,
+    for a folder this process holds locked); anything else, a user's `notes.tmp` say, is never touched. Never
+    raises: leftovers that cannot be removed (a read-only disk) stay for another time."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = LEFTOVER.match(entry.name)
+        if (match is None or not re.fullmatch(names, match.group("name"))
+                or not entry.is_file(follow_symlinks=False)
+                or (not any_pid and _pid_alive(int(match.group("pid"))))):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+    return removed
