@@ -36,6 +36,8 @@ from .models.text import encode_prompts, pipeline_prompt_constants
 CACHE_VERSION = "2"
 # Cache entries' file names; `.<name>.PID.tmp` beside them is a killed write's leftover.
 ENTRY_NAME = r"[0-9a-f]{32}\.safetensors"
+# A bare safetensors temporary file this old (seconds) is a killed write's, not another run's in progress.
+LIBRARY_TEMP_AGE = 600.0
 CROP_RECIPE = "cover-lanczos-centre-crop"
 
 
@@ -136,8 +138,8 @@ def build_cache(
     report = CacheReport()
     vae_fp = components.fingerprint("vae")
     text_fp = components.fingerprint("text_encoder")
-    for kind in ("latents", "text"):
-        remove_leftovers(cache_dir / kind, names=ENTRY_NAME)
+    for kind in ("latents", "text"):  # what killed runs left (only we write these folders)
+        remove_leftovers(cache_dir / kind, names=ENTRY_NAME, library_temps_older_than=LIBRARY_TEMP_AGE)
 
     todo_latents = [s for s in samples if not _entry_ok(cache_dir / "latents" / f"{latent_key(s, vae_fp)}.safetensors", "latents")]
     prompts = list(dict.fromkeys([s.caption for s in samples] + list(preview_prompts) + [negative_prompt, ""]))

@@ -105,21 +105,25 @@ _TEMP_FOLDER = re.compile(r"^\.(?P<name>step_[0-9]+)\.(?P<kind>tmp|old)-[0-9]+$"
 def remove_leftovers(run_dir: str | Path) -> list[Path]:
     """Clear what killed writes left in a run's checkpoints folder (call with the run folder locked): half-written
     `.step_N.tmp-PID` folders, `.step_N.old-PID` folders on their way out, `.latest.json.PID.tmp` files. A
-    `.step_N.old-PID` whose `step_N` is missing (killed between the two renames of a re-saved step) is put back
-    instead. Nothing else is touched; nothing is raised. Returns what was removed."""
+    `.step_N.old-PID` that `latest.json` points to while `step_N` is missing (killed between the two renames of a
+    re-saved step) is put back instead. Nothing else is touched; nothing is raised. Returns what was removed."""
     root = checkpoints_dir(run_dir)
     removed = files.remove_leftovers(root, names=re.escape(LATEST), any_pid=True)
     try:
         entries = list(os.scandir(root))
     except OSError:
         return removed
+    try:
+        pointed = json.loads((root / LATEST).read_text())["dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pointed = None
     for entry in entries:
         match = _TEMP_FOLDER.match(entry.name)
         if match is None or not entry.is_dir(follow_symlinks=False):
             continue
         path = Path(entry.path)
         try:
-            if match.group("kind") == "old" and not (root / match.group("name")).exists():
+            if match.group("kind") == "old" and match.group("name") == pointed and not (root / pointed).exists():
                 os.replace(path, root / match.group("name"))
                 continue
             shutil.rmtree(path)

@@ -6,6 +6,8 @@ import contextlib
 import errno
 import os
 import re
+import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -41,19 +43,31 @@ def temp_path(path: str | Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
-# A temporary file of `_replacing` left by a killed process: `.NAME.PID.tmp`.
+# A temporary file or folder of `_replacing` left by a killed process: `.NAME.PID.tmp`.
 LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)\.tmp$")
+# safetensors' own temporary file (the Rust `tempfile` crate's `.tmpXXXXXX`): `save_file` writes one beside its
+# target and renames it over the target at the end, so a killed save leaves one. Ours are made inside a folder
+# of our own (`_replacing(..., private_folder=True)`); bare ones are only cleared where nobody else writes.
+LIBRARY_TEMP = re.compile(r"^\.tmp[A-Za-z0-9]{6}$")
 
 
 @contextlib.contextmanager
-def _replacing(path: str | Path):
+def _replacing(path: str | Path, private_folder: bool = False):
     """Yield a temporary path beside `path`; when the block succeeds, fsync it and rename it over `path`.
 
     On any failure (ENOSPC included) the temporary file is removed and an existing `path` is untouched.
+    `private_folder`: the temporary path lies in a folder `.NAME.PID.tmp` of its own, for a library writer
+    that makes temporary files of its own beside the file it writes (safetensors does): a killed write then
+    leaves only that folder, which `remove_leftovers` recognises by its name.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(path)
+    scratch = temp_path(path)
+    if private_folder:
+        if scratch.exists():
+            shutil.rmtree(scratch) if scratch.is_dir() else scratch.unlink()
+        scratch.mkdir()
+    tmp = scratch / path.name if private_folder else scratch
     try:
         yield tmp
         with open(tmp, "rb") as f:
@@ -63,8 +77,10 @@ def _replacing(path: str | Path):
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):  # a read-only or vanished folder: nothing more to clean
-            if tmp.exists():
-                tmp.unlink()
+            if scratch.is_dir() and not scratch.is_symlink():
+                shutil.rmtree(scratch)
+            elif scratch.exists():
+                scratch.unlink()
 
 
 def os_error(e: BaseException) -> OSError | None:
@@ -94,7 +110,7 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadat
 def write_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | Path,
                              metadata: dict[str, str] | None = None) -> Path:
     """Write a safetensors file so that `path` is either the old file or the complete new one."""
-    with _replacing(path) as tmp:
+    with _replacing(path, private_folder=True) as tmp:
         save_safetensors(tensors, tmp, metadata)
     return Path(path)
 
@@ -149,25 +165,42 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_leftovers(folder: str | Path, names: str = r".+", any_pid: bool = False) -> list[Path]:
-    """Delete the temporary files that `_replacing` leaves when its process is killed mid-write (`.NAME.PID.tmp`,
-    NAME matching the regular expression `names`) from `folder`, not its subfolders; returns what was removed.
+def remove_leftovers(folder: str | Path, names: str = r".+", any_pid: bool = False,
+                     library_temps_older_than: float | None = None) -> list[Path]:
+    """Delete what `_replacing` leaves when its process is killed mid-write, `.NAME.PID.tmp` (a file, or a folder
+    holding the library's own temporary file), NAME matching the regular expression `names`, from `folder` (not
+    its subfolders); returns what was removed.
 
-    Only regular files of exactly that form go, and only when process PID is gone (`any_pid`: whatever the PID,
-    for a folder this process holds locked); anything else, a user's `notes.tmp` say, is never touched. Never
-    raises: leftovers that cannot be removed (a read-only disk) stay for another time."""
+    Only entries of exactly that form go, and only when process PID is gone (`any_pid`: whatever the PID, for a
+    folder this process holds locked). `library_temps_older_than` (seconds): also bare `.tmpXXXXXX` files of
+    safetensors untouched for that long, for a folder only we write to (earlier versions left those). Anything
+    else, a user's `notes.tmp` say, is never touched. Never raises: leftovers that cannot be removed (a read-only
+    disk) stay for another time."""
     removed = []
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return removed
+    now = time.time()
     for entry in entries:
-        match = LEFTOVER.match(entry.name)
-        if (match is None or not re.fullmatch(names, match.group("name"))
-                or not entry.is_file(follow_symlinks=False)
-                or (not any_pid and _pid_alive(int(match.group("pid"))))):
+        try:
+            match = LEFTOVER.match(entry.name)
+            if match is not None and re.fullmatch(names, match.group("name")):
+                if not any_pid and _pid_alive(int(match.group("pid"))):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    os.unlink(entry.path)
+                else:
+                    continue
+            elif (library_temps_older_than is not None and LIBRARY_TEMP.match(entry.name)
+                    and entry.is_file(follow_symlinks=False)
+                    and now - entry.stat(follow_symlinks=False).st_mtime > library_temps_older_than):
+                os.unlink(entry.path)
+            else:
+                continue
+        except OSError:
             continue
-        with contextlib.suppress(OSError):
-            os.unlink(entry.path)
-            removed.append(Path(entry.path))
+        removed.append(Path(entry.path))
     return removed
