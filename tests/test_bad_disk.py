@@ -512,5 +512,24 @@ def test_every_write_message_is_in_the_readme():
     section = readme[readme.index("## Troubleshooting"):readme.index("## Security")]
     for message in ("the disk is full: the cache entry", "the disk quota is used up", "the file is too large",
                     "no permission to write", "the disk is read-only", "a file is in the way", ".step_N.tmp-PID",
-                    "bit for bit"):
+                    "bit for bit", "the cache folder was changed or deleted"):
         assert message in section, message
+
+
+def test_cache_deleted_while_training(demo_folder, tmp_path):
+    t = make_trainer(tmp_path / "cache", demo_folder)
+    shutil.rmtree(tmp_path / "cache")
+    with pytest.raises(UserInputError, match=r"^the cache entry .*cache/(latents|text)/[0-9a-f]{32}\.safetensors cannot "
+                                             r"be read \(missing\): the cache folder was changed or "
+                                             r"deleted .*Run the Cache node again"):
+        t.train(8)
+    t.close()
+
+
+def test_export_tiny_to_a_full_disk(disk, capsys):
+    from trainer_core.cli import main
+
+    d = disk("256k")
+    d.fill()
+    assert main(["export-tiny", str(d.path / "tiny")]) == 2
+    assert "error: the disk is full: the tiny model files could not be written to" in capsys.readouterr().err

@@ -26,7 +26,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from .data import Sample, load_cropped
-from .files import remove_leftovers, write_error, write_safetensors_atomic
+from .errors import UserInputError
+from .files import os_error, remove_leftovers, write_error, write_safetensors_atomic
 from .models.components import QwenImageComponents
 from .models.latents import encode_images
 from .models.text import encode_prompts, pipeline_prompt_constants
@@ -93,7 +94,17 @@ class CachedDataset:
 
     def _read(self, kind: str, key: str, tensor_name: str) -> torch.Tensor:
         if key not in self._memory:
-            self._memory[key] = load_file(str(self.cache_dir / kind / f"{key}.safetensors"))[tensor_name]
+            path = self.cache_dir / kind / f"{key}.safetensors"
+            try:
+                self._memory[key] = load_file(str(path))[tensor_name]
+            except (OSError, SafetensorError, KeyError) as e:  # deleted, moved or overwritten while in use
+                error = os_error(e)
+                reason = ("missing" if isinstance(e, FileNotFoundError)
+                          else error.strerror if error is not None and error.strerror else e)
+                raise UserInputError(
+                    f"the cache entry {path} cannot be read ({reason}): the "
+                    "cache folder was changed or deleted while this run used it. Run the Cache node again (or "
+                    "restore the folder): only the missing entries are encoded.") from None
         return self._memory[key]
 
 
