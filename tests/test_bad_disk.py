@@ -4,8 +4,8 @@
   safetensors then raises its own `SafetensorError` ("... (os error 28)"), which used to reach the user raw.
 - A read-only disk is that tmpfs remounted read-only (EROFS); an immutable folder (`chattr +i`) gives EPERM
   even to root.
-- No permission (EACCES) and a file size limit (EFBIG) run in one subprocess that drops root's override
-  capabilities (`setpriv`) and sets RLIMIT_FSIZE: root ignores folder permissions otherwise.
+- No permission (EACCES) and a file size limit (EFBIG) run in one subprocess (as root: with root's override
+  capabilities dropped by `setpriv`, since root ignores folder permissions otherwise) that sets RLIMIT_FSIZE.
 - A disk quota (EDQUOT) is the one faked error: this kernel's tmpfs has no quota support. The library
   function is replaced by one raising the library's own error type with its real message format.
 - Leftovers of killed writes come from a real writer killed mid-write (SIGKILL), or are made with exactly
@@ -37,6 +37,9 @@ from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.errors import UserInputError
 from trainer_core.models import build_tiny_components
 from trainer_core.trainer import Trainer
+
+
+pytestmark = pytest.mark.skipif(os.name == "nt", reason="POSIX mounts, permissions and signals")
 
 
 # -- disks ------------------------------------------------------------------------------------------
@@ -268,14 +271,15 @@ PERMISSION_WORKER = textwrap.dedent("""
 
 def test_real_permission_denied_and_file_too_large(tmp_path, tiny_cache, demo_folder):
     """EACCES from a 0o555 folder and EFBIG from RLIMIT_FSIZE, both real, in one subprocess (imports cost)."""
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to drop root's permission override")
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to drop root's permission override")
     make_trainer(tiny_cache, demo_folder).close()  # the cache entries exist, so the worker only reads them
     script = PERMISSION_WORKER.format(repo=str(REPO), tests=str(REPO / "tests"), work=str(tmp_path),
                                       data=str(demo_folder), cache=str(tiny_cache))
     drop = "-dac_override,-dac_read_search,-fowner,-linux_immutable,-sys_resource"
-    result = subprocess.run(["setpriv", f"--bounding-set={drop}", "--inh-caps=-all", sys.executable, "-c", script],
-                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    as_root = ["setpriv", f"--bounding-set={drop}", "--inh-caps=-all"] if os.geteuid() == 0 else []
+    result = subprocess.run([*as_root, sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            cwd=REPO)
     assert "RESULT" in result.stdout, result.stderr[-3000:]
     messages = json.loads(result.stdout.split("RESULT", 1)[1])
     for name, what in (("checkpoint", "checkpoint of step 2"), ("lora", "LoRA file"),

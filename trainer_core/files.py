@@ -156,6 +156,18 @@ def write_error(e: OSError, what: str, where: str | Path, kept: str) -> UserInpu
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return False  # this process writes nothing while it clears its folders
+    if os.name == "nt":  # pragma: no cover - Windows only (os.kill(pid, 0) would end the process there)
+        import ctypes
+
+        kernel32 = ctypes.windll.kernel32
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return kernel32.GetLastError() != 87  # ERROR_INVALID_PARAMETER: no such process; else assume alive
+        code = ctypes.c_ulong()
+        try:
+            return not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)) or code.value == 259  # STILL_ACTIVE
+        finally:
+            kernel32.CloseHandle(handle)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
