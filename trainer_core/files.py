@@ -130,7 +130,7 @@ def write_error(e: OSError, what: str, where: str | Path, kept: str) -> UserInpu
     if code == errno.ENOSPC:
         return UserInputError(f"the disk is full: the {what} could not be written to {where}. {kept}"
                               "Free some space and run again.")
-    if code == errno.EDQUOT:
+    if code == getattr(errno, "EDQUOT", 122):  # Linux value where the platform has none
         return UserInputError(f"the disk quota is used up: the {what} could not be written to {where}. {kept}"
                               "Free some space or ask for a larger quota, and run again.")
     if code == errno.EFBIG:
