@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 import resume_worker
 from conftest import REPO, adapter_snapshot, cached_demo
 from trainer_core import checkpoint as ckpt
+from trainer_core import files
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.errors import UserInputError
 from trainer_core.models import build_tiny_components
@@ -97,7 +98,7 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(demo_folder
         Path(filename).write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt, "save_file", disk_full)
+    monkeypatch.setattr(files, "save_file", disk_full)  # the library writer under checkpoint.py
     with pytest.raises(UserInputError, match="disk is full.*still holds step 3"):
         t.train(1)
     assert t.step == 3  # nothing trained is lost: the step is in memory

@@ -17,6 +17,7 @@ from conftest import REPO, cached_demo, pack_module
 from graph_runner import GraphRunner
 from test_nodes import tiny_prompt
 from trainer_core import checkpoint as ckpt
+from trainer_core import files
 from trainer_core import runs
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.errors import UserInputError
@@ -275,7 +276,7 @@ def test_a_retirement_whose_checkpoint_fails_keeps_the_run_live(tiny_run, monkey
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt, "save_file", disk_full)
+    monkeypatch.setattr(files, "save_file", disk_full)  # the library writer under checkpoint.py
     with pytest.raises(UserInputError, match="disk is full.*still holds step 0"):
         open_("b")
     assert runs.find("a") is live and live.live  # nothing lost, nothing half-retired
@@ -319,10 +320,25 @@ def test_a_trainer_whose_lock_file_was_removed_stops_writing_checkpoints(tiny_ru
     other = build_tiny_components(seed=0, storage="float32")
     second = Trainer(other, cached_demo(other, demo_folder, tiny_cache), LORA, OPTIM, TrainConfig(run_name="a"),
                      run_dir=tmp_path / "a")  # takes the folder with a new lock file
-    with pytest.raises(UserInputError, match="lock of run folder .* was removed or replaced.*step 2 was not written"):
+    with pytest.raises(UserInputError, match="lock of run folder .* was removed or replaced and another trainer holds it now.*step 2 was not written"):
         first.train(1)
     assert ckpt.load_latest(tmp_path / "a")[1]["step"] == 1  # nothing of the first trainer's step 2 on disk
     runs.release("a")  # the first run can still be let go (its step 2 is not written anywhere)
     assert ckpt.load_latest(tmp_path / "a")[1]["step"] == 1
     second.train(1)
     second.close()
+
+
+def test_a_run_folder_deleted_mid_run_is_made_again_and_locked_again(tiny_run, tmp_path, demo_folder, tiny_cache):
+    import shutil
+
+    open_, _ = tiny_run
+    first = open_("a").trainer
+    first.train(1)
+    shutil.rmtree(tmp_path / "a")  # nobody else took it: the next checkpoint recreates the folder and its lock
+    first.train(1)
+    assert ckpt.load_latest(tmp_path / "a")[1]["step"] == 2 and first.lock.still_held()
+    other = build_tiny_components(seed=0, storage="float32")
+    with pytest.raises(UserInputError, match="is in use by another trainer"):
+        Trainer(other, cached_demo(other, demo_folder, tiny_cache), LORA, OPTIM, TrainConfig(run_name="a"),
+                run_dir=tmp_path / "a")

@@ -3,7 +3,12 @@
 A latent's key hashes the image bytes, its bucket, the crop recipe and the VAE's fingerprint; a prompt
 embedding's key hashes the text, the text encoder's fingerprint (tokenizer included) and the template.
 So a second run over the same data encodes nothing, a changed image is re-encoded alone, and a cache
-written by another model simply misses. Files are safetensors written atomically (temp + rename).
+written by another model simply misses. Files are safetensors written atomically (temp + rename); the
+temporary files of a killed run are removed when the cache is next built.
+
+Every image and every prompt is encoded alone (a batch of one): a latent computed beside others differs in
+the last bits with its batch companions, and a cache must not depend on which entries a killed run had
+written already. A cache built across a kill therefore equals, bit for bit, one built in one go.
 
 Layout: <cache_dir>/latents/<key>.safetensors  {"latents": (C, h, w) fp32}
         <cache_dir>/text/<key>.safetensors     {"embedding": (L, D)}
@@ -21,13 +26,19 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from .data import Sample, load_cropped
-from .files import write_safetensors_atomic
+from .errors import UserInputError
+from .files import os_error, remove_leftovers, write_error, write_safetensors_atomic
 from .models.components import QwenImageComponents
 from .models.latents import encode_images
 from .models.text import encode_prompts, pipeline_prompt_constants
 
 # Bump when the way latents or embeddings are produced changes: old entries then miss.
-CACHE_VERSION = "1"
+# 2: every image and prompt encoded alone (1 encoded them in batches, so entries depended on their companions).
+CACHE_VERSION = "2"
+# Cache entries' file names; `.<name>.PID.tmp` beside them is a killed write's leftover.
+ENTRY_NAME = r"[0-9a-f]{32}\.safetensors"
+# A bare safetensors temporary file this old (seconds) is a killed write's, not another run's in progress.
+LIBRARY_TEMP_AGE = 600.0
 CROP_RECIPE = "cover-lanczos-centre-crop"
 
 
@@ -83,7 +94,17 @@ class CachedDataset:
 
     def _read(self, kind: str, key: str, tensor_name: str) -> torch.Tensor:
         if key not in self._memory:
-            self._memory[key] = load_file(str(self.cache_dir / kind / f"{key}.safetensors"))[tensor_name]
+            path = self.cache_dir / kind / f"{key}.safetensors"
+            try:
+                self._memory[key] = load_file(str(path))[tensor_name]
+            except (OSError, SafetensorError, KeyError) as e:  # deleted, moved or overwritten while in use
+                error = os_error(e)
+                reason = ("missing" if isinstance(e, FileNotFoundError)
+                          else error.strerror if error is not None and error.strerror else e)
+                raise UserInputError(
+                    f"the cache entry {path} cannot be read ({reason}): the "
+                    "cache folder was changed or deleted while this run used it. Run the Cache node again (or "
+                    "restore the folder): only the missing entries are encoded.") from None
         return self._memory[key]
 
 
@@ -117,7 +138,7 @@ def build_cache(
     cache_dir: str | Path,
     preview_prompts: list[str] = (),
     negative_prompt: str = "",
-    batch_size: int = 4,
+    batch_size: int = 4,  # entries per progress update (each is encoded alone)
     repeats: int = 1,
     progress: Callable[[int, int], None] | None = None,
 ) -> CachedDataset:
@@ -130,12 +151,22 @@ def build_cache(
     report = CacheReport()
     vae_fp = components.fingerprint("vae")
     text_fp = components.fingerprint("text_encoder")
+    for kind in ("latents", "text"):  # what killed runs left (only we write these folders)
+        remove_leftovers(cache_dir / kind, names=ENTRY_NAME, library_temps_older_than=LIBRARY_TEMP_AGE)
 
     todo_latents = [s for s in samples if not _entry_ok(cache_dir / "latents" / f"{latent_key(s, vae_fp)}.safetensors", "latents")]
     prompts = list(dict.fromkeys([s.caption for s in samples] + list(preview_prompts) + [negative_prompt, ""]))
     todo_prompts = [p for p in prompts if not _entry_ok(cache_dir / "text" / f"{text_key(p, text_fp)}.safetensors", "embedding")]
     total = len(todo_latents) + len(todo_prompts)
     done = 0
+
+    def write(tensors: dict[str, torch.Tensor], kind: str, key: str, what: str, metadata=None) -> None:
+        try:
+            write_safetensors_atomic(tensors, cache_dir / kind / f"{key}.safetensors", metadata)
+        except OSError as e:
+            raise write_error(e, f"cache entry of {what}", cache_dir / kind,
+                              f"The {done} entries encoded before it are kept: the next run encodes only the rest."
+                              ) from None
 
     if todo_latents:
         components.vae.to(components.device)
@@ -145,12 +176,12 @@ def build_cache(
         for bucket_samples in by_bucket.values():
             for start in range(0, len(bucket_samples), batch_size):
                 chunk = bucket_samples[start:start + batch_size]
-                pixels = torch.stack([load_cropped(s.image_path, s.bucket, s.background, s.allow_large_images) for s in chunk])  # (B, 3, H, W)
-                latents = encode_images(components.vae, pixels)  # (B, C, h, w)
-                for s, lat in zip(chunk, latents):
-                    write_safetensors_atomic({"latents": lat}, cache_dir / "latents" / f"{latent_key(s, vae_fp)}.safetensors",
-                                 {"image": Path(s.image_path).name, "bucket": f"{s.bucket[0]}x{s.bucket[1]}"})
-                done += len(chunk)
+                for s in chunk:  # alone: see the module docstring
+                    pixels = load_cropped(s.image_path, s.bucket, s.background, s.allow_large_images).unsqueeze(0)  # (1, 3, H, W)
+                    latent = encode_images(components.vae, pixels)[0]  # (C, h, w)
+                    write({"latents": latent}, "latents", latent_key(s, vae_fp), f"image {Path(s.image_path).name}",
+                          {"image": Path(s.image_path).name, "bucket": f"{s.bucket[0]}x{s.bucket[1]}"})
+                    done += 1
                 if progress:
                     progress(done, total)
     report.latents_encoded = len(todo_latents)
@@ -160,9 +191,10 @@ def build_cache(
         components.ensure_text_encoder()
         for start in range(0, len(todo_prompts), batch_size):
             chunk = todo_prompts[start:start + batch_size]
-            for prompt, emb in zip(chunk, encode_prompts(components.text_encoder, components.tokenizer, chunk)):
-                write_safetensors_atomic({"embedding": emb}, cache_dir / "text" / f"{text_key(prompt, text_fp)}.safetensors")
-            done += len(chunk)
+            for prompt in chunk:  # alone: see the module docstring
+                emb = encode_prompts(components.text_encoder, components.tokenizer, [prompt])[0]
+                write({"embedding": emb}, "text", text_key(prompt, text_fp), f"prompt {prompt[:40]!r}")
+                done += 1
             if progress:
                 progress(done, total)
     report.prompts_encoded = len(todo_prompts)

@@ -9,21 +9,28 @@ One folder per run; inside it, one folder per checkpoint and a pointer to the ne
 A checkpoint folder is written under a temporary name, its files fsynced, then renamed into place, and
 only then is `latest.json` replaced (also atomically). A crash or a full disk at any moment therefore
 leaves the previous checkpoint complete and pointed to. The newest `KEEP` checkpoints are kept.
+
+A checkpoint folder that goes (pruned, or replaced by the same step saved again) is first renamed to
+`.step_N.old-PID`, so it disappears at once, never half-deleted under its real name. What a killed process
+leaves (`.step_N.tmp-PID`, `.step_N.old-PID`, `.latest.json.PID.tmp`) is cleared by `remove_leftovers` when
+the run folder is next opened.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from .files import write_bytes_atomic
+from . import files
+from .files import save_safetensors, write_bytes_atomic
 from .finite import nonfinite_names
 
 FORMAT_VERSION = 1
@@ -48,14 +55,22 @@ def save_checkpoint(run_dir: str | Path, step: int, tensors: dict[str, torch.Ten
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / STATE_TENSORS))
+        save_safetensors(tensors, tmp / STATE_TENSORS)
         (tmp / STATE_JSON).write_text(json.dumps({"format": FORMAT_VERSION, **meta}, indent=1))
         for f in (tmp / STATE_TENSORS, tmp / STATE_JSON):
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        old = None
         if final.exists():  # the same step saved again (e.g. after an interrupt at a checkpoint step)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+            old = _set_aside(final)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if old is not None and not final.exists():
+                os.replace(old, final)  # the earlier save of this step stays
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -70,7 +85,53 @@ def _prune(root: Path, step: int) -> None:
     kept = [p for s, p in found if s <= step][-KEEP:]
     for _, folder in found:
         if folder not in kept:
-            shutil.rmtree(folder, ignore_errors=True)
+            try:
+                shutil.rmtree(_set_aside(folder), ignore_errors=True)
+            except OSError:  # a read-only disk, say: an extra old checkpoint is harmless
+                pass
+
+
+def _set_aside(folder: Path) -> Path:
+    """Rename a checkpoint folder out of the way (`.step_N.old-PID`) so it is gone at once; returns the new path."""
+    aside = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    if aside.exists():
+        shutil.rmtree(aside)
+    os.replace(folder, aside)
+    return aside
+
+
+_TEMP_FOLDER = re.compile(r"^\.(?P<name>step_[0-9]+)\.(?P<kind>tmp|old)-[0-9]+$")
+
+
+def remove_leftovers(run_dir: str | Path) -> list[Path]:
+    """Clear what killed writes left in a run's checkpoints folder (call with the run folder locked): half-written
+    `.step_N.tmp-PID` folders, `.step_N.old-PID` folders on their way out, `.latest.json.PID.tmp` files. A
+    `.step_N.old-PID` that `latest.json` points to while `step_N` is missing (killed between the two renames of a
+    re-saved step) is put back instead. Nothing else is touched; nothing is raised. Returns what was removed."""
+    root = checkpoints_dir(run_dir)
+    removed = files.remove_leftovers(root, names=re.escape(LATEST), any_pid=True)
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    try:
+        pointed = json.loads((root / LATEST).read_text())["dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pointed = None
+    for entry in entries:
+        match = _TEMP_FOLDER.match(entry.name)
+        if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        path = Path(entry.path)
+        try:
+            if match.group("kind") == "old" and match.group("name") == pointed and not (root / pointed).exists():
+                os.replace(path, root / match.group("name"))
+                continue
+            shutil.rmtree(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
 
 
 def clear(run_dir: str | Path) -> None:

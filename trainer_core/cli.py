@@ -66,8 +66,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_export_tiny(args: argparse.Namespace) -> int:
     from .devtools.export import export_tiny
 
+    from safetensors import SafetensorError
+
+    from .files import os_error, write_error
+
     check_writable_folder(args.dir, "dir")
-    for name, path in export_tiny(args.dir, layout=args.layout, seed=args.seed).items():
+    try:
+        written = export_tiny(args.dir, layout=args.layout, seed=args.seed)
+    except (OSError, SafetensorError) as e:
+        if os_error(e) is None:
+            raise
+        raise write_error(e, "tiny model files", args.dir, "") from None
+    for name, path in written.items():
         print(f"{name}: {path}")
     return 0
 

@@ -257,7 +257,8 @@ class CacheConfig:
         "after caching.", multiline=True,
     )
     negative_prompt: str = _f("", "Negative prompt for previews (CFG).")
-    caching_batch_size: int = _f(4, "Images or prompts encoded at once.", min=1, max=64)
+    caching_batch_size: int = _f(4, "Images or prompts per progress update. Each is encoded alone, so a cached "
+                                    "entry never depends on which others were encoded with it.", min=1, max=64)
     cache_folder: str = _f(
         "", "Folder inside ComfyUI's output folder for the cache. Empty: qwen_lora_training/cache. Entries are "
         "keyed by content, so one folder serves many datasets and models.",

@@ -6,6 +6,7 @@ so the loss falls within a few hundred CPU steps.
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from . import checkpoint
 from .cache import build_cache
 from .config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
 from .data import discover
+from .files import remove_leftovers, write_bytes_atomic, write_error
 from .models.components import QwenImageComponents
 from .models.tiny import build_tiny_components
 from .plot import loss_plot
@@ -66,7 +68,11 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = Fa
     run_dir = out / "run"
     if not resume:
         checkpoint.clear(run_dir)
-    dataset_dir = make_demo_dataset(out / "dataset")
+    remove_leftovers(out, names=r"demo_lora\.safetensors|preview\.png|loss\.png|losses\.json")  # of a killed demo
+    try:
+        dataset_dir = make_demo_dataset(out / "dataset")
+    except OSError as e:
+        raise write_error(e, "demo dataset", out / "dataset", "") from None
     if components is None:
         components = build_tiny_components(seed=seed, storage="float8", compute_dtype=torch.float32)
     dataset_cfg = DatasetConfig(folder=str(dataset_dir), resolution=64, min_bucket_side=32, max_bucket_side=128)
@@ -90,14 +96,30 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = Fa
                       on_step=lambda r: log(f"step {r.step:4d}  loss {r.loss:.4f}  lr {r.lr:.2e}")
                       if r.step == 1 or r.step % 25 == 0 else None)
         lora = trainer.save_lora(out / "demo_lora.safetensors")
-        preview = out / "preview.png"
-        trainer.sample_preview(PREVIEW_PROMPT, "", width=64, height=64, steps=20, cfg_scale=4.0,
-                               seed=seed).resize((256, 256), Image.Resampling.NEAREST).save(preview)
+        preview = _write_output(_png(trainer.sample_preview(PREVIEW_PROMPT, "", width=64, height=64, steps=20,
+                                                            cfg_scale=4.0, seed=seed)
+                                     .resize((256, 256), Image.Resampling.NEAREST)),
+                                out / "preview.png", "preview image", trainer.step)
     finally:
         release(RUN_NAME)  # the demo is a whole program: leave no live run behind
-    plot = out / "loss.png"
-    loss_plot(trainer.loss_history, title="demo loss").save(plot)
-    (out / "losses.json").write_text(json.dumps(trainer.loss_history))
+    plot = _write_output(_png(loss_plot(trainer.loss_history, title="demo loss")), out / "loss.png", "loss plot",
+                         trainer.step)
+    _write_output(json.dumps(trainer.loss_history).encode(), out / "losses.json", "loss history", trainer.step)
     losses = [loss for _, loss in trainer.loss_history]
     return DemoResult(lora=lora, preview=preview, loss_plot=plot, first_loss=losses[0] if losses else float("nan"),
                       last_loss=losses[-1] if losses else float("nan"), steps=trainer.step)
+
+
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _write_output(data: bytes, path: Path, what: str, step: int) -> Path:
+    """Write one of the demo's outputs atomically (an earlier one stays whole), or say why it could not be."""
+    try:
+        return write_bytes_atomic(data, path)
+    except OSError as e:
+        raise write_error(e, what, path, f"Any earlier {path.name} is intact; the run's checkpoint holds step "
+                                         f"{step}.") from None

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
+import shutil
+import time
 import unicodedata
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .errors import UserInputError
@@ -73,15 +78,37 @@ def _first_link(root: Path, parts: tuple[str, ...]) -> Path | None:
     return None
 
 
+def temp_path(path: str | Path) -> Path:
+    """Where `_replacing` writes `path` first: `.NAME.PID.tmp` beside it (`LEFTOVER` recognises it)."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+# A temporary file or folder of `_replacing` left by a killed process: `.NAME.PID.tmp`.
+LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)\.tmp$")
+# safetensors' own temporary file (the Rust `tempfile` crate's `.tmpXXXXXX`): `save_file` writes one beside its
+# target and renames it over the target at the end, so a killed save leaves one. Ours are made inside a folder
+# of our own (`_replacing(..., private_folder=True)`); bare ones are only cleared where nobody else writes.
+LIBRARY_TEMP = re.compile(r"^\.tmp[A-Za-z0-9]{6}$")
+
+
 @contextlib.contextmanager
-def _replacing(path: str | Path):
+def _replacing(path: str | Path, private_folder: bool = False):
     """Yield a temporary path beside `path`; when the block succeeds, fsync it and rename it over `path`.
 
     On any failure (ENOSPC included) the temporary file is removed and an existing `path` is untouched.
+    `private_folder`: the temporary path lies in a folder `.NAME.PID.tmp` of its own, for a library writer
+    that makes temporary files of its own beside the file it writes (safetensors does): a killed write then
+    leaves only that folder, which `remove_leftovers` recognises by its name.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    scratch = temp_path(path)
+    if private_folder:
+        if scratch.exists():
+            shutil.rmtree(scratch) if scratch.is_dir() else scratch.unlink()
+        scratch.mkdir()
+    tmp = scratch / path.name if private_folder else scratch
     try:
         yield tmp
         with open(tmp, "rb") as f:
@@ -90,15 +117,42 @@ def _replacing(path: str | Path):
         os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        with contextlib.suppress(OSError):  # a read-only or vanished folder: nothing more to clean
+            if scratch.is_dir() and not scratch.is_symlink():
+                shutil.rmtree(scratch)
+            elif scratch.exists():
+                scratch.unlink()
+
+
+def os_error(e: BaseException) -> OSError | None:
+    """The operating system's error behind a library's: `e` itself, or the one a `SafetensorError` names in its
+    message ("I/O error: No space left on device (os error 28)"); None when there is none."""
+    if isinstance(e, OSError):
+        return e
+    match = re.search(r"\(os error (\d+)\)", str(e)) if isinstance(e, SafetensorError) else None
+    if match is None:
+        return None
+    code = int(match.group(1))
+    return OSError(code, os.strerror(code))
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' `save_file`, raising an `OSError` (with its errno and the path) where the library raises
+    its own `SafetensorError` for a failed write (full disk, quota, permissions, read-only disk)."""
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path), metadata=metadata)
+    except SafetensorError as e:
+        error = os_error(e)
+        if error is None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from e
 
 
 def write_safetensors_atomic(tensors: dict[str, torch.Tensor], path: str | Path,
                              metadata: dict[str, str] | None = None) -> Path:
     """Write a safetensors file so that `path` is either the old file or the complete new one."""
-    with _replacing(path) as tmp:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    with _replacing(path, private_folder=True) as tmp:
+        save_safetensors(tensors, tmp, metadata)
     return Path(path)
 
 
@@ -106,3 +160,100 @@ def write_bytes_atomic(data: bytes, path: str | Path) -> Path:
     with _replacing(path) as tmp:
         tmp.write_bytes(data)
     return Path(path)
+
+
+def write_error(e: OSError, what: str, where: str | Path, kept: str) -> UserInputError:
+    """The documented message for a write that failed with `e` (README, Troubleshooting): what could not be
+    written where, what is kept (`kept`), and what to do. `e` may be a library's error (`os_error`)."""
+    e = os_error(e) or e
+    code = getattr(e, "errno", None)
+    kept = f"{kept} " if kept else ""
+    if code == errno.ENOSPC:
+        return UserInputError(f"the disk is full: the {what} could not be written to {where}. {kept}"
+                              "Free some space and run again.")
+    if code == getattr(errno, "EDQUOT", 122):  # Linux value where the platform has none
+        return UserInputError(f"the disk quota is used up: the {what} could not be written to {where}. {kept}"
+                              "Free some space or ask for a larger quota, and run again.")
+    if code == errno.EFBIG:
+        return UserInputError(f"the file is too large: the {what} could not be written to {where} (the disk's or "
+                              f"the process's file size limit, `ulimit -f`). {kept}Raise the limit or choose a "
+                              "folder on another disk.")
+    if code in (errno.EACCES, errno.EPERM):
+        return UserInputError(f"no permission to write: the {what} could not be written to {where}. {kept}Make the "
+                              "folder writable for the user that runs ComfyUI (or this script), or choose another "
+                              "folder.")
+    if code == errno.EROFS:
+        return UserInputError(f"the disk is read-only: the {what} could not be written to {where}. {kept}Choose a "
+                              "folder on a writable disk, or mount it read-write.")
+    if code in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
+        blocker = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        return UserInputError(f"a file is in the way: the {what} could not be written to {where}, because a file "
+                              f"stands where a folder must be, or a folder where a file must be{blocker}. {kept}"
+                              "Move or rename it, or choose another folder.")
+    return UserInputError(f"the {what} could not be written to {where} ({getattr(e, 'strerror', None) or e}). {kept}"
+                          .rstrip())
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process writes nothing while it clears its folders
+    if os.name == "nt":  # pragma: no cover - Windows only (os.kill(pid, 0) would end the process there)
+        import ctypes
+
+        kernel32 = ctypes.windll.kernel32
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return kernel32.GetLastError() != 87  # ERROR_INVALID_PARAMETER: no such process; else assume alive
+        code = ctypes.c_ulong()
+        try:
+            return not kernel32.GetExitCodeProcess(handle, ctypes.byref(code)) or code.value == 259  # STILL_ACTIVE
+        finally:
+            kernel32.CloseHandle(handle)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_leftovers(folder: str | Path, names: str = r".+", any_pid: bool = False,
+                     library_temps_older_than: float | None = None) -> list[Path]:
+    """Delete what `_replacing` leaves when its process is killed mid-write, `.NAME.PID.tmp` (a file, or a folder
+    holding the library's own temporary file), NAME matching the regular expression `names`, from `folder` (not
+    its subfolders); returns what was removed.
+
+    Only entries of exactly that form go, and only when process PID is gone (`any_pid`: whatever the PID, for a
+    folder this process holds locked). `library_temps_older_than` (seconds): also bare `.tmpXXXXXX` files of
+    safetensors untouched for that long, for a folder only we write to (earlier versions left those). Anything
+    else, a user's `notes.tmp` say, is never touched. Never raises: leftovers that cannot be removed (a read-only
+    disk) stay for another time."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        try:
+            match = LEFTOVER.match(entry.name)
+            if match is not None and re.fullmatch(names, match.group("name")):
+                if not any_pid and _pid_alive(int(match.group("pid"))):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    os.unlink(entry.path)
+                else:
+                    continue
+            elif (library_temps_older_than is not None and LIBRARY_TEMP.match(entry.name)
+                    and entry.is_file(follow_symlinks=False)
+                    and now - entry.stat(follow_symlinks=False).st_mtime > library_temps_older_than):
+                os.unlink(entry.path)
+            else:
+                continue
+        except OSError:
+            continue
+        removed.append(Path(entry.path))
+    return removed

@@ -53,6 +53,7 @@ class RunLock:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_NAME
         self._fd: int | None = None
+        self._owner = ""
 
     @property
     def held(self) -> bool:
@@ -61,6 +62,7 @@ class RunLock:
     def acquire(self, owner: str = "") -> None:
         if self._fd is not None:
             return
+        self._owner = owner
         self.run_dir.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -86,6 +88,16 @@ class RunLock:
         its folder): a writer checks this before each checkpoint, so a second trainer that took a new lock
         file never shares the folder with it."""
         return self._fd is not None and _same_file(self._fd, self.path)
+
+    def reacquire(self) -> bool:
+        """After `still_held` turned False: lock the file at `path` again if nobody else holds it (the run folder
+        was deleted and is being recreated); False when another trainer has it now."""
+        self.release()
+        try:
+            self.acquire(self._owner)
+        except UserInputError:
+            return False
+        return True
 
     def release(self) -> None:
         fd, self._fd = self._fd, None

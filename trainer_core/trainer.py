@@ -20,7 +20,6 @@ no such checkpoint the trainer refuses further use); a checkpoint with NaN/inf i
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import math
 import time
@@ -37,7 +36,7 @@ from .batching import DataOrder
 from .cache import CachedDataset
 from .config import LoraConfig, OptimizerConfig, TrainConfig, from_dict, to_dict
 from .errors import RunFolderLost, TrainingStopped, UserInputError
-from .files import write_safetensors_atomic
+from .files import remove_leftovers, write_error, write_safetensors_atomic
 from .finite import all_finite, nonfinite_names
 from .lora import inject_lora, matching_preset, remove_lora, target_module_names
 from .lora_files import LoraFile, check_targets, layout_metadata, load_into_adapter, lora_file_tensors, lora_metadata, read_lora_file
@@ -126,7 +125,12 @@ class Trainer:
             # One trainer per run folder, in this process or any other (before anything touches the model).
             if self.run_dir is not None:
                 self.lock = RunLock(self.run_dir)
-                self.lock.acquire(owner=f"run '{train.run_name}'")
+                try:
+                    self.lock.acquire(owner=f"run '{train.run_name}'")
+                except OSError as e:
+                    raise write_error(e, f"lock file of run '{train.run_name}'", self.run_dir,
+                                      "Nothing was trained or changed.") from None
+                ckpt.remove_leftovers(self.run_dir)  # what killed writes left (the folder is ours now)
             self._build(components, dataset, lora, optimizer, train, init_lora)
         except BaseException:
             self.close()  # the model without a half-made adapter, the run folder unlocked
@@ -367,12 +371,12 @@ class Trainer:
     def save_checkpoint(self) -> Path | None:
         if self.run_dir is None:
             return None
-        if self.lock is not None and not self.lock.still_held():
+        if self.lock is not None and not self.lock.still_held() and not self.lock.reacquire():
             raise RunFolderLost(
-                f"the lock of run folder {self.run_dir} was removed or replaced (the folder moved, or another process "
-                f"took it): the checkpoint of step {self.step} was not written, so two trainers never mix their "
-                "files. The trainer still holds its steps in memory: save the LoRA now; releasing the run drops the "
-                "steps since its last checkpoint."
+                f"the lock of run folder {self.run_dir} was removed or replaced and another trainer holds it now: the "
+                f"checkpoint of step {self.step} was not written, so two trainers never mix their files. The trainer "
+                "still holds its steps in memory: save the LoRA now; releasing the run drops the steps since its last "
+                "checkpoint."
             )
         tensors, meta = self.training_state()
         if not all_finite(tensors.values()):
@@ -384,8 +388,8 @@ class Trainer:
         try:
             folder = ckpt.save_checkpoint(self.run_dir, self.step, tensors, meta)
         except OSError as e:
-            raise _write_error(e, f"checkpoint of step {self.step}", ckpt.checkpoints_dir(self.run_dir),
-                               f"The trainer still holds step {self.step} in memory.") from None
+            raise write_error(e, f"checkpoint of step {self.step}", ckpt.checkpoints_dir(self.run_dir),
+                              f"The trainer still holds step {self.step} in memory.") from None
         self.saved_step = self.step
         return folder
 
@@ -479,12 +483,13 @@ class Trainer:
 
     def save_lora(self, path, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> Path:
         """Write the adapter in `layout` (lora_files.LORA_LAYOUTS; default ComfyUI's), atomically; return the path."""
+        remove_leftovers(Path(path).parent, names=r".+\.safetensors")  # of killed saves (theirs, never a user's)
         try:
             return write_safetensors_atomic(self.lora_state_dict(dtype, layout), path, self.lora_metadata(layout))
         except OSError as e:
-            raise _write_error(e, "LoRA file", Path(path),
-                               f"Any earlier {Path(path).name} is intact and the trainer still holds step "
-                               f"{self.step}.") from None
+            raise write_error(e, "LoRA file", Path(path),
+                              f"Any earlier {Path(path).name} is intact and the trainer still holds step "
+                              f"{self.step}.") from None
 
     # ----------------------------------------------------------------------------------------------
     # lifetime
@@ -538,13 +543,6 @@ class Trainer:
 
     def last_loss(self) -> float:
         return self.loss_history[-1][1] if self.loss_history else math.nan
-
-
-def _write_error(e: OSError, what: str, where: Path, kept: str) -> UserInputError:
-    if e.errno == errno.ENOSPC:
-        return UserInputError(f"the disk is full: the {what} could not be written to {where}. {kept} "
-                              "Free some space and run again.")
-    return UserInputError(f"the {what} could not be written to {where} ({e.strerror or e}). {kept}")
 
 
 def _global_rng_state(device: torch.device) -> dict[str, torch.Tensor]:
