@@ -21,8 +21,6 @@ import copy
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from comfy_probe import run_probe
 from trainer_core.models.latents import pack_latents, unpack_latents
 from trainer_core.models.text_encoder_file import QWEN25_VL_7B_CONFIG, load_text_encoder_file
 from trainer_core.models.transformer_file import load_transformer_file
@@ -71,12 +70,7 @@ def comfy_written(tmp_path_factory):
     request = {"out_dir": str(root / "models"), "inputs": str(root / "inputs.safetensors"),
                "outputs": str(root / "outputs.safetensors"), "text_config": TEXT_CONFIG, "seed": 0}
     (root / "request.json").write_text(json.dumps(request))
-    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    result = subprocess.run(
-        [python, "-B", str(Path(__file__).with_name("comfy_file_writer.py")), COMFYUI, str(root / "request.json")],
-        cwd=COMFYUI, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    result = run_probe("comfy_file_writer.py", COMFYUI, root / "request.json", timeout=900)
     files = {name: Path(path) for name, path in json.loads(result.stdout.strip().splitlines()[-1])["files"].items()}
     yield files, load_file(request["outputs"]), inputs
     shutil.rmtree(root / "models", ignore_errors=True)  # ~5 GB: not left for pytest's kept temp folders

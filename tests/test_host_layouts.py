@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from comfy_probe import run_probe
 from trainer_core.models.latents import pack_latents, unpack_latents
 from trainer_core.models.text_encoder_file import load_text_encoder_file
 from trainer_core.models.transformer_file import load_transformer_file
@@ -83,12 +82,7 @@ def test_exported_files_are_comfyuis_layouts(tiny_files, trained_lora, tmp_path)
     request = {"files": {k: str(v) for k, v in tiny_files.items()}, "inputs": str(tmp_path / "inputs.safetensors"),
                "out": str(tmp_path / "comfy_out.safetensors"), "loras": loras}
     (tmp_path / "request.json").write_text(json.dumps(request))
-    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    result = subprocess.run(
-        [python, "-B", str(Path(__file__).with_name("comfy_layout_probe.py")), COMFYUI, str(tmp_path / "request.json")],
-        cwd=COMFYUI, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    run_probe("comfy_layout_probe.py", COMFYUI, tmp_path / "request.json", timeout=600)
     theirs = load_file(request["out"])
 
     # LoRA files: every key loaded by ComfyUI, each weight changed by exactly alpha / rank * B @ A.
