@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..trainer_core.cache import build_cache
-from ..trainer_core.config import CacheConfig, DatasetConfig
+from ..trainer_core.config import CUSTOM_FOLDER, CacheConfig, DatasetConfig
+from ..trainer_core.errors import UserInputError
 from ..trainer_core.data import folder_state, load_dataset
 from ..trainer_core.files import inside
 from . import host
@@ -25,20 +28,49 @@ class QwenLoRADataset:
 
     @classmethod
     def INPUT_TYPES(cls):
+        # Newer widgets go last (a saved canvas workflow stores widget values by position) and are optional
+        # (an API workflow written before them still validates: no held-out images, the typed folder).
         return {"required": widgets(
             DatasetConfig, "folder", "resolution", "enable_buckets", "min_bucket_side", "max_bucket_side",
             "repeats", "caption_extension", "missing_caption", "upscale_small_images", "background",
             "allow_large_images",
-        )}
+        ), "optional": widgets(DatasetConfig, "validation_images", "input_folder")}
 
     @classmethod
-    def IS_CHANGED(cls, folder, **_):
+    def IS_CHANGED(cls, folder, input_folder=CUSTOM_FOLDER, **_):
         # Widgets alone do not show that files in the folder changed: fold the folder's state in.
-        return folder_state(folder)
+        try:
+            return folder_state(dataset_folder(folder, input_folder))
+        except UserInputError as e:
+            return str(e)
 
-    def discover(self, **settings):
-        dataset = load_dataset(DatasetConfig(**settings))
+    def discover(self, folder, input_folder=CUSTOM_FOLDER, validation_images=0, **settings):
+        cfg = DatasetConfig(folder=dataset_folder(folder, input_folder), input_folder=input_folder,
+                            validation_images=validation_images, **settings)
+        dataset = load_dataset(cfg)
         return (dataset, dataset.summary())
+
+
+def dataset_folder(folder: str, input_folder: str = CUSTOM_FOLDER) -> str:
+    """The absolute dataset folder: the chosen subfolder of ComfyUI's input folder, or the typed path (a
+    relative one inside the input folder, never against the working directory, which depends on how
+    ComfyUI was started)."""
+    base = host.input_directory()
+    if input_folder != CUSTOM_FOLDER:
+        return str(base / input_folder)
+    text = folder.strip()
+    if not text:
+        raise UserInputError(
+            f"no dataset folder chosen: pick a subfolder of ComfyUI's input folder {base} in input_folder, or type "
+            "a folder path (a relative one is inside that input folder).")
+    path = Path(text).expanduser()
+    if path.is_absolute():
+        return str(path)
+    resolved = base / path
+    # Earlier example workflows wrote 'input/<name>' (meant relative to ComfyUI's folder): accept that too.
+    if not resolved.is_dir() and path.parts[0] == "input" and (base / Path(*path.parts[1:])).is_dir():
+        resolved = base / Path(*path.parts[1:])
+    return str(resolved)
 
 
 class QwenLoRACache:
@@ -66,9 +98,10 @@ class QwenLoRACache:
         folder = inside(host.output_directory(), cache_folder.strip() or "qwen_lora_training/cache", "cache_folder",
                         "qwen_lora_training/cache")
         prompts = [line.strip() for line in preview_prompts.splitlines() if line.strip()]
-        progress = host.Progress(len(dataset.samples) + len(prompts) + 1)
+        progress = host.Progress(len(dataset.samples) + len(getattr(dataset, 'validation', ())) + len(prompts) + 1)
         with engine_mode():
             cached = build_cache(models, list(dataset.samples), folder, preview_prompts=prompts, negative_prompt=negative_prompt,
                                  batch_size=caching_batch_size, repeats=dataset.config.repeats,
+                                 validation=list(getattr(dataset, "validation", ())),
                                  progress=lambda done, todo: progress.update(done, total=todo))
         return (cached, cached.report.summary())

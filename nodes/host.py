@@ -63,6 +63,23 @@ def output_directory() -> Path:
     return Path(os.environ.get("QWEN_LORA_OUTPUT", "output")).resolve()
 
 
+def input_directory() -> Path:
+    """ComfyUI's input folder (where relative dataset folders live); standalone: $QWEN_LORA_INPUT or ./input."""
+    fp = _host("folder_paths")
+    if fp is not None:
+        return Path(fp.get_input_directory()).resolve()
+    return Path(os.environ.get("QWEN_LORA_INPUT", "input")).resolve()
+
+
+def input_subfolders() -> list[str]:
+    """The input folder's subfolders (one level, hidden ones left out), sorted by name."""
+    folder = input_directory()
+    try:
+        return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+
+
 def loras_directory() -> Path:
     """The first folder ComfyUI lists LoRAs from (models/loras by default)."""
     fp = _host("folder_paths")

@@ -53,7 +53,8 @@ def first_preview_prompt(trainer) -> str:
 
 
 class QwenLoRALossPlot:
-    DESCRIPTION = "Plots the loss of every step so far (raw and smoothed)."
+    DESCRIPTION = ("Plots the loss of every step so far (raw and smoothed) and the validation loss when Init "
+                   "Trainer measures it (validation_every).")
     CATEGORY = CATEGORY
     FUNCTION = "plot"
     RETURN_TYPES = ("IMAGE",)
@@ -68,7 +69,8 @@ class QwenLoRALossPlot:
         }}
 
     def plot(self, trainer, width, height):
-        return (pil_to_image(loss_plot(trainer.loss_history, width, height, title=trainer.train_cfg.run_name)),)
+        return (pil_to_image(loss_plot(trainer.loss_history, width, height, title=trainer.train_cfg.run_name,
+                                       validation=trainer.validation_history)),)
 
 
 # Bytes a LoRA file name leaves free for the temporary file written beside it ('.<name>.<pid>.tmp').

@@ -21,6 +21,7 @@ TRAIN_WIDGETS = (
     "timestep_sampling", "logit_mean", "logit_std", "resolution_shift", "caption_dropout", "checkpoint_every",
     "max_nonfinite_steps",
 )
+LATER_TRAIN_WIDGETS = ("validation_every",)
 # The seed widget is called training_seed: ComfyUI gives any INT input named "seed" a "randomize after
 # queue" control, which would change the seed, hence start a new run, on every queue.
 WIDGET_NAMES = {"seed": "training_seed"}
@@ -52,7 +53,11 @@ class QwenLoRAInitTrainer:
             "optimizer_config": (OPTIMIZER_CONFIG, {"tooltip": "From the Optimizer node."}),
             **widgets(TrainConfig, *TRAIN_WIDGETS, rename=WIDGET_NAMES),
             **widgets(InitConfig, "continue_from_lora"),
-        }}
+        },
+            # Newer widgets go last (a saved canvas workflow stores widget values by position) and are
+            # optional (an API workflow written before them still validates; they take their defaults).
+            "optional": widgets(TrainConfig, *LATER_TRAIN_WIDGETS),
+        }
 
     @classmethod
     def IS_CHANGED(cls, run_name="", **_):
@@ -140,7 +145,8 @@ class QwenLoRATrain:
 
         def on_step(report):
             done = report.step - first
-            preview = loss_plot(trainer.loss_history, 512, 256, title=trainer.train_cfg.run_name) \
+            preview = loss_plot(trainer.loss_history, 512, 256, title=trainer.train_cfg.run_name,
+                                validation=trainer.validation_history) \
                 if done % preview_every == 0 or done == steps else None
             if time.monotonic() - last_log[0] > 10 or done == steps:
                 log.info("[qwen-lora] %s step %d (%d/%d) loss %.4f lr %.2e %.2fs/step", trainer.train_cfg.run_name,
@@ -152,4 +158,7 @@ class QwenLoRATrain:
             report = trainer.train(steps, on_step=on_step)
         text = (f"steps {report.first_step}-{report.last_step}: mean loss {report.mean_loss:.4f}, "
                 f"last {trainer.last_loss():.4f}, {report.seconds / max(1, report.steps):.2f} s/step")
+        if trainer.validation_history:
+            step, value = trainer.validation_history[-1]
+            text += f"; validation loss {value:.4f} at step {step}"
         return (trainer, report.mean_loss, text)

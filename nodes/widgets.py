@@ -24,6 +24,10 @@ def widget(cls: type, name: str) -> tuple:
         files = [*meta.get("extra_choices", ()), *host.model_file_list(meta["file_list"])]
         options["default"] = default if default in files else (files[0] if files else "")
         return (files, options)
+    if "folder_list" in meta:  # the input folder's subfolders (the only folder list so far)
+        folders = [*meta.get("extra_choices", ()), *host.input_subfolders()]
+        options["default"] = default if default in folders else folders[0]
+        return (folders, options)
     if "choices" in meta:
         return (list(meta["choices"]), options)
     for key in ("min", "max", "step"):

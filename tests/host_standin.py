@@ -55,3 +55,29 @@ def install(monkeypatch, interrupt_at: tuple[int, int] | None = None, base_excep
     for name, module in (("comfy", comfy), ("comfy.model_management", mm), ("comfy.utils", utils)):
         monkeypatch.setitem(sys.modules, name, module)
     return exc, state
+
+
+def install_folder_paths(monkeypatch, base):
+    """A stand-in for ComfyUI's `folder_paths` with its folder layout under `base` (input/, output/,
+    models/<kind>/): the calls nodes/host.py makes, with ComfyUI's names."""
+    from pathlib import Path
+
+    base = Path(base)
+    fp = types.ModuleType("folder_paths")
+    fp.get_input_directory = lambda: str(base / "input")
+    fp.get_output_directory = lambda: str(base / "output")
+    fp.get_folder_paths = lambda kind: [str(base / "models" / kind)]
+
+    def get_filename_list(kind):
+        folder = base / "models" / kind
+        return sorted(str(p.relative_to(folder)) for p in folder.rglob("*.safetensors")) if folder.is_dir() else []
+
+    def get_full_path(kind, name):
+        path = base / "models" / kind / name
+        return str(path) if path.is_file() else None
+
+    fp.get_filename_list, fp.get_full_path = get_filename_list, get_full_path
+    for sub in ("input", "output"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    monkeypatch.setitem(sys.modules, "folder_paths", fp)
+    return fp

@@ -80,6 +80,9 @@ def test_every_widget_of_every_node_is_its_config_field(pack):
             files = [*meta.get("extra_choices", ()), *host.model_file_list(meta["file_list"])]
             assert kind == files, where
             assert options["default"] == (f.default if f.default in files else (files[0] if files else "")), where
+        elif "folder_list" in meta:  # the input folder's subfolders after the extra choices
+            folders = [*meta.get("extra_choices", ()), *host.input_subfolders()]
+            assert kind == folders and options["default"] == f.default, where
         elif "choices" in meta:
             assert kind == list(meta["choices"]) and options["default"] == f.default, where
         else:

@@ -75,6 +75,8 @@ class CachedDataset:
     repeats: int = 1
     preview_prompts: list[str] = field(default_factory=list)
     negative_prompt: str = ""
+    # Held out of training (never in the data order): the validation loss is measured on these.
+    validation: list[CachedSample] = field(default_factory=list)
     report: CacheReport = field(default_factory=CacheReport)
     _memory: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -141,13 +143,16 @@ def build_cache(
     batch_size: int = 4,  # entries per progress update (each is encoded alone)
     repeats: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    validation: list[Sample] = (),
 ) -> CachedDataset:
     """Encode what is not cached yet, then release the text encoder and park the VAE on the CPU.
 
     The preview prompts and the negative prompt are encoded in the same pass; the empty prompt always
-    is (caption dropout uses it).
+    is (caption dropout uses it). `validation` samples (held out of training) are cached the same way.
     """
     cache_dir = Path(cache_dir)
+    training, validation = list(samples), list(validation)
+    samples = training + validation
     report = CacheReport()
     vae_fp = components.fingerprint("vae")
     text_fp = components.fingerprint("text_encoder")
@@ -202,13 +207,12 @@ def build_cache(
 
     components.release_text_encoder()
     components.park_vae()
-    cached = [
-        CachedSample(latent_key=latent_key(s, vae_fp), text_key=text_key(s.caption, text_fp), bucket=s.bucket,
-                     caption=s.caption, image_path=s.image_path)
-        for s in samples
-    ]
+    def entry(s: Sample) -> CachedSample:
+        return CachedSample(latent_key=latent_key(s, vae_fp), text_key=text_key(s.caption, text_fp), bucket=s.bucket,
+                            caption=s.caption, image_path=s.image_path)
+
     return CachedDataset(
-        cache_dir=cache_dir, samples=cached, prompt_keys={p: text_key(p, text_fp) for p in prompts},
+        cache_dir=cache_dir, samples=[entry(s) for s in training], validation=[entry(s) for s in validation], prompt_keys={p: text_key(p, text_fp) for p in prompts},
         vae_fingerprint=vae_fp, text_fingerprint=text_fp, repeats=repeats, preview_prompts=list(preview_prompts),
         negative_prompt=negative_prompt, report=report,
     )

@@ -31,14 +31,17 @@ LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")  # LoRA file key layouts (lora_
 SAVE_DTYPES = ("bfloat16", "float16", "float32")  # precision of a saved LoRA file (torch dtype names)
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
 MODEL_SOURCES = ("ComfyUI model files", "diffusers folder", "tiny test model (random weights)")
-NO_LORA = "(none: start from zero)"  # the continue_from_lora choice that starts a new adapter
+NO_LORA = "(none: start from zero)"
+CUSTOM_FOLDER = "(custom path)"  # the dataset input_folder choice that uses the typed folder path  # the continue_from_lora choice that starts a new adapter
 # The memory planner models these block storages (float32 blocks are a CPU/test mode it does not cover).
 PLAN_STORAGE_MODES = tuple(m for m in STORAGE_MODES if m != "float32")
 
 
 @dataclass
 class DatasetConfig:
-    folder: str = _f("", "Folder of training images (png/jpg/jpeg/webp), each with a same-name .txt caption.")
+    folder: str = _f(
+        "", "Folder of training images (png/jpg/jpeg/webp), each with a same-name .txt caption. A relative path is "
+        "inside ComfyUI's input folder. Used when input_folder is '(custom path)'.")
     resolution: int = _f(
         1024, "Training resolution: buckets hold about resolution x resolution pixels, sides multiples of 32.",
         min=64, max=4096, step=32,
@@ -63,9 +66,17 @@ class DatasetConfig:
         False, "Open images over Pillow's decompression-bomb limit (about 89 megapixels). Off: such an image is an "
         "error that names it. Turn on only for images you trust.",
     )
+    validation_images: int = _f(
+        0, "Images held out of training for the validation loss (0 = none): that many, spread evenly over the "
+        "images in file-name order; the summary names them. They are cached but never trained on.", min=0, max=10000,
+    )
+    input_folder: str = _f(
+        CUSTOM_FOLDER, "A subfolder of ComfyUI's input folder to train on, or '(custom path)' to use the folder "
+        "typed above.", folder_list="input", extra_choices=(CUSTOM_FOLDER,),
+    )
 
     def validate(self) -> None:
-        _check_range(self, "resolution", "repeats", "min_bucket_side", "max_bucket_side")
+        _check_range(self, "resolution", "repeats", "min_bucket_side", "max_bucket_side", "validation_images")
         _check_choice(self, "missing_caption")
         from .data import parse_colour  # (data imports this module)
 
@@ -180,6 +191,11 @@ class TrainConfig:
         3, "Skip a step whose loss or gradient is NaN/inf; after this many in a row, stop and keep the last good "
         "LoRA.", min=1, max=1000,
     )
+    validation_every: int = _f(
+        0, "Measure the validation loss every N steps (0 = off): the images the Dataset node holds out, each at "
+        "fixed noise levels with fixed noise, so values compare across steps. Plotted with the training loss.",
+        min=0, max=1000000,
+    )
 
     def __post_init__(self) -> None:
         self.blocks_to_swap = parse_blocks_to_swap(self.blocks_to_swap)
@@ -190,7 +206,7 @@ class TrainConfig:
 
     def validate(self, num_blocks: int | None = None) -> None:
         _check_range(self, "micro_batch_size", "grad_accum_steps", "seed", "caption_dropout", "checkpoint_every",
-                     "max_nonfinite_steps", "blocks_to_swap")
+                     "max_nonfinite_steps", "blocks_to_swap", "validation_every")
         _check_choice(self, "timestep_sampling")
         if num_blocks is not None and self.blocks_to_swap > num_blocks - 1:
             raise UserInputError(

@@ -67,10 +67,11 @@ class Sample:
 
 @dataclass(frozen=True)
 class Dataset:
-    """A discovered dataset: its settings and its samples."""
+    """A discovered dataset: its settings, its training samples and the samples held out for validation."""
 
     config: DatasetConfig
     samples: tuple[Sample, ...]
+    validation: tuple[Sample, ...] = ()
 
     def summary(self) -> str:
         buckets: dict[tuple[int, int], int] = {}
@@ -78,8 +79,10 @@ class Dataset:
             buckets[s.bucket] = buckets.get(s.bucket, 0) + 1
         listing = ", ".join(f"{w}x{h}: {n}" for (w, h), n in sorted(buckets.items()))
         transparent = sum(1 for s in self.samples if s.decode.startswith("alpha"))
+        held_out = (f"; {len(self.validation)} held out for validation: "
+                    + ", ".join(Path(s.image_path).name for s in self.validation)) if self.validation else ""
         return (f"{len(self.samples)} images x {self.config.repeats} repeats; buckets {listing}; "
-                f"{transparent} with transparency composited onto {self.config.background.strip()}")
+                f"{transparent} with transparency composited onto {self.config.background.strip()}{held_out}")
 
 
 def folder_state(folder: str | Path) -> str:
@@ -99,7 +102,22 @@ def folder_state(folder: str | Path) -> str:
 
 
 def load_dataset(cfg: DatasetConfig) -> Dataset:
-    return Dataset(config=cfg, samples=tuple(discover(cfg)))
+    samples = discover(cfg)
+    held = validation_indices(len(samples), cfg.validation_images)
+    if cfg.validation_images and len(held) >= len(samples):
+        raise UserInputError(
+            f"validation_images={cfg.validation_images} holds out every one of the {len(samples)} images in "
+            f"{cfg.folder}: keep at least one for training (lower validation_images or add images).")
+    return Dataset(config=cfg, samples=tuple(s for i, s in enumerate(samples) if i not in held),
+                   validation=tuple(samples[i] for i in sorted(held)))
+
+
+def validation_indices(count: int, held_out: int) -> set[int]:
+    """Which of `count` images (in file-name order) are held out: `held_out` of them spread evenly, the
+    middle of each of `held_out` equal stretches. Deterministic, independent of the seed, and spread over
+    the folder rather than its last files (often the newest shots of one session)."""
+    held_out = min(held_out, count)
+    return {int((i + 0.5) * count / held_out) for i in range(held_out)}
 
 
 def bucket_sizes(cfg: DatasetConfig) -> list[tuple[int, int]]:
@@ -333,10 +351,12 @@ def _grey_to_8bit(raw: np.ndarray, mode: str, rawmode: str | None) -> np.ndarray
 def discover(cfg: DatasetConfig) -> list[Sample]:
     """Find every image with its caption and bucket; the list is sorted by file name."""
     cfg.validate()
-    folder = Path(cfg.folder).expanduser()
-    if not cfg.folder or not folder.is_dir():
+    if not cfg.folder.strip():
+        raise UserInputError("no dataset folder given. Point it at a folder of images with .txt captions.")
+    folder = Path(cfg.folder).expanduser().absolute()  # errors name the folder looked in, in full
+    if not folder.is_dir():
         raise UserInputError(
-            f"dataset folder {cfg.folder!r} does not exist. Point it at a folder of images with .txt captions."
+            f"dataset folder {str(folder)!r} does not exist. Point it at a folder of images with .txt captions."
         )
     try:
         entries = sorted(folder.iterdir())

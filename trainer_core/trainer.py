@@ -45,7 +45,7 @@ from .models.components import QwenImageComponents
 from .models.latents import pack_latents
 from .models.qwen_arch import PATCH_SIZE
 from .models.text import pad_prompt_batch
-from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, velocity_target
+from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, time_shift, velocity_target
 from .offload import BlockRunner, uninstall_leftover_runner
 from .run_lock import RunLock
 from .sampling import sample_image
@@ -78,6 +78,11 @@ class TrainReport:
     def mean_loss(self) -> float:
         return sum(self.losses) / len(self.losses) if self.losses else float("nan")
 
+
+# The validation loss's fixed noise levels (before the resolution shift), spread over (0, 1), and the seed of
+# its fixed noise (sample i draws from a generator seeded VALIDATION_SEED + i).
+VALIDATION_LEVELS = (0.1, 0.3, 0.5, 0.7, 0.9)
+VALIDATION_SEED = 20251130
 
 # LoRA settings a checkpoint must agree on to be continued (anything else may change between runs).
 MUST_MATCH_LORA = ("rank", "alpha", "targets", "dtype")
@@ -187,6 +192,7 @@ class Trainer:
         self.saved_step: int | None = None  # step of the newest checkpoint on disk
         self.restored_from: Path | None = None  # the checkpoint folder `resume` last read
         self.loss_history: list[tuple[int, float]] = []
+        self.validation_history: list[tuple[int, float]] = []  # (step, validation loss), see validation_loss
         # Checkpoints `resume` passed over (unreadable, incomplete, NaN/inf), one sentence each, for a person.
         self.resume_notes: list[str] = []
         # Set when a step made the LoRA non-finite and no checkpoint could undo it: the LoRA in memory is
@@ -222,6 +228,9 @@ class Trainer:
                     bad_in_a_row = 0
                     report.losses.append(step_report.loss)
                     report.last_step = self.step
+                    every = self.train_cfg.validation_every
+                    if every and self.step % every == 0 and self.dataset.validation:
+                        self.validation_history.append((self.step, self.validation_loss()))
                     every = self.train_cfg.checkpoint_every
                     if every and self.step % every == 0:
                         self.save_checkpoint()
@@ -290,8 +299,15 @@ class Trainer:
 
         empty = self.dataset.prompt_keys[""]
         embeds = [self.dataset.embedding(empty if drop else s.text_key) for s, drop in zip(samples, dropped.tolist())]
-        text, text_mask = pad_prompt_batch(embeds)  # (B, L, D), (B, L) or None
+        return self._flow_loss(x0, noise, levels, embeds)
 
+    def _flow_loss(self, x0: torch.Tensor, noise: torch.Tensor, levels: torch.Tensor,
+                   embeds: list[torch.Tensor]) -> torch.Tensor:
+        """The flow-matching loss of latents x0 (B, C, h, w) at noise levels (B,) with this noise and these
+        prompt embeddings (one per latent)."""
+        b, _, h, w = x0.shape
+        grid = (h // PATCH_SIZE, w // PATCH_SIZE)
+        text, text_mask = pad_prompt_batch(embeds)  # (B, L, D), (B, L) or None
         x_t = noisy_latents(x0, noise, levels)
         prediction = self.transformer(
             hidden_states=pack_latents(x_t).to(self.device, self.compute_dtype),  # (B, h/2*w/2, 4C): 2 = PATCH_SIZE
@@ -303,6 +319,34 @@ class Trainer:
         )[0]  # (B, h/2*w/2, 4C)
         target = pack_latents(velocity_target(x0, noise)).to(self.device)
         return flow_loss(prediction, target)
+
+    def validation_loss(self) -> float:
+        """Mean flow loss over the held-out samples, each at VALIDATION_LEVELS (shifted by image size like
+        training's when resolution_shift is on), with noise drawn from a generator seeded per sample: the
+        same LoRA always gives the same value. Nothing of training's state is touched (its generators, data
+        order, global RNG; no gradients; LoRA dropout off while it runs)."""
+        samples = self.dataset.validation
+        if not samples:
+            return math.nan
+        was_training = self.transformer.training
+        self.transformer.eval()
+        total = 0.0
+        try:
+            with torch.no_grad():
+                for index, sample in enumerate(samples):
+                    x0 = self.dataset.latents(sample.latent_key).float()  # (C, h, w)
+                    k = len(VALIDATION_LEVELS)
+                    generator = torch.Generator().manual_seed(VALIDATION_SEED + index)
+                    noise = torch.randn((k, *x0.shape), generator=generator)  # (K, C, h, w)
+                    levels = torch.tensor(VALIDATION_LEVELS, dtype=torch.float32)
+                    if self.train_cfg.resolution_shift:
+                        tokens = (x0.shape[1] // PATCH_SIZE) * (x0.shape[2] // PATCH_SIZE)
+                        levels = time_shift(levels, resolution_mu(tokens, self.components.scheduler_config))
+                    embeds = [self.dataset.embedding(sample.text_key)] * k
+                    total += float(self._flow_loss(x0.expand(k, *x0.shape).contiguous(), noise, levels, embeds))
+        finally:
+            self.transformer.train(was_training)
+        return total / len(samples)
 
     def _stop_after_nonfinite(self, count: int) -> None:
         # Every finished step left the LoRA finite (`_one_step` checks), and skipped steps change nothing.
@@ -360,6 +404,7 @@ class Trainer:
             "step": self.step,
             "order": self.order.state_dict(),
             "loss_history": self.loss_history,
+            "validation_history": self.validation_history,
             "optimizer_state": optim_rest,
             "lora": to_dict(self.lora_cfg), "optimizer": to_dict(self.optim_cfg), "train": to_dict(self.train_cfg),
             "base_model": self.components.name, "base_fingerprint": self.base_fingerprint,
@@ -427,6 +472,7 @@ class Trainer:
         self.restored_from = folder
         self.broken_reason = None
         self.loss_history = [tuple(x) for x in meta["loss_history"]]
+        self.validation_history = [tuple(x) for x in meta.get("validation_history", [])]  # older checkpoints: none
         return True
 
     def _check_compatible(self, meta: dict, folder: Path) -> None:
