@@ -218,3 +218,27 @@ def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy):
                   "inputs": {n: x for n, x in v["inputs"].items() if n in declared(v["class_type"])}}
               for k, v in result["output"].items()}
     assert canvas == {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in twin.items()}
+
+
+def test_dataset_in_the_input_folder_validation_and_short_error_names_in_real_comfyui(comfy, tmp_path, demo_folder):
+    """A relative dataset folder is found in ComfyUI's input folder (ComfyUI runs in another working
+    directory), a held-out image gives a validation curve, and an error shows as qwen_lora.UserInputError
+    with the absolute folder it looked in."""
+    server, base = comfy
+    shutil.copytree(demo_folder, base / "input" / "shapes")
+    prompt = tiny_prompt(tmp_path, demo_folder, steps=2, from_files=True)
+    prompt["2"]["inputs"].update(folder="shapes", validation_images=1)
+    prompt["6"]["inputs"].update(validation_every=1)
+    done = server.run(prompt)
+    assert done["status"]["status_str"] == "success", json.dumps(done["status"], indent=1)[-3000:]
+    report = done["outputs"]["14"]["text"][0]
+    assert "validation loss" in report and "at step 2" in report, report
+    choices = server.get("/object_info/QwenLoRADataset")["QwenLoRADataset"]["input"]["optional"]["input_folder"][0]
+    assert "shapes" in choices
+
+    prompt["2"]["inputs"].update(folder="nope")
+    failed = server.run(prompt)
+    assert failed["status"]["status_str"] == "error"
+    error = next(m[1] for m in failed["status"]["messages"] if m[0] == "execution_error")
+    assert error["exception_type"] == "qwen_lora.UserInputError", error["exception_type"]
+    assert str((base / "input" / "nope").resolve()) in error["exception_message"], error["exception_message"]
