@@ -37,9 +37,9 @@ NODE_DIR = REPO / "tools" / ".node"  # ignored by git
 MAIN_WORKFLOW = REPO / "workflows" / "qwen_image_lora_training.json"
 
 
-def overrides(dataset: Path, files: dict[str, Path], steps: int | None, as_is: bool) -> dict:
+def overrides(dataset: str, files: dict[str, Path], steps: int | None, as_is: bool) -> dict:
     """Widget values by node type and widget name: the tiny model, the demo dataset, CPU-sized settings."""
-    out = {"QwenLoRADataset": {"folder": str(dataset)}}
+    out = {"QwenLoRADataset": {"folder": dataset}}
     if as_is:
         return out
     # The exported tiny files through the same path as real model files (their names say "tiny").
@@ -135,11 +135,12 @@ def main(argv=None) -> int:
     files = export_tiny(base / "models", layout="comfyui")
     dataset = make_demo_dataset(base / "input" / "demo_dataset")
     # A fresh user without the first-start template browser, the host's template-package version warning,
-    # the minimap and the canvas statistics: nothing covers the graph.
+    # the minimap, the canvas statistics and the pack badge over every node: nothing covers the graph.
     settings = base / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True)
     settings.write_text(json.dumps({"Comfy.TutorialCompleted": True, "Comfy.VersionCompatibility.DisableWarnings": True,
-                                    "Comfy.Minimap.Visible": False, "Comfy.Graph.CanvasInfo": False}))
+                                    "Comfy.Minimap.Visible": False, "Comfy.Graph.CanvasInfo": False,
+                                    "Comfy.NodeBadge.NodeSourceBadgeMode": "None"}))
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -149,8 +150,12 @@ def main(argv=None) -> int:
                               cwd=comfyui, stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:
         wait_ready(url, server, log)
+        # Where the Dataset node resolves relative folders against ComfyUI's input folder (and offers its
+        # subfolders), the short name reads better on the canvas; elsewhere the absolute path.
+        with urllib.request.urlopen(url + "/object_info/QwenLoRADataset", timeout=30) as r:
+            folder = dataset.name if dataset.name in r.read().decode() else str(dataset)
         job = {"url": url, "title": Path(args.workflow).name, "chromium": chromium, "profile": str(tmp / "chromium_profile"), "workflow": workflow,
-               "overrides": overrides(dataset, files, args.steps, args.as_is),
+               "overrides": overrides(folder, files, args.steps, args.as_is),
                "before": str(out / f"{name}_before.png"), "after": str(out / f"{name}_after.png"),
                "width": args.width, "height": args.height, "timeout_s": args.timeout}
         (tmp / "job.json").write_text(json.dumps(job))
