@@ -140,6 +140,11 @@ try {
   await toasts();
   await page.screenshot({ path: job.after });
   console.log("saved", job.after);
+} catch (e) {
+  // What the page showed when it went wrong (validation errors, dialogs), for the one who reruns it.
+  const shot = job.after.replace(/\.png$/, "_failed.png");
+  try { await browser.pages()[0].screenshot({ path: shot }); console.error("saved", shot); } catch {}
+  throw e;
 } finally {
   await browser.close();
 }

@@ -161,7 +161,7 @@ def main(argv=None) -> int:
         (tmp / "job.json").write_text(json.dumps(job))
         rc = subprocess.run(["node", str(REPO / "tools" / "screenshots.mjs"), str(tmp / "job.json")],
                             env={**os.environ, "PLAYWRIGHT_CORE_DIR": str(modules)}).returncode
-        for png in (job["before"], job["after"]):
+        for png in (job["before"], job["after"], job["after"].replace(".png", "_failed.png")):
             if Path(png).exists():
                 shrink_png(Path(png))
                 print(f"{png}: {Path(png).stat().st_size // 1024} KiB")
