@@ -51,6 +51,11 @@ try {
     }
     // Load it again as changed, so the frontend checks the new values (e.g. model files present).
     await window.app.loadGraphData(window.app.graph.serialize(), true, true, title);
+    // Close the empty default workflow's tab, if this frontend has tabs: only the workflow's tab shows.
+    try {
+      const store = window.app.extensionManager && window.app.extensionManager.workflow;
+      for (const w of [...(store.openWorkflows || [])]) if (w !== store.activeWorkflow) await store.closeWorkflow(w);
+    } catch (e) { console.log("tabs left as they are:", e.message); }
     return missing;
   }, { workflow: job.workflow, overrides: job.overrides, title: job.title });
   if (missing.length) console.error("widgets not in this workflow (left as they are):", missing.join(", "));
