@@ -48,11 +48,12 @@ class Progress:
         self.bar = utils.ProgressBar(total) if utils is not None else None
         self.total = total
 
-    def update(self, value: int, preview=None, total: int | None = None) -> None:
+    def update(self, value: int, preview=None, total: int | None = None, max_size: int = 512) -> None:
+        """`preview`: a PIL image shown on the node (as a JPEG, scaled to fit `max_size`)."""
         if total is not None:
             self.total = total
         if self.bar is not None:
-            self.bar.update_absolute(value, self.total, ("JPEG", preview, 512) if preview is not None else None)
+            self.bar.update_absolute(value, self.total, ("JPEG", preview, max_size) if preview is not None else None)
         check_interrupt()
 
 
