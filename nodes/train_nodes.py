@@ -166,7 +166,7 @@ class QwenLoRATrain:
                 log.info("[qwen-lora] %s step %d (%d/%d) loss %.4f lr %.2e %.2fs/step", trainer.train_cfg.run_name,
                          report.step, done, steps, report.loss, report.lr, report.seconds)
                 last_log[0] = time.monotonic()
-            progress.update(done, image, max_size=LIVE_MAX_SIZE)  # raises ComfyUI's interrupt at this step boundary
+            progress.update(done, image)  # shown at its own size; raises ComfyUI's interrupt at this step boundary
 
         with engine_mode():
             report = trainer.train(steps, on_step=on_step, extras=extras)
@@ -176,7 +176,6 @@ class QwenLoRATrain:
 # The live image: the newest preview (at most this many pixels a side) beside a loss plot of this width.
 LIVE_PREVIEW_SIDE = 512
 LIVE_PLOT_WIDTH = 512
-LIVE_MAX_SIZE = LIVE_PREVIEW_SIDE + 8 + LIVE_PLOT_WIDTH  # never scaled down by ComfyUI
 
 
 def step_extras(trainer: Trainer, cfg: TrainStepsConfig) -> StepExtras:

@@ -50,7 +50,8 @@ def test_previews_arrive_while_train_steps_runs_and_the_report_has_their_seconds
     plot_only = train_nodes.LIVE_PLOT_WIDTH
     composite = 64 + 8 + train_nodes.LIVE_PLOT_WIDTH
     assert [image.width for _, image in frames] == [plot_only, composite, composite, composite, composite]
-    assert all(max_size >= composite for _, _, (_, _, max_size) in state["previews"])  # never scaled down
+    # Shown at its own size: ComfyUI scales a preview to fit max_size, up as well as down.
+    assert all(max_size == max(image.size) for _, _, (_, image, max_size) in state["previews"])
 
     def left_tile(image):
         return np.asarray(image.crop((0, 0, 64, 64)).convert("RGB"))
