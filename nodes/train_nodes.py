@@ -192,7 +192,8 @@ def step_extras(trainer: Trainer, cfg: TrainStepsConfig) -> StepExtras:
     if cfg.snapshot_every:
         folder, run_name = host.loras_directory(), trainer.train_cfg.run_name
         snapshot_path = lambda step: lora_output_path(folder, SNAPSHOT_NAME, run_name, step)  # noqa: E731
-    return StepExtras(cfg.preview_every, preview, cfg.snapshot_every, snapshot_path)
+    return StepExtras(cfg.preview_every, preview, cfg.snapshot_every, snapshot_path,
+                      on_sampling_step=lambda i, n: host.check_interrupt())  # Cancel also stops a preview
 
 
 SNAPSHOT_NAME = "{run_name}_{step}"  # the Save node's default name: snapshots sort with saved files

@@ -135,3 +135,43 @@ def test_lora_snapshots_every_n_steps_into_the_loras_folder_load(pack, tmp_path,
     # Snapshots differ from each other (training moved the weights between them).
     a, b = snapshots[2].weights, snapshots[4].weights
     assert any(not torch.equal(a[k][1], b[k][1]) for k in a)
+
+
+def test_engine_previews_every_n_steps_change_nothing_and_stop_on_cancel(demo_folder, tmp_path):
+    """The engine on its own (what the command line can reuse): previews every 2 steps with LoRA dropout on
+    leave the weights bit-identical; a cancel raised between two sampling steps of a preview stops training at
+    that step boundary, and the trainer trains on afterwards."""
+    from test_trainer import assert_same_adapter, make_trainer
+    from trainer_core.live import PreviewSettings, StepExtras
+
+    settings = PreviewSettings("a red circle on a white background", size=32, steps=2, cfg=1.0)
+    plain = make_trainer(tmp_path / "cache", demo_folder)
+    plain.train(4)
+    seen = []
+    previewed = make_trainer(tmp_path / "cache", demo_folder)
+    report = previewed.train(4, on_step=lambda r: seen.append((r.step, r.preview is not None)),
+                             extras=StepExtras(preview_every=2, preview=settings))
+    assert seen == [(1, False), (2, True), (3, False), (4, True)]
+    assert [step for step, _ in report.previews] == [2, 4] and all(s >= 0 for _, s in report.previews)
+    assert_same_adapter(plain, previewed)
+    assert plain.loss_history == previewed.loss_history
+    plain.close()
+
+    class Cancel(Exception):
+        pass
+
+    calls = []
+
+    def cancel_in_preview(i, n):
+        calls.append((i, n))
+        raise Cancel()
+
+    try:
+        previewed.train(4, extras=StepExtras(preview_every=2, preview=settings, on_sampling_step=cancel_in_preview))
+    except Cancel:
+        pass
+    else:
+        raise AssertionError("the cancel did not stop training")
+    assert calls == [(1, 2)] and previewed.step == 6  # stopped in step 6's preview, after its first sampling step
+    assert previewed.train(1).last_step == 7
+    previewed.close()

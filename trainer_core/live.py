@@ -50,6 +50,8 @@ class StepExtras:
     preview: PreviewSettings | None = None
     snapshot_every: int = 0
     snapshot_path: Callable[[int], Path] | None = None
+    # Called after each sampling step of a preview (step, of steps); may raise to stop (a host's Cancel).
+    on_sampling_step: Callable[[int, int], None] | None = None
 
     def preview_due(self, step: int) -> bool:
         return bool(self.preview_every) and self.preview is not None and step % self.preview_every == 0

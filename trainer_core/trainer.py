@@ -263,7 +263,7 @@ class Trainer:
     def _step_extras(self, extras: StepExtras, step_report: StepReport, report: TrainReport) -> None:
         if extras.preview_due(self.step):
             t0 = time.perf_counter()
-            step_report.preview = self.preview_step(extras.preview)
+            step_report.preview = self.preview_step(extras.preview, progress=extras.on_sampling_step)
             _set_global_rng_state(self.global_rng_state, self.device)  # training draws on as if nothing sampled
             report.previews.append((self.step, step_report.preview.seconds))
             report.extra_seconds += time.perf_counter() - t0
@@ -273,12 +273,12 @@ class Trainer:
             report.snapshots.append(step_report.snapshot)
             report.extra_seconds += time.perf_counter() - t0
 
-    def preview_step(self, settings) -> StepPreview:
+    def preview_step(self, settings, progress: Callable[[int, int], None] | None = None) -> StepPreview:
         """Sample `settings` (live.PreviewSettings) now, keep a small copy in `step_previews`, return it full
         size (sampling runs in eval mode, with its own generator)."""
         t0 = time.perf_counter()
         image = self.sample_preview(settings.prompt, settings.negative_prompt, settings.size, settings.size,
-                                    settings.steps, settings.cfg, settings.seed)
+                                    settings.steps, settings.cfg, settings.seed, progress=progress)
         preview = StepPreview(self.step, image, time.perf_counter() - t0)
         keep_preview(self.step_previews, preview)
         return preview
