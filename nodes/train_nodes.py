@@ -170,7 +170,7 @@ class QwenLoRATrain:
 
         with engine_mode():
             report = trainer.train(steps, on_step=on_step, extras=extras)
-        return (trainer, report.mean_loss, report_text(trainer, report))
+        return (trainer, report.mean_loss, report_text(report, trainer.last_loss()))
 
 
 # The live image: the newest preview (at most this many pixels a side) beside a loss plot of this width.
@@ -206,13 +206,23 @@ def live_image(trainer: Trainer, preview):
     return side_by_side(preview, plot) if preview is not None else plot
 
 
-def report_text(trainer: Trainer, report) -> str:
+REPORT_LIST_MAX = 8  # previews or snapshots listed one by one in the report; more are summed up
+
+
+def report_text(report, last_loss: float) -> str:
     text = (f"steps {report.first_step}-{report.last_step}: mean loss {report.mean_loss:.4f}, "
-            f"last {trainer.last_loss():.4f}, {report.step_seconds:.2f} s/step")
+            f"last {last_loss:.4f}, {report.step_seconds:.2f} s/step")
     if report.previews:
+        steps = [step for step, _ in report.previews]
         seconds = [s for _, s in report.previews]
-        text += (f"\npreviews at steps {', '.join(str(step) for step, _ in report.previews)}: "
-                 f"{sum(seconds) / len(seconds):.2f} s each ({', '.join(f'{s:.2f}' for s in seconds)} s)")
+        if len(steps) <= REPORT_LIST_MAX:
+            text += (f"\npreviews at steps {', '.join(map(str, steps))}: {sum(seconds) / len(seconds):.2f} s each "
+                     f"({', '.join(f'{s:.2f}' for s in seconds)} s)")
+        else:
+            text += (f"\n{len(steps)} previews, steps {steps[0]} to {steps[-1]}: {sum(seconds) / len(seconds):.2f} s "
+                     f"each ({min(seconds):.2f} to {max(seconds):.2f} s)")
     if report.snapshots:
-        text += f"\nLoRA snapshots: {', '.join(p.name for p in report.snapshots)}"
+        names = [p.name for p in report.snapshots]
+        shown = names if len(names) <= REPORT_LIST_MAX else [names[0], "...", names[-1]]
+        text += f"\nLoRA snapshots ({len(names)}): {', '.join(shown)}"
     return text

@@ -119,7 +119,7 @@ def test_lora_snapshots_every_n_steps_into_the_loras_folder_load(pack, tmp_path,
     # Steps 2 and 4 as snapshots, step 5 from the Save node (same naming: they sort together).
     assert names == [f"{run_name}_000002.safetensors", f"{run_name}_000004.safetensors",
                      f"{run_name}_000005.safetensors"]
-    assert f"LoRA snapshots: {run_name}_000002.safetensors, {run_name}_000004.safetensors" in report
+    assert f"LoRA snapshots (2): {run_name}_000002.safetensors, {run_name}_000004.safetensors" in report
 
     lora_files = pack_module(pack, "trainer_core.lora_files")
     base_keys = {k.replace(".base_layer", "") for k in trainer.components.transformer.state_dict() if ".lora_" not in k}
@@ -175,3 +175,19 @@ def test_engine_previews_every_n_steps_change_nothing_and_stop_on_cancel(demo_fo
     assert calls == [(1, 2)] and previewed.step == 6  # stopped in step 6's preview, after its first sampling step
     assert previewed.train(1).last_step == 7
     previewed.close()
+
+
+def test_a_long_report_sums_up_previews_and_snapshots(pack):
+    from pathlib import Path
+
+    from trainer_core.trainer import TrainReport
+
+    train_nodes = pack_module(pack, "nodes.train_nodes")
+
+    report = TrainReport(first_step=1, last_step=100, losses=[0.5] * 100, seconds=30.0, extra_seconds=20.0,
+                         previews=[(s, 1.0 + s / 100) for s in range(5, 101, 5)],
+                         snapshots=[Path(f"run_{s:06d}.safetensors") for s in range(10, 101, 10)])
+    lines = train_nodes.report_text(report, last_loss=0.5).splitlines()
+    assert lines[0].endswith("0.10 s/step")  # previews and snapshots left out
+    assert lines[1].startswith("20 previews, steps 5 to 100: ") and "(1.05 to 2.00 s)" in lines[1]
+    assert lines[2] == "LoRA snapshots (10): run_000010.safetensors, ..., run_000100.safetensors"

@@ -468,6 +468,7 @@ class Trainer:
         self.restored_from = folder
         self.broken_reason = None
         self.loss_history = [tuple(x) for x in meta["loss_history"]]
+        self.step_previews = [p for p in self.step_previews if p.step <= self.step]  # none of undone steps
         return True
 
     def _check_compatible(self, meta: dict, folder: Path) -> None:
