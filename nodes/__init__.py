@@ -3,7 +3,7 @@
 from .config_nodes import QwenLoRAConfig, QwenLoRAOptimizer
 from .data_nodes import QwenLoRACache, QwenLoRADataset
 from .model_nodes import QwenLoRALoadModels
-from .output_nodes import QwenLoRALossPlot, QwenLoRAPreview, QwenLoRASave
+from .output_nodes import QwenLoRACompareSteps, QwenLoRALossPlot, QwenLoRAPreview, QwenLoRASave
 from .train_nodes import QwenLoRAInitTrainer, QwenLoRARelease, QwenLoRATrain
 
 NODE_CLASS_MAPPINGS = {
@@ -16,6 +16,7 @@ NODE_CLASS_MAPPINGS = {
     "QwenLoRATrain": QwenLoRATrain,
     "QwenLoRAPreview": QwenLoRAPreview,
     "QwenLoRALossPlot": QwenLoRALossPlot,
+    "QwenLoRACompareSteps": QwenLoRACompareSteps,
     "QwenLoRASave": QwenLoRASave,
     "QwenLoRARelease": QwenLoRARelease,
 }
@@ -30,6 +31,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "QwenLoRATrain": "Qwen LoRA Train Steps",
     "QwenLoRAPreview": "Qwen LoRA Preview",
     "QwenLoRALossPlot": "Qwen LoRA Loss Plot",
+    "QwenLoRACompareSteps": "Qwen LoRA Compare Steps",
     "QwenLoRASave": "Qwen LoRA Save",
     "QwenLoRARelease": "Qwen LoRA Release Memory",
 }

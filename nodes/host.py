@@ -48,11 +48,14 @@ class Progress:
         self.bar = utils.ProgressBar(total) if utils is not None else None
         self.total = total
 
-    def update(self, value: int, preview=None, total: int | None = None) -> None:
+    def update(self, value: int, preview=None, total: int | None = None, max_size: int | None = None) -> None:
+        """`preview`: a PIL image shown on the node, as a JPEG scaled to fit `max_size` (default: its own size;
+        ComfyUI scales up as well as down to it)."""
         if total is not None:
             self.total = total
         if self.bar is not None:
-            self.bar.update_absolute(value, self.total, ("JPEG", preview, 512) if preview is not None else None)
+            shown = None if preview is None else ("JPEG", preview, max_size or max(preview.size))
+            self.bar.update_absolute(value, self.total, shown)
         check_interrupt()
 
 

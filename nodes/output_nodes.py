@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from ..trainer_core.config import LossPlotConfig, PreviewConfig, SaveConfig
+from ..trainer_core.config import CompareStepsConfig, LossPlotConfig, PreviewConfig, SaveConfig
+from ..trainer_core.live import step_grid
 from ..trainer_core.errors import UserInputError
 from ..trainer_core.files import inside
 from ..trainer_core.names import fill_template
@@ -71,6 +72,29 @@ class QwenLoRALossPlot:
     def plot(self, trainer, width, height):
         return (pil_to_image(loss_plot(trainer.loss_history, width, height, title=trainer.train_cfg.run_name,
                                        validation=trainer.validation_history)),)
+
+
+class QwenLoRACompareSteps:
+    DESCRIPTION = (
+        "Lays out the previews Train Steps made so far (its preview_every: same prompt and seed every time) as one "
+        "image, a tile per step, labelled by step. The trainer keeps the newest 32, small."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "compare"
+    RETURN_TYPES = ("IMAGE",)
+    RETURN_NAMES = ("image",)
+    OUTPUT_TOOLTIPS = ("The previews side by side, labelled by step.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "trainer": (TRAINER, {"tooltip": "From Train Steps (with preview_every above 0)."}),
+            **widgets(CompareStepsConfig, "columns", "tile_size"),
+        }}
+
+    def compare(self, trainer, columns, tile_size):
+        grid = step_grid(trainer.step_previews, columns, tile_size, title=trainer.train_cfg.run_name)
+        return (pil_to_image(grid),)
 
 
 # Bytes a LoRA file name leaves free for the temporary file written beside it ('.<name>.<pid>.tmp').

@@ -8,10 +8,13 @@ from pathlib import Path
 
 from ..trainer_core import runs
 from ..trainer_core.config import NO_LORA, InitConfig, TrainConfig, TrainStepsConfig
+from ..trainer_core.errors import UserInputError
+from ..trainer_core.live import PreviewSettings, StepExtras, contain, side_by_side
 from ..trainer_core.plot import loss_plot
 from ..trainer_core.trainer import Trainer
 from . import host
 from .common import CACHED, CATEGORY, LORA_CONFIG, MODELS, OPTIMIZER_CONFIG, TRAINER, engine_mode
+from .output_nodes import lora_output_path
 from .widgets import widgets
 
 log = logging.getLogger("qwen_lora")
@@ -118,7 +121,9 @@ class QwenLoRARelease:
 class QwenLoRATrain:
     DESCRIPTION = (
         "Trains the LoRA for N more steps. Runs on every queue: queue again to continue where it stopped. "
-        "Cancel stops at the next step boundary with everything trained so far kept."
+        "Cancel stops at the next step boundary with everything trained so far kept. Shows the loss plot while "
+        "it trains and, with preview_every, a preview of the first preview prompt beside it; snapshot_every "
+        "saves the LoRA every N steps."
     )
     CATEGORY = CATEGORY
     FUNCTION = "train"
@@ -130,35 +135,103 @@ class QwenLoRATrain:
     def INPUT_TYPES(cls):
         return {"required": {
             "trainer": (TRAINER, {"tooltip": "From Init Trainer or another Train Steps node."}),
-            **widgets(TrainStepsConfig, "steps"),
+            **widgets(TrainStepsConfig, "steps", "preview_every", "preview_size", "preview_sampling_steps",
+                      "snapshot_every"),
         }}
 
     @classmethod
     def IS_CHANGED(cls, **_):
         return float("nan")  # never equal to itself: the node runs on every queue
 
-    def train(self, trainer: Trainer, steps: int):
+    def train(self, trainer: Trainer, steps: int, preview_every: int = 0, preview_size: int = 512,
+              preview_sampling_steps: int = 20, snapshot_every: int = 0):
+        cfg = TrainStepsConfig(steps, preview_every, preview_size, preview_sampling_steps, snapshot_every)
+        cfg.validate()
+        trainer.require_live()
+        extras = step_extras(trainer, cfg)
         progress = host.Progress(steps)
         first = trainer.step
-        preview_every = max(1, steps // 20)
+        plot_every = max(1, steps // 20)
         last_log = [time.monotonic()]
+        latest = [trainer.step_previews[-1].image if preview_every and trainer.step_previews else None]
 
         def on_step(report):
             done = report.step - first
-            preview = loss_plot(trainer.loss_history, 512, 256, title=trainer.train_cfg.run_name,
-                                validation=trainer.validation_history) \
-                if done % preview_every == 0 or done == steps else None
+            if report.preview is not None:
+                latest[0] = contain(report.preview.image, LIVE_PREVIEW_SIDE)
+                log.info("[qwen-lora] %s step %d: preview in %.2fs", trainer.train_cfg.run_name, report.step,
+                         report.preview.seconds)
+            if report.snapshot is not None:
+                log.info("[qwen-lora] %s step %d: LoRA snapshot %s", trainer.train_cfg.run_name, report.step,
+                         report.snapshot)
+            image = None
+            if done % plot_every == 0 or done == steps or report.preview is not None:
+                image = live_image(trainer, latest[0])
             if time.monotonic() - last_log[0] > 10 or done == steps:
                 log.info("[qwen-lora] %s step %d (%d/%d) loss %.4f lr %.2e %.2fs/step", trainer.train_cfg.run_name,
                          report.step, done, steps, report.loss, report.lr, report.seconds)
                 last_log[0] = time.monotonic()
-            progress.update(done, preview)  # raises ComfyUI's interrupt at this step boundary
+            progress.update(done, image)  # shown at its own size; raises ComfyUI's interrupt at this step boundary
 
         with engine_mode():
-            report = trainer.train(steps, on_step=on_step)
-        text = (f"steps {report.first_step}-{report.last_step}: mean loss {report.mean_loss:.4f}, "
-                f"last {trainer.last_loss():.4f}, {report.seconds / max(1, report.steps):.2f} s/step")
-        if trainer.validation_history:
-            step, value = trainer.validation_history[-1]
-            text += f"; validation loss {value:.4f} at step {step}"
-        return (trainer, report.mean_loss, text)
+            report = trainer.train(steps, on_step=on_step, extras=extras)
+        return (trainer, report.mean_loss, report_text(report, trainer.last_loss(), trainer.validation_history))
+
+
+# The live image: the newest preview (at most this many pixels a side) beside a loss plot of this width.
+LIVE_PREVIEW_SIDE = 512
+LIVE_PLOT_WIDTH = 512
+
+
+def step_extras(trainer: Trainer, cfg: TrainStepsConfig) -> StepExtras:
+    """Train Steps' widgets as the engine's every-N-steps work."""
+    preview = None
+    if cfg.preview_every:
+        prompts = trainer.dataset.preview_prompts
+        if not prompts:
+            raise UserInputError("preview_every needs a preview prompt: add one to the Cache node's preview prompts "
+                                 "(or set preview_every to 0).")
+        preview = PreviewSettings(prompts[0], trainer.dataset.negative_prompt, cfg.preview_size,
+                                  cfg.preview_sampling_steps)
+    snapshot_path = None
+    if cfg.snapshot_every:
+        folder, run_name = host.loras_directory(), trainer.train_cfg.run_name
+        snapshot_path = lambda step: lora_output_path(folder, SNAPSHOT_NAME, run_name, step)  # noqa: E731
+    return StepExtras(cfg.preview_every, preview, cfg.snapshot_every, snapshot_path,
+                      on_sampling_step=lambda i, n: host.check_interrupt())  # Cancel also stops a preview
+
+
+SNAPSHOT_NAME = "{run_name}_{step}"  # the Save node's default name: snapshots sort with saved files
+
+
+def live_image(trainer: Trainer, preview):
+    """The loss plot, with the newest preview beside it when there is one."""
+    height = max(256, preview.height) if preview is not None else 256
+    plot = loss_plot(trainer.loss_history, LIVE_PLOT_WIDTH, height, title=trainer.train_cfg.run_name,
+                     validation=trainer.validation_history)
+    return side_by_side(preview, plot) if preview is not None else plot
+
+
+REPORT_LIST_MAX = 8  # previews or snapshots listed one by one in the report; more are summed up
+
+
+def report_text(report, last_loss: float, validation_history=()) -> str:
+    text = (f"steps {report.first_step}-{report.last_step}: mean loss {report.mean_loss:.4f}, "
+            f"last {last_loss:.4f}, {report.step_seconds:.2f} s/step")
+    if validation_history:
+        step, value = validation_history[-1]
+        text += f"; validation loss {value:.4f} at step {step}"
+    if report.previews:
+        steps = [step for step, _ in report.previews]
+        seconds = [s for _, s in report.previews]
+        if len(steps) <= REPORT_LIST_MAX:
+            text += (f"\npreviews at steps {', '.join(map(str, steps))}: {sum(seconds) / len(seconds):.2f} s each "
+                     f"({', '.join(f'{s:.2f}' for s in seconds)} s)")
+        else:
+            text += (f"\n{len(steps)} previews, steps {steps[0]} to {steps[-1]}: {sum(seconds) / len(seconds):.2f} s "
+                     f"each ({min(seconds):.2f} to {max(seconds):.2f} s)")
+    if report.snapshots:
+        names = [p.name for p in report.snapshots]
+        shown = names if len(names) <= REPORT_LIST_MAX else [names[0], "...", names[-1]]
+        text += f"\nLoRA snapshots ({len(names)}): {', '.join(shown)}"
+    return text

@@ -18,7 +18,8 @@ def install(monkeypatch, interrupt_at: tuple[int, int] | None = None, base_excep
     """Install comfy.model_management / comfy.utils stand-ins; the user 'presses Cancel' when a progress
     bar of total `interrupt_at[0]` reaches value `interrupt_at[1]`."""
     exc = type("InterruptProcessingException", (BaseException if base_exception else Exception,), {})
-    state = {"interrupted": False, "updates": 0, "unloaded": 0, "armed": interrupt_at is not None}
+    state = {"interrupted": False, "updates": 0, "unloaded": 0, "armed": interrupt_at is not None,
+             "previews": []}  # (value, total, (format, PIL image, max_size)) of every update that carried one
 
     mm = types.ModuleType("comfy.model_management")
     mm.InterruptProcessingException = exc
@@ -46,6 +47,8 @@ def install(monkeypatch, interrupt_at: tuple[int, int] | None = None, base_excep
             self.total = total if total is not None else self.total
             self.current = value
             state["updates"] += 1
+            if preview is not None:
+                state["previews"].append((value, self.total, preview))
             if state["armed"] and (self.total, value) == tuple(interrupt_at):
                 state["interrupted"], state["armed"] = True, False  # one press of Cancel
 

@@ -242,3 +242,44 @@ def test_dataset_in_the_input_folder_validation_and_short_error_names_in_real_co
     error = next(m[1] for m in failed["status"]["messages"] if m[0] == "execution_error")
     assert error["exception_type"] == "qwen_lora.UserInputError", error["exception_type"]
     assert str((base / "input" / "nope").resolve()) in error["exception_message"], error["exception_message"]
+
+
+def test_live_previews_arrive_while_train_steps_runs_and_compare_steps_after_in_real_comfyui(comfy, tmp_path,
+                                                                                           demo_folder):
+    """ComfyUI sends a node's progress preview to the client that queued the prompt as binary websocket
+    frames: a probe (ComfyUI's Python, aiohttp) connects as the canvas does and records them while Train
+    Steps runs 6 steps with a preview every 2; the Compare Steps image is saved after."""
+    from PIL import Image
+
+    server, base = comfy
+    prompt = tiny_prompt(tmp_path, demo_folder, steps=6, from_files=True, **{"7": {"preview_every": 2}})
+    prompt["16"] = {"class_type": "QwenLoRACompareSteps",
+                    "inputs": {"trainer": ["7", 0], "columns": 0, "tile_size": 64}}
+    prompt["17"] = {"class_type": "SaveImage", "inputs": {"images": ["16", 0], "filename_prefix": "qwen_lora/compare"}}
+    request = tmp_path / "prompt.json"
+    request.write_text(json.dumps(prompt))
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    out = subprocess.run([python, str(Path(__file__).with_name("comfy_preview_probe.py")), server.url, str(request)],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result.get("status") == "execution_success", json.dumps(result)[:3000] + server.log()[-3000:]
+
+    # Train Steps (node 7) showed an image after every step: the loss plot alone after step 1, then the
+    # newest preview (64 px) beside it from step 2 on.
+    frames = [f for f in result["frames"] if f["node"] == "7"]
+    composite = 64 + 8 + 512
+    assert [f["value"] for f in frames] == [1, 2, 3, 4, 5, 6], frames
+    assert [f["width"] for f in frames] == [512, composite, composite, composite, composite, composite], frames
+    with_preview = [f for f in frames if f["width"] == composite]
+    print(f"\npreview frames of Train Steps: {len(frames)} in all, {len(with_preview)} with a sampled preview "
+          f"(sampled at steps 2, 4, 6)")
+
+    history = server.get(f"/history/{result['prompt_id']}")[result["prompt_id"]]
+    report = history["outputs"]["14"]["text"][0]
+    assert "previews at steps 2, 4, 6: " in report and " s each (" in report, report
+    saved = history["outputs"]["17"]["images"]
+    assert len(saved) == 1
+    grid = Image.open(base / "output" / saved[0]["subfolder"] / saved[0]["filename"])
+    assert grid.size == (2 * 64, 2 * (64 + 20))  # three tiles (steps 2, 4, 6), two per row, labels under them
+    print(f"compare image: {grid.size[0]}x{grid.size[1]}, 3 tiles")

@@ -20,7 +20,7 @@ API_WORKFLOW = REPO / "workflows" / "api" / "qwen_image_lora_training.api.json"
 
 def test_pack_imports_like_comfyui_and_exposes_prefixed_nodes(pack):
     mappings = pack.NODE_CLASS_MAPPINGS
-    assert len(mappings) == 11
+    assert len(mappings) == 12
     assert set(mappings) == set(pack.NODE_DISPLAY_NAME_MAPPINGS)
     assert all(name.startswith("QwenLoRA") for name in mappings)
     assert not set(mappings) & CORE_IDS
@@ -54,7 +54,9 @@ def tiny_prompt(tmp_path, demo_folder, steps=3, from_files=False, **overrides):
     prompt["3"]["inputs"].update(preview_prompts="a red circle on a white background\na blue square",
                                  cache_folder="")
     prompt["6"]["inputs"].update(blocks_to_swap=1, checkpoint_every=0, run_name=f"test_{tmp_path.name}"[:60])
-    prompt["7"]["inputs"].update(steps=steps)
+    # Live previews off unless a test turns them on; when on, small and quick.
+    prompt["7"]["inputs"].update(steps=steps, preview_every=0, preview_size=64, preview_sampling_steps=2,
+                                 snapshot_every=0)
     prompt["8"]["inputs"].update(width=64, height=64, steps=3)
     for node_id, values in overrides.items():
         prompt[node_id]["inputs"].update(values)

@@ -25,6 +25,7 @@ NODE_SETTINGS = {
     "QwenLoRATrain": ("TrainStepsConfig",),
     "QwenLoRAPreview": ("PreviewConfig",),
     "QwenLoRALossPlot": ("LossPlotConfig",),
+    "QwenLoRACompareSteps": ("CompareStepsConfig",),
     "QwenLoRASave": ("SaveConfig",),
     "QwenLoRARelease": (),  # a trainer socket only
 }

@@ -286,6 +286,20 @@ class TrainStepsConfig:
     """One Train Steps execution."""
 
     steps: int = _f(100, "How many optimizer steps this execution trains.", min=1, max=1_000_000)
+    preview_every: int = _f(
+        0, "Every N steps, sample the Cache node's first preview prompt (seed 0, CFG 4: the Preview node's defaults) "
+        "and show it on this node beside the loss plot while it trains; kept for Compare Steps. 0 = off.",
+        min=0, max=1_000_000,
+    )
+    preview_size: int = _f(512, "Width and height of those previews (smaller is faster).", min=64, max=2048, step=32)
+    preview_sampling_steps: int = _f(20, "Sampling steps of those previews (fewer is faster).", min=1, max=200)
+    snapshot_every: int = _f(
+        0, "Every N steps, also save the LoRA into the loras folder as {run_name}_{step} (ComfyUI layout, bfloat16), "
+        "so ComfyUI's own LoRA loaders can try it. 0 = off.", min=0, max=1_000_000,
+    )
+
+    def validate(self) -> None:
+        _check_range(self, "steps", "preview_every", "preview_size", "preview_sampling_steps", "snapshot_every")
 
 
 @dataclass
@@ -298,6 +312,14 @@ class PreviewConfig:
     steps: int = _f(20, "Sampling steps.", min=1, max=200)
     cfg: float = _f(4.0, "True CFG scale against the cached negative prompt (1 = off).", min=1.0, max=20.0, step=0.1)
     preview_seed: int = _f(0, "Noise seed of the preview; keep it fixed to compare steps.", min=0, max=2**31 - 1)
+
+
+@dataclass
+class CompareStepsConfig:
+    """The grid of live previews by step (the Compare Steps node)."""
+
+    columns: int = _f(0, "Tiles per row; 0 = about square.", min=0, max=64)
+    tile_size: int = _f(256, "Longest side of each tile in pixels.", min=64, max=512, step=32)
 
 
 @dataclass

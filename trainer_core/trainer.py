@@ -47,6 +47,7 @@ from .models.qwen_arch import PATCH_SIZE
 from .models.text import pad_prompt_batch
 from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, time_shift, velocity_target
 from .offload import BlockRunner, uninstall_leftover_runner
+from .live import StepExtras, StepPreview, keep_preview
 from .run_lock import RunLock
 from .sampling import sample_image
 from .optim import build_optimizer, set_learning_rate
@@ -60,6 +61,8 @@ class StepReport:
     grad_norm: float
     seconds: float
     skipped: bool = False  # non-finite loss or gradient: no update was made
+    preview: StepPreview | None = None  # sampled after this step (StepExtras.preview_every)
+    snapshot: Path | None = None  # LoRA file written after this step (StepExtras.snapshot_every)
 
 
 @dataclass
@@ -68,7 +71,15 @@ class TrainReport:
     last_step: int
     losses: list[float] = field(default_factory=list)
     skipped: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # all of it: steps, checkpoints, previews and snapshots
+    previews: list[tuple[int, float]] = field(default_factory=list)  # (step, seconds sampling took)
+    snapshots: list[Path] = field(default_factory=list)
+    extra_seconds: float = 0.0  # previews and snapshots
+
+    @property
+    def step_seconds(self) -> float:
+        """Seconds per step, previews and snapshots left out."""
+        return (self.seconds - self.extra_seconds) / max(1, self.steps)
 
     @property
     def steps(self) -> int:
@@ -193,6 +204,8 @@ class Trainer:
         self.restored_from: Path | None = None  # the checkpoint folder `resume` last read
         self.loss_history: list[tuple[int, float]] = []
         self.validation_history: list[tuple[int, float]] = []  # (step, validation loss), see validation_loss
+        # Small copies of the previews made while training (StepExtras), for comparing steps (live.py caps them).
+        self.step_previews: list[StepPreview] = []
         # Checkpoints `resume` passed over (unreadable, incomplete, NaN/inf), one sentence each, for a person.
         self.resume_notes: list[str] = []
         # Set when a step made the LoRA non-finite and no checkpoint could undo it: the LoRA in memory is
@@ -202,9 +215,12 @@ class Trainer:
     # ----------------------------------------------------------------------------------------------
     # training
 
-    def train(self, n_steps: int, on_step: Callable[[StepReport], None] | None = None) -> TrainReport:
+    def train(self, n_steps: int, on_step: Callable[[StepReport], None] | None = None,
+              extras: StepExtras | None = None) -> TrainReport:
         """Run `n_steps` more optimizer steps. `on_step` runs after each finished step and may raise (a
-        ComfyUI interrupt, say) to stop at that step boundary: the trainer checkpoints and stays usable."""
+        ComfyUI interrupt, say) to stop at that step boundary: the trainer checkpoints and stays usable.
+        `extras`: previews and LoRA snapshots every N steps, handed to `on_step` on its report; they leave
+        the training itself bit-identical."""
         self.require_live()
         if self.broken_reason is not None:
             raise TrainingStopped(self.broken_reason)
@@ -234,6 +250,8 @@ class Trainer:
                     every = self.train_cfg.checkpoint_every
                     if every and self.step % every == 0:
                         self.save_checkpoint()
+                    if extras is not None:
+                        self._step_extras(extras, step_report, report)
                     if on_step is not None:
                         on_step(step_report)
             except BaseException:
@@ -250,6 +268,29 @@ class Trainer:
                 self.transformer.eval()
                 report.seconds = time.perf_counter() - started
         return report
+
+    def _step_extras(self, extras: StepExtras, step_report: StepReport, report: TrainReport) -> None:
+        if extras.preview_due(self.step):
+            t0 = time.perf_counter()
+            step_report.preview = self.preview_step(extras.preview, progress=extras.on_sampling_step)
+            _set_global_rng_state(self.global_rng_state, self.device)  # training draws on as if nothing sampled
+            report.previews.append((self.step, step_report.preview.seconds))
+            report.extra_seconds += time.perf_counter() - t0
+        if extras.snapshot_due(self.step):
+            t0 = time.perf_counter()
+            step_report.snapshot = self.save_lora(extras.snapshot_path(self.step))
+            report.snapshots.append(step_report.snapshot)
+            report.extra_seconds += time.perf_counter() - t0
+
+    def preview_step(self, settings, progress: Callable[[int, int], None] | None = None) -> StepPreview:
+        """Sample `settings` (live.PreviewSettings) now, keep a small copy in `step_previews`, return it full
+        size (sampling runs in eval mode, with its own generator)."""
+        t0 = time.perf_counter()
+        image = self.sample_preview(settings.prompt, settings.negative_prompt, settings.size, settings.size,
+                                    settings.steps, settings.cfg, settings.seed, progress=progress)
+        preview = StepPreview(self.step, image, time.perf_counter() - t0)
+        keep_preview(self.step_previews, preview)
+        return preview
 
     def _one_step(self) -> StepReport:
         t0 = time.perf_counter()
@@ -473,6 +514,7 @@ class Trainer:
         self.broken_reason = None
         self.loss_history = [tuple(x) for x in meta["loss_history"]]
         self.validation_history = [tuple(x) for x in meta.get("validation_history", [])]  # older checkpoints: none
+        self.step_previews = [p for p in self.step_previews if p.step <= self.step]  # none of undone steps
         return True
 
     def _check_compatible(self, meta: dict, folder: Path) -> None:

@@ -1,0 +1,193 @@
+"""Live previews while Train Steps runs, the Compare Steps grid, and LoRA snapshots every N steps, with the
+stand-in host (tests/host_standin.py) recording what the node shows through ComfyUI's progress preview."""
+
+import numpy as np
+import torch
+from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+import host_standin
+from comfy_lora_rules import comfy_key_map, unmatched_keys
+from conftest import pack_module
+from graph_runner import GraphRunner
+from test_nodes import tiny_prompt
+
+
+def adapter(trainer):
+    return {n: p.detach().clone() for n, p in zip(trainer.param_names, trainer.params)}
+
+
+def with_compare(prompt, columns=0, tile_size=64):
+    prompt["16"] = {"class_type": "QwenLoRACompareSteps",
+                    "inputs": {"trainer": ["7", 0], "columns": columns, "tile_size": tile_size}}
+    return prompt
+
+
+def test_previews_arrive_while_train_steps_runs_and_the_report_has_their_seconds(pack, tmp_path, demo_folder,
+                                                                                  monkeypatch):
+    monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
+    monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
+    _, state = host_standin.install(monkeypatch)
+    train_nodes = pack_module(pack, "nodes.train_nodes")
+    runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
+    prompt = with_compare(tiny_prompt(tmp_path, demo_folder, steps=5, **{"7": {"preview_every": 2}}))
+    outputs = runner.run(prompt)
+    trainer, report = outputs["7"][0], outputs["7"][2]
+    assert trainer.step == 5
+
+    # The engine sampled at steps 2 and 4 (every 2 steps of the run), and kept small copies.
+    assert [p.step for p in trainer.step_previews] == [2, 4]
+    assert all(p.image.size == (64, 64) for p in trainer.step_previews)
+    # The report names them with the seconds each cost (values vary; their presence does not).
+    lines = report.splitlines()
+    assert lines[1].startswith("previews at steps 2, 4: ") and " s each (" in lines[1], report
+
+    # What the node showed through ComfyUI's progress preview: Train Steps' bar (total 5) updated after each
+    # step with an image; from step 2 on the image is the newest preview beside the loss plot.
+    frames = [(value, image) for value, total, (kind, image, max_size) in state["previews"] if total == 5]
+    assert [value for value, _ in frames] == [1, 2, 3, 4, 5]
+    plot_only = train_nodes.LIVE_PLOT_WIDTH
+    composite = 64 + 8 + train_nodes.LIVE_PLOT_WIDTH
+    assert [image.width for _, image in frames] == [plot_only, composite, composite, composite, composite]
+    # Shown at its own size: ComfyUI scales a preview to fit max_size, up as well as down.
+    assert all(max_size == max(image.size) for _, _, (_, image, max_size) in state["previews"])
+
+    def left_tile(image):
+        return np.asarray(image.crop((0, 0, 64, 64)).convert("RGB"))
+
+    shown = [left_tile(image) for value, image in frames if value in (2, 4)]
+    for tile, kept in zip(shown, trainer.step_previews):
+        assert np.array_equal(tile, np.asarray(kept.image.convert("RGB")))
+    # Frames between samples keep showing the newest one (step 3 shows step 2's).
+    assert np.array_equal(left_tile(frames[2][1]), shown[0])
+    # Compare Steps: one tile per preview (64 px, 2 columns), each labelled under it.
+    grid = outputs["16"][0]
+    assert grid.shape == (1, 64 + 20, 2 * 64, 3)
+    pixels = (grid[0].numpy() * 255).astype(np.uint8)
+    for column in range(2):
+        tile = pixels[:64, column * 64:(column + 1) * 64]
+        assert np.array_equal(tile, np.asarray(trainer.step_previews[column].image.convert("RGB")))
+        label = pixels[64:, column * 64:(column + 1) * 64]
+        assert (label < 128).any(), "no step label under the tile"
+
+    # A second queue (steps 6-10) continues: the grid holds every preview of the run, 5 tiles in 3 columns.
+    outputs = runner.run(prompt)
+    assert [p.step for p in outputs["7"][0].step_previews] == [2, 4, 6, 8, 10]
+    assert outputs["16"][0].shape == (1, 2 * (64 + 20), 3 * 64, 3)
+
+
+def test_step_labels_are_drawn_from_the_step_numbers():
+    """Two grids that differ only in their step numbers differ only in the label strip."""
+    from trainer_core.live import StepPreview, step_grid
+
+    image = Image.new("RGB", (64, 64), (200, 30, 30))
+    a = np.asarray(step_grid([StepPreview(10, image, 0.0)], tile=64))
+    b = np.asarray(step_grid([StepPreview(20, image, 0.0)], tile=64))
+    assert np.array_equal(a[:64], b[:64]) and not np.array_equal(a[64:], b[64:])
+    empty = step_grid([], tile=64)
+    assert empty.width >= 64  # a message instead of an error when there are no previews yet
+
+
+def test_previews_leave_training_bit_identical(pack, tmp_path, demo_folder, monkeypatch):
+    monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
+    monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
+    runs = pack_module(pack, "trainer_core.runs")
+    results = {}
+    for every in (0, 1):
+        prompt = tiny_prompt(tmp_path, demo_folder, steps=3, **{"7": {"preview_every": every},
+                                                                "6": {"run_name": f"bitexact_{every}"}})
+        trainer = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)["7"][0]
+        results[every] = (adapter(trainer), list(trainer.loss_history))
+        runs.release(f"bitexact_{every}")
+    (plain, plain_losses), (previewed, previewed_losses) = results[0], results[1]
+    assert plain_losses == previewed_losses
+    assert all(torch.equal(plain[k], previewed[k]) for k in plain)
+
+
+def test_lora_snapshots_every_n_steps_into_the_loras_folder_load(pack, tmp_path, demo_folder, monkeypatch):
+    loras = tmp_path / "loras"
+    monkeypatch.setenv("QWEN_LORA_LORAS", str(loras))
+    monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
+    runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
+    prompt = tiny_prompt(tmp_path, demo_folder, steps=5, **{"7": {"snapshot_every": 2}})
+    run_name = prompt["6"]["inputs"]["run_name"]
+    snapshots = {}
+    outputs = runner.run(prompt)
+    trainer, report = outputs["7"][0], outputs["7"][2]
+    names = sorted(p.name for p in loras.glob("*.safetensors"))
+    # Steps 2 and 4 as snapshots, step 5 from the Save node (same naming: they sort together).
+    assert names == [f"{run_name}_000002.safetensors", f"{run_name}_000004.safetensors",
+                     f"{run_name}_000005.safetensors"]
+    assert f"LoRA snapshots (2): {run_name}_000002.safetensors, {run_name}_000004.safetensors" in report
+
+    lora_files = pack_module(pack, "trainer_core.lora_files")
+    base_keys = {k.replace(".base_layer", "") for k in trainer.components.transformer.state_dict() if ".lora_" not in k}
+    for step in (2, 4):
+        path = loras / f"{run_name}_{step:06d}.safetensors"
+        # ComfyUI's LoRA loaders match every key; our reader loads it; its metadata says the step.
+        assert unmatched_keys(load_file(str(path)).keys(), comfy_key_map(base_keys)) == []
+        read = lora_files.read_lora_file(path)
+        assert read.steps == step and read.rank == trainer.lora_cfg.rank
+        with safe_open(str(path), "pt") as f:
+            assert f.metadata()["qwen_lora.run_name"] == run_name
+        snapshots[step] = read
+    # Snapshots differ from each other (training moved the weights between them).
+    a, b = snapshots[2].weights, snapshots[4].weights
+    assert any(not torch.equal(a[k][1], b[k][1]) for k in a)
+
+
+def test_engine_previews_every_n_steps_change_nothing_and_stop_on_cancel(demo_folder, tmp_path):
+    """The engine on its own (what the command line can reuse): previews every 2 steps with LoRA dropout on
+    leave the weights bit-identical; a cancel raised between two sampling steps of a preview stops training at
+    that step boundary, and the trainer trains on afterwards."""
+    from test_trainer import assert_same_adapter, make_trainer
+    from trainer_core.live import PreviewSettings, StepExtras
+
+    settings = PreviewSettings("a red circle on a white background", size=32, steps=2, cfg=1.0)
+    plain = make_trainer(tmp_path / "cache", demo_folder)
+    plain.train(4)
+    seen = []
+    previewed = make_trainer(tmp_path / "cache", demo_folder)
+    report = previewed.train(4, on_step=lambda r: seen.append((r.step, r.preview is not None)),
+                             extras=StepExtras(preview_every=2, preview=settings))
+    assert seen == [(1, False), (2, True), (3, False), (4, True)]
+    assert [step for step, _ in report.previews] == [2, 4] and all(s >= 0 for _, s in report.previews)
+    assert_same_adapter(plain, previewed)
+    assert plain.loss_history == previewed.loss_history
+    plain.close()
+
+    class Cancel(Exception):
+        pass
+
+    calls = []
+
+    def cancel_in_preview(i, n):
+        calls.append((i, n))
+        raise Cancel()
+
+    try:
+        previewed.train(4, extras=StepExtras(preview_every=2, preview=settings, on_sampling_step=cancel_in_preview))
+    except Cancel:
+        pass
+    else:
+        raise AssertionError("the cancel did not stop training")
+    assert calls == [(1, 2)] and previewed.step == 6  # stopped in step 6's preview, after its first sampling step
+    assert previewed.train(1).last_step == 7
+    previewed.close()
+
+
+def test_a_long_report_sums_up_previews_and_snapshots(pack):
+    from pathlib import Path
+
+    from trainer_core.trainer import TrainReport
+
+    train_nodes = pack_module(pack, "nodes.train_nodes")
+
+    report = TrainReport(first_step=1, last_step=100, losses=[0.5] * 100, seconds=30.0, extra_seconds=20.0,
+                         previews=[(s, 1.0 + s / 100) for s in range(5, 101, 5)],
+                         snapshots=[Path(f"run_{s:06d}.safetensors") for s in range(10, 101, 10)])
+    lines = train_nodes.report_text(report, last_loss=0.5).splitlines()
+    assert lines[0].endswith("0.10 s/step")  # previews and snapshots left out
+    assert lines[1].startswith("20 previews, steps 5 to 100: ") and "(1.05 to 2.00 s)" in lines[1]
+    assert lines[2] == "LoRA snapshots (10): run_000010.safetensors, ..., run_000100.safetensors"
