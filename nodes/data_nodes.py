@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..trainer_core.cache import build_cache
 from ..trainer_core.config import CacheConfig, DatasetConfig
 from ..trainer_core.data import folder_state, load_dataset
@@ -9,6 +11,16 @@ from ..trainer_core.files import inside
 from . import host
 from .common import CACHED, CATEGORY, DATASET, MODELS, engine_mode
 from .widgets import widgets
+
+# The folder value that names the 8-image example shipped with the pack (the tiny first-run workflow's):
+# a path relative to the pack would depend on where ComfyUI was started and on the pack's folder name.
+EXAMPLE_DATASET = "(example: coloured shapes)"
+EXAMPLE_FOLDER = Path(__file__).resolve().parents[1] / "example_dataset" / "coloured_shapes"
+
+
+def dataset_folder(folder: str) -> str:
+    """The folder to read: the shipped example for EXAMPLE_DATASET, else the value as given."""
+    return str(EXAMPLE_FOLDER) if folder.strip() == EXAMPLE_DATASET else folder
 
 
 class QwenLoRADataset:
@@ -34,9 +46,10 @@ class QwenLoRADataset:
     @classmethod
     def IS_CHANGED(cls, folder, **_):
         # Widgets alone do not show that files in the folder changed: fold the folder's state in.
-        return folder_state(folder)
+        return folder_state(dataset_folder(folder))
 
     def discover(self, **settings):
+        settings["folder"] = dataset_folder(settings["folder"])
         dataset = load_dataset(DatasetConfig(**settings))
         return (dataset, dataset.summary())
 
