@@ -87,9 +87,9 @@ MAIN_NOTE = """How to train a Qwen-Image LoRA
 No model files yet? Open the tiny example workflow: it runs on a CPU in about a minute."""
 
 TINY_NOTE = """First run: the built-in tiny model (random weights) and 8 example images.
-Queue it: it trains 60 steps in about a minute on a CPU; the loss
-falls and the preview changes each queue. Nothing to download.
-It only shows the workflow working: the images are not meant to be good.
+Queue it: 200 steps train in seconds on a CPU; the loss falls (about 1.4 to 0.3)
+and the preview changes. Queue again to continue. Nothing to download.
+It only shows the workflow working: a random model makes no real pictures.
 For a real LoRA open qwen_image_lora_training and point it at your files."""
 
 # The tiny workflow: the same graph with these values changed.
@@ -101,8 +101,8 @@ TINY = {
     4: {"rank": 8, "alpha": 8.0, "targets": "all"},
     5: {"learning_rate": 2e-3, "warmup_steps": 5, "weight_decay": 0.0},
     6: {"run_name": "tiny_first_run", "micro_batch_size": 2, "gradient_checkpointing": False,
-        "blocks_to_swap": 0, "checkpoint_every": 60},
-    7: {"steps": 60},
+        "blocks_to_swap": 0, "checkpoint_every": 200},
+    7: {"steps": 200},
     8: {"width": 64, "height": 64},
     9: {"width": 512, "height": 256},
     11: {"filename_prefix": "qwen_lora/tiny_preview"},
