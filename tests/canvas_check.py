@@ -1,5 +1,6 @@
 """Loads a UI-format workflow into the real ComfyUI frontend in headless Chromium and prints what the
-canvas makes of it: the API prompt it would queue (app.graphToPrompt) and any missing node types.
+canvas makes of it: the API prompt it would queue (app.graphToPrompt), any missing node types, and each
+node's position, size and the least size the canvas computes for it (LGraphNode.computeSize).
 
 Run by test_host_comfyui.py with a Python that has aiohttp (ComfyUI's own):
     python canvas_check.py <comfyui url> <template path under /api/workflow_templates/> <chromium>
@@ -21,7 +22,9 @@ SCRIPT = """
   const wf = await (await fetch(%s)).json();
   await window.app.loadGraphData(wf);
   const nodes = window.app.graph._nodes.map(n => ({id: n.id, type: n.type, missing: !LiteGraph.registered_node_types[n.type],
-                                                   widgets: (n.widgets || []).map(w => [w.name, w.value])}));
+                                                   widgets: (n.widgets || []).map(w => [w.name, w.value]),
+                                                   pos: Array.from(n.pos), size: Array.from(n.size),
+                                                   least: Array.from(n.computeSize())}));
   const prompt = await window.app.graphToPrompt();
   return JSON.stringify({nodes, output: prompt.output});
 })()

@@ -196,19 +196,25 @@ def test_cancel_and_restart_continue_the_run_in_real_comfyui(comfy_base, tmp_pat
 
 
 @pytest.mark.skipif(not shutil.which("chromium"), reason="chromium is not installed (apt-get install chromium)")
-def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy):
-    """The canvas (ComfyUI's own frontend, headless Chromium) loads the UI workflow from the template
-    route with every node known, and converts it into exactly the API-format twin."""
+@pytest.mark.parametrize("stem", [p.stem for p in sorted((REPO / "workflows").glob("*.json"))])
+def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy, stem):
+    """The canvas (ComfyUI's own frontend, headless Chromium) loads each UI workflow from the template
+    route with every node known, keeps the stored node sizes (none smaller than the canvas computes for
+    its sockets and widgets), and converts it into exactly the API-format twin (the Note left out)."""
     server, _ = comfy
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    template = "/api/workflow_templates/qwen_image_lora_trainer/qwen_image_lora_training.json"
+    template = f"/api/workflow_templates/qwen_image_lora_trainer/{stem}.json"
     out = subprocess.run([python, str(Path(__file__).with_name("canvas_check.py")), server.url, template,
                           shutil.which("chromium")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert "error" not in result, json.dumps(result)[:3000]
     assert not [n for n in result["nodes"] if n["missing"]]
-    twin = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_training.api.json").read_text())
+    stored = {n["id"]: n for n in json.loads((REPO / "workflows" / f"{stem}.json").read_text())["nodes"]}
+    for node in result["nodes"]:
+        assert node["size"] == stored[node["id"]]["size"] and node["pos"] == stored[node["id"]]["pos"], node
+        assert node["size"][0] >= node["least"][0] - 1 and node["size"][1] >= node["least"][1] - 1, node
+    twin = json.loads((REPO / "workflows" / "api" / f"{stem}.api.json").read_text())
 
     def declared(class_type):  # inputs the server declares (the canvas adds display-only widgets, e.g. PreviewAny's)
         spec = server.get(f"/object_info/{class_type}")[class_type]["input"]
