@@ -210,9 +210,9 @@ def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy, stem):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert "error" not in result, json.dumps(result)[:3000]
     assert not [n for n in result["nodes"] if n["missing"]]
-    stored = {n["id"]: n for n in json.loads((REPO / "workflows" / f"{stem}.json").read_text())["nodes"]}
+    stored = {str(n["id"]): n for n in json.loads((REPO / "workflows" / f"{stem}.json").read_text())["nodes"]}
     for node in result["nodes"]:
-        assert node["size"] == stored[node["id"]]["size"] and node["pos"] == stored[node["id"]]["pos"], node
+        assert node["size"] == stored[str(node["id"])]["size"] and node["pos"] == stored[str(node["id"])]["pos"], node
         assert node["size"][0] >= node["least"][0] - 1 and node["size"][1] >= node["least"][1] - 1, node
     twin = json.loads((REPO / "workflows" / "api" / f"{stem}.api.json").read_text())
 

@@ -31,7 +31,10 @@ GROUPS = {
 }
 
 # (id, class, widget values by input name, (group, sub-column inside the group)). One node per entry;
-# inside a group's sub-column nodes are stacked in this order.
+# inside a group's sub-column nodes are stacked in this order. The values are the ones a real run wants
+# (README, "Why these defaults"): learning rate 1e-4 with rank = alpha = 16 and 8-bit AdamW, 50 warm-up
+# steps, 250 steps a queue (a preview and a LoRA file about every 250 steps, as ai-toolkit's Qwen-Image
+# example samples and saves).
 NODES = [
     (1, "QwenLoRALoadModels", {"source": "ComfyUI model files",
                                "transformer": "qwen_image_fp8_e4m3fn.safetensors",
@@ -49,7 +52,7 @@ NODES = [
     (4, "QwenLoRAConfig", {"rank": 16, "alpha": 16.0, "dropout": 0.0, "targets": "attention+mlp",
                            "dtype": "float32"}, ("lora", 0)),
     (5, "QwenLoRAOptimizer", {"optimizer": "adamw8bit", "learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.999,
-                              "eps": 1e-8, "weight_decay": 0.01, "warmup_steps": 20, "schedule": "constant",
+                              "eps": 1e-8, "weight_decay": 0.01, "warmup_steps": 50, "schedule": "constant",
                               "schedule_steps": 1000, "min_lr_ratio": 0.0, "max_grad_norm": 1.0}, ("lora", 0)),
     (6, "QwenLoRAInitTrainer", {"run_name": "my_qwen_lora", "micro_batch_size": 1, "grad_accum_steps": 1,
                                 "gradient_checkpointing": True, "blocks_to_swap": -1, "training_seed": 42,
@@ -58,7 +61,7 @@ NODES = [
                                 "max_nonfinite_steps": 3, "continue_from_lora": "(none: start from zero)"},
      ("train", 0)),
     (13, "PreviewAny", {}, ("train", 0)),  # Init Trainer's status: started/resumed, blocks_to_swap, memory plan
-    (7, "QwenLoRATrain", {"steps": 100}, ("train", 1)),
+    (7, "QwenLoRATrain", {"steps": 250}, ("train", 1)),
     (14, "PreviewAny", {}, ("train", 1)),  # Train Steps' report: steps, losses, speed
     (8, "QwenLoRAPreview", {"prompt": "", "width": 1024, "height": 1024, "steps": 20, "cfg": 4.0,
                             "preview_seed": 0}, ("look", 0)),
@@ -81,7 +84,7 @@ NOTE_ID = 100
 MAIN_NOTE = """How to train a Qwen-Image LoRA
 1. Models: put ComfyUI's Qwen-Image files in models/diffusion_models, text_encoders and vae.
 2. Data: a folder of images with same-name .txt captions; set its path in Dataset.
-3. Queue: Train Steps trains 100 steps per queue and shows the loss live.
+3. Queue: Train Steps trains 250 steps per queue and shows the loss live.
    Queue again to continue; a stopped run resumes from its last checkpoint.
 4. Preview shows the LoRA as it is now; Save writes it to models/loras.
 No model files yet? Open the tiny example workflow: it runs on a CPU in about a minute."""
