@@ -158,8 +158,10 @@ def least_size(node, spec_inputs, outputs):
     sockets = [n for n, s in spec_inputs.items() if not is_widget(s)]
     widgets = [s for s in spec_inputs.values() if is_widget(s)]
     heights = [50 if s[0] == "STRING" and len(s) > 1 and s[1].get("multiline") else 20 for s in widgets]
-    if node["type"] in FRONTEND_ONLY or node["type"] == "PreviewAny":
-        heights.append(50)  # the Note's text box; the box PreviewAny shows its value in
+    if node["type"] in FRONTEND_ONLY:
+        heights.append(50)  # the Note's text box
+    if node["type"] == "PreviewAny":
+        heights += [60, 20]  # the box it shows its value in, its markdown toggle (as frontend 1.49 sizes them)
     rows = max(len(sockets), len(outputs), 1)
     height = rows * 20 + (sum(h + 4 for h in heights) + 8 if heights else 0) + 6
     return (210 if heights else 140), height

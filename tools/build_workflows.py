@@ -136,7 +136,8 @@ IMAGE_H = 260  # room for an image shown on the node (the canvas' image preview 
 IMAGE_W = 360
 # Nodes that show an image while or after they run (Train Steps' live loss plot is a progress preview).
 SHOWS_IMAGE = {"SaveImage", "PreviewImage", "QwenLoRATrain"}
-DISPLAY_TEXTBOX = {"PreviewAny"}  # the canvas adds a read-only text box that shows the value
+DISPLAY_TEXTBOX = {"PreviewAny"}  # the canvas adds a text box that shows the value, and a markdown toggle
+REPORT_H = 120
 NOTE_SIZE = (430, 170)
 GAP = 30  # between stacked nodes (below a node's body, above the next one's title bar)
 GROUP_PAD = 12
@@ -176,15 +177,15 @@ def node_size(cls_name: str, title: str, inputs: dict, values: dict, out_names: 
     rows = max(len(sockets), len(out_names), 1)
     height = rows * SLOT_H
     widget_heights = [TEXTBOX_H if is_textbox(s) else WIDGET_H for _, s in widgets]
-    if cls_name in DISPLAY_TEXTBOX:
-        widget_heights.append(TEXTBOX_H)
+    if cls_name in DISPLAY_TEXTBOX:  # the value's text box (room for a report of a few lines) and a toggle
+        widget_heights += [REPORT_H, WIDGET_H]
     if widget_heights:
         height += sum(h + 4 for h in widget_heights) + 8
     height += 6
     if cls_name in SHOWS_IMAGE:
         height += IMAGE_H
     width = 1.5 * 140 if widget_heights else 140
-    if cls_name in SHOWS_IMAGE:
+    if cls_name in SHOWS_IMAGE or cls_name in DISPLAY_TEXTBOX:
         width = IMAGE_W
     width = max(width, len(title) * 8.4 + TITLE_H * 1.33,  # the title, at the canvas' 14 px font
                 (max(map(len, sockets), default=0) + max(map(len, out_names), default=0)) * CHAR_W + 2 * SLOT_H + 5)
