@@ -225,3 +225,18 @@ def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy, stem):
                   "inputs": {n: x for n, x in v["inputs"].items() if n in declared(v["class_type"])}}
               for k, v in result["output"].items()}
     assert canvas == {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in twin.items()}
+
+
+def test_the_tiny_first_run_workflow_runs_as_shipped_in_real_comfyui(comfy, tmp_path):
+    """The second example workflow, unchanged but for its run name, validates and trains in a real ComfyUI:
+    the built-in tiny model, the example images shipped with the pack, the '(not used)' file choices."""
+    server, base = comfy
+    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_first_run.api.json").read_text())
+    prompt["6"]["inputs"]["run_name"] = f"tiny_{tmp_path.name}"[:60]
+    assert "(not used)" in server.get("/object_info/QwenLoRALoadModels")["QwenLoRALoadModels"]["input"][
+        "required"]["transformer"][0]
+    done = server.run(prompt)
+    assert done["status"]["status_str"] == "success", json.dumps(done["status"], indent=1)[-3000:]
+    report = " ".join(done["outputs"]["14"]["text"])
+    assert "steps 1-200" in report, report
+    assert lora_steps(base)[-1] == 200
