@@ -215,6 +215,9 @@ def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy, stem):
                if n["size"] != stored[str(n["id"])]["size"] or n["pos"] != stored[str(n["id"])]["pos"]
                or n["size"][0] < n["least"][0] - 1 or n["size"][1] < n["least"][1] - 1]
     assert not changed, f"(id, type, stored size, canvas size, least size): {changed}"
+    held = [str(i) for g in result["groups"] for i in g["nodes"]]
+    assert len(result["groups"]) == 5 and len(held) == len(set(held))  # no node in two groups
+    assert set(held) == {str(n["id"]) for n in result["nodes"] if n["type"] != "Note"}, result["groups"]
     twin = json.loads((REPO / "workflows" / "api" / f"{stem}.api.json").read_text())
 
     def declared(class_type):  # inputs the server declares (the canvas adds display-only widgets, e.g. PreviewAny's)
