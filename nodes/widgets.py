@@ -21,8 +21,10 @@ def widget(cls: type, name: str) -> tuple:
     default = field_default(cls, name)
     options: dict[str, Any] = {"default": default, "tooltip": meta["help"]}
     if "file_list" in meta:
-        files = [*meta.get("extra_choices", ()), *host.model_file_list(meta["file_list"])]
-        options["default"] = default if default in files else (files[0] if files else "")
+        extras, listed = list(meta.get("extra_choices", ())), host.model_file_list(meta["file_list"])
+        files = [*extras, *listed]
+        # the usual file when present, else the first file listed, else the first extra choice
+        options["default"] = default if default in files else ([*listed, *extras] or [""])[0]
         return (files, options)
     if "folder_list" in meta:  # the input folder's subfolders (the only folder list so far)
         folders = [*meta.get("extra_choices", ()), *host.input_subfolders()]

@@ -1,5 +1,7 @@
 """Loads a UI-format workflow into the real ComfyUI frontend in headless Chromium and prints what the
-canvas makes of it: the API prompt it would queue (app.graphToPrompt) and any missing node types.
+canvas makes of it: the API prompt it would queue (app.graphToPrompt), any missing node types, and each
+node's position, size and the least size the canvas computes for it (LGraphNode.computeSize), and the nodes
+each group holds by the canvas' own rule (LGraphGroup.recomputeInsideNodes).
 
 Run by test_host_comfyui.py with a Python that has aiohttp (ComfyUI's own):
     python canvas_check.py <comfyui url> <template path under /api/workflow_templates/> <chromium>
@@ -21,9 +23,13 @@ SCRIPT = """
   const wf = await (await fetch(%s)).json();
   await window.app.loadGraphData(wf);
   const nodes = window.app.graph._nodes.map(n => ({id: n.id, type: n.type, missing: !LiteGraph.registered_node_types[n.type],
-                                                   widgets: (n.widgets || []).map(w => [w.name, w.value])}));
+                                                   widgets: (n.widgets || []).map(w => [w.name, w.value]),
+                                                   pos: Array.from(n.pos), size: Array.from(n.size),
+                                                   least: Array.from(n.computeSize())}));
+  const groups = window.app.graph._groups.map(g => { g.recomputeInsideNodes();  // the canvas' own membership rule
+                                                      return {title: g.title, nodes: g.nodes.map(n => n.id)}; });
   const prompt = await window.app.graphToPrompt();
-  return JSON.stringify({nodes, output: prompt.output});
+  return JSON.stringify({nodes, groups, output: prompt.output});
 })()
 """
 

@@ -196,19 +196,29 @@ def test_cancel_and_restart_continue_the_run_in_real_comfyui(comfy_base, tmp_pat
 
 
 @pytest.mark.skipif(not shutil.which("chromium"), reason="chromium is not installed (apt-get install chromium)")
-def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy):
-    """The canvas (ComfyUI's own frontend, headless Chromium) loads the UI workflow from the template
-    route with every node known, and converts it into exactly the API-format twin."""
+@pytest.mark.parametrize("stem", [p.stem for p in sorted((REPO / "workflows").glob("*.json"))])
+def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy, stem):
+    """The canvas (ComfyUI's own frontend, headless Chromium) loads each UI workflow from the template
+    route with every node known, keeps the stored node sizes (none smaller than the canvas computes for
+    its sockets and widgets), and converts it into exactly the API-format twin (the Note left out)."""
     server, _ = comfy
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    template = "/api/workflow_templates/qwen_image_lora_trainer/qwen_image_lora_training.json"
+    template = f"/api/workflow_templates/qwen_image_lora_trainer/{stem}.json"
     out = subprocess.run([python, str(Path(__file__).with_name("canvas_check.py")), server.url, template,
                           shutil.which("chromium")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert "error" not in result, json.dumps(result)[:3000]
     assert not [n for n in result["nodes"] if n["missing"]]
-    twin = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_training.api.json").read_text())
+    stored = {str(n["id"]): n for n in json.loads((REPO / "workflows" / f"{stem}.json").read_text())["nodes"]}
+    changed = [(n["id"], n["type"], stored[str(n["id"])]["size"], n["size"], n["least"]) for n in result["nodes"]
+               if n["size"] != stored[str(n["id"])]["size"] or n["pos"] != stored[str(n["id"])]["pos"]
+               or n["size"][0] < n["least"][0] - 1 or n["size"][1] < n["least"][1] - 1]
+    assert not changed, f"(id, type, stored size, canvas size, least size): {changed}"
+    held = [str(i) for g in result["groups"] for i in g["nodes"]]
+    assert len(result["groups"]) == 5 and len(held) == len(set(held))  # no node in two groups
+    assert set(held) == {str(n["id"]) for n in result["nodes"] if n["type"] != "Note"}, result["groups"]
+    twin = json.loads((REPO / "workflows" / "api" / f"{stem}.api.json").read_text())
 
     def declared(class_type):  # inputs the server declares (the canvas adds display-only widgets, e.g. PreviewAny's)
         spec = server.get(f"/object_info/{class_type}")[class_type]["input"]
@@ -283,3 +293,18 @@ def test_live_previews_arrive_while_train_steps_runs_and_compare_steps_after_in_
     grid = Image.open(base / "output" / saved[0]["subfolder"] / saved[0]["filename"])
     assert grid.size == (2 * 64, 2 * (64 + 20))  # three tiles (steps 2, 4, 6), two per row, labels under them
     print(f"compare image: {grid.size[0]}x{grid.size[1]}, 3 tiles")
+
+
+def test_the_tiny_first_run_workflow_runs_as_shipped_in_real_comfyui(comfy, tmp_path):
+    """The second example workflow, unchanged but for its run name, validates and trains in a real ComfyUI:
+    the built-in tiny model, the example images shipped with the pack, the '(not used)' file choices."""
+    server, base = comfy
+    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_first_run.api.json").read_text())
+    prompt["6"]["inputs"]["run_name"] = f"tiny_{tmp_path.name}"[:60]
+    assert "(not used)" in server.get("/object_info/QwenLoRALoadModels")["QwenLoRALoadModels"]["input"][
+        "required"]["transformer"][0]
+    done = server.run(prompt)
+    assert done["status"]["status_str"] == "success", json.dumps(done["status"], indent=1)[-3000:]
+    report = " ".join(done["outputs"]["14"]["text"])
+    assert "steps 1-200" in report, report
+    assert lora_steps(base)[-1] == 200

@@ -81,7 +81,8 @@ def test_workflow_trains_previews_and_saves_a_comfyui_lora(pack, tmp_path, demo_
     trainer = outputs["7"][0]
     assert trainer.step == 3
     assert torch.isfinite(torch.tensor(outputs["7"][1]))
-    preview, plot = RecordImages.received
+    preview, plot, compare = RecordImages.received  # Preview, Loss Plot, Compare Steps (no live previews yet)
+    assert compare.shape[0] == 1 and compare.shape[-1] == 3
     assert preview.shape == (1, 64, 64, 3) and plot.shape[-1] == 3
     status = outputs["6"][1]
     assert status.startswith("started run") and "blocks_to_swap: 1" in status
@@ -94,6 +95,31 @@ def test_workflow_trains_previews_and_saves_a_comfyui_lora(pack, tmp_path, demo_
     assert unmatched_keys(load_file(str(saved)).keys(), comfy_key_map(base_keys)) == []
 
 
+def test_the_tiny_first_run_workflow_runs_as_shipped_and_its_loss_falls(pack, tmp_path, loras_dir, monkeypatch):
+    """The second example workflow needs no model file and no dataset of the user's: the built-in tiny model
+    and the example images shipped with the pack. Its first queue (here cut to 40 of its steps) lowers the
+    loss and changes the preview from the untrained model's."""
+    monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path / "no_models"))
+    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_first_run.api.json").read_text())
+    prompt["6"]["inputs"]["run_name"] = f"tiny_{tmp_path.name}"[:60]
+    prompt["7"]["inputs"]["steps"] = 40
+    prompt["8"]["inputs"]["steps"] = 4
+    runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
+    before = dict(prompt, **{"8": {**prompt["8"], "inputs": {**prompt["8"]["inputs"], "trainer": ["6", 0]}}})
+    before = {k: v for k, v in before.items() if k in {"1", "2", "3", "4", "5", "6", "8"}}
+    untrained = runner.run(before)["8"][0]
+    RecordImages.received.clear()
+    outputs = runner.run(prompt)
+    trainer = outputs["7"][0]
+    losses = [loss for _, loss in trainer.loss_history]
+    assert trainer.step == 40 and len(losses) == 40
+    assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5, losses
+    preview = RecordImages.received[0]
+    assert preview.shape == untrained.shape == (1, 64, 64, 3)
+    assert (preview - untrained).abs().mean() > 0.005
+    assert Path(outputs["10"][0]).is_file()
+
+
 def test_queueing_again_trains_more_and_loads_nothing_again(pack, tmp_path, demo_folder, loras_dir):
     runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
     prompt = tiny_prompt(tmp_path, demo_folder, steps=2, **{"6": {"blocks_to_swap": -1}})
@@ -101,7 +127,7 @@ def test_queueing_again_trains_more_and_loads_nothing_again(pack, tmp_path, demo
     assert "blocks_to_swap: 0" in first["6"][1]  # auto on a CPU: nothing to swap
     outputs = runner.run(prompt)
     assert outputs["7"][0].step == 4  # the same trainer, two steps further
-    assert set(runner.executed) == {"7", "8", "9", "10", "11", "12", "14"}  # loaders, cache and init were cached
+    assert set(runner.executed) == {"7", "8", "9", "10", "11", "12", "14", "15", "16"}  # loaders, cache and init were cached
 
 
 def test_evicted_init_output_continues_the_live_trainer(pack, tmp_path, demo_folder, loras_dir):

@@ -78,9 +78,9 @@ def test_every_widget_of_every_node_is_its_config_field(pack):
         assert set(options) <= OPTION_KEYS, f"{where}: unexpected options {set(options) - OPTION_KEYS}"
         assert options["tooltip"] == meta["help"], f"{where}: tooltip is not the config help"
         if "file_list" in meta:  # the host's file list, with the config default preselected when present
-            files = [*meta.get("extra_choices", ()), *host.model_file_list(meta["file_list"])]
-            assert kind == files, where
-            assert options["default"] == (f.default if f.default in files else (files[0] if files else "")), where
+            extras, listed = list(meta.get("extra_choices", ())), host.model_file_list(meta["file_list"])
+            assert kind == [*extras, *listed], where
+            assert options["default"] == (f.default if f.default in kind else ([*listed, *extras] or [""])[0]), where
         elif "folder_list" in meta:  # the input folder's subfolders after the extra choices
             folders = [*meta.get("extra_choices", ()), *host.input_subfolders()]
             assert kind == folders and options["default"] == f.default, where
@@ -110,10 +110,11 @@ def test_every_setting_of_a_node_has_its_widget(pack):
 
 def test_file_choices_list_the_model_folder_and_preselect_the_usual_file(pack):
     required = pack.NODE_CLASS_MAPPINGS["QwenLoRALoadModels"].INPUT_TYPES()["required"]
-    assert required["transformer"] == (MODEL_FILES["diffusion_models"], {
+    assert required["transformer"] == (["(not used)", *MODEL_FILES["diffusion_models"]], {
         "default": "qwen_image_fp8_e4m3fn.safetensors", "tooltip": required["transformer"][1]["tooltip"]})
     assert required["vae"][1]["default"] == "a_vae.safetensors"  # the usual file is absent: the first one
-    assert required["text_encoder"][0] == [] and required["text_encoder"][1]["default"] == ""
+    # none there: only the choice for workflows that load no files (the tiny model, a diffusers folder)
+    assert required["text_encoder"][0] == ["(not used)"] and required["text_encoder"][1]["default"] == "(not used)"
     init = pack.NODE_CLASS_MAPPINGS["QwenLoRAInitTrainer"].INPUT_TYPES()["required"]
     assert init["continue_from_lora"][0] == ["(none: start from zero)", "mine.safetensors"]
     assert init["continue_from_lora"][1]["default"] == "(none: start from zero)"

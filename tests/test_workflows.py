@@ -17,6 +17,10 @@ CORE = {
 }
 CORE_OUTPUTS = {"SaveImage": (), "PreviewImage": (), "PreviewAny": ()}
 WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
+# Frontend-only (virtual) nodes: the canvas keeps them in the UI workflow and leaves them out of the prompt.
+FRONTEND_ONLY = {"Note", "MarkdownNote"}
+STAGES = ("models", "data and cache", "lora and optimizer", "training", "looking and saving")
+TITLE_H = 30  # LiteGraph draws a node's title bar above its `pos`
 
 
 # The example workflow names ComfyUI's repackaged Qwen-Image files; a user has them in the model
@@ -88,6 +92,9 @@ def test_ui_workflow_fits_the_node_definitions(pack, path):
     wf = json.loads(path.read_text())
     nodes = {n["id"]: n for n in wf["nodes"]}
     for node in wf["nodes"]:
+        if node["type"] in FRONTEND_ONLY:
+            assert not node["inputs"] and not node["outputs"] and node["widgets_values"], f"node {node['id']}"
+            continue
         assert node["type"] in defs, f"node {node['id']}: unknown type {node['type']}"
         inputs, outputs = defs[node["type"]]
         widget_specs = [(name, spec) for name, spec in inputs.items() if is_widget(spec)]
@@ -112,10 +119,131 @@ def test_ui_workflow_fits_the_node_definitions(pack, path):
 def test_ui_and_api_twins_agree(pack, ui_path):
     ui = json.loads(ui_path.read_text())
     api = json.loads((REPO / "workflows" / "api" / f"{ui_path.stem}.api.json").read_text())
-    assert {str(n["id"]): n["type"] for n in ui["nodes"]} == {k: v["class_type"] for k, v in api.items()}
+    executed = [n for n in ui["nodes"] if n["type"] not in FRONTEND_ONLY]
+    assert {str(n["id"]): n["type"] for n in executed} == {k: v["class_type"] for k, v in api.items()}
     defs = definitions(pack)
-    for node in ui["nodes"]:
+    for node in executed:
         inputs, _ = defs[node["type"]]
         widget_names = [name for name, spec in inputs.items() if is_widget(spec)]
         api_values = [api[str(node["id"])]["inputs"][name] for name in widget_names]
         assert node["widgets_values"] == api_values, f"node {node['id']}"
+
+
+def box(node):
+    """A node's box on the canvas, title bar included: (x0, y0, x1, y1)."""
+    (x, y), (w, h) = node["pos"], node["size"]
+    return x, y - TITLE_H, x + w, y + h
+
+
+def overlap(a, b):
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def inside(inner, outer):
+    return outer[0] <= inner[0] and outer[1] <= inner[1] and inner[2] <= outer[2] and inner[3] <= outer[3]
+
+
+@pytest.mark.parametrize("path", UI_WORKFLOWS, ids=lambda p: p.name)
+def test_no_two_nodes_overlap(path):
+    nodes = json.loads(path.read_text())["nodes"]
+    for i, a in enumerate(nodes):
+        for b in nodes[i + 1:]:
+            assert not overlap(box(a), box(b)), f"nodes {a['id']} ({a['type']}) and {b['id']} ({b['type']}) overlap"
+
+
+def least_size(node, spec_inputs, outputs):
+    """The smallest body the canvas (LiteGraph, frontend 1.49) gives a node: a 20 px row per socket row,
+    each widget 20 px + 4 (a text box at least 50 + 4), 8 px after the widgets, 6 px at the bottom; at
+    least 1.5 x 140 px wide with widgets."""
+    sockets = [n for n, s in spec_inputs.items() if not is_widget(s)]
+    widgets = [s for s in spec_inputs.values() if is_widget(s)]
+    heights = [50 if s[0] == "STRING" and len(s) > 1 and s[1].get("multiline") else 20 for s in widgets]
+    if node["type"] in FRONTEND_ONLY:
+        heights.append(50)  # the Note's text box
+    if node["type"] == "PreviewAny":
+        heights += [60, 20]  # the box it shows its value in, its markdown toggle (as frontend 1.49 sizes them)
+    rows = max(len(sockets), len(outputs), 1)
+    height = rows * 20 + (sum(h + 4 for h in heights) + 8 if heights else 0) + 6
+    return (210 if heights else 140), height
+
+
+@pytest.mark.parametrize("path", UI_WORKFLOWS, ids=lambda p: p.name)
+def test_node_sizes_fit_their_sockets_and_widgets(pack, path):
+    defs = definitions(pack)
+    for node in json.loads(path.read_text())["nodes"]:
+        spec_inputs, outputs = defs.get(node["type"], ({}, ()))
+        width, height = least_size(node, spec_inputs, outputs)
+        assert node["size"][0] >= width and node["size"][1] >= height, \
+            f"node {node['id']} ({node['type']}): {node['size']} is smaller than {[width, height]}"
+        if node["type"] in ("SaveImage", "PreviewImage", "QwenLoRATrain"):  # room for the image shown on it
+            assert node["size"][1] >= height + 220, f"node {node['id']} ({node['type']}) has no room for its image"
+
+
+@pytest.mark.parametrize("path", UI_WORKFLOWS, ids=lambda p: p.name)
+def test_groups_are_the_stages_and_hold_their_nodes(path):
+    wf = json.loads(path.read_text())
+    groups = wf["groups"]
+    titles = [g["title"].lower() for g in groups]
+    for stage in STAGES:
+        assert sum(stage in t for t in titles) == 1, f"no single group titled {stage!r}: {titles}"
+    boxes = [(g["bounding"][0], g["bounding"][1] + 36, g["bounding"][0] + g["bounding"][2],
+              g["bounding"][1] + g["bounding"][3]) for g in groups]  # below the group's title bar
+    for i, a in enumerate(groups):
+        for b in groups[i + 1:]:
+            assert not overlap(boxes[groups.index(a)], boxes[groups.index(b)]), f"{a['title']} / {b['title']}"
+    for node in wf["nodes"]:
+        if node["type"] in FRONTEND_ONLY:
+            continue
+        holders = [g["title"] for g, b in zip(groups, boxes) if inside(box(node), b)]
+        assert len(holders) == 1, f"node {node['id']} ({node['type']}) is in groups {holders}"
+    stage_of = {n["type"]: next(g["title"].lower() for g, b in zip(groups, boxes) if inside(box(n), b))
+                for n in wf["nodes"] if n["type"] not in FRONTEND_ONLY}
+    assert "models" in stage_of["QwenLoRALoadModels"] and "data" in stage_of["QwenLoRACache"]
+    assert "lora and optimizer" in stage_of["QwenLoRAOptimizer"] and "training" in stage_of["QwenLoRATrain"]
+    assert "saving" in stage_of["QwenLoRASave"]
+
+
+@pytest.mark.parametrize("path", UI_WORKFLOWS, ids=lambda p: p.name)
+def test_a_note_says_how_to_use_the_workflow_and_stays_out_of_the_prompt(path):
+    wf = json.loads(path.read_text())
+    notes = [n for n in wf["nodes"] if n["type"] == "Note"]
+    assert len(notes) == 1
+    (text,) = notes[0]["widgets_values"]
+    assert "queue" in text.lower() and len(text.splitlines()) <= 10
+    assert notes[0]["mode"] == 0 and "text" in notes[0]["properties"]
+    api = json.loads((REPO / "workflows" / "api" / f"{path.stem}.api.json").read_text())
+    assert str(notes[0]["id"]) not in api
+    assert wf["last_node_id"] >= max(n["id"] for n in wf["nodes"])
+
+
+def test_the_workflow_files_are_what_the_build_script_writes(pack):
+    """The committed workflows match tools/build_workflows.py (run it after changing a node)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_workflows", REPO / "tools" / "build_workflows.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    assert {f"{stem}.json" for stem in build.WORKFLOWS} == {p.name for p in UI_WORKFLOWS}
+    for stem, (overrides, note) in build.WORKFLOWS.items():
+        ui, api = build.build(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, overrides, note)
+        assert json.loads((REPO / "workflows" / f"{stem}.json").read_text()) == ui, stem
+        assert json.loads((REPO / "workflows" / "api" / f"{stem}.api.json").read_text()) == api, stem
+
+
+def test_the_tiny_workflow_validates_without_any_model_file(pack, tmp_path, monkeypatch):
+    """The first-run workflow needs nothing downloaded: its values are valid in a ComfyUI whose model
+    folders are empty, and its dataset is the example shipped with the pack."""
+    monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path / "empty"))
+    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_first_run.api.json").read_text())
+    defs = definitions(pack)
+    for node_id, node in prompt.items():
+        inputs, _ = defs[node["class_type"]]
+        for name, value in node["inputs"].items():
+            if not isinstance(value, list):
+                check_value(f"node {node_id}.{name}", inputs[name], value)
+    assert prompt["1"]["inputs"]["source"] == "tiny test model (random weights)"
+    from importlib import import_module
+
+    data_nodes = import_module(f"{pack.__name__}.nodes.data_nodes")
+    folder = data_nodes.dataset_folder(prompt["2"]["inputs"]["folder"])
+    assert len(list(__import__("pathlib").Path(folder).glob("*.png"))) == 8

@@ -1,7 +1,14 @@
 """Writes workflows/*.json (UI format for the canvas, API format for POST /prompt) from one graph.
 
 Run after changing a node's inputs: `python tools/build_workflows.py`. tests/test_workflows.py checks
-both files against the node definitions.
+every file against the node definitions, that no two nodes overlap and that each stage's group holds
+its nodes.
+
+Two workflows come from the same graph (NODES, LINKS): the real one (Qwen-Image files, settings a real
+run wants) and a tiny one (the built-in random tiny model and the example dataset shipped with the pack)
+that trains and previews in about a minute on a CPU. Node sizes and positions are computed here, not
+stored: a node's size follows its sockets and widgets (see `node_size`), nodes are stacked in columns
+inside their stage's group, so a widget added to a node moves the nodes below it instead of hiding them.
 """
 
 from __future__ import annotations
@@ -14,44 +21,59 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "workflows"
 
-# (id, class, widget values by input name, canvas position)
+# Stages: group key -> (title, canvas column, colour). Groups in one column are stacked top to bottom.
+GROUPS = {
+    "models": ("1. Models", 0, "#3f789e"),
+    "data": ("2. Data and cache", 0, "#3f789e"),
+    "lora": ("3. LoRA and optimizer", 1, "#8A8"),
+    "train": ("4. Training (queue again to continue)", 2, "#b06634"),
+    "look": ("5. Looking and saving", 3, "#88A"),
+}
+
+# (id, class, widget values by input name, (group, sub-column inside the group)). One node per entry;
+# inside a group's sub-column nodes are stacked in this order. The values are the ones a real run wants
+# (README, "Why these defaults"): learning rate 1e-4 with rank = alpha = 16 and 8-bit AdamW, 50 warm-up
+# steps, 250 steps a queue (a preview and a LoRA file about every 250 steps, as ai-toolkit's Qwen-Image
+# example samples and saves).
 NODES = [
     (1, "QwenLoRALoadModels", {"source": "ComfyUI model files",
                                "transformer": "qwen_image_fp8_e4m3fn.safetensors",
                                "text_encoder": "qwen_2.5_vl_7b_fp8_scaled.safetensors",
                                "vae": "qwen_image_vae.safetensors", "diffusers_folder": "",
                                "storage": "float8", "compute_dtype": "auto", "text_encoder_fp8": "dequantize"},
-     (40, 60)),
+     ("models", 0)),
     (2, "QwenLoRADataset", {"folder": "my_lora_dataset", "resolution": 1024, "enable_buckets": True,
                             "min_bucket_side": 512, "max_bucket_side": 2048, "repeats": 1,
                             "caption_extension": ".txt", "missing_caption": "error",
                             "upscale_small_images": False, "background": "white",
                             "allow_large_images": False, "validation_images": 0,
-                            "input_folder": "(custom path)"}, (40, 300)),
+                            "input_folder": "(custom path)"}, ("data", 0)),
     (3, "QwenLoRACache", {"preview_prompts": "a photo of sks dog on a beach", "negative_prompt": "",
-                          "caching_batch_size": 4, "cache_folder": ""}, (420, 160)),
+                          "caching_batch_size": 4, "cache_folder": ""}, ("data", 0)),
     (4, "QwenLoRAConfig", {"rank": 16, "alpha": 16.0, "dropout": 0.0, "targets": "attention+mlp",
-                           "dtype": "float32"}, (420, 440)),
+                           "dtype": "float32"}, ("lora", 0)),
     (5, "QwenLoRAOptimizer", {"optimizer": "adamw8bit", "learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.999,
-                              "eps": 1e-8, "weight_decay": 0.01, "warmup_steps": 20, "schedule": "constant",
-                              "schedule_steps": 1000, "min_lr_ratio": 0.0, "max_grad_norm": 1.0}, (420, 680)),
+                              "eps": 1e-8, "weight_decay": 0.01, "warmup_steps": 50, "schedule": "constant",
+                              "schedule_steps": 1000, "min_lr_ratio": 0.0, "max_grad_norm": 1.0}, ("lora", 0)),
     (6, "QwenLoRAInitTrainer", {"run_name": "my_qwen_lora", "micro_batch_size": 1, "grad_accum_steps": 1,
                                 "gradient_checkpointing": True, "blocks_to_swap": -1, "training_seed": 42,
                                 "timestep_sampling": "logit_normal", "logit_mean": 0.0, "logit_std": 1.0,
                                 "resolution_shift": True, "caption_dropout": 0.0, "checkpoint_every": 100,
                                 "max_nonfinite_steps": 3, "continue_from_lora": "(none: start from zero)",
                                 "validation_every": 0},
-     (820, 160)),
-    (7, "QwenLoRATrain", {"steps": 100, "preview_every": 25, "preview_size": 512, "preview_sampling_steps": 20,
-                          "snapshot_every": 0}, (1200, 160)),
+     ("train", 0)),
+    (13, "PreviewAny", {}, ("train", 0)),  # Init Trainer's status: started/resumed, blocks_to_swap, memory plan
+    (7, "QwenLoRATrain", {"steps": 250, "preview_every": 25, "preview_size": 512, "preview_sampling_steps": 20,
+                          "snapshot_every": 0}, ("train", 1)),
+    (14, "PreviewAny", {}, ("train", 1)),  # Train Steps' report: steps, losses, speed
     (8, "QwenLoRAPreview", {"prompt": "", "width": 1024, "height": 1024, "steps": 20, "cfg": 4.0,
-                            "preview_seed": 0}, (1520, 60)),
-    (9, "QwenLoRALossPlot", {"width": 768, "height": 384}, (1520, 380)),
-    (10, "QwenLoRASave", {"filename": "{run_name}_{step}", "dtype": "bfloat16", "layout": "comfyui"}, (1520, 560)),
-    (11, "SaveImage", {"filename_prefix": "qwen_lora/preview"}, (1880, 60)),
-    (12, "PreviewImage", {}, (1880, 380)),
-    (13, "PreviewAny", {}, (820, 640)),  # Init Trainer's status: started/resumed, blocks_to_swap, memory plan
-    (14, "PreviewAny", {}, (1200, 420)),  # Train Steps' report: steps, losses, speed
+                            "preview_seed": 0}, ("look", 0)),
+    (10, "QwenLoRASave", {"filename": "{run_name}_{step}", "dtype": "bfloat16", "layout": "comfyui"}, ("look", 0)),
+    (9, "QwenLoRALossPlot", {"width": 768, "height": 384}, ("look", 0)),
+    (11, "SaveImage", {"filename_prefix": "qwen_lora/preview"}, ("look", 1)),
+    (12, "PreviewImage", {}, ("look", 1)),
+    (15, "QwenLoRACompareSteps", {"columns": 0, "tile_size": 256}, ("look", 0)),  # the live previews side by side
+    (16, "PreviewImage", {}, ("look", 1)),
 ]
 
 # (from node, from output slot, to node, to input name)
@@ -60,7 +82,46 @@ LINKS = [
     (1, 0, 6, "models"), (3, 0, 6, "cached_dataset"), (4, 0, 6, "lora_config"), (5, 0, 6, "optimizer_config"),
     (6, 0, 7, "trainer"), (7, 0, 8, "trainer"), (7, 0, 9, "trainer"), (7, 0, 10, "trainer"),
     (8, 0, 11, "images"), (9, 0, 12, "images"), (6, 1, 13, "source"), (7, 2, 14, "source"),
+    (7, 0, 15, "trainer"), (15, 0, 16, "images"),
 ]
+
+NOTE_ID = 100
+
+MAIN_NOTE = """How to train a Qwen-Image LoRA
+1. Models: put ComfyUI's Qwen-Image files in models/diffusion_models, text_encoders and vae.
+2. Data: a folder of images with same-name .txt captions; set its path in Dataset.
+3. Queue: Train Steps trains 250 steps per queue and shows the loss live.
+   Queue again to continue; a stopped run resumes from its last checkpoint.
+4. Preview shows the LoRA as it is now; Save writes it to models/loras.
+No model files yet? Open the tiny example workflow: it runs on a CPU in about a minute."""
+
+TINY_NOTE = """First run: the built-in tiny model (random weights) and 8 example images.
+Queue it: 200 steps train in seconds on a CPU; the loss falls (about 1.4 to 0.3)
+and the preview changes. Queue again to continue. Nothing to download.
+It only shows the workflow working: a random model makes no real pictures.
+For a real LoRA open qwen_image_lora_training and point it at your files."""
+
+# The tiny workflow: the same graph with these values changed.
+TINY = {
+    1: {"source": "tiny test model (random weights)", "transformer": "(not used)", "text_encoder": "(not used)",
+        "vae": "(not used)", "compute_dtype": "float32"},
+    2: {"folder": "(example: coloured shapes)", "resolution": 64, "min_bucket_side": 32, "max_bucket_side": 128},
+    3: {"preview_prompts": "a red circle on a white background", "cache_folder": "qwen_lora_training/tiny_cache"},
+    4: {"rank": 8, "alpha": 8.0, "targets": "all"},
+    5: {"learning_rate": 2e-3, "warmup_steps": 5, "weight_decay": 0.0},
+    6: {"run_name": "tiny_first_run", "micro_batch_size": 2, "gradient_checkpointing": False,
+        "blocks_to_swap": 0, "checkpoint_every": 200},
+    7: {"steps": 200, "preview_every": 50, "preview_size": 64, "preview_sampling_steps": 10},
+    15: {"tile_size": 128},
+    8: {"width": 64, "height": 64},
+    9: {"width": 512, "height": 256},
+    11: {"filename_prefix": "qwen_lora/tiny_preview"},
+}
+
+WORKFLOWS = {  # file stem -> (value overrides by node id, note text)
+    "qwen_image_lora_training": ({}, MAIN_NOTE),
+    "qwen_image_lora_tiny_first_run": (TINY, TINY_NOTE),
+}
 
 # Core nodes the workflow uses, as ComfyUI declares them (name, type) for inputs; outputs none.
 CORE_INPUTS = {
@@ -68,6 +129,26 @@ CORE_INPUTS = {
     "PreviewImage": {"required": {"images": ("IMAGE",)}},
     "PreviewAny": {"required": {"source": ("*", {})}},
 }
+
+# --- Sizes, the way the LiteGraph canvas (ComfyUI frontend 1.49) computes a node's size: the title bar
+# (30 px) sits above `pos`; the body has one 20 px row per socket row (inputs and outputs side by side),
+# then every widget (20 px, multiline text boxes at least 50 px) plus 4 px, 8 px after the widgets and
+# 6 px at the bottom. Width: at least 1.5 x 140 px with widgets, and the longest label with its value.
+TITLE_H = 30
+SLOT_H = 20
+WIDGET_H = 20
+TEXTBOX_H = 80  # a multiline text box (the canvas' minimum is 50)
+CHAR_W = 7.0  # widget text (the canvas measures its ~12 px font; 7 px a character covers it)
+IMAGE_H = 260  # room for an image shown on the node (the canvas' image preview wants at least 220)
+IMAGE_W = 360
+# Nodes that show an image while or after they run (Train Steps' live loss plot is a progress preview).
+SHOWS_IMAGE = {"SaveImage", "PreviewImage", "QwenLoRATrain"}
+DISPLAY_TEXTBOX = {"PreviewAny"}  # the canvas adds a text box that shows the value, and a markdown toggle
+REPORT_H = 120
+NOTE_SIZE = (430, 170)
+GAP = 30  # between stacked nodes (below a node's body, above the next one's title bar)
+GROUP_PAD = 12
+GROUP_TITLE_H = 40  # a group's title bar (font 24)
 
 
 def load_pack():
@@ -92,17 +173,89 @@ def is_widget(spec: tuple) -> bool:
     return isinstance(kind, list) or kind in ("INT", "FLOAT", "STRING", "BOOLEAN")
 
 
-def build(mappings, titles: dict[str, str]) -> tuple[dict, dict]:
+def is_textbox(spec: tuple) -> bool:
+    return spec[0] == "STRING" and len(spec) > 1 and bool(spec[1].get("multiline"))
+
+
+def node_size(cls_name: str, title: str, inputs: dict, values: dict, out_names: list[str]) -> tuple[int, int]:
+    """(width, height) of a node's body (the title bar is above it)."""
+    sockets = [n for n, s in inputs.items() if not is_widget(s)]
+    widgets = [(n, s) for n, s in inputs.items() if is_widget(s)]
+    rows = max(len(sockets), len(out_names), 1)
+    height = rows * SLOT_H
+    widget_heights = [TEXTBOX_H if is_textbox(s) else WIDGET_H for _, s in widgets]
+    if cls_name in DISPLAY_TEXTBOX:  # the value's text box (room for a report of a few lines) and a toggle
+        widget_heights += [REPORT_H, WIDGET_H]
+    if widget_heights:
+        height += sum(h + 4 for h in widget_heights) + 8
+    height += 6
+    if cls_name in SHOWS_IMAGE:
+        height += IMAGE_H
+    width = 1.5 * 140 if widget_heights else 140
+    if cls_name in SHOWS_IMAGE or cls_name in DISPLAY_TEXTBOX:
+        width = IMAGE_W
+    width = max(width, len(title) * 8.4 + TITLE_H * 1.33,  # the title, at the canvas' 14 px font
+                (max(map(len, sockets), default=0) + max(map(len, out_names), default=0)) * CHAR_W + 2 * SLOT_H + 5)
+    for name, spec in widgets:
+        shown = "" if is_textbox(spec) else str(values.get(name, ""))
+        # label + value + the widget's margins and arrows (2 x (15 + 6 + 10)) + a gap between them
+        width = max(width, min(len(name) + len(shown), 64) * CHAR_W + 62 + 20)
+    return int(round(width / 10 + 0.49)) * 10, int(round(height / 10 + 0.49)) * 10
+
+
+def layout(sizes: dict[int, tuple[int, int]], places: dict[int, tuple[str, int]]):
+    """Positions of the nodes (top-left of the body) and the groups' bounding boxes [x, y, w, h]."""
+    positions, groups = {}, {}
+    column_x = 40
+    note_h = NOTE_SIZE[1] + TITLE_H + GAP
+    for column in sorted({c for _, c, _ in GROUPS.values()}):
+        y = 40 + (note_h if column == 0 else 0)  # the Note sits above the first column
+        column_w = 0
+        for key, (_title, col, _colour) in GROUPS.items():
+            if col != column:
+                continue
+            members = [i for i, (g, _) in places.items() if g == key]
+            if not members:
+                continue
+            x = column_x + GROUP_PAD
+            top = y + GROUP_TITLE_H + TITLE_H
+            bottom = top
+            for sub in sorted({places[i][1] for i in members}):
+                sub_y, sub_w = top, 0
+                for i in (i for i in members if places[i][1] == sub):
+                    positions[i] = (x, sub_y)
+                    sub_y += sizes[i][1] + GAP + TITLE_H
+                    sub_w = max(sub_w, sizes[i][0])
+                bottom = max(bottom, sub_y - GAP - TITLE_H)
+                x += sub_w + GAP
+            width = x - GAP + GROUP_PAD - column_x
+            groups[key] = [column_x, y, width, bottom + GROUP_PAD - y]
+            column_w = max(column_w, width)
+            y = bottom + GROUP_PAD + GAP
+        column_x += column_w + 40
+    return positions, groups
+
+
+def build(mappings, titles: dict[str, str], overrides: dict | None = None, note: str = "") -> tuple[dict, dict]:
+    overrides = overrides or {}
+    nodes = [(i, c, {**v, **overrides.get(i, {})}, place) for i, c, v, place in NODES]
     api, ui_nodes, ui_links = {}, [], []
     link_ids = {}
     for link_id, (src, slot, dst, name) in enumerate(LINKS, start=1):
         link_ids[(dst, name)] = link_id
-        src_cls = next(c for i, c, *_ in NODES if i == src)
+        src_cls = next(c for i, c, *_ in nodes if i == src)
         out_type = mappings[src_cls].RETURN_TYPES[slot]
-        dst_index = [n for n, s in input_types(next(c for i, c, *_ in NODES if i == dst), mappings).items()
+        dst_index = [n for n, s in input_types(next(c for i, c, *_ in nodes if i == dst), mappings).items()
                      if not is_widget(s)].index(name)
         ui_links.append([link_id, src, slot, dst, dst_index, out_type])
-    for order, (node_id, cls_name, values, pos) in enumerate(NODES):
+    sizes = {}
+    for node_id, cls_name, values, _place in nodes:
+        cls = mappings.get(cls_name)
+        out_names = list(getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)) if cls else []
+        sizes[node_id] = node_size(cls_name, titles.get(cls_name, cls_name), input_types(cls_name, mappings),
+                                   values, out_names)
+    positions, group_boxes = layout(sizes, {i: place for i, _c, _v, place in nodes})
+    for order, (node_id, cls_name, values, _place) in enumerate(nodes):
         inputs = input_types(cls_name, mappings)
         api_inputs = {}
         ui_inputs, widgets_values = [], []
@@ -123,25 +276,36 @@ def build(mappings, titles: dict[str, str]) -> tuple[dict, dict]:
                 links = [lid for lid, (s, sl, *_r) in enumerate(LINKS, start=1) if s == node_id and sl == slot]
                 outputs.append({"name": out_name, "type": out_type, "links": links, "slot_index": slot})
         ui_nodes.append({
-            "id": node_id, "type": cls_name, "pos": list(pos), "size": [340, 200], "flags": {}, "order": order,
-            "mode": 0, "inputs": ui_inputs, "outputs": outputs,
+            "id": node_id, "type": cls_name, "pos": list(positions[node_id]), "size": list(sizes[node_id]),
+            "flags": {}, "order": order, "mode": 0, "inputs": ui_inputs, "outputs": outputs,
             "properties": {"Node name for S&R": cls_name}, "widgets_values": widgets_values,
         })
+    if note:
+        # ComfyUI's core Note: a frontend-only (virtual) node holding one text box; the canvas leaves it out
+        # of the prompt it queues, so the API twin has no entry for it.
+        ui_nodes.append({
+            "id": NOTE_ID, "type": "Note", "pos": [40 + GROUP_PAD, 40 + TITLE_H], "size": list(NOTE_SIZE),
+            "flags": {}, "order": len(nodes), "mode": 0, "inputs": [], "outputs": [],
+            "properties": {"text": ""}, "widgets_values": [note], "color": "#432", "bgcolor": "#653",
+        })
+    groups = [{"id": n, "title": GROUPS[key][0], "bounding": box, "color": GROUPS[key][2], "font_size": 24,
+               "flags": {}} for n, (key, box) in enumerate(group_boxes.items(), start=1)]
     ui = {
-        "last_node_id": max(n[0] for n in NODES), "last_link_id": len(LINKS), "nodes": ui_nodes,
-        "links": ui_links, "groups": [], "config": {}, "extra": {}, "version": 0.4,
+        "last_node_id": max(n["id"] for n in ui_nodes), "last_link_id": len(LINKS), "nodes": ui_nodes,
+        "links": ui_links, "groups": groups, "config": {}, "extra": {}, "version": 0.4,
     }
     return ui, api
 
 
 def main() -> None:
     pack = load_pack()
-    ui, api = build(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS)
     OUT.mkdir(exist_ok=True)
-    (OUT / "qwen_image_lora_training.json").write_text(json.dumps(ui, indent=2) + "\n")
     (OUT / "api").mkdir(exist_ok=True)
-    (OUT / "api" / "qwen_image_lora_training.api.json").write_text(json.dumps(api, indent=2) + "\n")
-    print("wrote", OUT / "qwen_image_lora_training.json", "and its API twin")
+    for stem, (overrides, note) in WORKFLOWS.items():
+        ui, api = build(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, overrides, note)
+        (OUT / f"{stem}.json").write_text(json.dumps(ui, indent=2) + "\n")
+        (OUT / "api" / f"{stem}.api.json").write_text(json.dumps(api, indent=2) + "\n")
+        print("wrote", OUT / f"{stem}.json", "and its API twin")
 
 
 if __name__ == "__main__":

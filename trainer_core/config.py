@@ -30,9 +30,12 @@ TEXT_ENCODER_FP8_MODES = ("dequantize", "keep")  # an fp8-scaled text encoder fi
 LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")  # LoRA file key layouts (lora_files)
 SAVE_DTYPES = ("bfloat16", "float16", "float32")  # precision of a saved LoRA file (torch dtype names)
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
+# A model file choice for workflows that load no files (the tiny model, a diffusers folder): always listed,
+# so such a workflow validates in a ComfyUI without the Qwen-Image files.
+NOT_USED = "(not used)"
 MODEL_SOURCES = ("ComfyUI model files", "diffusers folder", "tiny test model (random weights)")
-NO_LORA = "(none: start from zero)"
-CUSTOM_FOLDER = "(custom path)"  # the dataset input_folder choice that uses the typed folder path  # the continue_from_lora choice that starts a new adapter
+NO_LORA = "(none: start from zero)"  # the continue_from_lora choice that starts a new adapter
+CUSTOM_FOLDER = "(custom path)"  # the dataset input_folder choice that uses the typed folder path
 # The memory planner models these block storages (float32 blocks are a CPU/test mode it does not cover).
 PLAN_STORAGE_MODES = tuple(m for m in STORAGE_MODES if m != "float32")
 
@@ -41,7 +44,8 @@ PLAN_STORAGE_MODES = tuple(m for m in STORAGE_MODES if m != "float32")
 class DatasetConfig:
     folder: str = _f(
         "", "Folder of training images (png/jpg/jpeg/webp), each with a same-name .txt caption. A relative path is "
-        "inside ComfyUI's input folder. Used when input_folder is '(custom path)'.")
+        "inside ComfyUI's input folder. Used when input_folder is '(custom path)'. '(example: coloured shapes)' is "
+        "the 8-image example shipped with the nodes.")
     resolution: int = _f(
         1024, "Training resolution: buckets hold about resolution x resolution pixels, sides multiples of 32.",
         min=64, max=4096, step=32,
@@ -240,13 +244,14 @@ class LoadConfig:
     # when present: the file names of ComfyUI's repackaged Qwen-Image.
     transformer: str = _f(
         "qwen_image_fp8_e4m3fn.safetensors", "Qwen-Image transformer file from models/diffusion_models "
-        "(qwen_image_fp8_e4m3fn or qwen_image_bf16).", file_list="diffusion_models",
+        "(qwen_image_fp8_e4m3fn or qwen_image_bf16).", file_list="diffusion_models", extra_choices=(NOT_USED,),
     )
     text_encoder: str = _f(
         "qwen_2.5_vl_7b_fp8_scaled.safetensors", "Qwen2.5-VL 7B text encoder from models/text_encoders "
-        "(qwen_2.5_vl_7b_fp8_scaled or qwen_2.5_vl_7b).", file_list="text_encoders",
+        "(qwen_2.5_vl_7b_fp8_scaled or qwen_2.5_vl_7b).", file_list="text_encoders", extra_choices=(NOT_USED,),
     )
-    vae: str = _f("qwen_image_vae.safetensors", "Qwen-Image VAE from models/vae (qwen_image_vae).", file_list="vae")
+    vae: str = _f("qwen_image_vae.safetensors", "Qwen-Image VAE from models/vae (qwen_image_vae).", file_list="vae",
+              extra_choices=(NOT_USED,))
     diffusers_folder: str = _f(
         "", "Path of a diffusers Qwen-Image folder (with transformer/, vae/, text_encoder/, tokenizer/). Used when "
         "source is 'diffusers folder'.",
