@@ -82,8 +82,6 @@ class DatasetConfig:
     def validate(self) -> None:
         _check_range(self, "resolution", "repeats", "min_bucket_side", "max_bucket_side", "validation_images")
         _check_choice(self, "missing_caption")
-        from .data import parse_colour  # (data imports this module)
-
         parse_colour(self.background)
         for name in ("resolution", "min_bucket_side", "max_bucket_side"):
             if getattr(self, name) % 32:
@@ -388,6 +386,18 @@ def parse_blocks_to_swap(value: int | str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise UserInputError(f"blocks_to_swap={value!r} must be a whole number or 'auto'.")
     return value
+
+
+def parse_colour(text: str, what: str = "background") -> tuple[int, int, int]:
+    """A colour name or #RRGGBB as an RGB tuple."""
+    from PIL import ImageColor  # here, not at the top: this module stays free of heavy imports
+
+    try:
+        return ImageColor.getrgb(text.strip())[:3]
+    except (ValueError, AttributeError):
+        raise UserInputError(
+            f"dataset {what}={text!r} is not a colour: use a name (white, black, gray, ...) or #RRGGBB."
+        ) from None
 
 
 def check_run_name(name: str) -> str:

@@ -24,7 +24,6 @@ from PIL import (
     BmpImagePlugin,
     GifImagePlugin,
     Image,
-    ImageColor,
     ImageOps,
     JpegImagePlugin,
     PngImagePlugin,
@@ -33,7 +32,7 @@ from PIL import (
     WebPImagePlugin,
 )
 
-from .config import DatasetConfig
+from .config import DatasetConfig, parse_colour
 from .errors import UserInputError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
@@ -199,16 +198,6 @@ def read_file(path: Path, kind: str = "image", thing: str = "an image file") -> 
         raise UserInputError(
             f"{kind} {path} cannot be read ({e.strerror or e}). Check the disk, copy the file again, or remove it "
             "from the dataset folder."
-        ) from None
-
-
-def parse_colour(text: str, what: str = "background") -> tuple[int, int, int]:
-    """A colour name or #RRGGBB as an RGB tuple."""
-    try:
-        return ImageColor.getrgb(text.strip())[:3]
-    except (ValueError, AttributeError):
-        raise UserInputError(
-            f"dataset {what}={text!r} is not a colour: use a name (white, black, gray, ...) or #RRGGBB."
         ) from None
 
 
