@@ -207,6 +207,12 @@ class _BackwardMark(torch.autograd.Function):
         return (None, *grads)
 
 
+def swapped_blocks(num_blocks: int, blocks_to_swap: int) -> list[int]:
+    """The blocks whose frozen weights are swapped (kept in host memory, copied in when they run): the last
+    `blocks_to_swap`. The loader uses this too, to read those weights straight into host memory."""
+    return list(range(num_blocks - blocks_to_swap, num_blocks)) if blocks_to_swap else []
+
+
 class BlockRunner:
     """Installs checkpointing and swapping on every block of `transformer` (see module docstring)."""
 
@@ -217,7 +223,7 @@ class BlockRunner:
         self.checkpointing = checkpointing
         blocks = transformer.transformer_blocks
         n = len(blocks)
-        swapped = list(range(n - blocks_to_swap, n)) if blocks_to_swap else []
+        swapped = swapped_blocks(n, blocks_to_swap)
         self._place(swapped)
         self.swapper = BlockSwapper(transformer, swapped, device) if swapped else None
         for i, block in enumerate(blocks):
