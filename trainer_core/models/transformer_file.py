@@ -113,7 +113,11 @@ class TransformerFile:
     def load(self, device: torch.device = torch.device("cpu"), host_blocks: set[int] = frozenset()) -> nn.Module:
         """The frozen model in eval mode: the frozen Linear weights of the blocks in `host_blocks` (and their
         scales) in host memory, everything else on `device`. Block Linear weights stored per `storage`."""
-        model = self._empty()
+        return self.fill(self._empty(), device, host_blocks)
+
+    def fill(self, model: nn.Module, device: torch.device = torch.device("cpu"),
+             host_blocks: set[int] = frozenset()) -> nn.Module:
+        """`load` into an empty model made by `empty_transformer(self.config)`."""
         scales = {name: scale.clone() for name, scale in self.scales.items()}  # the model's own copies
         blocks = model.transformer_blocks
         host_weights = {f"{BLOCKS}.{i}.{name}.weight" for i in host_blocks for name, _ in frozen_linears(blocks[i])}
