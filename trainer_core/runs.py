@@ -32,8 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from .cache import CachedDataset
 from .config import LoraConfig, OptimizerConfig, TrainConfig, check_run_name, to_dict
 from .errors import UserInputError
@@ -223,8 +221,7 @@ def _park(components: QwenImageComponents) -> str:
         components.transformer.to("cpu")
         where = "the model moved to the CPU"
     components.park_vae()
-    if components.device.type == "cuda":
-        torch.cuda.empty_cache()
+    components.give_memory_back()
     return where
 
 

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..host_memory import give_back_freed_memory
+
 
 @dataclass
 class QwenImageComponents:
@@ -86,7 +88,7 @@ class QwenImageComponents:
             self.fingerprint("text_encoder")  # keep its identity for cache look-ups
         self.text_encoder = None
         self.tokenizer = None
-        self._return_device_memory()
+        self.give_memory_back()
 
     def ensure_text_encoder(self) -> None:
         """Bring the text encoder (and tokenizer) in, on `device`, if it is not loaded."""
@@ -115,7 +117,7 @@ class QwenImageComponents:
                 self.vae = None
             else:
                 self.vae.to("cpu")
-            self._return_device_memory()
+            self.give_memory_back()
 
     def vae_scale_factor(self) -> int | None:
         """Pixels per latent cell, from the VAE or its file's config; None when neither is at hand."""
@@ -144,14 +146,16 @@ class QwenImageComponents:
         if self.transformer is None or self.transformer_source is None:
             return False
         self.transformer = None
-        self._return_device_memory()
+        self.give_memory_back()
         return True
 
     def loaded_parts(self) -> list[str]:
         """The parts in memory now, e.g. ['transformer', 'tokenizer']."""
         return [part for part in ("transformer", "vae", "text_encoder", "tokenizer") if getattr(self, part) is not None]
 
-    def _return_device_memory(self) -> None:
+    def give_memory_back(self) -> None:
+        """After dropping a part: its host memory to the OS, the GPU's cached blocks to the driver."""
+        give_back_freed_memory()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
