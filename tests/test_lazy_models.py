@@ -160,3 +160,30 @@ def test_the_text_encoder_identity_names_how_it_computes(tiny_files, fp8):
                  text_encoder_fp8="keep" if fp8 == "dequantize" else "dequantize")
     assert components.fingerprint("text_encoder") != other.fingerprint("text_encoder")
     assert components.fingerprint("transformer") == other.fingerprint("transformer")
+
+
+def test_a_checkpoint_named_by_the_weights_fingerprint_still_resumes(tiny_files, demo_folder, tmp_path):
+    """Checkpoints written before file identities name the base model by its weights' fingerprint: continued."""
+    import json
+
+    from trainer_core.checkpoint import LATEST, STATE_JSON, checkpoints_dir
+    from trainer_core.models.components import module_fingerprint
+    from trainer_core.models.transformer_file import load_transformer_file
+    from trainer_core.trainer import Trainer
+
+    components = load(tiny_files)
+    dataset = cached_demo(components, demo_folder, tmp_path / "cache")
+    settings = (LoraConfig(rank=4), OptimizerConfig(learning_rate=1e-3), TrainConfig(run_name="old"))
+    trainer = Trainer(components, dataset, *settings, run_dir=tmp_path / "run")
+    trainer.train(2)
+    trainer.save_checkpoint()
+    trainer.close()
+    state = checkpoints_dir(tmp_path / "run") / json.loads((checkpoints_dir(tmp_path / "run") / LATEST).read_text())["dir"] / STATE_JSON
+    meta = json.loads(state.read_text())
+    weights = module_fingerprint(load_transformer_file(tiny_files["transformer_fp8_e4m3fn"], "float8", torch.float32))
+    assert meta["base_fingerprint"] == components.fingerprint("transformer") != weights
+    state.write_text(json.dumps({**meta, "base_fingerprint": weights}))  # as the previous version wrote it
+
+    again = Trainer(load(tiny_files), dataset, *settings, run_dir=tmp_path / "run")
+    assert again.resume() and again.step == 2
+    again.close()

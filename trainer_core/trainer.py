@@ -41,7 +41,7 @@ from .finite import all_finite, nonfinite_names
 from .lora import inject_lora, matching_preset, remove_lora, target_module_names
 from .lora_files import LoraFile, check_targets, layout_metadata, load_into_adapter, lora_file_tensors, lora_metadata, read_lora_file
 from .planner.for_run import plan_run
-from .models.components import QwenImageComponents
+from .models.components import QwenImageComponents, module_fingerprint
 from .models.latents import pack_latents
 from .models.qwen_arch import PATCH_SIZE
 from .models.text import pad_prompt_batch
@@ -188,6 +188,12 @@ class Trainer:
         # A lazy model set reads the transformer now, straight into this placement.
         self.transformer = components.ensure_transformer(
             self.device, host_blocks=swapped_blocks(components.num_blocks, train.blocks_to_swap))
+        # Checkpoints name the base model they were trained on. A model set read from files names it by its
+        # file's identity; checkpoints written before (when every model set was named by its weights) are
+        # still continued: their name is the weights' fingerprint, taken here before the adapter joins.
+        self.accepted_base_fingerprints = {self.base_fingerprint}
+        if components.transformer_source is not None and self.run_dir is not None:
+            self.accepted_base_fingerprints.add(module_fingerprint(self.transformer))
         self.params = inject_lora(self.transformer, lora, seed=train.seed, modules=self.lora_modules)
         if self.init_lora is not None:
             load_into_adapter(self.transformer, self.init_lora.weights)
@@ -534,7 +540,7 @@ class Trainer:
         if meta["optimizer"]["optimizer"] != self.optim_cfg.optimizer:
             differences.append(f"optimizer: checkpoint {meta['optimizer']['optimizer']!r}, "
                                f"now {self.optim_cfg.optimizer!r}")
-        if meta["base_fingerprint"] != self.base_fingerprint:
+        if meta["base_fingerprint"] not in self.accepted_base_fingerprints:
             differences.append(f"base model: checkpoint {meta['base_model']!r}, now {self.components.name!r} "
                                "(different weights)")
         elif meta["param_names"] != self.param_names:
