@@ -24,8 +24,8 @@ from trainer_core.edit.tiny import build_tiny_edit_components
 from trainer_core.edit.variants import get_variant
 from trainer_core.models.latents import pack_latents
 
-SMALL_VAE_AREA = 64 * 64
-SMALL_CONDITION_AREA = 40 * 40
+SMALL_VAE_AREA = 128 * 128
+SMALL_CONDITION_AREA = 48 * 48
 
 
 @pytest.fixture

@@ -103,9 +103,12 @@ def control_size(variant: EditVariant, width: int, height: int, control_resoluti
 
 
 def check_control_aspect(name: str, width: int, height: int, size: ControlSize, control_resolution: int | None) -> None:
-    """A control whose aspect ratio the sized image cannot keep is refused by name."""
-    for what, (w, h) in (("VAE", size.vae), ("text encoder", size.condition)):
-        if w < 32 or h < 32 or abs(math.log((w / h) / (width / height))) > math.log(MAX_ASPECT_DISTORTION):
+    """A control whose aspect ratio its VAE image cannot keep is refused by name (the VAE image makes the control
+    tokens and their positions). The text encoder's smaller view is only required to exist: the processor
+    resizes it again to its own 28 px grid."""
+    checks = (("VAE", size.vae, MAX_ASPECT_DISTORTION), ("text encoder", size.condition, math.inf))
+    for what, (w, h), tolerance in checks:
+        if w < 32 or h < 32 or abs(math.log((w / h) / (width / height))) > math.log(tolerance):
             raise UserInputError(
                 f"control image {name} is {width}x{height} px: at the {what} image size of the edit model's rule "
                 f"({'the model default' if not control_resolution else f'control_resolution {control_resolution}'}) it "
