@@ -156,3 +156,17 @@ def test_one_training_step_loss_equals_the_reference_from_the_pipelines_pieces(s
     finally:
         trainer.close()
     assert loss == expected  # the same operations on the same numbers: bit for bit
+
+
+def test_memory_plan_counts_the_control_tokens(tmp_path):
+    from trainer_core.edit.objective import planned_image_size
+    from trainer_core.planner.for_run import inputs_for_run
+
+    write_sample(tmp_path / "d", "a", "edit", control_images()[:2])
+    cached = build_edit_cache(build_tiny_edit_components("edit-2509"), list(discover_edit(cfg(tmp_path / "d"))),
+                              tmp_path / "c", control_resolution=128)
+    sizes = cached.samples[0].control_sizes  # (160, 96) and (128, 128): 15360 + 16384 px beside the 64x64 target
+    assert planned_image_size(cached) == (64, -(-(64 * 64 + sum(w * h for w, h in sizes)) // (64 * 32)) * 32)
+    inputs = inputs_for_run(build_tiny_edit_components("edit-2509"), cached, LoraConfig(), OptimizerConfig(),
+                            TrainConfig())
+    assert (inputs.width, inputs.height) == planned_image_size(cached)

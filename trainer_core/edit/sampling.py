@@ -41,6 +41,10 @@ class ControlledTransformer(torch.nn.Module):
     def dtype(self):
         return self.inner.dtype
 
+    @property
+    def device(self):  # the pipeline finds its execution device through its modules' `device`
+        return self.inner.device
+
     def cache_context(self, name: str):
         return self.inner.cache_context(name)
 

@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserInputError
-
-# ComfyUI's marker of an Edit-2511 transformer file (a registered empty buffer, saved with the weights).
-ZERO_COND_MARKER = "__index_timestep_zero__"
+from ..models.layouts import EDIT_2511_MARKER as ZERO_COND_MARKER  # a registered empty buffer, saved with the weights
 
 
 @dataclass(frozen=True)

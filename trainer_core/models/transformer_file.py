@@ -79,10 +79,12 @@ def transformer_config(shapes: dict[str, tuple[int, ...]], sidecar: dict | None,
 
 def load_transformer_file(
     path: str | Path, storage: str = "float8", compute_dtype: torch.dtype = torch.bfloat16,
+    extra_config: dict | None = None,
 ) -> nn.Module:
     """The diffusers `QwenImageTransformer2DModel` from one file, on the CPU, frozen, in eval mode.
 
     Block Linear weights are stored per `storage` (see float8.py); everything else in `compute_dtype`.
+    `extra_config`: config values no tensor tells (Edit-2511's `zero_cond_t`, models/edit_files.py).
     """
     if storage not in STORAGE_MODES:
         raise UserInputError(f"storage={storage!r} is not one of {list(STORAGE_MODES)}.")
@@ -91,6 +93,7 @@ def load_transformer_file(
     names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
     file.require_floating([*names.values(), *scale_keys.values()])
     config = transformer_config({n: file.shapes[k] for n, k in names.items()}, file.sidecar_config(), str(file.path))
+    config = {**config, **(extra_config or {})}
     try:
         model = empty_transformer(config)
     except (TypeError, ValueError, KeyError, AttributeError) as e:
