@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import _check_range, _f
+from ..config import NOT_USED, LoadConfig, _check_range, _f
 from ..errors import UserInputError
 from .variants import VARIANT_CHOICES
 
@@ -27,7 +27,20 @@ class EditDataConfig:
 
 
 @dataclass
-class EditModelConfig:
+class EditLoadConfig(LoadConfig):
+    """How a Qwen-Image-Edit model set is loaded (the Load Edit node): the Load node's settings, an Edit
+    transformer preselected, and the variant."""
+
+    transformer: str = _f(
+        "qwen_image_edit_2511_fp8_e4m3fn.safetensors", "Qwen-Image-Edit transformer file from models/diffusion_models "
+        "(qwen_image_edit_2511_*, qwen_image_edit_2509_* or qwen_image_edit_*; fp8 or bf16).",
+        file_list="diffusion_models", extra_choices=(NOT_USED,),
+    )
+    text_encoder: str = _f(
+        "qwen_2.5_vl_7b_fp8_scaled.safetensors", "Qwen2.5-VL 7B text encoder from models/text_encoders, with its vision "
+        "tower (qwen_2.5_vl_7b_fp8_scaled has it): the edit model sees the control images through it.",
+        file_list="text_encoders", extra_choices=(NOT_USED,),
+    )
     edit_variant: str = _f(
         "auto", "Which Qwen-Image-Edit model the transformer is: auto reads it from the file (Edit-2511 by its "
         "marker key, Edit-2509 by '2509' in the name or the folder's pipeline class, else Edit).",
