@@ -59,3 +59,27 @@ def test_edit_demo_trains_from_exported_files_and_writes_a_comfyui_lora_preview_
     keys = load_file(str(out / "edit_lora.safetensors"))
     assert len(keys) == 3 * (2 * 14 - 4) and all(k.startswith("diffusion_model.transformer_blocks.") for k in keys)
     assert Image.open(out / "preview.png").size == (256, 256) and Image.open(out / "loss.png").size == (768, 384)
+
+
+def test_edit_lora_loads_in_diffusers_edit_pipeline_on_every_module(files_2511, tmp_path):
+    """diffusers' own loader (`QwenImageEditPlusPipeline.load_lora_weights`) takes our edit LoRA: every module
+    of the file gets its adapter, with the file's weights."""
+    from diffusers import QwenImageEditPlusPipeline
+
+    from trainer_core.cli import main
+
+    files = ["--transformer", str(files_2511["transformer_bf16"]), "--text-encoder", str(files_2511["text_encoder_bf16"]),
+             "--vae", str(files_2511["vae"])]
+    assert main(["demo", "--model", "edit-2511", *files, "--steps", "3", "--out", str(tmp_path / "out")]) == 0
+    lora = load_file(str(tmp_path / "out" / "edit_lora.safetensors"))
+    components = build_tiny_edit_components("edit-2511")
+    pipe = QwenImageEditPlusPipeline(scheduler=None, vae=components.vae, text_encoder=None, tokenizer=None,
+                                     processor=None, transformer=components.transformer)
+    pipe.load_lora_weights(str(tmp_path / "out" / "edit_lora.safetensors"))
+    modules = {k[len("diffusion_model."):-len(".alpha")] for k in lora if k.endswith(".alpha")}
+    loaded = {name for name, m in pipe.transformer.named_modules() if hasattr(m, "lora_A") and len(m.lora_A)}
+    assert loaded == modules
+    for name in modules:
+        m = pipe.transformer.get_submodule(name)
+        adapter = next(iter(m.lora_B))
+        assert torch.equal(m.lora_B[adapter].weight.float(), lora[f"diffusion_model.{name}.lora_B.weight"].float())
