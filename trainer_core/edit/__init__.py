@@ -7,6 +7,7 @@ the edit pipelines' prompt template. Edit-2511 runs the control tokens at timest
 
 Modules, one concern each:
     variants.py   the three variants, what each does differently, and how a file or folder tells which
+    config.py     the settings edit training adds (control_resolution, the variant choice of the Load Edit node)
     pipelines.py  the pinned diffusers edit pipelines as the one source of templates, image sizing,
                   prompt encoding with images and control latents (we call their own methods)
     data.py       the dataset convention: target + caption + control images, and its errors
@@ -16,5 +17,8 @@ Modules, one concern each:
     tiny.py       tiny Edit model sets (random weights) for tests and the demo
     demo.py       `python -m trainer_core demo --model edit-2511`
 
-The text-to-image engine calls into this package at a few marked hooks (trainer, planner, cache user).
+Loading lives beside the text-to-image loaders (models/edit_files.py, models/edit_processor.py). The
+text-to-image engine calls into this package at a few marked hooks: trainer.py (control tokens, per-sample
+empty caption, batching by control sizes, edit previews), planner/for_run.py (control tokens in the plan),
+data.discover (control files are no targets), nodes/data_nodes.py (the Cache node) and the Preview node.
 """
