@@ -2,6 +2,7 @@
 
 from .config_nodes import QwenLoRAConfig, QwenLoRAOptimizer
 from .data_nodes import QwenLoRACache, QwenLoRADataset
+from .edit_nodes import QwenLoRAEditDataset, QwenLoRALoadEditModels
 from .model_nodes import QwenLoRALoadModels
 from .output_nodes import QwenLoRACompareSteps, QwenLoRALossPlot, QwenLoRAPreview, QwenLoRASave
 from .train_nodes import QwenLoRAInitTrainer, QwenLoRARelease, QwenLoRATrain
@@ -19,6 +20,8 @@ NODE_CLASS_MAPPINGS = {
     "QwenLoRACompareSteps": QwenLoRACompareSteps,
     "QwenLoRASave": QwenLoRASave,
     "QwenLoRARelease": QwenLoRARelease,
+    "QwenLoRALoadEditModels": QwenLoRALoadEditModels,
+    "QwenLoRAEditDataset": QwenLoRAEditDataset,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -34,4 +37,6 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "QwenLoRACompareSteps": "Qwen LoRA Compare Steps",
     "QwenLoRASave": "Qwen LoRA Save",
     "QwenLoRARelease": "Qwen LoRA Release Memory",
+    "QwenLoRALoadEditModels": "Load Qwen-Image-Edit (LoRA training)",
+    "QwenLoRAEditDataset": "Qwen LoRA Edit Dataset",
 }

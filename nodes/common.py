@@ -30,3 +30,9 @@ def engine_mode():
 def pil_to_image(img: Image.Image) -> torch.Tensor:
     """PIL -> ComfyUI IMAGE (1, H, W, 3) float32 in [0, 1]."""
     return torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0).unsqueeze(0)
+
+
+def image_to_pil(image: torch.Tensor) -> Image.Image:
+    """ComfyUI IMAGE (B, H, W, C) in [0, 1] -> PIL RGB of its first image."""
+    array = (image[0, :, :, :3].float().clamp(0, 1) * 255).round().byte().cpu().numpy()
+    return Image.fromarray(array)

@@ -13,7 +13,7 @@ from ..trainer_core.files import inside
 from ..trainer_core.names import fill_template
 from ..trainer_core.plot import loss_plot
 from . import host
-from .common import CATEGORY, TRAINER, engine_mode, pil_to_image
+from .common import CATEGORY, TRAINER, engine_mode, image_to_pil, pil_to_image
 from .widgets import widgets
 
 
@@ -33,16 +33,26 @@ class QwenLoRAPreview:
         return {"required": {
             "trainer": (TRAINER, {"tooltip": "From Train Steps (so the preview follows training)."}),
             **widgets(PreviewConfig, "prompt", "width", "height", "steps", "cfg", "preview_seed"),
+        }, "optional": {  # Qwen-Image-Edit: the images to edit (else the first training sample's controls)
+            f"control_image_{i}": ("IMAGE", {"tooltip": f"Edit models: control image {i} (Picture {i}) to edit, from "
+                                            "the canvas. Unconnected: the first training sample's controls. A prompt "
+                                            "with canvas images is encoded now (the text encoder is loaded for it)."})
+            for i in (1, 2, 3)
         }}
 
-    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed):
+    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed, **control_images):
         trainer.require_live()
         prompt = prompt.strip() or first_preview_prompt(trainer)
         negative = trainer.dataset.negative_prompt
         progress = host.Progress(steps)
+        controls = [image_to_pil(control_images[k]) for k in sorted(control_images) if control_images[k] is not None]
+        if controls and trainer.components.edit is None:
+            raise UserInputError("control images were connected to Preview, but the model is a text-to-image Qwen-Image: "
+                                 "disconnect them, or train a Qwen-Image-Edit model.")
         with engine_mode():
             image = trainer.sample_preview(prompt, negative, width, height, steps, cfg, preview_seed,
-                                           progress=lambda i, n: progress.update(i, total=n))
+                                           progress=lambda i, n: progress.update(i, total=n),
+                                           **({"control_images": controls} if controls else {}))
         return (pil_to_image(image),)
 
 

@@ -308,3 +308,65 @@ def test_the_tiny_first_run_workflow_runs_as_shipped_in_real_comfyui(comfy, tmp_
     report = " ".join(done["outputs"]["14"]["text"])
     assert "steps 1-200" in report, report
     assert lora_steps(base)[-1] == 200
+
+
+@pytest.fixture
+def comfy_edit(tmp_path):
+    """A ComfyUI with the tiny Edit-2511 as ComfyUI single files, the built-in edit dataset in its input folder
+    and a picture to edit there (for a Load Image)."""
+    from trainer_core.devtools.export import export_tiny_edit
+    from trainer_core.edit.demo import make_edit_demo_dataset
+
+    base = tmp_path / "comfy_edit_base"
+    (base / "custom_nodes").mkdir(parents=True)
+    (base / "custom_nodes" / "qwen_image_lora_trainer").symlink_to(REPO, target_is_directory=True)
+    files = export_tiny_edit(base / "models", "edit-2511")
+    make_edit_demo_dataset(base / "input" / "edit_dataset")
+    shutil.copy(base / "input" / "edit_dataset" / "00_red_circle_control.png", base / "input" / "to_edit.png")
+    server = ComfyServer(base)
+    try:
+        server.wait_ready()
+        yield server, base, files
+    finally:
+        server.stop()
+
+
+def test_edit_workflow_trains_previews_a_canvas_image_and_its_lora_loads_on_the_edit_model_in_real_comfyui(
+        comfy_edit, tmp_path):
+    """The Edit workflow as shipped, pointed at the tiny Edit-2511 files (the variant read from the file) and the
+    edit dataset, trains in a real ComfyUI; Preview edits a Load Image from the canvas; ComfyUI's own model
+    detection reads 2511 from the file, its transformer class has exactly the file's keys, and its LoRA code
+    loads the saved LoRA on that model with 0 unmatched keys."""
+    from comfy_probe import run_probe
+
+    server, base, files = comfy_edit
+    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_edit_lora_training.api.json").read_text())
+    prompt["1"]["inputs"].update(transformer=files["transformer_fp8_e4m3fn_scaled"].name,
+                                 text_encoder=files["text_encoder_fp8_scaled"].name, vae=files["vae"].name,
+                                 compute_dtype="float32", storage="float32")
+    prompt["2"]["inputs"].update(folder="edit_dataset", resolution=64, min_bucket_side=32, max_bucket_side=128,
+                                 control_resolution=96)
+    prompt["3"]["inputs"].update(preview_prompts="paint the circle red", cache_folder="qwen_lora_training/edit_cache")
+    prompt["6"]["inputs"].update(run_name=f"edit_{tmp_path.name}"[:60], blocks_to_swap=0, gradient_checkpointing=False)
+    prompt["7"]["inputs"].update(steps=4, preview_every=2, preview_size=64, preview_sampling_steps=2)
+    prompt["8"]["inputs"].update(width=64, height=64, steps=3, control_image_1=["20", 0])
+    prompt["20"] = {"class_type": "LoadImage", "inputs": {"image": "to_edit.png"}}
+    done = server.run(prompt)
+    assert done["status"]["status_str"] == "success", json.dumps(done["status"], indent=1)[-3000:]
+    assert lora_steps(base)[-1] == 4
+    assert len(list((base / "output" / "qwen_lora").glob("preview*.png"))) == 1
+    lora = sorted((base / "models" / "loras").glob("*.safetensors"))[-1]
+
+    request = tmp_path / "edit_probe.json"
+    request.write_text(json.dumps({"transformer": str(files["transformer_bf16"]), "lora": str(lora)}))
+    result = json.loads(run_probe("comfy_edit_probe.py", COMFYUI, request, timeout=600).stdout.strip().splitlines()[-1])
+    assert not result["missing"], result
+    from safetensors.torch import load_file
+
+    assert result["patched"] == len(load_file(str(lora))) // 3  # every module of the file (A, B, alpha) patched
+    assert result["lora_keys_not_loaded"] == 0, result
+    version = (Path(COMFYUI) / "comfyui_version.py").read_text() if (Path(COMFYUI) / "comfyui_version.py").exists() else ""
+    if "0.3.64" not in version:  # ComfyUI 0.33 reads Edit-2511 from the marker key, and its class has that buffer
+        assert result["ref_method"] == "index_timestep_zero" and result["same_keys"], result
+    else:  # 0.3.64 knows no 2511: the marker is the one key its class lacks (its loader logs and skips it)
+        assert result["ref_method"] is None and result["unexpected"] == ["__index_timestep_zero__"], result

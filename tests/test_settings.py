@@ -28,6 +28,8 @@ NODE_SETTINGS = {
     "QwenLoRACompareSteps": ("CompareStepsConfig",),
     "QwenLoRASave": ("SaveConfig",),
     "QwenLoRARelease": (),  # a trainer socket only
+    "QwenLoRALoadEditModels": ("edit.config.EditLoadConfig",),
+    "QwenLoRAEditDataset": ("DatasetConfig", "edit.config.EditDataConfig"),
 }
 WIDGET_TYPES = {"INT": int, "FLOAT": float, "BOOLEAN": bool, "STRING": str}
 OPTION_KEYS = {"default", "tooltip", "min", "max", "step", "round", "multiline"}
@@ -51,13 +53,19 @@ def is_socket(spec) -> bool:
     return not isinstance(spec[0], list) and (spec[0] not in WIDGET_TYPES or spec[1].get("forceInput", False))
 
 
+def config_class(pack, name: str) -> type:
+    """A config class by name: in trainer_core.config, or 'edit.config.X' in that module of trainer_core."""
+    module, _, cls = name.rpartition(".")
+    return getattr(pack_module(pack, f"trainer_core.{module or 'config'}"), cls)
+
+
 def widget_fields(pack):
     """(node, input name, spec, config class, field) for every widget input of every node."""
     config = pack_module(pack, "trainer_core.config")
     renamed = {widget: name for name, widget in pack_module(pack, "nodes.train_nodes").WIDGET_NAMES.items()}
     assert set(NODE_SETTINGS) == set(pack.NODE_CLASS_MAPPINGS), "a node without its config classes listed here"
     for node, cls in pack.NODE_CLASS_MAPPINGS.items():
-        sources = [getattr(config, name) for name in NODE_SETTINGS[node]]
+        sources = [config_class(pack, name) for name in NODE_SETTINGS[node]]
         for group in cls.INPUT_TYPES().values():
             for input_name, spec in group.items():
                 if is_socket(spec):
@@ -99,12 +107,12 @@ def test_every_widget_of_every_node_is_its_config_field(pack):
 def test_every_setting_of_a_node_has_its_widget(pack):
     """The other way round: each field of a node's config classes is one of its widgets (no setting that
     the canvas cannot reach)."""
-    config = pack_module(pack, "trainer_core.config")
     used: dict[str, set[str]] = {}
     for node, _, _, cls, f in widget_fields(pack):
         used.setdefault(node, set()).add(f"{cls.__name__}.{f.name}")
     for node, names in NODE_SETTINGS.items():
-        fields = {f"{name}.{f.name}" for name in names for f in dataclasses.fields(getattr(config, name))}
+        fields = {f"{config_class(pack, name).__name__}.{f.name}" for name in names
+                  for f in dataclasses.fields(config_class(pack, name))}
         assert used.get(node, set()) == fields, f"{node}: settings without a widget: {fields - used.get(node, set())}"
 
 

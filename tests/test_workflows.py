@@ -25,15 +25,16 @@ TITLE_H = 30  # LiteGraph draws a node's title bar above its `pos`
 
 # The example workflow names ComfyUI's repackaged Qwen-Image files; a user has them in the model
 # folders, which the loader lists. Validate as that user: the files exist (as empty stand-ins).
-USER_FILES = {"diffusion_models": "qwen_image_fp8_e4m3fn.safetensors",
-              "text_encoders": "qwen_2.5_vl_7b_fp8_scaled.safetensors", "vae": "qwen_image_vae.safetensors"}
+USER_FILES = {"diffusion_models": ("qwen_image_fp8_e4m3fn.safetensors", "qwen_image_edit_2511_fp8_e4m3fn.safetensors"),
+              "text_encoders": ("qwen_2.5_vl_7b_fp8_scaled.safetensors",), "vae": ("qwen_image_vae.safetensors",)}
 
 
 @pytest.fixture(autouse=True)
 def user_model_folders(tmp_path, monkeypatch):
-    for kind, name in USER_FILES.items():
+    for kind, names in USER_FILES.items():
         (tmp_path / kind).mkdir()
-        (tmp_path / kind / name).write_bytes(b"")
+        for name in names:
+            (tmp_path / kind / name).write_bytes(b"")
     monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path))
 
 
@@ -74,7 +75,11 @@ def test_api_workflow_fits_the_node_definitions(pack, path):
     for node_id, node in prompt.items():
         assert node["class_type"] in defs, f"node {node_id}: unknown type {node['class_type']}"
         inputs, _ = defs[node["class_type"]]
-        assert set(node["inputs"]) == set(inputs), f"node {node_id}: inputs differ from the definition"
+        cls = pack.NODE_CLASS_MAPPINGS.get(node["class_type"])
+        open_sockets = {n for n, spec in (cls.INPUT_TYPES().get("optional", {}) if cls else {}).items()
+                        if not is_widget(spec)}  # optional sockets may be left unconnected
+        assert set(node["inputs"]) <= set(inputs) and set(inputs) - set(node["inputs"]) <= open_sockets, \
+            f"node {node_id}: inputs differ from the definition"
         for name, value in node["inputs"].items():
             where = f"node {node_id} ({node['class_type']}).{name}"
             if isinstance(value, list):
@@ -198,7 +203,8 @@ def test_groups_are_the_stages_and_hold_their_nodes(path):
         assert len(holders) == 1, f"node {node['id']} ({node['type']}) is in groups {holders}"
     stage_of = {n["type"]: next(g["title"].lower() for g, b in zip(groups, boxes) if inside(box(n), b))
                 for n in wf["nodes"] if n["type"] not in FRONTEND_ONLY}
-    assert "models" in stage_of["QwenLoRALoadModels"] and "data" in stage_of["QwenLoRACache"]
+    loader = stage_of.get("QwenLoRALoadModels") or stage_of["QwenLoRALoadEditModels"]  # Edit: its own loader
+    assert "models" in loader and "data" in stage_of["QwenLoRACache"]
     assert "lora and optimizer" in stage_of["QwenLoRAOptimizer"] and "training" in stage_of["QwenLoRATrain"]
     assert "saving" in stage_of["QwenLoRASave"]
 
@@ -224,8 +230,8 @@ def test_the_workflow_files_are_what_the_build_script_writes(pack):
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
     assert {f"{stem}.json" for stem in build.WORKFLOWS} == {p.name for p in UI_WORKFLOWS}
-    for stem, (overrides, note) in build.WORKFLOWS.items():
-        ui, api = build.build(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, overrides, note)
+    for stem, (overrides, note, *graph) in build.WORKFLOWS.items():
+        ui, api = build.build(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, overrides, note, *graph)
         assert json.loads((REPO / "workflows" / f"{stem}.json").read_text()) == ui, stem
         assert json.loads((REPO / "workflows" / "api" / f"{stem}.api.json").read_text()) == api, stem
 

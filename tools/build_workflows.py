@@ -118,9 +118,34 @@ TINY = {
     11: {"filename_prefix": "qwen_lora/tiny_preview"},
 }
 
-WORKFLOWS = {  # file stem -> (value overrides by node id, note text)
+# Qwen-Image-Edit: the same graph with the Edit loader and the Edit dataset (same sockets, so the same links).
+# Preview edits the first training sample's controls; wire a Load Image into its control_image_1 to edit
+# another picture from the canvas.
+EDIT_NOTE = """How to train a Qwen-Image-Edit LoRA (Edit, Edit-2509, Edit-2511)
+1. Models: an Edit transformer in models/diffusion_models (the variant is read from
+   the file), qwen_2.5_vl_7b_fp8_scaled (it has the vision tower), qwen_image_vae.
+2. Data: per sample name.png + name.txt (the instruction) + name_control.png
+   (name_control_2.png, name_control_3.png for 2509/2511), or control/name.png.
+3. Queue; queue again to continue. Preview edits the first sample's controls,
+   or a Load Image wired into its control_image_1; Save writes to models/loras."""
+
+EDIT_NODES = [
+    (1, "QwenLoRALoadEditModels", {"source": "ComfyUI model files",
+                                   "transformer": "qwen_image_edit_2511_fp8_e4m3fn.safetensors",
+                                   "text_encoder": "qwen_2.5_vl_7b_fp8_scaled.safetensors",
+                                   "vae": "qwen_image_vae.safetensors", "diffusers_folder": "",
+                                   "storage": "float8", "compute_dtype": "auto", "text_encoder_fp8": "dequantize",
+                                   "edit_variant": "auto"}, ("models", 0)),
+    (2, "QwenLoRAEditDataset", {**dict(NODES[1][2]), "folder": "my_edit_dataset", "control_resolution": 0},
+     ("data", 0)),
+    *[(i, c, v, place) for i, c, v, place in NODES if i not in (1, 2)],
+]
+EDIT = {3: {"preview_prompts": "turn the sky into a sunset"}, 6: {"run_name": "my_qwen_edit_lora"}}
+
+WORKFLOWS = {  # file stem -> (value overrides by node id, note text[, nodes])
     "qwen_image_lora_training": ({}, MAIN_NOTE),
     "qwen_image_lora_tiny_first_run": (TINY, TINY_NOTE),
+    "qwen_image_edit_lora_training": (EDIT, EDIT_NOTE, EDIT_NODES),
 }
 
 # Core nodes the workflow uses, as ComfyUI declares them (name, type) for inputs; outputs none.
@@ -236,9 +261,10 @@ def layout(sizes: dict[int, tuple[int, int]], places: dict[int, tuple[str, int]]
     return positions, groups
 
 
-def build(mappings, titles: dict[str, str], overrides: dict | None = None, note: str = "") -> tuple[dict, dict]:
+def build(mappings, titles: dict[str, str], overrides: dict | None = None, note: str = "",
+          graph_nodes: list | None = None) -> tuple[dict, dict]:
     overrides = overrides or {}
-    nodes = [(i, c, {**v, **overrides.get(i, {})}, place) for i, c, v, place in NODES]
+    nodes = [(i, c, {**v, **overrides.get(i, {})}, place) for i, c, v, place in (graph_nodes or NODES)]
     api, ui_nodes, ui_links = {}, [], []
     link_ids = {}
     for link_id, (src, slot, dst, name) in enumerate(LINKS, start=1):
@@ -264,8 +290,11 @@ def build(mappings, titles: dict[str, str], overrides: dict | None = None, note:
                 api_inputs[name] = values[name]
                 widgets_values.append(values[name])
             else:
-                src, slot = next((s, sl) for s, sl, d, n in LINKS if d == node_id and n == name)
-                api_inputs[name] = [str(src), slot]
+                link = next(((s, sl) for s, sl, d, n in LINKS if d == node_id and n == name), None)
+                if link is None:  # an optional socket left open (Preview's control images): the canvas lists it
+                    ui_inputs.append({"name": name, "type": spec[0], "link": None})
+                    continue
+                api_inputs[name] = [str(link[0]), link[1]]
                 ui_inputs.append({"name": name, "type": spec[0], "link": link_ids[(node_id, name)]})
         api[str(node_id)] = {"class_type": cls_name, "inputs": api_inputs, "_meta": {"title": titles.get(cls_name, cls_name)}}
         outputs = []
@@ -301,8 +330,8 @@ def main() -> None:
     pack = load_pack()
     OUT.mkdir(exist_ok=True)
     (OUT / "api").mkdir(exist_ok=True)
-    for stem, (overrides, note) in WORKFLOWS.items():
-        ui, api = build(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, overrides, note)
+    for stem, (overrides, note, *graph) in WORKFLOWS.items():
+        ui, api = build(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, overrides, note, *graph)
         (OUT / f"{stem}.json").write_text(json.dumps(ui, indent=2) + "\n")
         (OUT / "api" / f"{stem}.api.json").write_text(json.dumps(api, indent=2) + "\n")
         print("wrote", OUT / f"{stem}.json", "and its API twin")

@@ -25,6 +25,10 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
+# The demo's models: text-to-image, or a Qwen-Image-Edit variant (edit-auto: read from the files).
+DEMO_MODELS = ("qwen-image", "edit-2511", "edit-2509", "edit", "edit-auto")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     import torch
 
@@ -36,12 +40,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if any(files) and not all(files):
         raise UserInputError("demo from files needs all three of --transformer, --text-encoder and --vae.")
     check_writable_folder(args.out, "--out")
+    edit = args.model != "qwen-image"  # Qwen-Image-Edit (trainer_core/edit/)
     if any(files):
         from .models import load_single_files
+        from .models.edit_files import load_edit_single_files
 
         # As the built-in demo: float8 block weights, fp32 compute (the CPU has no fast bf16 matmul).
-        components = load_single_files(*files, tokenizer_dir=args.tokenizer, storage="float8",
-                                       compute_dtype=torch.float32, text_encoder_fp8=args.text_encoder_fp8)
+        loader = (lambda *a, **k: load_edit_single_files(*a, variant=args.model, **k)) if edit else load_single_files
+        components = loader(*files, tokenizer_dir=args.tokenizer, storage="float8",
+                            compute_dtype=torch.float32, text_encoder_fp8=args.text_encoder_fp8)
         print(f"model: {components.name} from {', '.join(files)}")
     if components is not None:
         num_blocks = components.num_blocks
@@ -54,8 +61,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"--blocks-to-swap {args.blocks_to_swap}: the transformer has {num_blocks} blocks and at least one must "
             f"stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' to let the memory planner choose."
         )
-    result = run_demo(args.out, steps=args.steps, seed=args.seed, components=components,
-                      resume=args.resume, blocks_to_swap=args.blocks_to_swap)
+    if edit:
+        from .edit.demo import run_edit_demo
+
+        variant = args.model if args.model != "edit-auto" else "edit-2511"
+        result = run_edit_demo(args.out, variant=variant, steps=args.steps, seed=args.seed, components=components,
+                               resume=args.resume, blocks_to_swap=args.blocks_to_swap)
+    else:
+        result = run_demo(args.out, steps=args.steps, seed=args.seed, components=components,
+                          resume=args.resume, blocks_to_swap=args.blocks_to_swap)
     print(f"loss: first step {result.first_loss:.4f}, last step {result.last_loss:.4f} ({result.steps} steps)")
     print(f"lora:      {result.lora}")
     print(f"preview:   {result.preview}")
@@ -72,7 +86,12 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
 
     check_writable_folder(args.dir, "dir")
     try:
-        written = export_tiny(args.dir, layout=args.layout, seed=args.seed)
+        if args.model != "qwen-image":  # a tiny Qwen-Image-Edit of that variant
+            from .devtools.export import export_tiny_edit
+
+            written = export_tiny_edit(args.dir, variant=args.model, layout=args.layout, seed=args.seed)
+        else:
+            written = export_tiny(args.dir, layout=args.layout, seed=args.seed)
     except (OSError, SafetensorError) as e:
         if os_error(e) is None:
             raise
@@ -218,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", **config_arg(
         TrainStepsConfig, "steps", default=200, help="total optimizer steps (with --resume: up to this many)"))
     demo.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
+    demo.add_argument("--model", choices=DEMO_MODELS, default=DEMO_MODELS[0],
+                      help="qwen-image (text to image) or an edit model: edit-2511, edit-2509, edit (trains on the "
+                           "built-in edit dataset with control images; with files: the variant they must be, "
+                           "edit-auto = read it from the transformer file)")
     demo.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0))
     demo.add_argument("--blocks-to-swap", **blocks_to_swap_arg(default=1))
     demo.add_argument("--resume", action="store_true",
@@ -240,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--layout", choices=EXPORT_LAYOUTS, default=EXPORT_LAYOUTS[0],
                         help=f"ComfyUI single files or a diffusers folder (default: {EXPORT_LAYOUTS[0]})")
     export.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0, help="seed of the random weights"))
+    export.add_argument("--model", choices=DEMO_MODELS[:-1], default=DEMO_MODELS[0],
+                        help="qwen-image, or a tiny Qwen-Image-Edit variant (Edit-2511's transformer files carry "
+                             "ComfyUI's marker key)")
     export.set_defaults(func=cmd_export_tiny)
 
     plan = sub.add_parser(

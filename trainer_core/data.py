@@ -337,8 +337,10 @@ def _grey_to_8bit(raw: np.ndarray, mode: str, rawmode: str | None) -> np.ndarray
     return np.clip(np.round(values / full * 255.0), 0, 255).astype(np.uint8)
 
 
-def discover(cfg: DatasetConfig) -> list[Sample]:
-    """Find every image with its caption and bucket; the list is sorted by file name."""
+def discover(cfg: DatasetConfig, exclude=None) -> list[Sample]:
+    """Find every image with its caption and bucket; the list is sorted by file name.
+
+    `exclude(path)`: images that are not training targets (an edit dataset's control images, edit/data.py)."""
     cfg.validate()
     if not cfg.folder.strip():
         raise UserInputError("no dataset folder given. Point it at a folder of images with .txt captions.")
@@ -358,7 +360,8 @@ def discover(cfg: DatasetConfig) -> list[Sample]:
         raise UserInputError(f"dataset folder {folder} cannot be listed ({e.strerror or e}). Check the disk.") from None
     # Every entry with an image extension is an image (a folder or broken link named so is an error, not
     # skipped), except hidden files: macOS leaves '._name.png' companions that are no images.
-    paths = [p for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")]
+    paths = [p for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
+             and not (exclude is not None and exclude(p))]
     if not paths:
         raise UserInputError(
             f"dataset folder {folder} has no images ({', '.join(IMAGE_EXTENSIONS)}). Add images with "

@@ -41,6 +41,8 @@ class QwenImageComponents:
     device: torch.device
     name: str = "qwen-image"
     storage: str = "float8"
+    # Qwen-Image-Edit (trainer_core/edit/): the model set's `edit.variants.EditVariant`; None for text-to-image.
+    edit: Any | None = None
     # Re-creates (text_encoder, tokenizer) after `release_text_encoder`, for a later cache run that
     # meets a new caption; None when the source cannot be read again.
     text_encoder_loader: Callable[[], tuple[nn.Module, Any]] | None = field(default=None, repr=False)

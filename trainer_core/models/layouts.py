@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from ..errors import UserInputError
 
 SCALED_FP8_MARKER = "scaled_fp8"
+# ComfyUI 0.33's marker of a Qwen-Image-Edit-2511 transformer (an empty buffer; edit/variants.py reads it).
+EDIT_2511_MARKER = "__index_timestep_zero__"
 SCALE_WEIGHT = ".scale_weight"
 SCALE_INPUT = ".scale_input"
 # ComfyUI 0.33+'s names for quantized layers (see the module docstring).
@@ -109,7 +111,7 @@ def split_scaled_fp8(names: dict[str, str], file=None) -> tuple[dict[str, str], 
         check_quantization_formats(file, {n: k for n, k in names.items() if n.endswith(COMFY_QUANT)})
     tensors, scales = {}, {}
     for name, key in names.items():
-        if name == SCALED_FP8_MARKER or name.endswith((SCALE_INPUT, INPUT_SCALE, COMFY_QUANT)):
+        if name in (SCALED_FP8_MARKER, EDIT_2511_MARKER) or name.endswith((SCALE_INPUT, INPUT_SCALE, COMFY_QUANT)):
             continue
         for suffix in (SCALE_WEIGHT, WEIGHT_SCALE):
             if name.endswith(suffix):

@@ -77,6 +77,8 @@ def load_single_files(
     compute_dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
     text_encoder_fp8: str = "dequantize",
+    vision: bool = False,
+    extra_config: dict | None = None,
 ) -> QwenImageComponents:
     """A lazy model set over three files and a tokenizer folder (see tokenizer.py for where it is looked for).
 
@@ -84,19 +86,20 @@ def load_single_files(
     VAE and the text encoder load when the cache misses, the transformer at Init Trainer, streamed into its
     training placement (see `QwenImageComponents`). Block Linears are stored as `storage`; the VAE and text
     encoder run on `device`. `text_encoder_fp8` says what to do with a scaled-fp8 text encoder: "dequantize"
-    while loading, or "keep" its float8 weights (text_encoder_file.py).
+    while loading, or "keep" its float8 weights (text_encoder_file.py). For Qwen-Image-Edit (edit_files.py):
+    `vision` loads the encoder's vision tower, `extra_config` adds transformer config values no tensor tells.
     """
     vocab_rows = check_files_fit(transformer, text_encoder, vae)
     tokenizer = load_tokenizer(tokenizer_dir, text_encoder, vocab_rows)
     device = torch.device(device)
-    transformer_source = TransformerFile(transformer, storage, compute_dtype)
-    text_encoder_source = TextEncoderFile(text_encoder, compute_dtype, text_encoder_fp8)
+    transformer_source = TransformerFile(transformer, storage, compute_dtype, extra_config)
+    text_encoder_source = TextEncoderFile(text_encoder, compute_dtype, text_encoder_fp8, vision)
     vae_source = VaeFile(vae, compute_dtype)
     dtype = str(compute_dtype).removeprefix("torch.")
     identities = {
-        "transformer": file_identity(transformer),
+        "transformer": combined_identity(file_identity(transformer), repr(sorted((extra_config or {}).items()))),
         "vae": combined_identity(file_identity(vae), dtype),
-        "text_encoder": combined_identity(file_identity(text_encoder), dtype, text_encoder_fp8,
+        "text_encoder": combined_identity(file_identity(text_encoder), dtype, text_encoder_fp8, f"vision={vision}",
                                           hashlib.sha256(vocabulary_bytes(tokenizer)).hexdigest()),
     }
 

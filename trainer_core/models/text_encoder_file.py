@@ -42,9 +42,14 @@ FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _LM = "model.language_model."
 
 
-def our_name(name: str) -> str | None:
-    """transformers 5 name of a file tensor (names without file prefix); None for parts not loaded."""
+def our_name(name: str, vision: bool = False) -> str | None:
+    """transformers 5 name of a file tensor (names without file prefix); None for parts not loaded. `vision`:
+    the vision tower is loaded too (Qwen-Image-Edit sees its control images through it)."""
     if name.startswith(_LM):
+        return name
+    if vision and name.startswith("visual."):
+        return "model." + name
+    if vision and name.startswith("model.visual."):
         return name
     if name.startswith(("visual.", "model.visual.", "lm_head.")):
         return None
@@ -88,14 +93,16 @@ def text_encoder_config(shapes: dict[str, tuple[int, ...]], sidecar: dict | None
     return QWEN25_VL_7B_CONFIG
 
 
-def empty_text_encoder(config: dict) -> nn.Module:
-    """`Qwen2_5_VLForConditionalGeneration` on the meta device, without vision tower, identity lm_head."""
+def empty_text_encoder(config: dict, vision: bool = False) -> nn.Module:
+    """`Qwen2_5_VLForConditionalGeneration` on the meta device, without vision tower (unless `vision`), identity
+    lm_head."""
     from accelerate import init_empty_weights
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     with init_empty_weights(include_buffers=False):
         model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig.from_dict(config))
-    model.model.visual = None  # only image/video inputs reach it
+    if not vision:
+        model.model.visual = None  # only image/video inputs reach it
     model.lm_head = nn.Identity()  # "logits" are then the last hidden state, at no cost
     return model
 
@@ -104,15 +111,20 @@ class TextEncoderFile:
     """A text encoder file whose header is read and checked at once; calling it reads the weights (a new model
     each call, see the module docstring)."""
 
-    def __init__(self, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fp8: str = "dequantize"):
+    def __init__(self, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fp8: str = "dequantize",
+                 vision: bool = False):
+        """`vision`: with the vision tower (`visual.*`), for Qwen-Image-Edit."""
         if fp8 not in TEXT_ENCODER_FP8_MODES:
             raise UserInputError(f"text_encoder_fp8={fp8!r} is not one of {list(TEXT_ENCODER_FP8_MODES)}.")
-        self.compute_dtype, self.fp8 = compute_dtype, fp8
+        self.compute_dtype, self.fp8, self.vision = compute_dtype, fp8, vision
         self.file = file = SafetensorsFile(path, "text encoder")
         _, prefix = detect_layout(file.path, "text encoder", file.keys)
         file_names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
-        self.names = {ours: key for name, key in file_names.items() if (ours := our_name(name)) is not None}
-        self.scale_keys = {ours: key for name, key in scale_keys.items() if (ours := our_name(name)) is not None}
+        self.names = {ours: key for name, key in file_names.items() if (ours := our_name(name, vision)) is not None}
+        if vision and not any(n.startswith("model.visual.") for n in self.names):
+            raise UserInputError(f"text encoder file {file.path} has no vision tower (visual.*), which Qwen-Image-Edit needs "
+                                 "to see its control images. Choose qwen_2.5_vl_7b_fp8_scaled.safetensors (it has one).")
+        self.scale_keys = {ours: key for name, key in scale_keys.items() if (ours := our_name(name, vision)) is not None}
         file.require_floating([*self.names.values(), *self.scale_keys.values()])
         self.config = text_encoder_config({n: file.shapes[k] for n, k in self.names.items()}, file.sidecar_config(),
                                           str(file.path))
@@ -123,7 +135,7 @@ class TextEncoderFile:
     def __call__(self) -> nn.Module:
         """The text encoder on the CPU, frozen, in eval mode."""
         file, fp8, scales = self.file, self.fp8, self.scales
-        model = empty_text_encoder(self.config)
+        model = empty_text_encoder(self.config, self.vision)
         linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
 
         def assign(module: nn.Module, leaf: str, name: str, tensor: torch.Tensor) -> None:
@@ -140,10 +152,11 @@ class TextEncoderFile:
 
 
 def load_text_encoder_file(
-    path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fp8: str = "dequantize",
+    path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fp8: str = "dequantize", vision: bool = False,
 ) -> nn.Module:
-    """The text encoder from one file, on the CPU, frozen, in eval mode (see the module docstring)."""
-    return TextEncoderFile(path, compute_dtype, fp8)()
+    """The text encoder from one file, on the CPU, frozen, in eval mode (see the module docstring). `vision`:
+    with its vision tower (`visual.*`), for Qwen-Image-Edit."""
+    return TextEncoderFile(path, compute_dtype, fp8, vision)()
 
 
 def text_encoder_file_tensors(text_encoder: nn.Module, fmt: str = "bf16") -> dict[str, torch.Tensor]:

@@ -81,7 +81,9 @@ class TransformerFile:
     """A transformer file opened for streaming: its header is read and checked at once, its weights only
     by `load`, each time straight into where training keeps them."""
 
-    def __init__(self, path: str | Path, storage: str = "float8", compute_dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, path: str | Path, storage: str = "float8", compute_dtype: torch.dtype = torch.bfloat16,
+                 extra_config: dict | None = None):
+        """`extra_config`: config values no tensor tells (Edit-2511's `zero_cond_t`, models/edit_files.py)."""
         if storage not in STORAGE_MODES:
             raise UserInputError(f"storage={storage!r} is not one of {list(STORAGE_MODES)}.")
         self.storage, self.compute_dtype = storage, compute_dtype
@@ -91,6 +93,7 @@ class TransformerFile:
         file.require_floating([*self.names.values(), *self.scale_keys.values()])
         self.config = transformer_config({n: file.shapes[k] for n, k in self.names.items()}, file.sidecar_config(),
                                          str(file.path))
+        self.config = {**self.config, **(extra_config or {})}
         self._skeleton: nn.Module | None = None
         self.skeleton()  # a config JSON that does not describe the model is refused now, not at Init
         # One fp32 scale per Linear (a few KB): read and checked now, so damage shows when the file is chosen.
@@ -134,12 +137,14 @@ class TransformerFile:
 
 def load_transformer_file(
     path: str | Path, storage: str = "float8", compute_dtype: torch.dtype = torch.bfloat16,
+    extra_config: dict | None = None,
 ) -> nn.Module:
     """The diffusers `QwenImageTransformer2DModel` from one file, on the CPU, frozen, in eval mode.
 
     Block Linear weights are stored per `storage` (see float8.py); everything else in `compute_dtype`.
+    `extra_config`: config values no tensor tells (Edit-2511's `zero_cond_t`, models/edit_files.py).
     """
-    return TransformerFile(path, storage, compute_dtype).load()
+    return TransformerFile(path, storage, compute_dtype, extra_config).load()
 
 
 def transformer_file_tensors(transformer: nn.Module, fmt: str = "bf16", prefix: str = "") -> dict[str, torch.Tensor]:

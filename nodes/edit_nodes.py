@@ -1,0 +1,88 @@
+"""Qwen-Image-Edit: loading an Edit model set and finding an edit dataset (the engine: trainer_core/edit/).
+
+The other nodes (Cache, Init Trainer, Train Steps, Preview, Save, ...) take edit model sets and datasets as
+they are: Cache encodes controls and image-conditioned prompts for them, Preview edits the canvas' images.
+"""
+
+from __future__ import annotations
+
+from ..trainer_core.config import CUSTOM_FOLDER, DatasetConfig
+from ..trainer_core.edit.config import EditDataConfig, EditLoadConfig
+from ..trainer_core.edit.data import load_edit_dataset
+from ..trainer_core.edit.tiny import build_tiny_edit_components
+from ..trainer_core.edit.variants import AUTO
+from ..trainer_core.errors import UserInputError
+from ..trainer_core.models.edit_files import load_edit_diffusers_dir, load_edit_single_files
+from ..trainer_core.models.tokenizer import tokenizer_candidates
+from . import host
+from .common import CATEGORY, DATASET, MODELS, engine_mode
+from .data_nodes import QwenLoRADataset, dataset_folder
+from .model_nodes import DIFFUSERS, TINY, resolve_compute_dtype
+from .widgets import widgets
+
+# The tiny test model's variant when the choice is auto (no file to read it from).
+TINY_AUTO_VARIANT = "edit-2511"
+
+
+class QwenLoRALoadEditModels:
+    DESCRIPTION = (
+        "Loads Qwen-Image-Edit (Edit, Edit-2509 or Edit-2511) for LoRA training from ComfyUI's files (the text "
+        "encoder with its vision tower) or a diffusers folder; the variant is read from the file unless chosen. "
+        "The output feeds the Cache and Init Trainer nodes, with an Edit Dataset."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "load"
+    RETURN_TYPES = (MODELS,)
+    RETURN_NAMES = ("models",)
+    OUTPUT_TOOLTIPS = ("Qwen-Image-Edit parts for training (not a ComfyUI MODEL).",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": widgets(EditLoadConfig)}
+
+    def load(self, source, transformer, text_encoder, vae, diffusers_folder, storage, compute_dtype,
+             text_encoder_fp8, edit_variant):
+        device = host.compute_device()
+        dtype = resolve_compute_dtype(compute_dtype, device)
+        with engine_mode():
+            if source == TINY:
+                variant = TINY_AUTO_VARIANT if edit_variant == AUTO else edit_variant
+                return (build_tiny_edit_components(variant, storage=storage, compute_dtype=dtype, device=device),)
+            if source == DIFFUSERS:
+                if not diffusers_folder.strip():
+                    raise UserInputError("diffusers_folder is empty: enter the path of a diffusers Qwen-Image-Edit folder.")
+                return (load_edit_diffusers_dir(diffusers_folder.strip(), storage=storage, compute_dtype=dtype,
+                                                device=device, variant=edit_variant),)
+            paths = [host.model_file_path(kind, name) for kind, name in
+                     (("diffusion_models", transformer), ("text_encoders", text_encoder), ("vae", vae))]
+            beside = any(c.is_dir() for c in tokenizer_candidates(None, paths[1]))
+            tokenizer = None if beside else host.bundled_qwen_tokenizer()
+            return (load_edit_single_files(*paths, tokenizer_dir=tokenizer, storage=storage, compute_dtype=dtype,
+                                           device=device, text_encoder_fp8=text_encoder_fp8, variant=edit_variant),)
+
+
+class QwenLoRAEditDataset:
+    DESCRIPTION = (
+        "An edit dataset: per sample a target image, its .txt caption (the edit instruction) and 1 to 3 control "
+        "images: name_control.png, name_control_2.png, name_control_3.png beside it, or control/name.png, "
+        "control/name_2.png, ... Buckets come from the target; controls keep their aspect ratio and are sized by "
+        "the edit model's rule. Errors name the file to fix."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "discover"
+    RETURN_TYPES = (DATASET, "STRING")
+    RETURN_NAMES = ("dataset", "summary")
+    OUTPUT_TOOLTIPS = ("The targets, captions, controls and buckets found.", "What was found.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        spec = QwenLoRADataset.INPUT_TYPES()
+        return {"required": {**spec["required"], **widgets(EditDataConfig)}, "optional": spec["optional"]}
+
+    IS_CHANGED = QwenLoRADataset.IS_CHANGED  # the folder's state (a control file counts too)
+
+    def discover(self, folder, control_resolution, input_folder=CUSTOM_FOLDER, validation_images=0, **settings):
+        cfg = DatasetConfig(folder=dataset_folder(folder, input_folder), input_folder=input_folder,
+                            validation_images=validation_images, **settings)
+        dataset = load_edit_dataset(cfg, EditDataConfig(control_resolution=control_resolution))
+        return (dataset, dataset.summary())

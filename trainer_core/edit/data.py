@@ -1,0 +1,160 @@
+"""An edit dataset: per sample a target image, its caption (the edit instruction) and 1 to 3 control images.
+
+Folder convention (either form; one per sample, never both):
+
+    name.png + name.txt                     target and caption, as for text-to-image
+    name_control.png                        control image 1 in the same folder   (or name_control_1.png)
+    name_control_2.png, name_control_3.png  controls 2 and 3 (Edit-2509 / Edit-2511)
+  or
+    control/name.png                        control image 1 in a `control` subfolder
+    control/name_2.png, control/name_3.png  controls 2 and 3
+
+Any image extension works for a control. The target decides the bucket (as in text-to-image); each control
+keeps its own aspect ratio and is sized by the edit model's rule when cached (edit/pipelines.py), as the
+pipelines do at inference. Errors name the file: a target without a control, a control without a target,
+a control number beyond 3 or after a gap, both forms for one target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import DatasetConfig
+from ..data import IMAGE_EXTENSIONS, Dataset, Sample, decode_image, discover, read_file, validation_indices
+from ..errors import UserInputError
+from .config import EditDataConfig
+
+MAX_CONTROLS = 3
+CONTROL_FOLDER = "control"
+_SAME_FOLDER = re.compile(r"^(?P<stem>.+)_control(?:_(?P<n>\d+))?$")  # name_control, name_control_2
+_SUBFOLDER = re.compile(r"^(?P<stem>.+?)(?:_(?P<n>\d+))?$")  # control/name, control/name_2
+
+
+@dataclass(frozen=True)
+class ControlImage:
+    path: str
+    sha256: str
+    width: int  # after EXIF rotation
+    height: int
+    decode: str = ""  # as Sample.decode: how its pixels depend on decoding settings
+
+
+@dataclass(frozen=True)
+class EditSample(Sample):
+    """A target `Sample` with its control images, in order (Picture 1, 2, 3)."""
+
+    controls: tuple[ControlImage, ...] = ()
+
+
+def is_control_file(path: Path) -> bool:
+    return bool(_SAME_FOLDER.match(path.stem)) and path.suffix.lower() in IMAGE_EXTENSIONS
+
+
+def _images(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
+
+
+def _numbered(paths: list[Path], pattern: re.Pattern, where: str, targets: set[str] = frozenset()
+              ) -> dict[str, dict[int, Path]]:
+    """stem -> {control number: path}; a bad number is refused by name. A name that is a target's whole name
+    is that target's control 1 (`control/photo_2.png` for the target `photo_2.png`)."""
+    found: dict[str, dict[int, Path]] = {}
+    for path in paths:
+        match = pattern.match(path.stem)
+        stem, n = (path.stem, 1) if path.stem in targets else (match["stem"], int(match["n"]) if match["n"] else 1)
+        if n < 1 or n > MAX_CONTROLS:
+            raise UserInputError(f"control image {path} has number {n}: an edit sample takes controls 1 to "
+                                 f"{MAX_CONTROLS} ({where}). Rename or remove it.")
+        slot = found.setdefault(stem, {})
+        if n in slot:
+            raise UserInputError(f"control images {slot[n]} and {path} are both control {n} of '{stem}': keep "
+                                 "one of them (one file per number, whatever its extension).")
+        slot[n] = path
+    return found
+
+
+def find_controls(folder: Path, targets: list[Path]) -> dict[Path, list[Path]]:
+    """target path -> its control paths in order, by the folder convention (module docstring)."""
+    by_stem = {t.stem: t for t in targets}
+    same = _numbered([p for p in _images(folder) if is_control_file(p)], _SAME_FOLDER, f"{folder}/<name>_control_N")
+    sub_folder = folder / CONTROL_FOLDER
+    sub = _numbered(_images(sub_folder), _SUBFOLDER, f"{sub_folder}/<name>_N", set(by_stem))
+    for stem, controls in [*same.items(), *sub.items()]:
+        if stem not in by_stem:
+            extra = sorted(controls.values())[0]
+            raise UserInputError(
+                f"control image {extra} belongs to no training image: {folder} has no image named '{stem}' (with "
+                f"its caption). Add the target image {stem}.png or remove the control.")
+    result: dict[Path, list[Path]] = {}
+    for target in targets:
+        a, b = same.get(target.stem, {}), sub.get(target.stem, {})
+        if a and b:
+            raise UserInputError(
+                f"image {target.name} has controls both beside it ({sorted(a.values())[0].name}) and in {sub_folder} "
+                f"({sorted(b.values())[0].name}): use one form per sample.")
+        numbered = a or b
+        if not numbered:
+            raise UserInputError(
+                f"image {target.name} has no control image: add {target.stem}_control.png beside it (or "
+                f"{CONTROL_FOLDER}/{target.stem}.png); every edit sample needs 1 to {MAX_CONTROLS} controls.")
+        missing = [n for n in range(1, max(numbered) + 1) if n not in numbered]
+        if missing:
+            raise UserInputError(
+                f"image {target.name} has control {max(numbered)} but not control {missing[0]}: number its controls "
+                f"1, 2, 3 without gaps ({target.stem}_control.png, {target.stem}_control_2.png, ...).")
+        result[target] = [numbered[n] for n in sorted(numbered)]
+    return result
+
+
+def read_control(path: Path, background, allow_large_images: bool) -> ControlImage:
+    data = read_file(path, "control image")
+    image, decode = decode_image(data, path, background, allow_large_images)
+    return ControlImage(path=str(path), sha256=hashlib.sha256(data).hexdigest(), width=image.width,
+                        height=image.height, decode=decode)
+
+
+def discover_edit(cfg: DatasetConfig) -> list[EditSample]:
+    """Every target with caption, bucket and controls, sorted by file name (errors name the file)."""
+    targets = discover(cfg, exclude=is_control_file)
+    folder = Path(cfg.folder).expanduser().absolute()
+    controls = find_controls(folder, [Path(s.image_path) for s in targets])
+    samples = []
+    for target in targets:
+        found = controls[Path(target.image_path)]
+        samples.append(EditSample(**{f: getattr(target, f) for f in target.__dataclass_fields__},
+                                  controls=tuple(read_control(p, target.background, target.allow_large_images)
+                                                 for p in found)))
+    return samples
+
+
+def load_edit_dataset(cfg: DatasetConfig, edit: EditDataConfig | None = None) -> "EditDataset":
+    """The edit samples, with `validation_images` of them held out as for text-to-image."""
+    edit = edit or EditDataConfig()
+    edit.validate()
+    samples = discover_edit(cfg)
+    held = validation_indices(len(samples), cfg.validation_images)
+    if cfg.validation_images and len(held) >= len(samples):
+        raise UserInputError(
+            f"validation_images={cfg.validation_images} holds out every one of the {len(samples)} images in "
+            f"{cfg.folder}: keep at least one for training (lower validation_images or add images).")
+    return EditDataset(config=cfg, samples=tuple(s for i, s in enumerate(samples) if i not in held),
+                       validation=tuple(samples[i] for i in sorted(held)), edit=edit)
+
+
+@dataclass(frozen=True)
+class EditDataset(Dataset):
+    edit: EditDataConfig = None
+
+    def summary(self) -> str:
+        counts: dict[int, int] = {}
+        for s in self.samples:
+            counts[len(s.controls)] = counts.get(len(s.controls), 0) + 1
+        controls = ", ".join(f"{n} with {k} control{'s' if k > 1 else ''}" for k, n in sorted(counts.items()))
+        size = self.edit.control_resolution or "the model's rule"
+        return f"{super().summary()}; edit samples: {controls}; controls sized by {size}"
+
