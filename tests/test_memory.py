@@ -183,7 +183,10 @@ def test_more_swapping_means_less_gpu_and_more_host_ram():
     for k in (1, 2):
         assert plans[k].term("frozen block Linears") + plans[k].term("swap slots") == plans[0].term("frozen block Linears")
     assert all(a > b for a, b in zip(gpu[2:], gpu[3:]))
-    assert all(a < b for a, b in zip(host, host[1:]))
+    # Host RAM grows by whole power-of-two chunks of the pinned arena (1 GiB holds 3 block blobs of 324 MiB,
+    # offload.blob_chunk), so two neighbouring counts may need the same; the chunks' unused room stays small.
+    assert all(a <= b for a, b in zip(host, host[1:])) and host[0] < host[3] < host[6] < host[-1]
+    assert all(p.term("pinned arena slack") <= 0.6 * GIB for p in plans)
     assert "saves nothing" in plans[1].notes[0]
 
 
