@@ -178,15 +178,16 @@ def test_more_swapping_means_less_gpu_and_more_host_ram():
     plans = [plan_memory(PlanInputs(blocks_to_swap=k)) for k in range(60)]
     gpu = [p.gpu_total for p in plans]
     host = [p.host_training_total for p in plans]
-    # The swapper keeps one GPU slot per swapped block, at most 2: 1 or 2 swapped blocks cost the same as
+    # The swapper keeps one GPU slot per swapped block, at most the ring depth (2 by default): 1 or 2 swapped blocks cost the same as
     # none, and from there every further block saves exactly one block's weights.
     for k in (1, 2):
         assert plans[k].term("frozen block Linears") + plans[k].term("swap slots") == plans[0].term("frozen block Linears")
     assert all(a > b for a, b in zip(gpu[2:], gpu[3:]))
-    # Host RAM grows by whole power-of-two chunks of the pinned arena (1 GiB holds 3 block blobs of 324 MiB,
-    # offload.blob_chunk), so two neighbouring counts may need the same; the chunks' unused room stays small.
+    # Host RAM grows by whole power-of-two chunks of the pinned arena, each holding whole block blobs of 324 MiB
+    # (offload.blob_chunks), so neighbouring counts may need the same; the chunks' unused room stays under 1 GiB
+    # (pinning tensor by tensor would round 29 blocks up by 5.3 GiB).
     assert all(a <= b for a, b in zip(host, host[1:])) and host[0] < host[3] < host[6] < host[-1]
-    assert all(p.term("pinned arena slack") <= 0.6 * GIB for p in plans)
+    assert all(p.term("pinned arena slack") < GIB for p in plans)
     assert "saves nothing" in plans[1].notes[0]
 
 
