@@ -207,7 +207,7 @@ def activation_settings(p: PlanInputs) -> ActivationSettings:
     return ActivationSettings(preset=p.targets, rank=p.rank,
                               lora_bytes=DTYPE_BYTES[p.lora_dtype], dropout=p.lora_dropout > 0,
                               act_bytes=DTYPE_BYTES[p.compute_dtype], cuda=p.device == "cuda",
-                              checkpointing=p.checkpointing)
+                              checkpointing=p.checkpointing, lora_in_compute_dtype=p.device == "cuda")
 
 
 def _outside_activation_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int, act: int) -> int:
