@@ -30,6 +30,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from .models import float8_compiled
 from .models.float8 import frozen_linears
 from .models.qwen_arch import MODULATION_LINEARS
 from .swap_placement import (
@@ -274,7 +275,9 @@ class BlockRunner:
     `blocks_to_swap` blocks spread over the depth (`swap_placement.default_placement`)."""
 
     def __init__(self, transformer: nn.Module, device: torch.device, blocks_to_swap: int = 0,
-                 checkpointing: bool = False, placement: Placement | None = None):
+                 checkpointing: bool = False, placement: Placement | None = None, compile_float8: bool = False):
+        """`compile_float8`: compile each block so float8 weights are multiplied without a bf16 copy
+        (`models.float8_compiled`; CUDA only, ignored where unavailable; with streaming it needs checkpointing)."""
         self.transformer = transformer
         self.device = device
         self.checkpointing = checkpointing
@@ -290,8 +293,14 @@ class BlockRunner:
         self._phase = FORWARD
         self._caching = False  # keep modulation outputs (a training forward under checkpointing)
         self._modulation_cache: dict[tuple[int, str], torch.Tensor] = {}
+        self._compiled: dict | None = None
+        if compile_float8 and float8_compiled.available(device):
+            if swapped and not checkpointing:
+                raise ValueError("compiled float8 blocks with streaming need gradient checkpointing (float8_compiled)")
+            self._compiled = float8_compiled.install([lin for block in blocks for _, lin in frozen_linears(block)])
         for i, block in enumerate(blocks):
-            block.forward = _wrap(block.forward, functools.partial(self._run_block, i))
+            compile_ = float8_compiled.compile_block_forward if self._compiled is not None else None
+            block.forward = _wrap(block.forward, functools.partial(self._run_block, i), compile_)
             for name, lin in frozen_linears(block):
                 if _is_modulation(name):
                     lin.forward = _wrap(lin.forward, functools.partial(self._modulation, (i, name)))
@@ -367,6 +376,9 @@ class BlockRunner:
                 self.swapper.unpin()
             self.swapper = None
         self._modulation_cache.clear()
+        if self._compiled is not None:
+            float8_compiled.uninstall(self._compiled)
+            self._compiled = None
         for block in self.transformer.transformer_blocks:
             _unwrap(block, "forward")
             for _, lin in frozen_linears(block):
@@ -378,10 +390,11 @@ def _is_modulation(name: str) -> bool:
     return name.removesuffix(".base_layer") in MODULATION_LINEARS
 
 
-def _wrap(forward, ours: functools.partial) -> functools.partial:
-    """`ours` called with the module's own forward first (unwrapping one a previous runner left)."""
+def _wrap(forward, ours: functools.partial, transform=None) -> functools.partial:
+    """`ours` called with the module's own forward first (unwrapping one a previous runner left), or with
+    `transform(forward)` (a compiled forward) where given."""
     original = forward.__wrapped_forward__ if _is_ours(forward) else forward
-    wrapped = functools.partial(ours, original)
+    wrapped = functools.partial(ours, transform(original) if transform is not None else original)
     wrapped.__wrapped_forward__ = original
     return wrapped
 
