@@ -64,6 +64,7 @@ class PlanInputs:
     targets: str = "attention+mlp"
     lora_dtype: str = "float32"
     lora_dropout: float = 0.0
+    lora_in_compute_dtype: bool = True  # the trainer's LoRA matmuls (lora.compute_in_input_dtype); False: peft's cast
     storage: str = "float8"  # block Linear weights: float8, float8_scaled or bfloat16
     compute_dtype: str = "bfloat16"
     checkpointing: bool = True
@@ -207,7 +208,7 @@ def activation_settings(p: PlanInputs) -> ActivationSettings:
     return ActivationSettings(preset=p.targets, rank=p.rank,
                               lora_bytes=DTYPE_BYTES[p.lora_dtype], dropout=p.lora_dropout > 0,
                               act_bytes=DTYPE_BYTES[p.compute_dtype], cuda=p.device == "cuda",
-                              checkpointing=p.checkpointing, lora_in_compute_dtype=p.device == "cuda")
+                              checkpointing=p.checkpointing, lora_in_compute_dtype=p.lora_in_compute_dtype)
 
 
 def _outside_activation_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int, act: int) -> int:

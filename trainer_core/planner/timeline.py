@@ -75,7 +75,18 @@ GPUS: dict[str, GpuProfile] = {g.name: g for g in (
                "Blackwell RTX whitepaper"),
     GpuProfile("h100", "H100 SXM5, PCIe 5 x16 host link", 989.4, 1978.9, 66.9, 3350, PCIE5_X16, "PCIe 5.0 x16",
                "H100 datasheet"),
+    # H200 datasheet: the H100's compute, HBM3e at 4800 GB/s; host link PCIe 5.0 x16.
+    GpuProfile("h200", "H200 SXM, PCIe 5 x16 host link", 989.4, 1978.9, 66.9, 4800, PCIE5_X16, "PCIe 5.0 x16",
+               "H200 datasheet"),
 )}
+
+# Substrings of torch.cuda.get_device_name() -> profile (the first that matches; gpu_check uses it).
+DEVICE_NAMES = (("H200", "h200"), ("H100", "h100"), ("5090", "rtx5090"), ("4090", "rtx4090"),
+                ("4060 Ti", "rtx4060ti-16gb"), ("3090", "rtx3090"))
+
+
+def profile_for_device(name: str) -> GpuProfile | None:
+    return next((GPUS[key] for part, key in DEVICE_NAMES if part in name), None)
 
 
 # --------------------------------------------------------------------------------------------------
