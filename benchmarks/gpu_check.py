@@ -7,13 +7,17 @@ Builds the real transformer (60 blocks, 20.4B parameters) directly on the GPU wi
 weights (`devtools.random_weights.random_transformer`: meta first, then one tensor at a time; no
 download), and trains 5 steps of a rank-32 attention+mlp LoRA at 1024 x 1024 (64 x 64 = 4096 packed latent tokens, 16
 latent channels, 256 prompt tokens x 3584, all synthetic) through our `Trainer` (`lora.inject_lora`,
-`offload.BlockRunner` with gradient checkpointing) for blocks_to_swap in {0, 8, 16, auto for 16 GiB}.
+`offload.BlockRunner` with gradient checkpointing) for blocks_to_swap in {0, 8, 16, auto for 16 GiB}, then three
+variants of the auto configuration, one change of issue 10 undone or added each: the streamed blocks as the last
+ones (tail) instead of spread, the LoRA computed in fp32 (peft's cast) instead of bf16, and the compiled float8
+path (`models.float8_compiled`, where available).
 The model is built once; each configuration gets a fresh Trainer, whose `close()` takes the LoRA out and
 `BlockRunner.uninstall()` gives the blocks back, so the next one starts from the same model.
 
 Per configuration: torch.cuda.max_memory_allocated / max_memory_reserved over the steps (peak stats reset
 after the trainer is built), the planner's prediction (its allocated part, and its total with allocator
-slack and CUDA context), seconds per step (steps 2..n), and the pinned host memory of the CPU masters.
+slack and CUDA context), seconds per step (steps 2..n), the timeline model's predicted seconds per step for this
+GPU (`planner.timeline`, profile chosen by the device name), and the pinned host memory of the CPU masters.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class Row:
     seconds_per_step: float
     pinned_host: int
     losses: list[float]
+    predicted_seconds: float | None = None
 
 
 def rss_bytes() -> int:
@@ -73,18 +78,28 @@ def resident_bytes(trainer) -> int:
     tables) that are in use, plus the swapper's slots (the masters of swapped blocks are host memory)."""
     model = trainer.transformer
     seen, total = set(), 0
+    # Each tensor's own bytes, not its storage's: on the CPU a block that a previous configuration swapped keeps
+    # its weights as views of that configuration's arena chunks (`.to("cpu")` copies nothing), whose storage
+    # holds other blocks too; on a GPU those weights would be copies of their own size.
     for t in [*model.parameters(), *model.buffers(), model.pos_embed.pos_freqs, model.pos_embed.neg_freqs]:
         if t.numel():
-            key = t.untyped_storage().data_ptr()
+            key = (t.data_ptr(), t.numel())
             if key not in seen:
                 seen.add(key)
-                total += t.untyped_storage().nbytes()
+                total += t.numel() * t.element_size()
     swapper = trainer.runner.swapper
     return total + (swapper.slot_bytes if swapper is not None else 0)
 
 
-def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch, steps: int, cuda: bool) -> Row:
+def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch, steps: int, cuda: bool,
+               variant: str = "") -> Row:
+    """One configuration. `variant`: "" (the trainer as it is), "tail" (streamed blocks = the last k), "lora fp32"
+    (peft's fp32 LoRA compute), "compiled" (compiled float8 blocks)."""
     from trainer_core.devtools.memprobe import LiveBytes
+    from trainer_core.lora import compute_in_input_dtype
+    from trainer_core.offload import BlockRunner
+    from trainer_core.planner.timeline import PATHS, RUNTIME, ComputePath, predict, profile_for_device
+    from trainer_core.swap_placement import tail_placement
 
     device = components.device
     gc.collect()
@@ -96,11 +111,22 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
                       OptimizerConfig(optimizer=inputs.optimizer, learning_rate=1e-4),
                       TrainConfig(seed=0, micro_batch_size=inputs.batch, gradient_checkpointing=inputs.checkpointing,
                                   blocks_to_swap=k, run_name=f"gpu-check-{k}"))
+    placement, path = None, RUNTIME
+    if variant in ("tail", "compiled"):
+        trainer.runner.uninstall()
+        placement = tail_placement(arch.num_blocks, k) if variant == "tail" and k else None
+        trainer.runner = BlockRunner(trainer.transformer, device, blocks_to_swap=k, checkpointing=inputs.checkpointing,
+                                     placement=placement, compile_float8=variant == "compiled")
+        if variant == "compiled":
+            path = PATHS[2]
+    elif variant == "lora fp32":
+        compute_in_input_dtype(trainer.transformer, enabled=False)
+        path = ComputePath("float32", "eager")
     pinned = pinned_bytes(cuda)
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        report = trainer.train(1)  # first step: kernels' warm-up, optimizer state allocation
+        report = trainer.train(1)  # first step: kernels' warm-up (and compilation), optimizer state allocation
         torch.cuda.synchronize()
         t = time.perf_counter()
         report2 = trainer.train(steps - 1)
@@ -118,9 +144,12 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
     losses = report.losses + report2.losses
     plan = plan_memory(dataclasses.replace(inputs, blocks_to_swap=k), arch)
     planned_alloc = sum(t.bytes for t in plan.gpu if t.name not in NOT_ALLOCATOR)
+    profile = profile_for_device(torch.cuda.get_device_name(device)) if cuda else None
+    predicted = (predict(dataclasses.replace(inputs, blocks_to_swap=k), profile, placement, arch, path).seconds
+                 if profile is not None else None)
     trainer.close()
     del trainer
-    return Row(label, k, planned_alloc, plan.gpu_total, allocated, reserved, seconds, pinned, losses)
+    return Row(label, k, planned_alloc, plan.gpu_total, allocated, reserved, seconds, pinned, losses, predicted)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -191,28 +220,37 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("\n".join(choice.advice))
     configs = [("no swapping", 0), ("8 swapped", 8), ("16 swapped", 16), (auto_label, choice.blocks_to_swap)] if cuda \
         else [("no swapping", 0), ("1 swapped", 1), ("2 swapped", 2), (auto_label, choice.blocks_to_swap)]
+    configs = [(label, k, "") for label, k in configs]
+    auto_k = choice.blocks_to_swap
+    configs += [(f"{auto_label}, tail placement", auto_k, "tail"), (f"{auto_label}, LoRA in fp32", auto_k, "lora fp32")]
+    from trainer_core.models.float8_compiled import available
+
+    if available(device):
+        configs.append((f"{auto_label}, compiled float8", auto_k, "compiled"))
 
     unit, u = (GIB, "GiB") if cuda else (MIB, "MiB")
     rows = []
-    for label, k in configs:
+    for label, k, variant in configs:
         t = time.perf_counter()
-        rows.append(run_config(label, k, components, dataset, inputs, arch, steps, cuda))
+        rows.append(run_config(label, k, components, dataset, inputs, arch, steps, cuda, variant))
         r = rows[-1]
         print(f"  {label}: blocks_to_swap={k}, measured {r.measured_allocated / unit:.2f} {u} allocated, planned "
               f"{r.planned_allocated / unit:.2f} {u}, {r.seconds_per_step:.3f} s/step ({time.perf_counter() - t:.0f} s)",
               flush=True)
 
     log(f"| configuration | blocks_to_swap | max allocated ({u}) | planned allocated ({u}) | planned / measured "
-        f"| max reserved ({u}) | planned total ({u}) | s/step | pinned host ({u}) | loss (first, last) |")
-    log("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        f"| max reserved ({u}) | planned total ({u}) | s/step | pinned host ({u}) | loss (first, last) "
+        f"| predicted s/step |")
+    log("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         log(f"| {r.label} | {r.blocks_to_swap} | {r.measured_allocated / unit:.2f} | {r.planned_allocated / unit:.2f} | "
             f"{r.planned_allocated / r.measured_allocated:.3f} | {r.measured_reserved / unit:.2f} | "
             f"{r.planned_total / unit:.2f} | {r.seconds_per_step:.3f} | {r.pinned_host / unit:.2f} | "
-            f"{r.losses[0]:.4f}, {r.losses[-1]:.4f} |")
+            f"{r.losses[0]:.4f}, {r.losses[-1]:.4f} | "
+            f"{'-' if r.predicted_seconds is None else f'{r.predicted_seconds:.3f}'} |")
     log("")
     if cuda:
-        auto = rows[-1]
+        auto = rows[3]
         within = auto.measured_reserved + context <= budget
         log(f"The auto configuration ({auto.blocks_to_swap} blocks) used {(auto.measured_reserved + context) / GIB:.2f} GiB "
             f"(max reserved + context) of its {budget / GIB:.2f} GiB budget: {'within' if within else 'OVER'} budget.")

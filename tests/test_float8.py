@@ -85,3 +85,49 @@ def test_float8_transformer_trains_under_peft_lora():
                       img_shapes=[[(1, 4, 4)]], return_dict=False)[0]
     out.square().mean().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in params)
+
+
+def test_scaled_float8_scales_the_output_as_scaling_the_weight_would():
+    """float8_scaled computes y = (x W8^T) s + b and grad_x = (grad s) W8: in fp32 the same as x (s W8)^T + b
+    and grad (s W8) up to rounding."""
+    from trainer_core.models.float8 import SCALE_BUFFER, dequantized_weight, quantize_weight
+
+    torch.manual_seed(0)
+    for quantize in (lambda w: quantize_weight(w, "float8_scaled"),):
+        lin = nn.Linear(64, 48)
+        stored, scale = quantize(lin.weight.data * 3)
+        lin.weight = nn.Parameter(stored, requires_grad=False)
+        lin.register_buffer(SCALE_BUFFER, scale)
+        x = torch.randn(5, 64, requires_grad=True)
+        y = FrozenLinearFunction.apply(x, lin)
+        w = dequantized_weight(lin, torch.float32)  # s W8, as the weight-scaling path computed it
+        reference = x.detach() @ w.T + lin.bias.detach()
+        assert torch.allclose(y, reference, rtol=1e-5, atol=1e-5)
+        grad = torch.randn_like(y)
+        y.backward(grad)
+        assert torch.allclose(x.grad, grad @ w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["float8", "float8_scaled"])
+def test_the_compiled_paths_expression_equals_the_eager_function(mode):
+    """What `float8_compiled` hands torch.compile (on CUDA) computes, run eagerly here, the same output and
+    input gradient as `FrozenLinearFunction`, bit for bit in fp32."""
+    from trainer_core.models.float8 import SCALE_BUFFER, quantize_weight
+    from trainer_core.models.float8_compiled import available, compiled_frozen_forward
+
+    assert not available(torch.device("cpu"))
+    torch.manual_seed(0)
+    lin = nn.Linear(32, 24)
+    stored, scale = quantize_weight(lin.weight.data, mode)
+    lin.weight = nn.Parameter(stored, requires_grad=False)
+    lin.bias.requires_grad_(False)
+    if scale is not None:
+        lin.register_buffer(SCALE_BUFFER, scale)
+    x1 = torch.randn(4, 32, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    y1, y2 = FrozenLinearFunction.apply(x1, lin), compiled_frozen_forward(lin, x2)
+    assert torch.equal(y1, y2)
+    grad = torch.randn_like(y1)
+    y1.backward(grad)
+    y2.backward(grad)
+    assert torch.equal(x1.grad, x2.grad)

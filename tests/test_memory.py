@@ -164,7 +164,8 @@ def test_whole_model_step_peak_matches_the_plan(checkpointing):
         del prediction
     runner.uninstall()
     plan = plan_memory(PlanInputs(width=grid * 16, height=grid * 16, text_tokens=text, rank=4, device="cpu",
-                                  checkpointing=checkpointing, blocks_to_swap=3), arch_from_transformer(model))
+                                  checkpointing=checkpointing, blocks_to_swap=3, lora_in_compute_dtype=False),
+                       arch_from_transformer(model))  # peft's own fp32 LoRA compute: no Trainer here
     names = ("LoRA gradients", "block inputs", "saved activations", "one block's", "backward working",
              "largest weight", "activations outside")
     assert sum(plan.term(n) for n in names) == pytest.approx(live.peak, rel=0.03)
@@ -178,12 +179,16 @@ def test_more_swapping_means_less_gpu_and_more_host_ram():
     plans = [plan_memory(PlanInputs(blocks_to_swap=k)) for k in range(60)]
     gpu = [p.gpu_total for p in plans]
     host = [p.host_training_total for p in plans]
-    # The swapper keeps one GPU slot per swapped block, at most 2: 1 or 2 swapped blocks cost the same as
+    # The swapper keeps one GPU slot per swapped block, at most the ring depth (2 by default): 1 or 2 swapped blocks cost the same as
     # none, and from there every further block saves exactly one block's weights.
     for k in (1, 2):
         assert plans[k].term("frozen block Linears") + plans[k].term("swap slots") == plans[0].term("frozen block Linears")
     assert all(a > b for a, b in zip(gpu[2:], gpu[3:]))
-    assert all(a < b for a, b in zip(host, host[1:]))
+    # Host RAM grows by whole power-of-two chunks of the pinned arena, each holding whole block blobs of 324 MiB
+    # (offload.blob_chunks), so neighbouring counts may need the same; the chunks' unused room stays under 1 GiB
+    # (pinning tensor by tensor would round 29 blocks up by 5.3 GiB).
+    assert all(a <= b for a, b in zip(host, host[1:])) and host[0] < host[3] < host[6] < host[-1]
+    assert all(p.term("pinned arena slack") < GIB for p in plans)
     assert "saves nothing" in plans[1].notes[0]
 
 

@@ -126,11 +126,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not auto:
         budget = int(args.budget_gb * GIB) if args.budget_gb is not None else None
         print(render_plan(plan_memory(inputs), budget))
+        _print_timeline(args, inputs)
         return 0
     budget_gb = args.budget_gb if args.budget_gb is not None else field_default(PlanConfig, "budget_gb")
     choice = auto_blocks_to_swap(inputs, int(budget_gb * GIB))
     print(render_choice(choice))
+    if choice.fits:
+        _print_timeline(args, choice.plan.inputs)
     return 0 if choice.fits else 1
+
+
+def _print_timeline(args: argparse.Namespace, inputs) -> None:
+    if args.gpu is None:
+        return
+    from .planner.timeline import GPUS, render_timeline
+
+    print()
+    print(render_timeline(inputs, GPUS[args.gpu]))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -295,6 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--text-tokens", **config_arg(PlanConfig, "text_tokens"))
     plan.add_argument("--images", **config_arg(PlanConfig, "dataset_images"))
     plan.add_argument("--text-encoder-storage", **config_arg(PlanConfig, "text_encoder_storage"))
+    from .planner.timeline import GPUS
+
+    plan.add_argument("--gpu", choices=list(GPUS), default=None,
+                      help="also predict seconds per step on this GPU and what streaming the swapped blocks costs "
+                           "(timeline model: " + ", ".join(f"{g.name} = {g.label}" for g in GPUS.values()) + ")")
     plan.set_defaults(func=cmd_plan)
     return parser
 

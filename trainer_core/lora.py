@@ -10,7 +10,10 @@ nothing of files.
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import LoraConfig
@@ -93,3 +96,27 @@ def adapter_weights(transformer: nn.Module) -> dict[str, tuple[torch.Tensor, tor
         name: (layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight)
         for name, layer in lora_layers(transformer).items()
     }
+
+
+def compute_in_input_dtype(transformer: nn.Module, enabled: bool = True) -> None:
+    """LoRA matmuls in the activations' dtype (bf16 on a GPU), the weights staying in theirs (fp32 masters).
+
+    peft casts a LoRA layer's input up to the weights' dtype: with fp32 weights under bf16 compute every
+    targeted Linear then makes an fp32 copy of its input, keeps it for backward and multiplies in fp32 (no
+    tensor cores). Here the input stays as it is and the weights are cast down per call instead (r x in
+    values); autograd casts their gradients back, so gradients, optimizer state and updates stay fp32 and a
+    small update is not rounded away. Where the input already has the weights' dtype (fp32 compute on a CPU)
+    nothing changes, bit for bit. `enabled=False` puts peft's behaviour back."""
+    for layer in lora_layers(transformer).values():
+        layer.cast_input_dtype_enabled = not enabled
+        for part in (*layer.lora_A.values(), *layer.lora_B.values()):
+            if enabled:
+                part.forward = functools.partial(_linear_in_input_dtype, part)
+            else:
+                part.__dict__.pop("forward", None)
+
+
+def _linear_in_input_dtype(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    weight = linear.weight if linear.weight.dtype == x.dtype else linear.weight.to(x.dtype)
+    bias = linear.bias if linear.bias is None or linear.bias.dtype == x.dtype else linear.bias.to(x.dtype)
+    return F.linear(x, weight, bias)

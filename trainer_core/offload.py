@@ -1,19 +1,25 @@
-"""Running the transformer's blocks: activation checkpointing and block swapping.
+"""Running the transformer's blocks: activation checkpointing and block streaming.
 
 `BlockRunner` replaces each block's `forward` (an instance attribute, so module names, state dict keys
 and the diffusers forward and pipeline stay untouched) with one that
-  1. asks the swapper for the block's weights and to prefetch the next swapped block,
+  1. has the swapper issue the copies the ring policy asks for (`swap_placement.Ring`) and wait for the
+     block's own weights,
   2. runs the block, under activation checkpointing when training with it on,
   3. in training, wraps the outputs in `_BackwardMark`, whose backward runs right before the block's
-     own backward (and its checkpoint recompute): there it asks for the block's weights again and
-     prefetches the previous block, so backward walks the blocks in reverse with weights ready.
+     own backward (and its checkpoint recompute): there the swapper does the same for the backward pass,
+     which walks the blocks in reverse.
+While training with checkpointing it keeps each block's modulation outputs (one row per sample) from the
+forward and hands them to the recompute, so the modulation Linears run once per step and a streamed block's
+backward copy leaves them out. In the last block the text stream's output is thrown away by the model, so
+it leaves the graph there (detached) and its backward never runs on zero gradients.
 
-`BlockSwapper` keeps the frozen base Linear weights of the last `blocks_to_swap` blocks in a CPU
-master copy (pinned on CUDA, packed into a `PinnedArena`) and only ever copies host-to-device, into a
-ring of (at most) two GPU slots, on a side stream ordered by events. LoRA parameters, biases, norms and scales stay on the GPU. An evicted
-block's weights point at an empty placeholder, so a block run without its weights fails loudly
-instead of computing with another block's. On a CPU device the copies are plain synchronous copies
-into the slots, which keeps the bookkeeping (and its tests) identical.
+`BlockSwapper` keeps the frozen base Linear weights of the streamed blocks (`swap_placement.Placement`:
+which blocks, how deep the ring) in a CPU master copy, one contiguous blob per block (pinned on CUDA, packed
+into a `PinnedArena`), and only ever copies host-to-device, one contiguous range per copy, into a ring of
+GPU slots, on a side stream ordered by events. LoRA parameters, biases, norms and scales stay on the GPU.
+An evicted block's weights point at an empty placeholder, so a block run without its weights fails loudly
+instead of computing with another block's. On a CPU device the copies are plain synchronous copies into
+the slots, which keeps the bookkeeping (and its tests) identical.
 """
 
 from __future__ import annotations
@@ -25,9 +31,14 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from .models import float8_compiled
 from .models.float8 import frozen_linears
+from .models.qwen_arch import MODULATION_LINEARS
+from .swap_placement import (
+    BACKWARD, BACKWARD_PART, FORWARD, MIN_RING, BlobLayout, Load, Placement, Ring, blob_layout, default_placement,
+)
 
-NUM_SLOTS = 2
+NUM_SLOTS = MIN_RING  # the default ring depth (the planner's and the swapper's)
 MIB = 1 << 20
 # Pinned host memory comes from torch's caching host allocator, which rounds every allocation up to a
 # power of two: pinning each weight on its own would cost up to 2x (a 9 MiB weight takes 16 MiB). The
@@ -67,8 +78,48 @@ def arena_layout(sizes: list[int], chunk: int = ARENA_CHUNK) -> tuple[list[int],
     return caps, places
 
 
+BLOB_CHUNK_MAX = 8 << 30  # the largest pinned chunk the arena asks for
+
+
+def blob_chunks(blob_bytes: int, count: int, largest: int = BLOB_CHUNK_MAX) -> list[int]:
+    """Power-of-two chunk sizes that hold `count` whole blobs in the fewest bytes (largest chunks first).
+
+    A real block's float8 blob is 324 MiB: 1 GiB chunks hold 3 (5% unused), 8 GiB chunks 25 (1%); a small
+    dynamic programme over the chunk sizes finds the cheapest mix, e.g. 29 blobs: 8 GiB + 1 GiB + 512 MiB,
+    0.32 GiB unused."""
+    sizes = []
+    cap = _pow2ceil(blob_bytes)
+    while cap <= max(largest, _pow2ceil(blob_bytes)):
+        sizes.append(cap)
+        cap *= 2
+    best: list[tuple[int, list[int]]] = [(0, [])]  # best[m]: (bytes, chunks) for m blobs
+    for m in range(1, count + 1):
+        options = []
+        for cap in sizes:
+            held = min(m, cap // blob_bytes)
+            total, chunks = best[m - held]
+            options.append((total + cap, [cap, *chunks]))
+        best.append(min(options))
+    return sorted(best[count][1], reverse=True)
+
+
+def blob_arena_layout(blob: BlobLayout, sizes: list[int], blocks: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """The arena for `blocks` blobs of `blob`'s layout, each whole in one chunk (so a block moves in one copy):
+    (chunk capacities, (chunk, offset) of every tensor, block by block, in `sizes`' order)."""
+    caps = blob_chunks(blob.whole_bytes, blocks) if blocks else []
+    places = []
+    chunk, used = 0, 0
+    for _ in range(blocks):
+        if used + blob.whole_bytes > caps[chunk]:
+            chunk, used = chunk + 1, 0
+        places += [(chunk, used + blob.offsets[t]) for t in range(len(sizes))]
+        used += blob.whole_bytes
+    return caps, places
+
+
 class PinnedArena:
-    """Host copies of tensors packed into a few (pinned) byte buffers laid out by `arena_layout`.
+    """Host copies of tensors packed into a few (pinned) byte buffers laid out by `arena_layout` (or by a
+    given `layout`: (chunk capacities, (chunk, offset) per tensor)).
 
     Filled one tensor at a time (`store`), each chunk allocated when its first tensor arrives, so moving
     weights in (and freeing each original as soon as it is copied) never holds more than one chunk twice.
@@ -76,20 +127,20 @@ class PinnedArena:
     then on are ordinary memory, `pin_error` says why, and `pinned[c]` tells each chunk's kind.
     """
 
-    def __init__(self, specs: list[tuple[torch.Size, torch.dtype]], pin: bool):
+    def __init__(self, specs: list[tuple[torch.Size, torch.dtype]], pin: bool,
+                 layout: tuple[list[int], list[tuple[int, int]]] | None = None):
         self.specs = list(specs)
-        sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in self.specs]
-        self.caps, places = arena_layout(sizes)
-        self.places = places
-        self.sizes = sizes
+        self.sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in self.specs]
+        self.caps, self.places = layout or arena_layout(self.sizes)
         self.chunks: list[torch.Tensor | None] = [None] * len(self.caps)
         self.pinned = [False] * len(self.caps)
         self.pin = pin
         self.pin_error: str | None = None
-        self.chunk_of = [c for c, _ in places]  # arena chunk index of each tensor, in order
+        self.chunk_of = [c for c, _ in self.places]  # arena chunk index of each tensor, in order
         self.views: list[torch.Tensor | None] = [None] * len(self.specs)
 
-    def _chunk(self, c: int) -> torch.Tensor:
+    def chunk(self, c: int) -> torch.Tensor:
+        """Chunk c, allocated (pinned while the system allows) on first use."""
         if self.chunks[c] is None:
             if self.pin:
                 try:
@@ -105,7 +156,7 @@ class PinnedArena:
         """Copy tensor `n` (of `specs`) into the arena; returns its view there."""
         shape, dtype = self.specs[n]
         c, offset = self.places[n]
-        view = self._chunk(c)[offset:offset + self.sizes[n]].view(dtype).view(shape)
+        view = self.chunk(c)[offset:offset + self.sizes[n]].view(dtype).view(shape)
         view.copy_(tensor)
         self.views[n] = view
         return view
@@ -120,129 +171,133 @@ class PinnedArena:
 
 
 class BlockSwapper:
-    def __init__(self, transformer: nn.Module, swapped: list[int], device: torch.device):
+    def __init__(self, transformer: nn.Module, placement: Placement, device: torch.device,
+                 trace: list | None = None):
         self.device = device
-        self.swapped = list(swapped)
+        self.placement = placement
+        self.swapped = list(placement.streamed)
         self.cuda = device.type == "cuda"
+        self.trace = trace  # when a list: ("copy", block, bytes) and ("wait", block) appended in issue order
         blocks = transformer.transformer_blocks
-        # Per swapped block: the frozen Linears, in a fixed order, and their CPU master weights, all in
-        # one arena (pinned on CUDA so host-to-device copies are truly asynchronous).
-        self.linears = {i: [m for _, m in frozen_linears(blocks[i])] for i in self.swapped}
+        # Per swapped block: the frozen Linears, in a fixed order, and their CPU master weights, each block one
+        # blob (backward part first, modulation Linears last) in one arena, pinned on CUDA so host-to-device
+        # copies are truly asynchronous.
+        named = {i: frozen_linears(blocks[i]) for i in self.swapped}
+        self.linears = {i: [m for _, m in named[i]] for i in self.swapped}
         flat = [lin for i in self.swapped for lin in self.linears[i]]
-        self.arena = PinnedArena([(lin.weight.shape, lin.weight.dtype) for lin in flat], pin=self.cuda)
+        first = self.swapped[0]
+        sizes = [lin.weight.numel() * lin.weight.element_size() for lin in self.linears[first]]
+        self.forward_only = [_is_modulation(name) for name, _ in named[first]]
+        self.blob = blob_layout(sizes, self.forward_only)
+        layout = blob_arena_layout(self.blob, sizes, len(self.swapped))
+        self.arena = PinnedArena([(lin.weight.shape, lin.weight.dtype) for lin in flat], pin=self.cuda, layout=layout)
         for n, lin in enumerate(flat):
             # Into the arena, and the weight points there at once: its old storage (host or device) is
             # freed before the next one is copied, so no master is ever held twice.
             lin.weight.data = self.arena.store(n, lin.weight.data)
         views = iter(self.arena.views)
         self.master = {i: [next(views) for _ in self.linears[i]] for i in self.swapped}
-        # Masters in ordinary (pageable) memory cannot be copied to the GPU asynchronously: such a block goes
-        # through a pinned staging buffer per slot (a host copy first, then the asynchronous upload).
-        self.master_pinned = {i: all(self.arena.pinned[self.arena.chunk_of[n]] for n in self._indices(i))
-                              for i in self.swapped}
-        template = self.master[self.swapped[0]] if self.swapped else []
-        # One slot per swapped block up to NUM_SLOTS: with a single swapped block a second slot would
-        # only cost memory.
-        self.num_slots = min(NUM_SLOTS, len(self.swapped))
-        self.slots = [[torch.empty_like(w, device=device) for w in template] for _ in range(self.num_slots)]
-        self.slot_owner: list[int | None] = [None] * self.num_slots
+        # Each block's blob as one byte range of its chunk: what a copy reads.
+        self.regions = {}
+        self.region_pinned = {}  # pageable blobs go through a pinned staging buffer (see _source)
+        for n, i in enumerate(self.swapped):
+            chunk, offset = layout[1][n * len(sizes)]
+            start = offset - self.blob.offsets[0]
+            self.regions[i] = self.arena.chunks[chunk][start:start + self.blob.whole_bytes]
+            self.region_pinned[i] = self.arena.pinned[chunk]
+        template = self.master[first]
+        self.slot_buffers = [torch.empty(self.blob.whole_bytes, dtype=torch.uint8, device=device)
+                             for _ in range(placement.slots)]
+        # Per slot, its Linear weights: views into the slot's bytes at the blob's offsets.
+        self.slots = [[buf[o:o + w.numel() * w.element_size()].view(w.dtype).view(w.shape)
+                       for o, w in zip(self.blob.offsets, template)] for buf in self.slot_buffers]
+        self.ring = Ring(placement)
+        self.slot_owner: list[int | None] = [None] * placement.slots
         self.placeholder = {w.dtype: torch.empty(0, dtype=w.dtype, device=device) for w in template}
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
-        self.copy_done: list[torch.cuda.Event | None] = [None] * self.num_slots
-        self.staging: list[list[torch.Tensor] | None] = [None] * self.num_slots  # made when first needed
+        self.copy_done: list[torch.cuda.Event | None] = [None] * placement.slots
+        self.staging: list[torch.Tensor | None] = [None] * placement.slots  # made when first needed
         for i in self.swapped:
             self._point_at_placeholder(i)
         self.bytes_copied = 0
 
-    def _indices(self, i: int) -> range:
-        """Positions of block i's weights in the arena (blocks are stored in `swapped` order)."""
-        start = sum(len(self.linears[j]) for j in self.swapped[:self.swapped.index(i)])
-        return range(start, start + len(self.linears[i]))
+    @property
+    def slot_bytes(self) -> int:
+        return sum(buf.numel() for buf in self.slot_buffers)
 
     @property
     def pinned_status(self) -> str:
-        """One sentence for the status: where the swapped weights live."""
+        """One sentence for the status: where the streamed blocks' weights live."""
         if not self.cuda:
-            return "swapped weights in host memory (CPU device: copies are plain copies)"
+            return "streamed blocks' weights in host memory (CPU device: copies are plain copies)"
         if self.arena.all_pinned:
-            return f"swapped weights in {self.arena.bytes / (1 << 30):.1f} GiB of pinned host memory"
-        return (f"pinned host memory was refused ({self.arena.pin_error}): swapped weights are in ordinary memory and "
+            return f"streamed blocks' weights in {self.arena.bytes / (1 << 30):.1f} GiB of pinned host memory"
+        return (f"pinned host memory was refused ({self.arena.pin_error}): streamed weights are in ordinary memory and "
                 "go through a small pinned staging buffer (slower copies, training works)")
 
-    def _sources(self, slot: int, i: int) -> list[torch.Tensor]:
-        """What block i's upload reads: its pinned masters, or a pinned staging copy of pageable ones."""
-        if self.master_pinned[i]:
-            return self.master[i]
+    def _source(self, slot: int, block: int, start: int, end: int) -> torch.Tensor:
+        """What an upload of bytes [start, end) of `block`'s blob reads: the pinned blob itself, or, for a blob in
+        pageable memory, a pinned staging copy (an asynchronous upload needs page-locked memory)."""
+        src = self.regions[block][start:end]
+        if self.region_pinned[block]:
+            return src
         if self.staging[slot] is None:
             try:
-                self.staging[slot] = [torch.empty_like(w, device="cpu", pin_memory=True) for w in self.master[i]]
-            except RuntimeError:  # not even a staging buffer can be pinned: synchronous copies from pageable memory
-                self.staging[slot] = []
-        if not self.staging[slot]:
-            return self.master[i]
+                self.staging[slot] = torch.empty(self.blob.whole_bytes, dtype=torch.uint8, pin_memory=True)
+            except RuntimeError:  # not even a staging buffer can be pinned: copy from pageable memory
+                self.staging[slot] = torch.empty(0, dtype=torch.uint8)
+        if not self.staging[slot].numel():
+            return src
         if self.copy_done[slot] is not None:
             self.copy_done[slot].synchronize()  # the last upload from this staging buffer has finished
-        for staged, w in zip(self.staging[slot], self.master[i]):
-            staged.copy_(w)
-        return self.staging[slot]
-
-    @property
-    def slot_bytes(self) -> int:
-        return sum(w.numel() * w.element_size() for slot in self.slots for w in slot)
-
-    def _slot_of(self, i: int) -> int:
-        return self.swapped.index(i) % self.num_slots
+        staged = self.staging[slot][start:end]
+        staged.copy_(src)
+        return staged
 
     def _point_at_placeholder(self, i: int) -> None:
         for lin in self.linears[i]:
             lin.weight.data = self.placeholder[lin.weight.dtype]
 
-    def _load(self, i: int) -> None:
-        """Start copying block i's weights into its slot (evicting the slot's owner)."""
-        slot = self._slot_of(i)
-        owner = self.slot_owner[slot]
-        if owner == i:
-            return
-        if owner is not None:
+    def _issue(self, load: Load) -> None:
+        """Copy the byte range `load` needs (one contiguous copy) and point the block's Linears at the slot."""
+        owner = self.slot_owner[load.slot]
+        if owner is not None and owner != load.block:
             self._point_at_placeholder(owner)
+        start, end = load.byte_range(self.blob)
+        src, dst = self.regions[load.block][start:end], self.slot_buffers[load.slot][start:end]
         if self.cuda:
+            src = self._source(load.slot, load.block, start, end)
             # The compute stream may still be reading the slot (the owner's kernels): wait for it.
             self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
-            sources = self._sources(slot, i)
             with torch.cuda.stream(self.copy_stream):
-                for dst, src in zip(self.slots[slot], sources):
-                    dst.copy_(src, non_blocking=True)
+                dst.copy_(src, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self.copy_stream)
-            self.copy_done[slot] = event
+            self.copy_done[load.slot] = event
         else:
-            for dst, src in zip(self.slots[slot], self.master[i]):
-                dst.copy_(src)
-        for lin, dst in zip(self.linears[i], self.slots[slot]):
-            lin.weight.data = dst
-        self.slot_owner[slot] = i
-        self.bytes_copied += sum(w.numel() * w.element_size() for w in self.master[i])
+            dst.copy_(src)
+        whole = load.part != BACKWARD_PART
+        for lin, view, forward_only in zip(self.linears[load.block], self.slots[load.slot], self.forward_only):
+            lin.weight.data = view if whole or not forward_only else self.placeholder[view.dtype]
+        self.slot_owner[load.slot] = load.block
+        self.bytes_copied += end - start
+        if self.trace is not None:
+            self.trace.append(("copy", load.block, end - start))
 
-    def ensure(self, i: int) -> None:
-        """Block i's weights are ready for the compute stream when this returns."""
-        if i not in self.master:
-            return
-        self._load(i)
-        slot = self._slot_of(i)
-        if self.cuda and self.copy_done[slot] is not None:
-            torch.cuda.current_stream(self.device).wait_event(self.copy_done[slot])
-
-    def prefetch(self, i: int) -> None:
+    def before(self, pass_: str, i: int) -> None:
+        """Right before block i runs in `pass_` (swap_placement.FORWARD or BACKWARD): issue the copies the ring
+        policy asks for and make the compute stream wait for block i's weights."""
+        ensure, ahead = self.ring.loads_at(pass_, i)
+        if ensure is not None:
+            self._issue(ensure)
         if i in self.master:
-            self._load(i)
-
-    def prefetch_after(self, i: int) -> None:
-        """Start loading the first swapped block after block i. When i itself is resident, the slot that
-        block needs holds a block that already ran in this pass, so overwriting it is safe; this hides
-        the first swapped block's copy behind the resident blocks' compute."""
-        later = [j for j in self.swapped if j > i]
-        if later:
-            self._load(later[0])
+            slot = self.placement.slot(i)
+            if self.cuda and self.copy_done[slot] is not None:
+                torch.cuda.current_stream(self.device).wait_event(self.copy_done[slot])
+            if self.trace is not None:
+                self.trace.append(("wait", i))
+        for load in ahead:
+            self._issue(load)
 
     def release(self) -> None:
         """Point every swapped block back at its master weights (for saving or moving the model)."""
@@ -251,9 +306,10 @@ class BlockSwapper:
         for i in self.swapped:
             for lin, w in zip(self.linears[i], self.master[i]):
                 lin.weight.data = w
-        self.slot_owner = [None] * self.num_slots
-        self.slots = []
-        self.staging = [None] * self.num_slots
+        self.slot_owner = [None] * self.placement.slots
+        self.ring = Ring(self.placement)
+        self.slots, self.slot_buffers, self.regions = [], [], {}
+        self.staging = [None] * self.placement.slots
 
     def unpin(self) -> None:
         """Move the master weights into ordinary (pageable) memory and give the pinned arena back, one chunk
@@ -283,30 +339,49 @@ class _BackwardMark(torch.autograd.Function):
         return (None, *grads)
 
 
-def swapped_blocks(num_blocks: int, blocks_to_swap: int) -> list[int]:
-    """The blocks whose frozen weights are swapped (kept in host memory, copied in when they run): the last
-    `blocks_to_swap`. The loader uses this too, to read those weights straight into host memory."""
-    return list(range(num_blocks - blocks_to_swap, num_blocks)) if blocks_to_swap else []
-
-
 class BlockRunner:
-    """Installs checkpointing and swapping on every block of `transformer` (see module docstring)."""
+    """Installs checkpointing, swapping and the modulation cache on every block of `transformer` (see the
+    module docstring). `placement` says which blocks are streamed and how deep the ring is; by default
+    `blocks_to_swap` blocks spread over the depth (`swap_placement.default_placement`)."""
 
     def __init__(self, transformer: nn.Module, device: torch.device, blocks_to_swap: int = 0,
-                 checkpointing: bool = False):
+                 checkpointing: bool = False, placement: Placement | None = None, compile_float8: bool = False):
+        """`compile_float8`: compile each block so float8 weights are multiplied without a bf16 copy
+        (`models.float8_compiled`; CUDA only, ignored where unavailable; with streaming it needs checkpointing)."""
         self.transformer = transformer
         self.device = device
         self.checkpointing = checkpointing
         blocks = transformer.transformer_blocks
         n = len(blocks)
-        swapped = swapped_blocks(n, blocks_to_swap)
+        if placement is None and blocks_to_swap:
+            placement = default_placement(n, blocks_to_swap)
+        self.placement = placement if placement is not None and placement.streamed else None
+        swapped = list(self.placement.streamed) if self.placement else []
         self._place(swapped)
-        self.swapper = BlockSwapper(transformer, swapped, device) if swapped else None
+        self.trace: list | None = None
+        self.swapper = BlockSwapper(transformer, self.placement, device) if swapped else None
+        self._phase = FORWARD
+        self._caching = False  # keep modulation outputs (a training forward under checkpointing)
+        self._modulation_cache: dict[tuple[int, str], torch.Tensor] = {}
+        self._compiled: dict | None = None
+        if compile_float8 and float8_compiled.available(device):
+            if swapped and not checkpointing:
+                raise ValueError("compiled float8 blocks with streaming need gradient checkpointing (float8_compiled)")
+            self._compiled = float8_compiled.install([lin for block in blocks for _, lin in frozen_linears(block)])
         for i, block in enumerate(blocks):
-            original = block.forward.__wrapped_forward__ if _is_ours(block.forward) else block.forward
-            wrapped = functools.partial(self._run_block, i, original)
-            wrapped.__wrapped_forward__ = original
-            block.forward = wrapped
+            compile_ = float8_compiled.compile_block_forward if self._compiled is not None else None
+            block.forward = _wrap(block.forward, functools.partial(self._run_block, i), compile_)
+            for name, lin in frozen_linears(block):
+                if _is_modulation(name):
+                    lin.forward = _wrap(lin.forward, functools.partial(self._modulation, (i, name)))
+
+    def record(self) -> list:
+        """Start recording, in issue order, ("copy", block, bytes), ("wait", block) and ("compute", block, pass):
+        the events `planner.timeline` predicts. Returns the list that fills."""
+        self.trace = []
+        if self.swapper is not None:
+            self.swapper.trace = self.trace
+        return self.trace
 
     def _place(self, swapped: list[int]) -> None:
         """Move everything to the device except the frozen Linear weights of swapped blocks."""
@@ -320,21 +395,46 @@ class BlockRunner:
         for lin, w in kept_on_cpu.items():
             lin.weight.data = w
 
+    def _start(self, pass_: str, i: int) -> None:
+        self._phase = pass_
+        if self.swapper is not None:
+            self.swapper.before(pass_, i)
+        if self.trace is not None:
+            self.trace.append(("compute", i, pass_))
+
     def _run_block(self, i: int, forward, *args, **kwargs):
-        swapper = self.swapper
-        if swapper is not None:
-            swapper.ensure(i)
-            swapper.prefetch_after(i)
-        if self.checkpointing and torch.is_grad_enabled():
-            outputs = torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        self._start(FORWARD, i)
+        training = torch.is_grad_enabled()
+        if self.checkpointing and training:
+            self._caching = True
+            try:
+                outputs = torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+            finally:
+                self._caching = False
         else:
             outputs = forward(*args, **kwargs)
-        if swapper is not None and torch.is_grad_enabled():
-            def before_backward():
-                swapper.ensure(i)
-                swapper.prefetch(i - 1)
-            outputs = _BackwardMark.apply(before_backward, *outputs)
-        return outputs
+        if not training:
+            return outputs
+        if i == len(self.transformer.transformer_blocks) - 1:
+            # The model uses only the image stream of the last block (outputs are (text, image)): the text
+            # output leaves the graph, so no backward runs through its dead half on zero gradients.
+            outputs = (outputs[0].detach(), *outputs[1:])
+        live = [k for k, o in enumerate(outputs) if o.requires_grad]
+        if not live:
+            return outputs
+        marked = iter(_BackwardMark.apply(functools.partial(self._start, BACKWARD, i), *(outputs[k] for k in live)))
+        return tuple(next(marked) if k in live else o for k, o in enumerate(outputs))
+
+    def _modulation(self, key: tuple[int, str], forward, x: torch.Tensor) -> torch.Tensor:
+        """A frozen modulation Linear: (B, D) -> (B, 6 D). Its output depends on the timestep only and needs
+        no gradient, so the checkpoint recompute takes the forward's (same values, bit for bit) and the
+        weights need not be on the GPU in backward."""
+        if self._phase == BACKWARD and key in self._modulation_cache:
+            return self._modulation_cache.pop(key)
+        y = forward(x)
+        if self._caching:
+            self._modulation_cache[key] = y
+        return y
 
     def uninstall(self, unpin: bool = False) -> None:
         """Restore the blocks' own forward and full weights. The model stays where it is: resident blocks
@@ -345,16 +445,52 @@ class BlockRunner:
             if unpin:
                 self.swapper.unpin()
             self.swapper = None
+        self._modulation_cache.clear()
+        if self._compiled is not None:
+            float8_compiled.uninstall(self._compiled)
+            self._compiled = None
         for block in self.transformer.transformer_blocks:
-            if _is_ours(block.forward):
-                block.forward = block.forward.__wrapped_forward__
+            _unwrap(block, "forward")
+            for _, lin in frozen_linears(block):
+                _unwrap(lin, "forward")
+
+
+def swapped_blocks(num_blocks: int, blocks_to_swap: int) -> list[int]:
+    """The blocks whose frozen weights are streamed by default for `blocks_to_swap` (spread over the depth,
+    `swap_placement.default_placement`). The loader reads those weights straight into host memory."""
+    return list(default_placement(num_blocks, blocks_to_swap).streamed) if blocks_to_swap else []
+
+
+def _is_modulation(name: str) -> bool:
+    """A frozen Linear's name inside a block (peft's wrapper adds `.base_layer`) is a modulation Linear."""
+    return name.removesuffix(".base_layer") in MODULATION_LINEARS
+
+
+def _wrap(forward, ours: functools.partial, transform=None) -> functools.partial:
+    """`ours` called with the module's own forward first (unwrapping one a previous runner left), or with
+    `transform(forward)` (a compiled forward) where given."""
+    original = forward.__wrapped_forward__ if _is_ours(forward) else forward
+    wrapped = functools.partial(ours, transform(original) if transform is not None else original)
+    wrapped.__wrapped_forward__ = original
+    return wrapped
+
+
+def _unwrap(module: nn.Module, attr: str) -> None:
+    forward = module.__dict__.get(attr)
+    if _is_ours(forward):
+        original = forward.__wrapped_forward__
+        if getattr(original, "__self__", None) is module and getattr(original, "__func__", None) is getattr(
+                type(module), attr, None):
+            del module.__dict__[attr]  # it was the class's own method
+        else:
+            setattr(module, attr, original)
 
 
 def uninstall_leftover_runner(transformer: nn.Module) -> None:
     """Uninstall a BlockRunner whose trainer was dropped without closing it (its wrappers keep it alive)."""
     forward = transformer.transformer_blocks[0].forward
     if _is_ours(forward):
-        forward.func.__self__.uninstall()
+        forward.func.func.__self__.uninstall()
 
 
 def _is_ours(forward) -> bool:

@@ -38,7 +38,7 @@ from .config import LoraConfig, OptimizerConfig, TrainConfig, from_dict, to_dict
 from .errors import RunFolderLost, TrainingStopped, UserInputError
 from .files import remove_leftovers, write_error, write_safetensors_atomic
 from .finite import all_finite, nonfinite_names
-from .lora import inject_lora, matching_preset, remove_lora, target_module_names
+from .lora import compute_in_input_dtype, inject_lora, matching_preset, remove_lora, target_module_names
 from .lora_files import LoraFile, check_targets, layout_metadata, load_into_adapter, lora_file_tensors, lora_metadata, read_lora_file
 from .planner.for_run import plan_run
 from .models.components import QwenImageComponents, module_fingerprint
@@ -197,6 +197,7 @@ class Trainer:
         if components.transformer_source is not None and self.run_dir is not None:
             self.accepted_base_fingerprints.add(module_fingerprint(self.transformer))
         self.params = inject_lora(self.transformer, lora, seed=train.seed, modules=self.lora_modules)
+        compute_in_input_dtype(self.transformer)  # LoRA matmuls in the compute dtype, fp32 weights and updates
         if self.init_lora is not None:
             load_into_adapter(self.transformer, self.init_lora.weights)
             if not all_finite(self.params):  # finite in the file, but not once cast (float64 beyond float32's range)

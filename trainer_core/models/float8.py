@@ -53,8 +53,26 @@ def dequantized_weight(linear: nn.Linear, dtype: torch.dtype) -> torch.Tensor:
     return weight
 
 
+def _weight_as(linear: nn.Linear, dtype: torch.dtype) -> torch.Tensor:
+    """The stored weight (scales not applied) in `dtype`: (out_features, in_features)."""
+    return linear.weight if linear.weight.dtype == dtype else linear.weight.to(dtype)
+
+
+def _row_scale(linear: nn.Linear, dtype: torch.dtype) -> torch.Tensor | None:
+    """float8_scaled's per-row scales as a factor on the output's last dim, (out,); None for other storage.
+
+    A per-tensor scale (ComfyUI's scaled-fp8 text encoder, used once per prompt while caching) keeps being
+    folded into the weight, so that encoder gives the same bits kept or dequantised at load."""
+    scale = getattr(linear, SCALE_BUFFER, None)
+    return None if scale is None or scale.numel() == 1 else scale.reshape(-1).to(dtype)
+
+
 class FrozenLinearFunction(torch.autograd.Function):
-    """y = x W^T + b with W, b frozen; W is read from the module in forward and again in backward."""
+    """y = x W^T + b with W, b frozen; W is read from the module in forward and again in backward.
+
+    float8_scaled blocks (W = diag(s) W8) scale the output instead of the weight: y = (x W8^T) s + b and
+    grad_x = (grad_y s) W8, so no scaled weight-sized copy is made per call (a (rows, out) multiply instead of
+    an (out, in) one; the upcast is the only weight-sized temporary)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
@@ -62,12 +80,18 @@ class FrozenLinearFunction(torch.autograd.Function):
         bias = linear.bias
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)
-        return F.linear(x, dequantized_weight(linear, x.dtype), bias)
+        scale = _row_scale(linear, x.dtype)
+        if scale is None:
+            return F.linear(x, dequantized_weight(linear, x.dtype), bias)
+        y = F.linear(x, _weight_as(linear, x.dtype)) * scale
+        return y if bias is None else y + bias
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        grad_x = grad_out @ dequantized_weight(ctx.linear, grad_out.dtype)
-        return grad_x, None
+        scale = _row_scale(ctx.linear, grad_out.dtype)
+        if scale is None:
+            return grad_out @ dequantized_weight(ctx.linear, grad_out.dtype), None
+        return (grad_out * scale) @ _weight_as(ctx.linear, grad_out.dtype), None
 
 
 def _frozen_forward(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,12 @@ IMG_STREAM = dict(mod="img_mod.1", q="attn.to_q", k="attn.to_k", v="attn.to_v", 
 TXT_STREAM = dict(mod="txt_mod.1", q="attn.add_q_proj", k="attn.add_k_proj", v="attn.add_v_proj",
                   out="attn.to_add_out", mlp0="txt_mlp.net.0.proj", mlp2="txt_mlp.net.2")
 
+# The modulation Linears (D -> 6 D, applied to silu(timestep embedding), one row per sample). Their input never
+# requires grad (the timestep embedders are frozen), so they never run a backward; with their outputs kept
+# from the forward (offload.BlockRunner) the checkpoint recompute needs them neither: a swapped block's
+# backward copies its other 12 Linears only.
+MODULATION_LINEARS: tuple[str, ...] = (IMG_STREAM["mod"], TXT_STREAM["mod"])
+
 _ATTENTION = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
               "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
 _MLP = ("img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")

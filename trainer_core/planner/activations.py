@@ -49,6 +49,18 @@ class ActivationSettings:
     act_bytes: int = 2  # bf16 compute
     cuda: bool = True  # two kernels differ by device, see `stats_bytes` and `mask_bytes`
     checkpointing: bool = True
+    # The trainer computes the LoRA in the activations' dtype (`lora.compute_in_input_dtype`): its saved inputs
+    # are then those of a LoRA in that dtype, plus each layer's weights cast down (r x (in + out) values).
+    lora_in_compute_dtype: bool = False
+
+    def as_computed(self) -> "ActivationSettings":
+        """The settings whose formulas describe what is saved: a LoRA computed in the activations' dtype
+        saves what a LoRA stored in it does."""
+        if not self.lora_in_compute_dtype or self.lora_bytes == self.act_bytes:
+            return self
+        import dataclasses
+
+        return dataclasses.replace(self, lora_bytes=self.act_bytes, lora_in_compute_dtype=False)
 
     @property
     def targets(self) -> frozenset[str]:
@@ -112,8 +124,14 @@ def _stream_saved(arch: QwenImageArch, s: ActivationSettings, batch: int, tokens
 
 def block_saved_bytes(arch: QwenImageArch, s: ActivationSettings, batch: int, n_img: int, n_txt: int) -> int:
     """Bytes autograd keeps for one block's backward (parameters and the shared RoPE table excluded)."""
+    weight_casts = 0
+    if s.as_computed() is not s:
+        lora = [arch.linear(m) for m in s.targets]
+        weight_casts = sum(s.rank * (t.in_features + t.out_features) for t in lora) * s.act_bytes
+        s = s.as_computed()
     joint = batch * (n_img + n_txt) * (4 * arch.dim * s.act_bytes + FP32 * arch.heads)  # attention q, k, v, out, lse
-    return (_stream_saved(arch, s, batch, n_img, IMG) + _stream_saved(arch, s, batch, n_txt, TXT) + joint)
+    return (_stream_saved(arch, s, batch, n_img, IMG) + _stream_saved(arch, s, batch, n_txt, TXT) + joint
+            + weight_casts)
 
 
 def block_input_bytes(arch: QwenImageArch, batch: int, n_img: int, n_txt: int, act_bytes: int = 2) -> int:
@@ -161,5 +179,6 @@ WORKING_PER_TOKEN = {
 
 def block_working_bytes(arch: QwenImageArch, s: ActivationSettings, batch: int, n_img: int, n_txt: int) -> int:
     """A block's working memory on top of its saved activations (see `WORKING_PER_TOKEN`)."""
+    s = s.as_computed()
     ratio = WORKING_PER_TOKEN[(s.preset, "float32" if s.lora_bytes == 4 else "bfloat16", s.dropout, s.checkpointing)]
     return int(ratio * arch.mlp_dim * batch * max(n_img, n_txt))

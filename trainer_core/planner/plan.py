@@ -10,8 +10,9 @@ Where the numbers come from:
 - Parameter counts: the real transformer built on the meta device (`arch.real_arch`).
 - Weights: float8 1 byte per parameter, float8_scaled adds one fp32 scale per output row, bf16 2 bytes;
   everything outside the block Linears (biases, norms, embedders, final layers) in the compute dtype.
-- Block swapping (`offload.BlockSwapper`): the last `blocks_to_swap` blocks' frozen Linear weights live
-  in a pinned CPU master; the GPU holds a ring of `NUM_SLOTS` slots of one block's weights each.
+- Block swapping (`offload.BlockSwapper`): `blocks_to_swap` blocks' frozen Linear weights live in a pinned
+  CPU master, one blob per block (`offload.blob_arena_layout`); the GPU holds a ring of `ring_depth` slots
+  (`swap_placement.ring_for`) of one block's weights each. Which blocks are streamed changes no byte here.
 - LoRA: shapes of `lora.target_module_names` (the last block's dead text-stream modules left out);
   gradients in the LoRA dtype; optimizer state exactly as bitsandbytes / torch allocate it.
 - Activations: `activations.py` (exact saved-tensor formula, measured working memory).
@@ -28,7 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import LoraConfig, OptimizerConfig, TrainConfig
-from ..offload import NUM_SLOTS, arena_layout
+from ..offload import NUM_SLOTS, blob_arena_layout
+from ..swap_placement import BlobLayout, blob_layout, ring_for
+from ..models.qwen_arch import MODULATION_LINEARS
 from .activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
 )
@@ -61,10 +64,12 @@ class PlanInputs:
     targets: str = "attention+mlp"
     lora_dtype: str = "float32"
     lora_dropout: float = 0.0
+    lora_in_compute_dtype: bool = True  # the trainer's LoRA matmuls (lora.compute_in_input_dtype); False: peft's cast
     storage: str = "float8"  # block Linear weights: float8, float8_scaled or bfloat16
     compute_dtype: str = "bfloat16"
     checkpointing: bool = True
     blocks_to_swap: int = 0
+    ring_depth: int = NUM_SLOTS  # GPU slots for streamed blocks (at most blocks_to_swap of them)
     optimizer: str = "adamw8bit"
     grad_accum_steps: int = 1
     device: str = "cuda"  # "cuda" or "cpu": decides pinned memory, context and two kernels' saved tensors
@@ -189,6 +194,12 @@ def optimizer_state_bytes(numels: list[int], optimizer: str, param_bytes: int) -
     return total + (BNB_QMAP_BYTES if any(n >= BNB_MIN_8BIT_SIZE for n in numels) else 0)
 
 
+def block_blob(arch: QwenImageArch, storage: str) -> BlobLayout:
+    """One block's frozen Linear weights as the swapper lays them out in one blob (modulation Linears last)."""
+    return blob_layout([_weight_bytes(s.in_features * s.out_features, storage) for s in arch.block_linears],
+                       [s.name in MODULATION_LINEARS for s in arch.block_linears])
+
+
 def _pow2ceil(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else n
 
@@ -197,7 +208,7 @@ def activation_settings(p: PlanInputs) -> ActivationSettings:
     return ActivationSettings(preset=p.targets, rank=p.rank,
                               lora_bytes=DTYPE_BYTES[p.lora_dtype], dropout=p.lora_dropout > 0,
                               act_bytes=DTYPE_BYTES[p.compute_dtype], cuda=p.device == "cuda",
-                              checkpointing=p.checkpointing)
+                              checkpointing=p.checkpointing, lora_in_compute_dtype=p.lora_in_compute_dtype)
 
 
 def _outside_activation_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int, act: int) -> int:
@@ -231,8 +242,8 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     scales = arch.block_linear_rows * 4 if p.storage == "float8_scaled" else 0
     rest = (n * (arch.block_linear_bias_params + arch.block_other_params) + arch.outside_params) * act
     rest += 2 * arch.rope_table_positions * arch.rope_complex_per_token * 8  # the RoPE tables (complex64)
-    num_slots = min(NUM_SLOTS, K)
-    slots = num_slots * block_w
+    num_slots = ring_for(K, p.ring_depth) if K else 0
+    slots = num_slots * block_blob(arch, p.storage).whole_bytes
 
     # LoRA, gradients, optimizer.
     tensors = lora_tensor_sizes(arch, p.targets, p.rank)
@@ -299,9 +310,10 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
 
     # Host RAM while training: what stays on the CPU once the blocks are placed.
     masters = K * block_w
-    # The swapper packs the masters into power-of-two chunks (offload.arena_layout): what is left unused.
-    per_tensor = [_weight_bytes(s_.in_features * s_.out_features, p.storage) for s_ in arch.block_linears]
-    rounding = sum(arena_layout(per_tensor * K)[0]) - K * sum(per_tensor) if K else 0
+    # The swapper packs the masters, a blob per block, into power-of-two chunks (offload.blob_arena_layout):
+    # what is left unused.
+    blob = block_blob(arch, p.storage)
+    rounding = sum(blob_arena_layout(blob, list(blob.offsets), K)[0]) - K * block_w if K else 0
     latent_bytes = arch.latent_channels * (p.height // arch.vae_scale_factor) * (p.width // arch.vae_scale_factor) * 4
     cached = p.dataset_images * (latent_bytes + p.text_tokens * arch.text_dim * act)
     host_training = [
@@ -328,9 +340,9 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         Term("CUDA context", p.cuda_context_bytes if cuda else 0, "assumed"),
     ]
     notes = []
-    if K == 1 or K == NUM_SLOTS:
+    if 0 < K <= p.ring_depth:
         notes.append(f"blocks_to_swap={K} saves nothing: the swapper keeps {num_slots} GPU slot(s) of a "
-                     f"block's weights, so swapping pays off from {NUM_SLOTS + 1} blocks on")
+                     f"block's weights, so swapping pays off from {p.ring_depth + 1} blocks on")
     return MemoryPlan(inputs=p, gpu=gpu, host_training=host_training, host_loading=host_loading,
                       gpu_caching=gpu_caching, optimizer_step_peak=step_peak + (
                           int(step_peak * p.allocator_slack) + p.cuda_context_bytes if cuda else 0),

@@ -1,0 +1,45 @@
+"""The timeline model's predictions for benchmarks/README.md: every GPU profile at 24/16/12/8 GiB, 1024², rank 32.
+
+    .venv/bin/python benchmarks/timeline_table.py            # markdown table on stdout (~10 s)
+
+Per budget the memory planner's auto choice (the fewest streamed blocks that fit), then for each compute path the
+predicted seconds per step and the streaming overhead over the same step with every block resident; and the
+bytes one step copies host-to-device. Also: the same swap counts with the old placement (the last k blocks, with
+today's copies and ring) for the A/B of spreading. Prediction, not measurement: see the assumptions in
+`trainer_core/planner/timeline.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import common  # noqa: F401  (puts the repository on sys.path)
+
+from trainer_core.planner import GIB, PlanInputs, auto_blocks_to_swap
+from trainer_core.planner.arch import real_arch
+from trainer_core.planner.timeline import GPUS, PATHS, RUNTIME, predict
+from trainer_core.swap_placement import tail_placement
+
+BUDGETS = (24, 16, 12, 8)
+
+
+def main() -> None:
+    arch = real_arch()
+    inputs = PlanInputs(width=1024, height=1024, rank=32)
+    heads = " | ".join(f"{p.label}{' (trainer)' if p == RUNTIME else ''}" for p in PATHS)
+    print(f"| GPU | budget | streamed | GB copied / step | {heads} | last-k tail, trainer path |")
+    print("| --- | --- | --- | --- | " + " | ".join("---" for _ in PATHS) + " | --- |")
+    for gpu in GPUS.values():
+        for budget in BUDGETS:
+            choice = auto_blocks_to_swap(inputs, budget * GIB, arch)
+            k = choice.blocks_to_swap
+            p = dataclasses.replace(inputs, blocks_to_swap=k)
+            preds = [predict(p, gpu, arch=arch, path=path) for path in PATHS]
+            tail = predict(p, gpu, tail_placement(arch.num_blocks, k) if k else None, arch, RUNTIME) if k else preds[1]
+            cells = " | ".join(f"{pr.seconds:.2f} s ({pr.overhead:+.1%})" for pr in preds)
+            print(f"| {gpu.name} | {budget} GiB | {k} | {preds[1].copy_bytes / 1e9:.1f} | {cells} | "
+                  f"{tail.seconds:.2f} s ({tail.overhead:+.1%}) |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,352 @@
+"""A timeline of one training step on a named GPU: block computes on one stream, weight copies on another.
+
+    prediction = predict(PlanInputs(blocks_to_swap=29), GPUS["rtx4090"])
+    prediction.seconds, prediction.overhead  # seconds per step; streaming's cost over all-resident
+
+Three parts, each checkable on its own:
+- `schedule`: the order of copies, waits and block computes a step issues, from the ring policy the swapper
+  runs (`swap_placement.Ring`). `tests/test_timeline.py` records a real step of a tiny model through
+  `offload.BlockRunner` and finds the same events, byte for byte.
+- `block_work`: what one block costs in each pass, from the architecture: matmul FLOPs (tensor cores in the
+  compute dtype, or fp32 for a LoRA computed in fp32) and the memory traffic the eager float8 path adds.
+- `simulate`: the two CUDA streams. A copy starts when the copy stream is free and the compute stream has
+  finished everything issued before it (`BlockSwapper` makes the copy stream wait for the compute stream);
+  a streamed block's compute starts when its copy is done.
+
+Assumptions (what makes a prediction, not a measurement; `benchmarks/gpu_check.py` measures on a GPU):
+- Sustained throughput is a fixed share of the data-sheet peak: TENSOR_EFFICIENCY of dense tensor FLOPs
+  (fp32 accumulate), FP32_EFFICIENCY of fp32 FLOPs, MEMORY_EFFICIENCY of memory bandwidth, LINK_EFFICIENCY
+  of the PCIe link's raw rate per direction.
+- Elementwise work (norms, RoPE, GELU, modulation, residuals) and the layers outside the blocks are left out:
+  they cost the same with and without streaming, so leaving them out makes the compute shorter and the
+  predicted overhead larger (on the safe side).
+- The CPU issues work ahead of the GPU (Python never is the bottleneck), and copies do not slow the kernels.
+- The optimizer step reads and writes OPTIMIZER_BYTES_PER_PARAM bytes per LoRA parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..swap_placement import BACKWARD, FORWARD, MIN_RING, Placement, Ring, default_placement, ring_for, spread_placement, tail_placement
+from .arch import QwenImageArch, real_arch
+from .plan import PlanInputs, block_blob, lora_shapes, lora_tensor_sizes
+
+TENSOR_EFFICIENCY = 0.6  # large bf16 GEMMs reach 55-70% of the dense peak; the issue's 2.3 ms per block on an H100 is 53%
+FP32_EFFICIENCY = 0.6
+MEMORY_EFFICIENCY = 0.8
+LINK_EFFICIENCY = 0.8  # pinned host-to-device copies reach ~80% of the raw PCIe rate (128b/130b coding, packet headers)
+OPTIMIZER_BYTES_PER_PARAM = 28  # 8-bit AdamW: param, grad, 2 states read and written; clipping reads and scales grads
+# FlashAttention's backward runs 5 matmuls of the forward's size against its 2 (Dao 2023, FlashAttention-2, §3.1.2).
+ATTENTION_BACKWARD_RATIO = 2.5
+
+# PCIe per direction, raw: lanes x rate x 128/130 (PCI-SIG base specifications 3.0, 4.0, 5.0), in GB/s.
+PCIE3_X16, PCIE4_X8, PCIE4_X16, PCIE5_X16 = 15.75, 15.75, 31.5, 63.0
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    name: str
+    label: str
+    bf16_tflops: float  # dense tensor TFLOPS, bf16 in, fp32 accumulate (data-sheet peak)
+    fp8_tflops: float  # dense tensor TFLOPS, float8 in, fp32 accumulate (0: no float8 tensor cores)
+    fp32_tflops: float  # non-tensor fp32 peak (torch runs fp32 matmuls there: TF32 is off by default)
+    memory_gbs: float  # device memory bandwidth, GB/s
+    link_gbs: float  # host link per direction, raw GB/s
+    link: str
+    source: str
+
+
+# Sources: NVIDIA Ampere GA102 whitepaper (RTX 3090: 35.6 bf16/fp32-acc, 35.6 fp32, 936 GB/s), Ada Lovelace
+# whitepaper appendix (RTX 4090: 165.2 bf16, 330.3 fp8 with fp32 accumulate, 82.6 fp32, 1008 GB/s), RTX 4060 Ti
+# product page (22.1 fp32, 353 "AI TOPS" = fp8 sparse: dense bf16/fp32-acc 353 / 2 / 2 / 2 = 44.1, 288 GB/s, PCIe 4.0
+# x8 electrically), Blackwell RTX whitepaper (RTX 5090: 209.5 bf16, 419 fp8 with fp32 accumulate, 104.8 fp32,
+# 1792 GB/s), H100 datasheet (SXM5: 989.4 bf16, 1978.9 fp8, 66.9 fp32, 3350 GB/s; host link PCIe 5.0 x16).
+GPUS: dict[str, GpuProfile] = {g.name: g for g in (
+    GpuProfile("rtx3090", "RTX 3090, PCIe 4 x16", 35.6, 0.0, 35.6, 936, PCIE4_X16, "PCIe 4.0 x16", "GA102 whitepaper"),
+    GpuProfile("rtx4060ti-16gb", "RTX 4060 Ti 16 GB, PCIe 4 x8", 44.1, 88.2, 22.1, 288, PCIE4_X8, "PCIe 4.0 x8",
+               "RTX 4060 Ti product page"),
+    GpuProfile("rtx4090", "RTX 4090, PCIe 4 x16", 165.2, 330.3, 82.6, 1008, PCIE4_X16, "PCIe 4.0 x16",
+               "Ada whitepaper"),
+    GpuProfile("rtx4090-pcie3", "RTX 4090, PCIe 3 x16 (or PCIe 4 x8)", 165.2, 330.3, 82.6, 1008, PCIE3_X16,
+               "PCIe 3.0 x16", "Ada whitepaper"),
+    GpuProfile("rtx5090", "RTX 5090, PCIe 5 x16", 209.5, 419.0, 104.8, 1792, PCIE5_X16, "PCIe 5.0 x16",
+               "Blackwell RTX whitepaper"),
+    GpuProfile("h100", "H100 SXM5, PCIe 5 x16 host link", 989.4, 1978.9, 66.9, 3350, PCIE5_X16, "PCIe 5.0 x16",
+               "H100 datasheet"),
+    # H200 datasheet: the H100's compute, HBM3e at 4800 GB/s; host link PCIe 5.0 x16.
+    GpuProfile("h200", "H200 SXM, PCIe 5 x16 host link", 989.4, 1978.9, 66.9, 4800, PCIE5_X16, "PCIe 5.0 x16",
+               "H200 datasheet"),
+)}
+
+# Substrings of torch.cuda.get_device_name() -> profile (the first that matches; gpu_check uses it).
+DEVICE_NAMES = (("H200", "h200"), ("H100", "h100"), ("5090", "rtx5090"), ("4090", "rtx4090"),
+                ("4060 Ti", "rtx4060ti-16gb"), ("3090", "rtx3090"))
+
+
+def profile_for_device(name: str) -> GpuProfile | None:
+    return next((GPUS[key] for part, key in DEVICE_NAMES if part in name), None)
+
+
+# --------------------------------------------------------------------------------------------------
+# work
+
+
+@dataclass(frozen=True)
+class Work:
+    """One block in one pass: matmul FLOPs on tensor cores, in fp32, and extra memory traffic (bytes)."""
+
+    tensor_flops: float = 0.0
+    fp32_flops: float = 0.0
+    memory_bytes: float = 0.0
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.tensor_flops + other.tensor_flops, self.fp32_flops + other.fp32_flops,
+                    self.memory_bytes + other.memory_bytes)
+
+    def seconds(self, gpu: GpuProfile) -> float:
+        return (self.tensor_flops / (gpu.bf16_tflops * 1e12 * TENSOR_EFFICIENCY)
+                + self.fp32_flops / (gpu.fp32_tflops * 1e12 * FP32_EFFICIENCY)
+                + self.memory_bytes / (gpu.memory_gbs * 1e9 * MEMORY_EFFICIENCY))
+
+
+# Extra bytes per weight parameter each eager float8 Linear call moves: read the float8 weight (1) and write its
+# bf16 copy (2), then the matmul reads 2 bytes where a fused kernel would read 1 (+1); float8_scaled also
+# multiplies by its scales (read 2, write 2).
+UPCAST_BYTES = {"float8": 4, "float8_scaled": 8, "bfloat16": 0}
+
+
+@dataclass(frozen=True)
+class ComputePath:
+    """How the matmuls run: the LoRA's dtype (peft casts its input to the LoRA weights' dtype: float32; or the
+    compute dtype with fp32 master weights) and the frozen float8 Linears (eager upcast, or a fused
+    dequantise-and-multiply kernel that reads the float8 weight once)."""
+
+    lora: str = "float32"
+    float8: str = "eager"
+
+    @property
+    def label(self) -> str:
+        return f"LoRA in {self.lora}, float8 {self.float8}"
+
+
+TODAY = ComputePath()
+# The compute paths `plan --gpu` compares; RUNTIME is the one the trainer takes on a CUDA GPU.
+PATHS = (TODAY, ComputePath("bfloat16", "eager"), ComputePath("bfloat16", "fused"))
+RUNTIME = PATHS[1]  # lora.compute_in_input_dtype; the fused float8 path is not wired in yet
+
+
+def block_work(arch: QwenImageArch, p: PlanInputs, path: ComputePath = TODAY) -> dict[str, Work]:
+    """{FORWARD: Work, BACKWARD: Work} of one block. BACKWARD includes the checkpoint recompute (without the
+    modulation Linears, whose outputs the runner keeps)."""
+    from ..models.qwen_arch import IMG_STREAM, MODULATION_LINEARS
+
+    n_img = arch.image_tokens(p.width, p.height)
+    rows_img, rows_txt = p.batch * n_img, p.batch * p.text_tokens
+    image_side = set(IMG_STREAM.values())
+
+    def rows(name: str) -> int:
+        if name in MODULATION_LINEARS:
+            return p.batch
+        return rows_img if name in image_side else rows_txt
+
+    linear_fwd = sum(2 * rows(s.name) * s.in_features * s.out_features for s in arch.block_linears)
+    mod_fwd = sum(2 * rows(s.name) * s.in_features * s.out_features for s in arch.block_linears
+                  if s.name in MODULATION_LINEARS)
+    tokens = n_img + p.text_tokens
+    attention_fwd = 4 * p.batch * tokens * tokens * arch.dim  # q k^T and (softmax) v
+    upcast = UPCAST_BYTES[p.storage] if path.float8 == "eager" else 0
+    params = arch.block_linear_weight_params
+    mod_params = sum(s.in_features * s.out_features for s in arch.block_linears if s.name in MODULATION_LINEARS)
+    forward = Work(linear_fwd + attention_fwd, 0, upcast * params)
+    # Backward: the frozen Linears' input gradients (never the modulation's: its input needs none), attention.
+    backward = Work(linear_fwd - mod_fwd + ATTENTION_BACKWARD_RATIO * attention_fwd, 0, upcast * (params - mod_params))
+    if p.checkpointing:
+        backward = backward + Work(linear_fwd - mod_fwd + attention_fwd, 0, upcast * (params - mod_params))
+    # LoRA: forward 2 r (in + out) per row; backward twice that (input and weight gradients). In fp32 peft also
+    # casts each input up (read 2, write 4 bytes per value) and the sum back (12 bytes per output value).
+    lora_flops = lora_cast = 0
+    for (block, fan_in, fan_out), (_, name) in zip(lora_shapes(arch, p.targets), arch.lora_targets[p.targets]):
+        if block == 0:  # every block but the last has the same targets; the last has fewer (on the safe side)
+            lora_flops += 2 * rows(name) * p.rank * (fan_in + fan_out)
+            lora_cast += rows(name) * (6 * fan_in + 12 * fan_out)
+    lora_passes = 1 + 2 + (1 if p.checkpointing else 0)  # forward, backward (x2), recompute
+    if path.lora == "float32":
+        lora_fwd, lora_bwd = Work(0, lora_flops, lora_cast), Work(0, (lora_passes - 1) * lora_flops, 2 * lora_cast)
+    else:
+        lora_fwd, lora_bwd = Work(lora_flops), Work((lora_passes - 1) * lora_flops)
+    return {FORWARD: forward + lora_fwd, BACKWARD: backward + lora_bwd}
+
+
+def optimizer_work(arch: QwenImageArch, p: PlanInputs) -> Work:
+    params = sum(numel for _, numel in lora_tensor_sizes(arch, p.targets, p.rank))
+    return Work(0, 0, OPTIMIZER_BYTES_PER_PARAM * params)
+
+
+# --------------------------------------------------------------------------------------------------
+# schedule
+
+
+def schedule(num_blocks: int, placement: Placement | None, passes: list[str], blob_bytes) -> list[tuple]:
+    """The events a run of `passes` (FORWARD ascending, BACKWARD descending over the blocks) issues, in order:
+    ("copy", block, bytes), ("wait", block), ("compute", block, pass). `blob_bytes`: a `BlobLayout`."""
+    ring = Ring(placement) if placement is not None and placement.streamed else None
+    streamed = set(placement.streamed) if ring else set()
+    events: list[tuple] = []
+    for pass_ in passes:
+        order = range(num_blocks) if pass_ == FORWARD else reversed(range(num_blocks))
+        for i in order:
+            if ring is not None:
+                ensure, ahead = ring.loads_at(pass_, i)
+                copies = [ensure] if ensure is not None else []
+                for load in copies:
+                    start, end = load.byte_range(blob_bytes)
+                    events.append(("copy", load.block, end - start))
+                if i in streamed:
+                    events.append(("wait", i))
+                for load in ahead:
+                    start, end = load.byte_range(blob_bytes)
+                    events.append(("copy", load.block, end - start))
+            events.append(("compute", i, pass_))
+    return events
+
+
+@dataclass
+class Timeline:
+    seconds: float  # compute stream busy until
+    stall: float  # seconds the compute stream waited for copies
+    copy_busy: float  # seconds the copy stream worked
+    copy_bytes: int
+
+
+def simulate(events: list[tuple], work: dict[str, Work], gpu: GpuProfile, extra_after: dict[int, float] | None = None
+             ) -> Timeline:
+    """Run `events` on two streams (see module docstring). `extra_after`: seconds of other compute (the
+    optimizer step) queued after the event of that index."""
+    link = gpu.link_gbs * 1e9 * LINK_EFFICIENCY
+    compute_end = copy_end = stall = busy = 0.0
+    copied = 0
+    ready: dict[int, float] = {}
+    pending = 0.0  # when the next compute may start (its weights)
+    for n, event in enumerate(events):
+        kind = event[0]
+        if kind == "copy":
+            start = max(copy_end, compute_end)  # the copy stream waits for the compute stream
+            copy_end = start + event[2] / link
+            busy += event[2] / link
+            copied += event[2]
+            ready[event[1]] = copy_end
+        elif kind == "wait":
+            pending = max(pending, ready.get(event[1], 0.0))
+        else:
+            start = max(compute_end, pending)
+            stall += start - compute_end
+            compute_end = start + work[event[2]].seconds(gpu)
+            pending = 0.0
+        if extra_after and n in extra_after:
+            compute_end += extra_after[n]
+    return Timeline(compute_end, stall, busy, copied)
+
+
+# --------------------------------------------------------------------------------------------------
+# prediction
+
+
+@dataclass
+class Prediction:
+    gpu: GpuProfile
+    placement: Placement | None
+    seconds: float  # per optimizer step (steady state)
+    resident_seconds: float  # the same step with every block resident
+    stall: float  # seconds per step the compute waited for copies
+    copy_bytes: int  # per step
+
+    @property
+    def overhead(self) -> float:
+        """Streaming's cost as a share of the all-resident step (never below 0: a few ulps of float sums are)."""
+        return max(0.0, self.seconds / self.resident_seconds - 1)
+
+
+STEADY_STEPS = 3  # simulate this many steps and report the last (the ring starts empty)
+
+
+def predict(inputs: PlanInputs, gpu: GpuProfile, placement: Placement | None = None, arch: QwenImageArch | None = None,
+            path: ComputePath = TODAY) -> Prediction:
+    """Seconds per step of `inputs` on `gpu` with `placement` (default: the swapper's default for
+    inputs.blocks_to_swap and inputs.ring_depth), and with every block resident."""
+    arch = arch or real_arch()
+    n, k = arch.num_blocks, inputs.blocks_to_swap
+    if placement is None and k:
+        placement = default_placement(n, k, ring_for(k, inputs.ring_depth))
+    work = block_work(arch, inputs, path)
+    opt = optimizer_work(arch, inputs).seconds(gpu)
+    blob = block_blob(arch, inputs.storage)
+
+    def run(pl):
+        per_step = [FORWARD, BACKWARD] * inputs.grad_accum_steps
+        events = schedule(n, pl, per_step * STEADY_STEPS, blob)
+        ends = [i for i, e in enumerate(events) if e == ("compute", 0, BACKWARD)]
+        step_ends = ends[inputs.grad_accum_steps - 1::inputs.grad_accum_steps]
+        whole = simulate(events, work, gpu, {i: opt for i in step_ends})
+        before = simulate(events[:step_ends[-2] + 1], work, gpu, {i: opt for i in step_ends[:-1]})
+        last = events[step_ends[-2] + 1:]
+        copied = sum(e[2] for e in last if e[0] == "copy")
+        return whole.seconds - before.seconds, whole.stall - before.stall, copied
+
+    seconds, stall, copied = run(placement)
+    resident, _, _ = run(None)
+    return Prediction(gpu, placement, seconds, resident, stall, copied)
+
+
+def candidate_placements(num_blocks: int, k: int, ring: int) -> list[Placement]:
+    return [spread_placement(num_blocks, k, ring), tail_placement(num_blocks, k, ring)]
+
+
+def best_for_budget(inputs: PlanInputs, gpu: GpuProfile, held_blocks: int, rings: tuple[int, ...] = (2, 3, 4, 6, 8),
+                    arch: QwenImageArch | None = None, path: ComputePath = TODAY) -> Prediction:
+    """The fastest (placement, ring depth) among the candidates when the GPU holds `held_blocks` blocks' weights
+    (resident blocks plus ring slots: a slot costs what a resident block costs)."""
+    arch = arch or real_arch()
+    n = arch.num_blocks
+    best = None
+    for ring in rings:
+        k = min(n - held_blocks + ring, n - 1)
+        if k <= ring:
+            continue
+        p = dataclasses.replace(inputs, blocks_to_swap=k, ring_depth=ring)
+        for placement in candidate_placements(n, k, ring):
+            pred = predict(p, gpu, placement, arch, path)
+            if best is None or pred.seconds < best.seconds:
+                best = pred
+    return best
+
+
+def render_timeline(inputs: PlanInputs, gpu: GpuProfile, arch: QwenImageArch | None = None) -> str:
+    """`plan --gpu`: predicted seconds per step and streaming's overhead, per compute path, and what a deeper
+    ring would give for the same GPU memory."""
+    arch = arch or real_arch()
+    k = inputs.blocks_to_swap
+    lines = [f"Step time on {gpu.label} (timeline model, planner/timeline.py; assumptions in benchmarks/README.md)"]
+    preds = [predict(inputs, gpu, arch=arch, path=path) for path in PATHS]
+    first = preds[0]
+    if k:
+        pl = first.placement
+        lines.append(f"  {k} of {arch.num_blocks} blocks streamed, spread over the depth, ring of {pl.ring} slots: "
+                     f"{first.copy_bytes / 1e9:.1f} GB copied per step over {gpu.link} "
+                     f"({gpu.link_gbs * LINK_EFFICIENCY:.1f} GB/s assumed)")
+    else:
+        lines.append("  no block streamed")
+    lines.append(f"  {'compute path':<46}{'s/step':>8}{'all resident':>14}{'streaming overhead':>20}")
+    for path, pred in zip(PATHS, preds):
+        mark = " (this trainer)" if path == RUNTIME else ""
+        lines.append(f"  {path.label + mark:<46}{pred.seconds:>8.3f}{pred.resident_seconds:>14.3f}"
+                     f"{pred.overhead:>+20.1%}")
+    if k > MIN_RING:
+        held = arch.num_blocks - k + ring_for(k, inputs.ring_depth)
+        best = best_for_budget(inputs, gpu, held, arch=arch, path=RUNTIME)
+        runtime = preds[PATHS.index(RUNTIME)]
+        if best.placement.ring != first.placement.ring and best.seconds < 0.995 * runtime.seconds:
+            lines.append(f"  same GPU memory, ring of {best.placement.ring} ({len(best.placement.streamed)} streamed): "
+                         f"{best.seconds:.3f} s/step, {best.overhead:+.1%}")
+    return "\n".join(lines)
