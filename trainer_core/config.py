@@ -365,8 +365,16 @@ class PlanConfig:
     dataset_images: int = _f(0, "Dataset images whose cached latents and prompts stay in host RAM.",
                              min=0, max=10_000_000)
     text_encoder_storage: str = _f(
-        "bfloat16", "How the text encoder sits in memory while caching (float8: the Load node's "
-        "text_encoder_fp8 = keep).", choices=("bfloat16", "float8"),
+        "auto", "How the text encoder sits in memory while caching (float8: the Load node's text_encoder_fp8 = "
+        "keep, with the fp8_scaled file); auto: bfloat16 when it fits the GPU budget, else float8.",
+        choices=("auto", "bfloat16", "float8"),
+    )
+    ram_gb: float = _f(
+        0.0, "Host RAM of the training machine in GiB: every phase (loading, caching, training, previews, saving) "
+        "is checked against it, less 4 GiB for the system. 0: not checked.", min=0.0, max=65536.0, step=0.5,
+    )
+    preview_size: int = _f(
+        1024, "Width and height of the previews to plan for (the Preview node's size).", min=64, max=4096, step=32,
     )
 
 
