@@ -229,3 +229,14 @@ def test_init_trainer_refuses_a_run_that_does_not_fit_the_ram_before_touching_th
     with pytest.raises(UserInputError, match=r"host RAM: the (train|init|save|preview) phase needs .* 0.50 GiB are usable"):
         Trainer(components, cached, *configs)
     assert not any(".lora_" in n for n, _ in components.transformer.named_parameters())
+
+
+def test_text_encoder_fp8_auto_is_decided_for_the_device():
+    """The Load node's text_encoder_fp8 'auto': on a CUDA device the caching phase's plan against its free
+    memory (choose_text_encoder_storage, tested above); on the CPU float8 computes slowly: dequantize."""
+    from trainer_core.config import LoadConfig
+    from trainer_core.models.text_encoder_file import resolve_text_encoder_fp8
+
+    assert LoadConfig().text_encoder_fp8 == "auto"
+    assert resolve_text_encoder_fp8("auto", "cpu") == "dequantize"
+    assert resolve_text_encoder_fp8("keep", "cpu") == "keep" and resolve_text_encoder_fp8("dequantize", "cuda") == "dequantize"

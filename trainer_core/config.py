@@ -26,7 +26,7 @@ def _f(default: Any, help: str, **meta: Any) -> Any:
 
 # Allowed values with one home each; the engine modules that act on them import them from here.
 STORAGE_MODES = ("float8", "float8_scaled", "bfloat16", "float32")  # block Linear weights (models.float8)
-TEXT_ENCODER_FP8_MODES = ("dequantize", "keep")  # an fp8-scaled text encoder file (models.text_encoder_file)
+TEXT_ENCODER_FP8_MODES = ("auto", "dequantize", "keep")  # an fp8-scaled text encoder file (models.text_encoder_file)
 LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")  # LoRA file key layouts (lora_files)
 SAVE_DTYPES = ("bfloat16", "float16", "float32")  # precision of a saved LoRA file (torch dtype names)
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
@@ -262,8 +262,9 @@ class LoadConfig:
         "auto", "Precision of the computation: auto is bfloat16 on a GPU, float32 on a CPU.", choices=COMPUTE_DTYPES,
     )
     text_encoder_fp8: str = _f(
-        "dequantize", "An fp8-scaled text encoder: dequantize to the compute dtype while loading (faster caching), "
-        "or keep its float8 weights (half the memory while caching).", choices=TEXT_ENCODER_FP8_MODES,
+        "auto", "An fp8-scaled text encoder: dequantize to the compute dtype while loading (faster caching), or keep "
+        "its float8 weights (half the memory while caching). auto: keep them only when the dequantized encoder would "
+        "not fit the GPU's free memory (the memory plan's caching phase).", choices=TEXT_ENCODER_FP8_MODES,
     )
 
 

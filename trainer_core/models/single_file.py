@@ -21,7 +21,7 @@ from .layouts import detect_layout, split_scaled_fp8, strip_prefix
 from .qwen_arch import PATCH_SIZE
 from .safetensors_file import SafetensorsFile
 from .scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
-from .text_encoder_file import load_text_encoder_file, our_name
+from .text_encoder_file import load_text_encoder_file, our_name, resolve_text_encoder_fp8
 from .tokenizer import load_tokenizer
 from .transformer_file import load_transformer_file
 from .vae_file import load_vae_file
@@ -74,18 +74,20 @@ def load_single_files(
     storage: str = "float8",
     compute_dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
-    text_encoder_fp8: str = "dequantize",
+    text_encoder_fp8: str = "auto",
 ) -> QwenImageComponents:
     """All parts from three files and a tokenizer folder (see tokenizer.py for where it is looked for).
 
     The transformer stays on the CPU (the trainer places its blocks), with block Linears stored as
     `storage`; the VAE and text encoder go to `device`. `text_encoder_fp8` says what to do with a
-    scaled-fp8 text encoder: "dequantize" while loading, or "keep" its float8 weights (text_encoder_file.py).
+    scaled-fp8 text encoder: "dequantize" while loading, "keep" its float8 weights, or "auto": keep them when
+    the dequantized encoder would not fit the device (text_encoder_file.py, `resolve_text_encoder_fp8`).
     `text_encoder_loader` re-reads the encoder from its file after `release_text_encoder`.
     """
     vocab_rows = check_files_fit(transformer, text_encoder, vae)
     tokenizer = load_tokenizer(tokenizer_dir, text_encoder, vocab_rows)
     device = torch.device(device)
+    text_encoder_fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device)  # before anything takes device memory
     vae_model = load_vae_file(vae, compute_dtype).to(device)
 
     def load_text_encoder():
