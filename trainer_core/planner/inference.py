@@ -8,6 +8,7 @@ real Qwen-Image's (`real_parts`), or a loaded model set's (`parts_for_components
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
@@ -74,26 +75,25 @@ def real_parts() -> PartSizes:
 def parts_for_components(components) -> PartSizes:
     """The sizes of a loaded model set's VAE (and text encoder, while it is loaded); the real model's for a
     part that is not there (a released text encoder: caching is over by the time a run is planned)."""
-    import dataclasses
+    from torch import nn
 
-    sizes = real_parts()
+    fields: dict = {}
     vae = getattr(components, "vae", None)
     if vae is not None:
-        sizes = dataclasses.replace(sizes, vae_params=sum(p.numel() for p in vae.parameters()),
-                                    vae_base_dim=vae.config.base_dim)
+        fields.update(vae_params=sum(p.numel() for p in vae.parameters()), vae_base_dim=vae.config.base_dim)
     encoder = getattr(components, "text_encoder", None)
     if encoder is not None:
-        from torch import nn
-
         text = encoder.config.get_text_config() if hasattr(encoder.config, "get_text_config") else encoder.config
         params = dict(encoder.named_parameters())
         linears = sum(m.weight.numel() for n, m in encoder.named_modules()
                       if isinstance(m, nn.Linear) and ".layers." in f".{n}")
-        sizes = dataclasses.replace(
-            sizes, text_encoder_params=sum(p.numel() for p in params.values()), text_encoder_linear_params=linears,
+        fields.update(
+            text_encoder_params=sum(p.numel() for p in params.values()), text_encoder_linear_params=linears,
             text_encoder_largest=max(p.numel() for p in params.values()), text_hidden=text.hidden_size,
             text_layers=text.num_hidden_layers, text_intermediate=text.intermediate_size)
-    return sizes
+    if len(fields) == len(dataclasses.fields(PartSizes)):
+        return PartSizes(**fields)
+    return dataclasses.replace(real_parts(), **fields)
 
 
 def preview_block_working_bytes(arch: QwenImageArch, targets: str, lora_dtype: str, n_img: int, n_txt: int) -> int:
