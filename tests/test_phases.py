@@ -240,3 +240,11 @@ def test_text_encoder_fp8_auto_is_decided_for_the_device():
     assert LoadConfig().text_encoder_fp8 == "auto"
     assert resolve_text_encoder_fp8("auto", "cpu") == "dequantize"
     assert resolve_text_encoder_fp8("keep", "cpu") == "keep" and resolve_text_encoder_fp8("dequantize", "cuda") == "dequantize"
+
+
+def test_a_measured_process_baseline_moves_every_phase_by_the_same_bytes():
+    """The rehearsals (CPU and GPU) may put the process's measured size in place of the assumed 1 GiB."""
+    assumed = plan_phases(PlanInputs(blocks_to_swap=8, device="cpu"))
+    measured = plan_phases(PlanInputs(blocks_to_swap=8, device="cpu", process_baseline_bytes=400 * 2**20))
+    for name in PHASES:
+        assert assumed.phases[name].host_bytes - measured.phases[name].host_bytes == GIB - 400 * 2**20, name

@@ -45,7 +45,7 @@ from .arch import QwenImageArch, real_arch
 from .inference import (
     PartSizes, preview_block_working_bytes, real_parts, text_encoder_working_bytes, vae_decode_bytes, vae_encode_bytes,
 )
-from .plan import DTYPE_BYTES, GIB, PROCESS_BASELINE_BYTES, MemoryPlan, PlanInputs, Term, plan_memory
+from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, baseline_note, plan_memory
 
 PHASES = ("load", "cache", "init", "train", "preview", "save")
 AFTER_CACHING = ("init", "train", "preview", "save")  # what Init Trainer checks; these depend on blocks_to_swap
@@ -135,8 +135,8 @@ def _on_device(p: PlanInputs, allocated: list[Term], host: list[Term], name: str
     return Phase(name, gpu, host, note)
 
 
-def _baseline() -> Term:
-    return Term("process baseline", PROCESS_BASELINE_BYTES, "Python + libraries (assumed)")
+def _baseline(p: PlanInputs) -> Term:
+    return Term("process baseline", p.process_baseline_bytes, baseline_note(p))
 
 
 def _cache_steps(p: PlanInputs, parts: PartSizes) -> tuple[list[Term], list[Term]]:
@@ -167,7 +167,7 @@ def _cache_phase(p: PlanInputs, parts: PartSizes) -> Phase:
                      "the largest text encoder tensor, read from its file")
     note = (f"text encoder step {prompt_bytes / GIB:.2f} GiB, VAE step {latent_bytes / GIB:.2f} GiB, "
             "one after the other; before slack")
-    return _on_device(p, larger, [_baseline(), in_flight], "cache", note)
+    return _on_device(p, larger, [_baseline(p), in_flight], "cache", note)
 
 
 def _host_state(plan: MemoryPlan, parts: PartSizes) -> list[Term]:
@@ -181,7 +181,7 @@ def _host_state(plan: MemoryPlan, parts: PartSizes) -> list[Term]:
     else:
         pinning = Term("pinned staging buffer", p.staging_bytes if k else 0, "pageable masters are copied through it")
     return [
-        _baseline(), masters, pinning,
+        _baseline(p), masters, pinning,
         Term("cached latents + prompt embeddings", plan.term("cached latents"), f"{p.dataset_images} images"),
         Term("VAE, kept on the CPU for previews", parts.vae_params * DTYPE_BYTES[p.compute_dtype]),
     ]
@@ -281,7 +281,7 @@ def plan_phases(inputs: PlanInputs, arch: QwenImageArch | None = None, ram_bytes
     inputs = dataclasses.replace(inputs, text_encoder_storage=choose_text_encoder_storage(
         inputs, gpu_budget_bytes, ram_bytes, arch, parts))
     training = plan_memory(inputs, arch)
-    phases = {"load": Phase("load", [], [_baseline()], "file headers only"), "cache": _cache_phase(inputs, parts)}
+    phases = {"load": Phase("load", [], [_baseline(inputs)], "file headers only"), "cache": _cache_phase(inputs, parts)}
     phases.update(training_phases(training, arch, parts))
     plan = PhasePlan(inputs, training, {name: phases[name] for name in PHASES}, gpu_budget_bytes, ram_bytes)
     if suggest and not plan.fits:

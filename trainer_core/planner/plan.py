@@ -82,6 +82,7 @@ class PlanInputs:
     save_dtype: str = "bfloat16"  # the Save node's LoRA precision
     pin_masters: bool = True  # swapped blocks' masters pinned; False: pageable, through a pinned staging buffer
     staging_bytes: int = 0  # that staging buffer (its size is the loader's), counted when pin_masters is False
+    process_baseline_bytes: int = PROCESS_BASELINE_BYTES  # the process before any model (a measured one may replace it)
 
     @classmethod
     def from_configs(cls, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig, width: int,
@@ -153,6 +154,10 @@ class MemoryPlan:
 
 # --------------------------------------------------------------------------------------------------
 # parts
+
+
+def baseline_note(p: PlanInputs) -> str:
+    return "Python + libraries (assumed)" if p.process_baseline_bytes == PROCESS_BASELINE_BYTES else "Python + libraries"
 
 
 def _weight_bytes(params: int, storage: str) -> int:
@@ -310,7 +315,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         Term("CPU master of swapped blocks", masters, f"{K} blocks, pinned" if cuda else f"{K} blocks"),
         Term("pinned arena slack", rounding, "unused room in the masters' power-of-two chunks"),
         Term("cached latents + prompt embeddings", cached, f"{p.dataset_images} images in RAM"),
-        Term("process baseline", PROCESS_BASELINE_BYTES, "Python + libraries (assumed)"),
+        Term("process baseline", p.process_baseline_bytes, baseline_note(p)),
     ]
     notes = []
     if K == 1 or K == NUM_SLOTS:
