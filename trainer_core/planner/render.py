@@ -28,7 +28,7 @@ def render_plan(plan: MemoryPlan, budget_bytes: int | None = None) -> str:
         lines.append(f"{'budget':<38}{budget_bytes / GIB:>9.2f} GiB  {verdict}")
     lines.append(f"{'(optimizer step phase total)':<38}{plan.optimizer_step_peak / GIB:>9.2f} GiB")
     lines.append("")
-    lines += _section("Host RAM while training", plan.host_training)
+    lines += _section("Host RAM while training (the phases below add the VAE and a checkpoint's copy)", plan.host_training)
     for note in plan.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
