@@ -3,8 +3,8 @@
     make realsize                      # or: .venv/bin/python benchmarks/realsize_cpu.py [--dir D] [--clean]
 
 1. Writes random-weight files with the exact shapes, dtypes and key layouts of ComfyUI's real files
-   (`devtools/realsize_files.py`: qwen_image_fp8_e4m3fn 20.4 GB, qwen_2.5_vl_7b_fp8_scaled 9.4 GB with its
-   vision tower and scales, qwen_image_vae 0.25 GB), streaming, unless they are in --dir already.
+   (`devtools/random_files.py`: qwen_image_fp8_e4m3fn 20.4 GB, qwen_2.5_vl_7b_fp8_scaled 9.4 GB with its
+   vision tower, scales and lm_head, qwen_image_vae 0.25 GB), tensor by tensor, unless they are in --dir.
 2. Runs the engine calls the nodes make, in bf16 on the CPU (where the "GPU" share of memory lands in host
    RAM too), one phase at a time:
      load     Load Models          load_single_files: headers, tokenizer, file identities
@@ -41,6 +41,7 @@ import memory_cap
 GIB = 1 << 30
 OUT = Path(__file__).resolve().parent / "realsize_cpu.json"
 PHASES = ("load", "cache", "init", "train", "preview", "save")
+HOST_RESERVE_GIB = 4  # planner.phases.HOST_RESERVE_BYTES
 TOLERANCE = 0.10  # each phase's planned host RAM within 10% of the measured peak
 PROMPT = "a red circle on a white background"
 NEGATIVE = "blurry"
@@ -83,6 +84,28 @@ class Phase:
 # --------------------------------------------------------------------------------------------------
 # the rehearsal
 
+def write_files(models: Path, log) -> dict[str, Path]:
+    """The three real-size files under `models` (ComfyUI's sub-folders); a file already there is kept."""
+    from trainer_core.devtools.random_files import write_random_text_encoder, write_random_transformer, write_vae
+
+    writers = {
+        "transformer": ("diffusion_models/qwen_image_fp8_e4m3fn.safetensors", write_random_transformer),
+        "text_encoder": ("text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors",
+                         lambda path, seed: write_random_text_encoder(path, seed=seed, whole=True)),
+        "vae": ("vae/qwen_image_vae.safetensors", write_vae),
+    }
+    files = {}
+    for seed, (part, (relative, write)) in enumerate(writers.items()):
+        path = models / relative
+        if not path.is_file():
+            log(f"writing {path}")
+            temp = path.with_name(path.name + ".part")  # a killed write leaves no file that looks complete
+            write(temp, seed=seed)
+            temp.replace(path)
+        files[part] = path
+    return files
+
+
 def make_images(folder: Path, count: int, size: int) -> Path:
     """`count` coloured-shape images of size² pixels with captions."""
     from PIL import Image, ImageDraw
@@ -101,11 +124,26 @@ def make_images(folder: Path, count: int, size: int) -> Path:
     return folder
 
 
-def planned_host_bytes(args, train_dataset, components) -> dict[str, int]:
-    """The planner's host-RAM peak per phase for this rehearsal (device = CPU: GPU bytes are host bytes)."""
-    from trainer_core.planner.phases import rehearsal_plan
+def planned_host_bytes(args, settings, dataset, components, baseline: int) -> dict[str, int]:
+    """The planner's host-RAM peak per phase for this rehearsal (device = CPU: the GPU's share is host RAM),
+    from the plan inputs Init Trainer reads off the run (`for_run.inputs_for_run`), with the process as
+    measured before loading (`baseline`) instead of the assumed 1 GiB; the cache phase at the cache's size."""
+    import dataclasses
 
-    return rehearsal_plan(args, train_dataset, components)
+    from trainer_core.planner.arch import arch_for_components
+    from trainer_core.planner.for_run import inputs_for_run
+    from trainer_core.planner.inference import parts_for_components
+    from trainer_core.planner.phases import plan_phases
+
+    inputs = dataclasses.replace(
+        inputs_for_run(components, dataset, *settings), process_baseline_bytes=baseline,
+        text_encoder_storage="bfloat16" if args.text_encoder_fp8 == "dequantize" else "float8",
+        preview_width=args.train_size, preview_height=args.train_size, preview_cfg=True)
+    arch, parts = arch_for_components(components), parts_for_components(components)
+    planned = {name: phase.host_bytes for name, phase in plan_phases(inputs, arch, parts=parts).phases.items()}
+    at_cache_size = dataclasses.replace(inputs, width=args.cache_size, height=args.cache_size)
+    planned["cache"] = plan_phases(at_cache_size, arch, parts=parts).phases["cache"].host_bytes
+    return planned
 
 
 def rehearse(args, log) -> int:
@@ -115,7 +153,6 @@ def rehearse(args, log) -> int:
     from trainer_core.cache import build_cache
     from trainer_core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
     from trainer_core.data import discover
-    from trainer_core.devtools.realsize_files import write_realsize_files
     from trainer_core.models import load_single_files
     from trainer_core.models.tiny import build_tiny_tokenizer
 
@@ -123,8 +160,11 @@ def rehearse(args, log) -> int:
     root = Path(args.dir)
     memory_cap.start_watchdog(int(args.cap_gib * GIB))
     Path("/proc/self/oom_score_adj").write_text("1000")  # if the machine runs short anyway, this goes first
+    # The RAM this run may use is the cap: Init Trainer's check reads the machine's RAM (less the 4 GiB the
+    # planner leaves to the system) from this variable.
+    os.environ["QWEN_LORA_HOST_RAM_GB"] = str(args.cap_gib + HOST_RESERVE_GIB)
     started = time.perf_counter()
-    files = write_realsize_files(root / "models", log=log)
+    files = write_files(root / "models", log)
     tokenizer = root / "models" / "tokenizer"  # the real one is not on this machine: the offline tiny BPE
     build_tiny_tokenizer().save_pretrained(str(tokenizer))
     images = make_images(root / "images", args.images, args.cache_size)
@@ -133,6 +173,7 @@ def rehearse(args, log) -> int:
     log(f"files ready in {time.perf_counter() - started:.0f} s")
 
     results: dict[str, dict] = {}
+    baseline = memory_cap.rss_bytes()  # the process with its libraries, before any model
     with Phase("load", results, log):
         components = load_single_files(files["transformer"], files["text_encoder"], files["vae"], tokenizer,
                                        storage="float8", compute_dtype=torch.bfloat16, device="cpu",
@@ -161,7 +202,7 @@ def rehearse(args, log) -> int:
     log(f"   LoRA: {lora} ({lora.stat().st_size / 2**20:.0f} MiB)")
 
     OUT.write_text(json.dumps({"phases": results}, indent=2) + "\n")  # kept if planning fails below
-    planned = planned_host_bytes(args, dataset, components)
+    planned = planned_host_bytes(args, settings, dataset, components, baseline)
     return report_results(results, planned, log, total_seconds=time.perf_counter() - started,
                           finite=all(x == x for x in report.losses))
 

@@ -40,7 +40,7 @@ NODES = [
                                "transformer": "qwen_image_fp8_e4m3fn.safetensors",
                                "text_encoder": "qwen_2.5_vl_7b_fp8_scaled.safetensors",
                                "vae": "qwen_image_vae.safetensors", "diffusers_folder": "",
-                               "storage": "float8", "compute_dtype": "auto", "text_encoder_fp8": "dequantize"},
+                               "storage": "float8", "compute_dtype": "auto", "text_encoder_fp8": "auto"},
      ("models", 0)),
     (2, "QwenLoRADataset", {"folder": "my_lora_dataset", "resolution": 1024, "enable_buckets": True,
                             "min_bucket_side": 512, "max_bucket_side": 2048, "repeats": 1,

@@ -102,10 +102,14 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from .config import AUTO_SWAP, PlanConfig, field_default
     from .errors import UserInputError
     from .planner import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
     from .planner.arch import real_arch
+    from .planner.phases import plan_phases
+    from .planner.render import render_phases
 
     num_blocks = real_arch().num_blocks
     if args.blocks_to_swap > num_blocks - 1:
@@ -116,24 +120,31 @@ def cmd_plan(args: argparse.Namespace) -> int:
     width = args.width if args.width is not None else args.resolution
     height = args.height if args.height is not None else args.resolution
     auto = args.blocks_to_swap == AUTO_SWAP
+    ram = int(args.ram_gb * GIB) if args.ram_gb else None
     inputs = PlanInputs(
         width=width, height=height, batch=args.batch, text_tokens=args.text_tokens, rank=args.rank,
         targets=args.targets, lora_dtype=args.lora_dtype, storage=args.storage,
         checkpointing=not args.no_checkpointing, blocks_to_swap=0 if auto else args.blocks_to_swap,
         optimizer=args.optimizer, grad_accum_steps=args.grad_accum, dataset_images=args.images,
-        text_encoder_storage=args.text_encoder_storage,
+        text_encoder_storage=args.text_encoder_storage, preview_width=args.preview_size,
+        preview_height=args.preview_size,
     )
     if not auto:
         budget = int(args.budget_gb * GIB) if args.budget_gb is not None else None
         print(render_plan(plan_memory(inputs), budget))
+    else:
+        budget_gb = args.budget_gb if args.budget_gb is not None else field_default(PlanConfig, "budget_gb")
+        budget = int(budget_gb * GIB)
+        choice = auto_blocks_to_swap(inputs, budget)
+        # When nothing fits, the phase table below lists the changes that would (GPU and host RAM together).
+        print(render_choice(choice) if choice.fits else render_plan(choice.plan, budget))
+        inputs = dataclasses.replace(inputs, blocks_to_swap=choice.plan.inputs.blocks_to_swap)
+    if not auto or choice.fits:
         _print_timeline(args, inputs)
-        return 0
-    budget_gb = args.budget_gb if args.budget_gb is not None else field_default(PlanConfig, "budget_gb")
-    choice = auto_blocks_to_swap(inputs, int(budget_gb * GIB))
-    print(render_choice(choice))
-    if choice.fits:
-        _print_timeline(args, choice.plan.inputs)
-    return 0 if choice.fits else 1
+    phases = plan_phases(inputs, ram_bytes=ram, gpu_budget_bytes=budget)
+    print()
+    print(render_phases(phases))
+    return 0 if phases.fits else 1
 
 
 def _print_timeline(args: argparse.Namespace, inputs) -> None:
@@ -283,8 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser(
         "plan", help="predict GPU memory and host RAM of a training setup (real Qwen-Image), term by term",
         description="Without --blocks-to-swap (or with 'auto'), picks the fewest swapped blocks that fit "
-                    "--budget-gb; exits 1 when nothing fits, with what to change. With a number, plans that "
-                    "swap count (and compares it with --budget-gb when given). Defaults are the nodes' defaults.")
+                    "--budget-gb; with a number, plans that swap count (and compares it with --budget-gb when given). "
+                    "Then prints each phase's GPU and host RAM peak (load, cache, init, train, preview, save), "
+                    "checked against --budget-gb and --ram-gb; exits 1 when a phase does not fit, with the changes "
+                    "that would. Defaults are the nodes' defaults.")
     plan.add_argument("--resolution", **config_arg(DatasetConfig, "resolution", help="square side in pixels"))
     plan.add_argument("--width", **config_arg(PlanConfig, "width", default=None,
                                               help="image width in pixels, a multiple of 32 (default: --resolution)"))
@@ -312,6 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpu", choices=list(GPUS), default=None,
                       help="also predict seconds per step on this GPU and what streaming the swapped blocks costs "
                            "(timeline model: " + ", ".join(f"{g.name} = {g.label}" for g in GPUS.values()) + ")")
+    plan.add_argument("--ram-gb", **config_arg(PlanConfig, "ram_gb"))
+    plan.add_argument("--preview-size", **config_arg(PlanConfig, "preview_size"))
     plan.set_defaults(func=cmd_plan)
     return parser
 

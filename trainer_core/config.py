@@ -26,7 +26,7 @@ def _f(default: Any, help: str, **meta: Any) -> Any:
 
 # Allowed values with one home each; the engine modules that act on them import them from here.
 STORAGE_MODES = ("float8", "float8_scaled", "bfloat16", "float32")  # block Linear weights (models.float8)
-TEXT_ENCODER_FP8_MODES = ("dequantize", "keep")  # an fp8-scaled text encoder file (models.text_encoder_file)
+TEXT_ENCODER_FP8_MODES = ("auto", "dequantize", "keep")  # an fp8-scaled text encoder file (models.text_encoder_file)
 LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")  # LoRA file key layouts (lora_files)
 SAVE_DTYPES = ("bfloat16", "float16", "float32")  # precision of a saved LoRA file (torch dtype names)
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
@@ -262,8 +262,9 @@ class LoadConfig:
         "auto", "Precision of the computation: auto is bfloat16 on a GPU, float32 on a CPU.", choices=COMPUTE_DTYPES,
     )
     text_encoder_fp8: str = _f(
-        "dequantize", "An fp8-scaled text encoder: dequantize to the compute dtype while loading (faster caching), "
-        "or keep its float8 weights (half the memory while caching).", choices=TEXT_ENCODER_FP8_MODES,
+        "auto", "An fp8-scaled text encoder: dequantize to the compute dtype while loading (faster caching), or keep "
+        "its float8 weights (half the memory while caching). auto: keep them only when the dequantized encoder would "
+        "not fit the GPU's free memory (the memory plan's caching phase).", choices=TEXT_ENCODER_FP8_MODES,
     )
 
 
@@ -365,8 +366,16 @@ class PlanConfig:
     dataset_images: int = _f(0, "Dataset images whose cached latents and prompts stay in host RAM.",
                              min=0, max=10_000_000)
     text_encoder_storage: str = _f(
-        "bfloat16", "How the text encoder sits in memory while caching (float8: the Load node's "
-        "text_encoder_fp8 = keep).", choices=("bfloat16", "float8"),
+        "auto", "How the text encoder sits in memory while caching (float8: the Load node's text_encoder_fp8 = "
+        "keep, with the fp8_scaled file); auto: bfloat16 when it fits the GPU budget, else float8.",
+        choices=("auto", "bfloat16", "float8"),
+    )
+    ram_gb: float = _f(
+        0.0, "Host RAM of the training machine in GiB: every phase (loading, caching, training, previews, saving) "
+        "is checked against it, less 4 GiB for the system. 0: not checked.", min=0.0, max=65536.0, step=0.5,
+    )
+    preview_size: int = _f(
+        1024, "Width and height of the previews to plan for (the Preview node's size).", min=64, max=4096, step=32,
     )
 
 

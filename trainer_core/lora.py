@@ -47,12 +47,16 @@ def lora_layers(transformer: nn.Module) -> dict[str, nn.Module]:
     return {name: m for name, m in transformer.named_modules() if isinstance(m, LoraLayer)}
 
 
-def inject_lora(transformer: nn.Module, cfg: LoraConfig, seed: int, modules: list[str] | None = None) -> list[nn.Parameter]:
+def inject_lora(transformer: nn.Module, cfg: LoraConfig, seed: int, modules: list[str] | None = None,
+                device: torch.device | str | None = None) -> list[nn.Parameter]:
     """Add a LoRA (cfg.rank, cfg.alpha) to the preset's modules (or to `modules`, full names, when given);
-    return its trainable parameters.
+    return its trainable parameters. Each layer's adapter lives on `device`, by default beside its base
+    layer's weight.
 
-    A is initialised like nn.Linear (Kaiming-uniform) from `seed`, B to zero, so the adapter starts as
-    an exact no-op. Every other parameter is frozen.
+    A is initialised like nn.Linear (Kaiming-uniform), B to zero, so the adapter starts as an exact no-op.
+    Every A is drawn on the CPU from one generator seeded with `seed`, in model order, and then moved to its
+    device: the same seed gives the same adapter whether a block's weights are on the GPU, on the CPU (a
+    swapped block left there by an earlier run) or not loaded yet. Every other parameter is frozen.
     """
     from peft import LoraConfig as PeftLoraConfig
     from peft import inject_adapter_in_model
@@ -65,13 +69,16 @@ def inject_lora(transformer: nn.Module, cfg: LoraConfig, seed: int, modules: lis
     )
     inject_adapter_in_model(peft_cfg, transformer, adapter_name=ADAPTER, low_cpu_mem_usage=True)
     dtype = getattr(torch, cfg.dtype)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # the CPU generator is restored afterwards; no device's is touched
+        torch.default_generator.manual_seed(seed)
         for layer in lora_layers(transformer).values():
-            device = layer.get_base_layer().weight.device
-            for part in (layer.lora_A[ADAPTER], layer.lora_B[ADAPTER]):
-                part.to_empty(device=device).to(dtype)
-            layer.reset_lora_parameters(ADAPTER, True)
+            home = device if device is not None else layer.get_base_layer().weight.device
+            parts = (layer.lora_A[ADAPTER], layer.lora_B[ADAPTER])
+            for part in parts:
+                part.to_empty(device="cpu").to(dtype)
+            layer.reset_lora_parameters(ADAPTER, True)  # draws from the CPU generator: the tensors are there
+            for part in parts:
+                part.to(home)
     for name, p in transformer.named_parameters():
         p.requires_grad_(".lora_" in name)
     return lora_parameters(transformer)

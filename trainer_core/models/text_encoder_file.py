@@ -16,6 +16,8 @@ Nothing stays on the meta device, so `.to(device)` works.
 fp8 files, two ways (`fp8`): "dequantize" multiplies each weight by its scale while loading, one tensor
 at a time, into `compute_dtype`; "keep" keeps the float8 weights (half of bf16's memory) with their
 scale as `weight_scale` and computes through float8.py's `FrozenLinearFunction` (upcast per call).
+"auto" is decided by `resolve_text_encoder_fp8` for the device the encoder will run on (here, without a
+device, it dequantizes).
 
 Config: the JSON beside the file when there is one (a test model), else `qwen_arch.QWEN25_VL_7B_CONFIG` when
 the tensor shapes are the 7B's; anything else is refused with a message that names what was found.
@@ -149,6 +151,27 @@ class TextEncoderFile:
                    source=f"text encoder file {file.path}",
                    hint="Choose qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors.")
         return model.eval()
+
+
+def resolve_text_encoder_fp8(mode: str, device, inputs=None) -> str:
+    """"auto" -> "keep" when the memory plan's caching phase (`planner.phases.choose_text_encoder_storage`) says
+    the dequantized encoder would not fit the CUDA device's free memory now, else "dequantize" (always on the
+    CPU, where float8 computes slowly). Other modes are returned as they are. `inputs`: a `PlanInputs` with
+    the run's largest bucket and longest prompt (default: 1024 x 1024, 256 tokens)."""
+    if mode != "auto":
+        return mode
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "dequantize"
+    import dataclasses
+
+    from ..planner.device import detect_budget
+    from ..planner.phases import choose_text_encoder_storage
+    from ..planner.plan import PlanInputs
+
+    inputs = dataclasses.replace(inputs or PlanInputs(), text_encoder_storage="auto", text_encoder_file_fp8=True,
+                                 device="cuda", cuda_context_bytes=0)  # the context exists: not in the free figure
+    return "keep" if choose_text_encoder_storage(inputs, detect_budget(device).bytes) == "float8" else "dequantize"
 
 
 def load_text_encoder_file(

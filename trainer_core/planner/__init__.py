@@ -3,27 +3,35 @@
     plan = plan_memory(PlanInputs(width=1024, height=1024, rank=32, blocks_to_swap=16))
     print(render_plan(plan))
     choice = auto_blocks_to_swap(PlanInputs(width=1024, height=1024, rank=32), budget_bytes=16 * GIB)
+    phases = plan_phases(PlanInputs(blocks_to_swap=29), ram_bytes=32 * GIB, gpu_budget_bytes=16 * GIB)
+    refuse_if_unfit(phases)     # a UserInputError naming the phase, the bytes and what would fit
 
 One concern per module, so the maths can be read and tested without a GPU or a model:
     arch.py         parameter counts read off a transformer (meta device for the real one)
     activations.py  one block's saved activations (exact) and working memory (measured)
-    plan.py         PlanInputs -> MemoryPlan: the byte formulas, term by term
-    search.py       the fewest swapped blocks that fit a budget; advice when nothing fits
+    inference.py    no-grad working memory: preview forward, VAE encode/decode, text encoder (measured)
+    plan.py         PlanInputs -> MemoryPlan: the byte formulas, term by term, of training
+    phases.py       every phase of a run (load, cache, init, train, preview, save), GPU and host RAM,
+                    checked against the machine; what would fit; the text encoder's precision
+    search.py       the fewest swapped blocks whose phases fit a budget; advice when nothing fits
     device.py       the free memory of a CUDA device (the only part that probes one)
     render.py       plans and choices as text tables
-    for_run.py      glue for a run: inputs from a model set and a cached dataset; `plan_run`
+    for_run.py      glue for a run: inputs from a model set and a cached dataset; `check_run`, `plan_run`
 """
 
 from .arch import QwenImageArch, arch_for_components, arch_from_transformer, real_arch
 from .device import Budget, auto_for_device, detect_budget
-from .for_run import inputs_for_run, plan_run
+from .for_run import check_run, inputs_for_run, plan_run
+from .phases import (
+    PHASES, PhasePlan, choose_text_encoder_storage, host_ram_bytes, plan_phases, refuse_if_unfit,
+)
 from .plan import GIB, MIB, MemoryPlan, PlanInputs, Term, plan_memory
-from .render import render_budget_table, render_choice, render_plan
+from .render import render_budget_table, render_choice, render_phases, render_plan
 from .search import SwapChoice, auto_blocks_to_swap
 
 __all__ = [
-    "GIB", "MIB", "Budget", "MemoryPlan", "PlanInputs", "QwenImageArch", "SwapChoice", "Term",
-    "arch_for_components", "arch_from_transformer", "auto_blocks_to_swap", "auto_for_device", "detect_budget",
-    "inputs_for_run", "plan_memory", "plan_run", "real_arch", "render_budget_table", "render_choice",
-    "render_plan",
+    "GIB", "MIB", "PHASES", "Budget", "MemoryPlan", "PhasePlan", "PlanInputs", "QwenImageArch", "SwapChoice", "Term",
+    "arch_for_components", "arch_from_transformer", "auto_blocks_to_swap", "auto_for_device", "check_run",
+    "choose_text_encoder_storage", "detect_budget", "host_ram_bytes", "inputs_for_run", "plan_memory", "plan_phases",
+    "plan_run", "real_arch", "refuse_if_unfit", "render_budget_table", "render_choice", "render_phases", "render_plan",
 ]

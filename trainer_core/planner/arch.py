@@ -142,21 +142,22 @@ def real_arch() -> QwenImageArch:
 
 @functools.lru_cache(maxsize=1)
 def text_encoder_params() -> tuple[int, int]:
-    """(all parameters, parameters of the language model's decoder Linears) of Qwen2.5-VL-7B, the text
-    encoder of Qwen-Image (`models.qwen_arch.QWEN25_VL_7B_CONFIG`), counted on the meta device.
+    """(parameters loaded, parameters of the decoder Linears) of Qwen2.5-VL-7B, the text encoder of Qwen-Image
+    (`models.qwen_arch.QWEN25_VL_7B_CONFIG`), counted on the meta device.
 
-    The decoder Linears are what a float8 text encoder file stores in float8; embeddings, the vision
-    tower and the LM head stay in bf16.
+    Loaded is the language model only, as `models.text_encoder_file` loads it: the vision tower is left
+    out and `lm_head` replaced by an identity (7.07B of the file's 8.29B parameters). The decoder Linears
+    are what a float8 text encoder file stores in float8; the embeddings stay in bf16.
     """
     import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     with torch.device("meta"):
         model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**QWEN25_VL_7B_CONFIG))
-    total = sum(p.numel() for p in model.parameters())
+    language_model = model.model.language_model
+    total = sum(p.numel() for p in language_model.parameters())
     decoder_linears = sum(
-        m.weight.numel() for n, m in model.named_modules()
-        if isinstance(m, nn.Linear) and ".language_model.layers." in f".{n}"
+        m.weight.numel() for n, m in language_model.named_modules() if isinstance(m, nn.Linear) and n.startswith("layers.")
     )
     return total, decoder_linears
 

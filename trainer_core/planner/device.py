@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .arch import QwenImageArch
+from .inference import PartSizes
 from .plan import GIB, MIB, PlanInputs
 from .search import SwapChoice, auto_blocks_to_swap
 
@@ -37,7 +38,7 @@ def detect_budget(device=None, reserve_bytes: int = 512 * MIB) -> Budget:
 
 
 def auto_for_device(inputs: PlanInputs, device=None, reserve_bytes: int = 512 * MIB,
-                    arch: QwenImageArch | None = None) -> SwapChoice:
+                    arch: QwenImageArch | None = None, parts: PartSizes | None = None) -> SwapChoice:
     """`auto_blocks_to_swap` against the free memory of a CUDA device."""
     budget = detect_budget(device, reserve_bytes)
-    return auto_blocks_to_swap(dataclasses.replace(inputs, cuda_context_bytes=0), budget.bytes, arch)
+    return auto_blocks_to_swap(dataclasses.replace(inputs, cuda_context_bytes=0), budget.bytes, arch, parts)

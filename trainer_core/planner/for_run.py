@@ -1,8 +1,9 @@
 """The planner for a run as the engine describes it: a loaded model set, a cached dataset and the configs.
 
 Glue between the trainer and the pure planner: reads the plan inputs off live objects (largest
-bucket, longest caption, storage, device), probes the device's budget, and turns 'auto' swapping into
-a number. `trainer.py` calls `plan_run`.
+bucket, longest caption, storage, device, the VAE's size), probes the device's budget and the machine's
+RAM, turns 'auto' swapping into a number, and refuses a run whose phases would not fit (`check_run`, pure,
+does the deciding). `trainer.py` calls `plan_run` before the adapter or the swapper touch the model.
 """
 
 from __future__ import annotations
@@ -10,9 +11,13 @@ from __future__ import annotations
 import dataclasses
 
 from ..config import LoraConfig, OptimizerConfig, TrainConfig
-from .device import auto_for_device, detect_budget
-from .plan import PlanInputs, plan_memory
-from .render import render_choice, render_plan
+from .arch import QwenImageArch
+from .device import detect_budget
+from .inference import PartSizes
+from .phases import AFTER_CACHING, host_ram_bytes, plan_phases, refuse_if_unfit
+from .plan import GIB, PlanInputs
+from .render import render_phases, render_plan
+from .search import auto_blocks_to_swap
 
 
 def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
@@ -31,25 +36,48 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
     )
 
 
+def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_bytes: int | None,
+              arch: QwenImageArch | None = None, parts: PartSizes | None = None) -> tuple[int, str]:
+    """(blocks_to_swap to use, the plan as text) for a run about to be built, or a UserInputError.
+
+    `auto`: the fewest swapped blocks whose GPU phases fit `gpu_budget_bytes` (0 on the CPU or without a
+    budget); else `inputs.blocks_to_swap`. Then every phase after caching (init, train, preview, save) must
+    fit the budget and `ram_bytes` (None: not checked): otherwise the error names the phase, the bytes and
+    the changes that would fit, before anything is loaded or built."""
+    k = inputs.blocks_to_swap
+    choice = None
+    if auto:
+        k = 0
+        if inputs.device == "cuda" and gpu_budget_bytes is not None:
+            choice = auto_blocks_to_swap(inputs, gpu_budget_bytes, arch, parts)
+            k = choice.plan.inputs.blocks_to_swap
+    plan = plan_phases(dataclasses.replace(inputs, blocks_to_swap=k), arch, ram_bytes, gpu_budget_bytes, parts)
+    refuse_if_unfit(plan, AFTER_CACHING, f"blocks_to_swap={'auto' if auto else k}")
+    head = (f"blocks_to_swap = {k} (the fewest that fit {gpu_budget_bytes / GIB:.2f} GiB)\n\n" if choice is not None
+            else "")
+    return k, head + render_plan(plan.training, gpu_budget_bytes) + "\n\n" + render_phases(plan)
+
+
 def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig) -> tuple[int, str]:
-    """(blocks_to_swap to use, the plan as text) for a run. `train.blocks_to_swap` = AUTO_SWAP picks the fewest
-    swapped blocks that fit the device's free memory. On the CPU nothing is swapped under auto and there is
-    no GPU plan to show. Raises a `UserInputError` with what to change when nothing fits."""
+    """(blocks_to_swap to use, the plan as text) for a run: `check_run` against the device's free memory now
+    (CUDA) and this machine's RAM (`phases.host_ram_bytes`). On the CPU nothing is swapped under auto and the
+    GPU's share is host RAM. Compute in another dtype than bfloat16 is not planned (the activation terms are
+    bf16's): the swap count is then taken as it is. Raises a `UserInputError` with what to change when a phase
+    does not fit."""
     import torch
 
-    from ..errors import UserInputError
     from .arch import arch_for_components
+    from .inference import parts_for_components
 
     auto = train.auto_swap
-    if components.device.type != "cuda":
-        return (0 if auto else train.blocks_to_swap), "CPU training: no GPU memory to plan."
+    cuda = components.device.type == "cuda"
     if components.compute_dtype != torch.bfloat16:
-        return (0 if auto else train.blocks_to_swap), "The memory plan covers bfloat16 compute only."
-    arch = arch_for_components(components)
-    inputs = inputs_for_run(components, dataset, lora, optimizer, train, train.blocks_to_swap if not auto else 0)
-    if not auto:
-        return train.blocks_to_swap, render_plan(plan_memory(inputs, arch), detect_budget(components.device).bytes)
-    choice = auto_for_device(inputs, components.device, arch=arch)
-    if not choice.fits:
-        raise UserInputError("blocks_to_swap=auto: " + render_choice(choice))
-    return choice.blocks_to_swap, render_choice(choice)
+        text = "CPU training: no GPU memory to plan." if not cuda else "The memory plan covers bfloat16 compute only."
+        return (0 if auto else train.blocks_to_swap), text
+    inputs = inputs_for_run(components, dataset, lora, optimizer, train, 0 if auto else train.blocks_to_swap)
+    budget = None
+    if cuda:  # the context exists already and is outside the free memory measured
+        budget = detect_budget(components.device).bytes
+        inputs = dataclasses.replace(inputs, cuda_context_bytes=0)
+    return check_run(inputs, auto, budget, host_ram_bytes(), arch_for_components(components),
+                     parts_for_components(components))

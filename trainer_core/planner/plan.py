@@ -35,7 +35,7 @@ from ..models.qwen_arch import MODULATION_LINEARS
 from .activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
 )
-from .arch import QwenImageArch, real_arch, text_encoder_params, vae_params
+from .arch import QwenImageArch, real_arch
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -73,10 +73,21 @@ class PlanInputs:
     optimizer: str = "adamw8bit"
     grad_accum_steps: int = 1
     device: str = "cuda"  # "cuda" or "cpu": decides pinned memory, context and two kernels' saved tensors
-    text_encoder_storage: str = "bfloat16"  # how the text encoder sits in memory while caching
+    # How the text encoder sits in memory while caching: bfloat16, float8 (its fp8 file's Linears kept), or
+    # auto (float8 only when bfloat16 would not fit: phases.choose_text_encoder_storage).
+    text_encoder_storage: str = "auto"
     dataset_images: int = 0  # cached latents + prompt embeddings the trainer holds in host RAM
     cuda_context_bytes: int = CUDA_CONTEXT_BYTES
     allocator_slack: float = ALLOCATOR_SLACK
+    # The phases around training (phases.py); defaults are the nodes' defaults.
+    text_encoder_file_fp8: bool = True  # the encoder file stores float8 Linears (ComfyUI's fp8_scaled file)
+    preview_width: int = 1024  # the Preview node's size
+    preview_height: int = 1024
+    preview_cfg: bool = True  # true CFG (the Preview node's cfg 4): the negative prompt runs a second forward
+    save_dtype: str = "bfloat16"  # the Save node's LoRA precision
+    pin_masters: bool = True  # swapped blocks' masters pinned; False: pageable, through a pinned staging buffer
+    staging_bytes: int = 0  # that staging buffer (its size is the loader's), counted when pin_masters is False
+    process_baseline_bytes: int = PROCESS_BASELINE_BYTES  # the process before any model (a measured one may replace it)
 
     @classmethod
     def from_configs(cls, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig, width: int,
@@ -106,6 +117,12 @@ class PlanInputs:
                                  f"transformer has {arch.num_blocks} blocks; at least one stays on the GPU)")
         if min(self.width, self.height, self.batch, self.rank, self.grad_accum_steps) < 1 or self.text_tokens < 0:
             raise UserInputError("width, height, batch, rank and grad_accum_steps must be positive")
+        if min(self.preview_width, self.preview_height) < 1 or self.staging_bytes < 0:
+            raise UserInputError("preview_width and preview_height must be positive, staging_bytes not negative")
+        from ..config import SAVE_DTYPES
+
+        if self.save_dtype not in SAVE_DTYPES:
+            raise UserInputError(f"save_dtype={self.save_dtype!r}: expected one of {list(SAVE_DTYPES)}")
 
 
 @dataclass(frozen=True)
@@ -120,8 +137,6 @@ class MemoryPlan:
     inputs: PlanInputs
     gpu: list[Term]  # the training peak, term by term (they sum to gpu_total)
     host_training: list[Term]
-    host_loading: list[Term]
-    gpu_caching: list[Term]  # while latents and prompts are cached (before the transformer moves)
     optimizer_step_peak: int  # the other training phase, for reference (already <= gpu_total)
     peak_phase: str
     notes: list[str] = field(default_factory=list)
@@ -134,21 +149,9 @@ class MemoryPlan:
     def host_training_total(self) -> int:
         return sum(t.bytes for t in self.host_training)
 
-    @property
-    def host_loading_total(self) -> int:
-        return sum(t.bytes for t in self.host_loading)
-
-    @property
-    def host_peak(self) -> int:
-        return max(self.host_training_total, self.host_loading_total)
-
-    @property
-    def gpu_caching_total(self) -> int:
-        return sum(t.bytes for t in self.gpu_caching)
-
     def term(self, name: str) -> int:
         """Bytes of the GPU or host term whose name starts with `name` (0 when absent)."""
-        for t in self.gpu + self.host_training + self.host_loading:
+        for t in self.gpu + self.host_training:
             if t.name.startswith(name):
                 return t.bytes
         return 0
@@ -156,6 +159,10 @@ class MemoryPlan:
 
 # --------------------------------------------------------------------------------------------------
 # parts
+
+
+def baseline_note(p: PlanInputs) -> str:
+    return "Python + libraries (assumed)" if p.process_baseline_bytes == PROCESS_BASELINE_BYTES else "Python + libraries"
 
 
 def _weight_bytes(params: int, storage: str) -> int:
@@ -320,30 +327,12 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         Term("CPU master of swapped blocks", masters, f"{K} blocks, pinned" if cuda else f"{K} blocks"),
         Term("pinned arena slack", rounding, "unused room in the masters' power-of-two chunks"),
         Term("cached latents + prompt embeddings", cached, f"{p.dataset_images} images in RAM"),
-        Term("process baseline", PROCESS_BASELINE_BYTES, "Python + libraries (assumed)"),
-    ]
-    # Host RAM while loading: the whole transformer sits on the CPU before its blocks move, and the text
-    # encoder passes through the CPU on its way to the GPU for caching.
-    te_total, te_linears = text_encoder_params()
-    te_bytes = te_total * 2 - (te_linears if p.text_encoder_storage == "float8" else 0)
-    largest = max(s_.in_features * s_.out_features for s_ in arch.block_linears)
-    host_loading = [
-        Term("transformer on the CPU", n * (block_w + scales) + rest, "all blocks, before placement"),
-        Term("text encoder", te_bytes, f"Qwen2.5-VL-7B, {p.text_encoder_storage} ({te_total / 1e9:.2f}B params)"),
-        Term("VAE", vae_params() * act, f"{vae_params() / 1e6:.0f}M params"),
-        Term("loading transient", largest * (4 + act), "largest tensor read and converted via fp32"),
-        Term("process baseline", PROCESS_BASELINE_BYTES, "Python + libraries (assumed)"),
-    ]
-    gpu_caching = [
-        Term("text encoder", te_bytes, p.text_encoder_storage),
-        Term("VAE", vae_params() * act, "encoder activations not included"),
-        Term("CUDA context", p.cuda_context_bytes if cuda else 0, "assumed"),
+        Term("process baseline", p.process_baseline_bytes, baseline_note(p)),
     ]
     notes = []
     if 0 < K <= p.ring_depth:
         notes.append(f"blocks_to_swap={K} saves nothing: the swapper keeps {num_slots} GPU slot(s) of a "
                      f"block's weights, so swapping pays off from {p.ring_depth + 1} blocks on")
-    return MemoryPlan(inputs=p, gpu=gpu, host_training=host_training, host_loading=host_loading,
-                      gpu_caching=gpu_caching, optimizer_step_peak=step_peak + (
+    return MemoryPlan(inputs=p, gpu=gpu, host_training=host_training, optimizer_step_peak=step_peak + (
                           int(step_peak * p.allocator_slack) + p.cuda_context_bytes if cuda else 0),
                       peak_phase=phase, notes=notes)

@@ -5,7 +5,10 @@ Formatting only: every number comes from `plan.py` and `search.py`.
 
 from __future__ import annotations
 
+import dataclasses
+
 from .arch import QwenImageArch
+from .phases import HOST_RESERVE_BYTES, PhasePlan, plan_phases
 from .plan import GIB, MemoryPlan, PlanInputs, Term
 from .search import SwapChoice, auto_blocks_to_swap
 
@@ -25,11 +28,7 @@ def render_plan(plan: MemoryPlan, budget_bytes: int | None = None) -> str:
         lines.append(f"{'budget':<38}{budget_bytes / GIB:>9.2f} GiB  {verdict}")
     lines.append(f"{'(optimizer step phase total)':<38}{plan.optimizer_step_peak / GIB:>9.2f} GiB")
     lines.append("")
-    lines += _section("Host RAM while training", plan.host_training)
-    lines.append("")
-    lines += _section("Host RAM while loading (transformer on the CPU)", plan.host_loading)
-    lines.append("")
-    lines += _section("GPU while caching latents and prompts", plan.gpu_caching)
+    lines += _section("Host RAM while training (the phases below add the VAE and a checkpoint's copy)", plan.host_training)
     for note in plan.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
@@ -50,12 +49,47 @@ def render_choice(choice: SwapChoice) -> str:
     return head + "\n\n" + render_plan(choice.plan, choice.budget_bytes)
 
 
-def render_budget_table(inputs: PlanInputs, budgets_gib: list[float], arch: QwenImageArch | None = None) -> str:
-    """One line per budget: the swap count it needs, the planned GPU peak and host RAM while training."""
-    lines = [f"{'budget':>8}  {'blocks_to_swap':>14}  {'GPU peak':>9}  {'host RAM (train)':>16}  {'host RAM (load)':>15}"]
+def render_phases(plan: PhasePlan, terms: bool = False) -> str:
+    """Each phase's GPU and host RAM peak, the verdict against the budget and RAM, and what would fit.
+    `terms`: each phase's terms too."""
+    p = plan.inputs
+    gpu_head = "GPU budget " + (f"{plan.gpu_budget_bytes / GIB:.2f} GiB" if plan.gpu_budget_bytes is not None
+                                else "not checked")
+    ram_head = ("host RAM not checked" if plan.ram_bytes is None else
+                f"host RAM {plan.ram_bytes / GIB:.2f} GiB, {plan.usable_ram_bytes / GIB:.2f} usable "
+                f"({HOST_RESERVE_BYTES / GIB:.0f} GiB left to the system)")
+    lines = [f"Per phase ({gpu_head}; {ram_head}; text encoder {p.text_encoder_storage} while caching; previews "
+             f"{p.preview_width}x{p.preview_height}{' with CFG' if p.preview_cfg else ''}; device {p.device}):",
+             f"{'phase':<9}{'GPU peak':>12}{'host RAM':>12}  verdict", "-" * 60]
+    for name, phase in plan.phases.items():
+        over = [s.resource for s in plan.shortfalls((name,))]
+        verdict = f"does NOT fit ({', '.join(over)})" if over else "fits"
+        lines.append(f"{name:<9}{phase.gpu_bytes / GIB:>8.2f} GiB{phase.host_bytes / GIB:>8.2f} GiB  {verdict}"
+                     + (f"  ({phase.note})" if phase.note else ""))
+        if terms:
+            for t in phase.gpu:
+                lines.append(f"    GPU   {t.name:<44}{t.bytes / GIB:>7.2f} GiB  {t.note}")
+            for t in phase.host:
+                lines.append(f"    host  {t.name:<44}{t.bytes / GIB:>7.2f} GiB  {t.note}")
+    if plan.fits:
+        lines.append("Every phase fits.")
+    else:
+        lines.append("Does NOT fit." + (" Changes that would fit:" if plan.suggestions else
+                                         " No single change of the settings fits."))
+        lines += [f"  - {line}" for line in plan.suggestions]
+    return "\n".join(lines)
+
+
+def render_budget_table(inputs: PlanInputs, budgets_gib: list[float], arch: QwenImageArch | None = None,
+                        ram_gib: float | None = None) -> str:
+    """One line per budget: the swap count it needs, and the GPU and host RAM peaks over all phases."""
+    lines = [f"{'budget':>8}  {'blocks_to_swap':>14}  {'GPU peak':>16}  {'host RAM peak':>17}  verdict"]
     for b in budgets_gib:
         c = auto_blocks_to_swap(inputs, int(b * GIB), arch)
-        k = str(c.blocks_to_swap) if c.fits else "none fits"
-        lines.append(f"{b:>5.0f} GiB  {k:>14}  {c.plan.gpu_total / GIB:>5.2f} GiB  "
-                     f"{c.plan.host_training_total / GIB:>12.2f} GiB  {c.plan.host_loading_total / GIB:>11.2f} GiB")
+        k = c.plan.inputs.blocks_to_swap
+        plan = plan_phases(dataclasses.replace(inputs, blocks_to_swap=k), arch,
+                           None if ram_gib is None else int(ram_gib * GIB), int(b * GIB), suggest=False)
+        (gpu_phase, gpu), (host_phase, host) = plan.peak("gpu"), plan.peak("host")
+        lines.append(f"{b:>5.0f} GiB  {k if c.fits else 'none fits':>14}  {gpu / GIB:>6.2f} GiB {gpu_phase:<7}  "
+                     f"{host / GIB:>6.2f} GiB {host_phase:<7}  {'fits' if plan.fits else 'does NOT fit'}")
     return "\n".join(lines)

@@ -1,5 +1,8 @@
 """Choosing blocks_to_swap: the fewest swapped blocks whose planned GPU peak fits a budget.
 
+The peak is the largest of the phases that depend on the swap count (`phases.gpu_peak_after_caching`: init,
+train, preview, save), so a chosen count leaves room for a preview's VAE decode and denoising forward.
+
 Pure search over `plan.plan_memory`: the budget is a number handed in, never read from a device
 (`device.py` does that), so the choice is testable anywhere. When nothing fits, `advice` says which
 single change (checkpointing, batch, LoRA dtype, optimizer, rank, targets, resolution) would fit.
@@ -11,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .arch import QwenImageArch, real_arch
+from .inference import PartSizes
+from .phases import gpu_peak_after_caching
 from .plan import GIB, MemoryPlan, PlanInputs, plan_memory
 
 
@@ -26,34 +31,37 @@ class SwapChoice:
         return self.blocks_to_swap is not None
 
 
-def auto_blocks_to_swap(inputs: PlanInputs, budget_bytes: int, arch: QwenImageArch | None = None) -> SwapChoice:
-    """The smallest blocks_to_swap whose planned GPU peak fits `budget_bytes`.
+def auto_blocks_to_swap(inputs: PlanInputs, budget_bytes: int, arch: QwenImageArch | None = None,
+                        parts: PartSizes | None = None) -> SwapChoice:
+    """The smallest blocks_to_swap whose planned GPU peak (training, previews, init, save) fits `budget_bytes`.
 
     When even the most swapping (all blocks but one) does not fit, `blocks_to_swap` is None and `advice`
-    lists changes that would fit, each with its planned peak and the swap count it needs.
+    lists changes that would fit, each with its planned peak and the swap count it needs. `parts`: the VAE
+    and text encoder sizes (default: the real model's).
     """
     arch = arch or real_arch()
-    k, plan = _fewest_swapped(inputs, budget_bytes, arch)
+    k, plan = _fewest_swapped(inputs, budget_bytes, arch, parts)
     if k is not None:
         return SwapChoice(k, budget_bytes, plan)
-    return SwapChoice(None, budget_bytes, plan, _advice(plan, budget_bytes, arch))
+    return SwapChoice(None, budget_bytes, plan, _advice(plan, budget_bytes, arch, parts))
 
 
-def _fewest_swapped(inputs: PlanInputs, budget: int, arch: QwenImageArch) -> tuple[int | None, MemoryPlan]:
+def _fewest_swapped(inputs: PlanInputs, budget: int, arch: QwenImageArch,
+                    parts: PartSizes | None = None) -> tuple[int | None, MemoryPlan]:
     """(smallest fitting swap count or None, its plan or the plan with the most swapping)."""
     plan = None
     for k in range(arch.num_blocks):
         plan = plan_memory(dataclasses.replace(inputs, blocks_to_swap=k), arch)
-        if plan.gpu_total <= budget:
+        if gpu_peak_after_caching(plan, arch, parts) <= budget:
             return k, plan
     return None, plan
 
 
-def _advice(plan: MemoryPlan, budget: int, arch: QwenImageArch) -> list[str]:
+def _advice(plan: MemoryPlan, budget: int, arch: QwenImageArch, parts: PartSizes | None = None) -> list[str]:
     p = plan.inputs
     gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
     lines = [f"Nothing fits in {gib(budget)}: even with {p.blocks_to_swap} of {arch.num_blocks} blocks swapped "
-             f"the GPU peak is {gib(plan.gpu_total)}. Changes that would fit (with the swap count they need):"]
+             f"the GPU peak is {gib(gpu_peak_after_caching(plan, arch, parts))}. Changes that would fit (with the swap count they need):"]
     candidates = []
     if not p.checkpointing:
         candidates.append(("enable gradient checkpointing", dict(checkpointing=True)))
@@ -75,9 +83,9 @@ def _advice(plan: MemoryPlan, budget: int, arch: QwenImageArch) -> list[str]:
             candidates.append((f"resolution {w}x{h}", dict(width=w, height=h)))
     found = False
     for label, change in candidates:
-        k, fitting = _fewest_swapped(dataclasses.replace(p, **change), budget, arch)
+        k, fitting = _fewest_swapped(dataclasses.replace(p, **change), budget, arch, parts)
         if k is not None:
-            lines.append(f"  - {label}: {gib(fitting.gpu_total)} with blocks_to_swap={k}")
+            lines.append(f"  - {label}: {gib(gpu_peak_after_caching(fitting, arch, parts))} with blocks_to_swap={k}")
             found = True
     if not found:
         lines.append("  - no single change fits; combine a lower resolution with a lower rank, or use a larger GPU")

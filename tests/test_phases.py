@@ -1,0 +1,250 @@
+"""The memory plan per phase (load, cache, init, train, preview, save), GPU and host RAM: exact relations
+between the phases, the text encoder's precision, the refusal before anything is loaded and what it names,
+the `plan` command with --ram-gb, and Init Trainer refusing on a real tiny run."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from trainer_core.errors import UserInputError
+from trainer_core.planner import GIB, PlanInputs, check_run, plan_memory, plan_phases, refuse_if_unfit
+from trainer_core.planner.arch import real_arch
+from trainer_core.planner.inference import real_parts, vae_decode_bytes
+from trainer_core.planner.phases import (
+    AFTER_CACHING, HOST_RESERVE_BYTES, PHASES, STATE_TERMS, choose_text_encoder_storage, fewest_swapped_fitting,
+    host_ram_bytes,
+)
+
+
+def allocated(phase) -> int:
+    """A phase's GPU bytes before allocator slack and the CUDA context."""
+    return sum(t.bytes for t in phase.gpu if t.name not in ("allocator slack", "CUDA context"))
+
+
+def term(terms, name) -> int:
+    found = [t.bytes for t in terms if t.name.startswith(name)]
+    assert len(found) <= 1, name
+    return found[0] if found else 0
+
+
+def test_caching_holds_no_transformer_and_does_not_depend_on_training_settings():
+    base = plan_phases(PlanInputs(blocks_to_swap=0, text_encoder_storage="bfloat16"))
+    other = plan_phases(PlanInputs(blocks_to_swap=40, rank=4, storage="bfloat16", text_encoder_storage="bfloat16"))
+    cache = base.phases["cache"]
+    assert cache.gpu_bytes == other.phases["cache"].gpu_bytes and cache.host_bytes == other.phases["cache"].host_bytes
+    names = {t.name for t in cache.gpu}
+    assert not names & set(STATE_TERMS) and not any("block" in n or "LoRA" in n for n in names)
+    # Text encoder and VAE one after the other: the phase is the larger step, not their sum.
+    parts = real_parts()
+    assert term(cache.gpu, "text encoder weights") == parts.text_encoder_params * 2 and term(cache.gpu, "VAE") == 0
+    assert base.phases["load"].gpu_bytes == 0
+
+
+def test_float8_text_encoder_halves_its_linears_and_auto_keeps_it_only_when_bf16_does_not_fit():
+    parts = real_parts()
+    bf16 = plan_phases(PlanInputs(text_encoder_storage="bfloat16")).phases["cache"]
+    fp8 = plan_phases(PlanInputs(text_encoder_storage="float8")).phases["cache"]
+    assert term(bf16.gpu, "text encoder weights") - term(fp8.gpu, "text encoder weights") == parts.text_encoder_linear_params
+    assert term(fp8.gpu, "largest weight upcast") > 0 == term(bf16.gpu, "largest weight upcast")
+    auto = PlanInputs(text_encoder_storage="auto")
+    for budget_gib, expected in ((24, "bfloat16"), (16, "bfloat16"), (12, "float8"), (8, "float8")):
+        assert choose_text_encoder_storage(auto, budget_gib * GIB) == expected
+        assert (bf16.gpu_bytes <= budget_gib * GIB) == (expected == "bfloat16")
+    assert choose_text_encoder_storage(auto, None) == "bfloat16"  # nothing to fit
+    assert choose_text_encoder_storage(dataclasses.replace(auto, text_encoder_file_fp8=False), 8 * GIB) == "bfloat16"
+    assert plan_phases(auto, gpu_budget_bytes=12 * GIB).inputs.text_encoder_storage == "float8"
+
+
+def test_init_train_preview_and_save_share_the_training_state():
+    plan = plan_phases(PlanInputs(rank=32, blocks_to_swap=20))
+    state = sum(t.bytes for t in plan.training.gpu if t.name in STATE_TERMS)
+    init, train, preview, save = (plan.phases[n] for n in AFTER_CACHING)
+    assert allocated(train) == sum(t.bytes for t in plan.training.gpu) - term(train.gpu, "allocator slack") \
+        - term(train.gpu, "CUDA context")
+    assert train.gpu_bytes == plan.training.gpu_total
+    # The optimizer state exists from the first step on; init streams one tensor on top of the weights.
+    assert allocated(init) == state - plan.training.term("optimizer state") + term(init.gpu, "tensor in flight")
+    assert allocated(save) == state
+    vae = term(preview.gpu, "VAE on the device")
+    working = term(preview.gpu, "preview ")
+    assert vae == real_parts().vae_params * 2 and working > 0
+    assert allocated(preview) == state + vae + working
+    # At the nodes' defaults (1024 x 1024 previews with CFG) a preview needs more GPU than a training step:
+    # the VAE's decode (3.4 GiB) outweighs the activations that checkpointing keeps.
+    assert working == vae_decode_bytes(real_parts(), 1024, 1024) + 64 * 64 * 64 * 2 * 3
+    assert preview.gpu_bytes > train.gpu_bytes
+
+
+def test_cfg_keeps_one_more_prediction_and_a_smaller_preview_needs_less():
+    p = PlanInputs(blocks_to_swap=10)
+    with_cfg = plan_phases(p).phases["preview"]
+    without = plan_phases(dataclasses.replace(p, preview_cfg=False)).phases["preview"]
+    tokens = real_arch().image_tokens(1024, 1024)
+    assert allocated(with_cfg) - allocated(without) == tokens * 64 * 2  # one packed prediction in bf16
+    small = plan_phases(dataclasses.replace(p, preview_width=512, preview_height=512)).phases["preview"]
+    assert small.gpu_bytes < with_cfg.gpu_bytes
+
+
+def test_swapped_masters_are_held_once_in_host_ram():
+    k = 30
+    plan = plan_phases(PlanInputs(blocks_to_swap=k))
+    masters = plan.training.term("CPU master of swapped blocks")
+    assert masters == k * real_arch().block_linear_weight_params  # float8: one byte per weight
+    for name in AFTER_CACHING:
+        host = plan.phases[name].host
+        assert [t.bytes for t in host if "master" in t.name] == [masters], name
+    for name in ("load", "cache"):  # the transformer is not loaded yet
+        assert not any("master" in t.name for t in plan.phases[name].host)
+    # Train holds a checkpoint's CPU copy of the LoRA and optimizer state; save the LoRA in the file's dtype.
+    lora, opt = plan.training.term("LoRA weights"), plan.training.term("optimizer state")
+    assert term(plan.phases["train"].host, "checkpoint copy") == lora + opt
+    assert term(plan.phases["save"].host, "LoRA file tensors") == lora // 4 * 2
+    assert plan.phases["train"].host_bytes - plan.phases["preview"].host_bytes == lora + opt
+    # Pageable masters: no power-of-two rounding, a pinned staging buffer instead.
+    pageable = plan_phases(PlanInputs(blocks_to_swap=k, pin_masters=False, staging_bytes=256 * 2**20))
+    assert pageable.phases["train"].host_bytes == (plan.phases["train"].host_bytes
+                                                   - plan.training.term("pinned arena slack") + 256 * 2**20)
+
+
+def test_on_the_cpu_every_device_byte_is_host_ram():
+    cuda = plan_phases(PlanInputs(blocks_to_swap=8))
+    cpu = plan_phases(PlanInputs(blocks_to_swap=8, device="cpu"))
+    for name in PHASES:
+        assert cpu.phases[name].gpu_bytes == 0
+    for name in ("load", "cache", "init", "preview"):  # no slack and no context on the CPU
+        assert cpu.phases[name].host_bytes == cuda.phases[name].host_bytes + allocated(cuda.phases[name]) - (
+            term(cuda.phases[name].gpu, "VAE on the device")), name
+    # On the CPU a checkpoint or a bf16 LoRA file still copies (to another dtype only for the file).
+    assert term(cpu.phases["train"].host, "checkpoint copy") == 0
+
+
+def test_more_swapping_needs_less_gpu_and_more_host_ram_in_every_phase_after_caching():
+    plans = [plan_phases(PlanInputs(blocks_to_swap=k)) for k in (3, 10, 30, 59)]
+    for name in AFTER_CACHING:
+        gpu = [p.phases[name].gpu_bytes for p in plans]
+        host = [p.phases[name].host_bytes for p in plans]
+        assert gpu == sorted(gpu, reverse=True) and len(set(gpu)) == 4, name
+        assert host == sorted(host) and len(set(host)) == 4, name
+
+
+def test_too_little_ram_is_refused_naming_the_phase_and_the_bytes():
+    plan = plan_phases(PlanInputs(blocks_to_swap=43), ram_bytes=16 * GIB, gpu_budget_bytes=12 * GIB)
+    assert not plan.fits and {s.resource for s in plan.shortfalls()} == {"host RAM"}
+    with pytest.raises(UserInputError) as e:
+        refuse_if_unfit(plan, AFTER_CACHING, "Init Trainer")
+    message = str(e.value)
+    train = plan.phases["train"].host_bytes
+    assert message.startswith("Init Trainer: the memory plan does not fit")
+    assert f"host RAM: the train phase needs {train / GIB:.2f} GiB" in message
+    assert f"{(16 * GIB - HOST_RESERVE_BYTES) / GIB:.2f} GiB are usable" in message
+    # With 24 GiB of RAM the same card fits: every phase, with the swap count the GPU needs.
+    assert plan_phases(PlanInputs(blocks_to_swap=43), ram_bytes=24 * GIB, gpu_budget_bytes=12 * GIB).fits
+
+
+def test_too_little_vram_is_refused_with_changes_that_do_fit():
+    ram, budget = 32 * GIB, 16 * GIB
+    plan = plan_phases(PlanInputs(rank=32, blocks_to_swap=20), ram_bytes=ram, gpu_budget_bytes=budget)
+    assert {s.phase for s in plan.shortfalls()} == {"train", "preview"}
+    with pytest.raises(UserInputError) as e:
+        refuse_if_unfit(plan)
+    message = str(e.value)
+    assert "GPU: the preview phase needs" in message and "Changes that would fit:" in message
+    k, _ = fewest_swapped_fitting(plan.inputs, real_arch(), real_parts(), ram, budget)
+    assert f"  - blocks_to_swap={k}: GPU" in message
+    assert plan_phases(dataclasses.replace(plan.inputs, blocks_to_swap=k), ram_bytes=ram, gpu_budget_bytes=budget).fits
+    assert not plan_phases(dataclasses.replace(plan.inputs, blocks_to_swap=k - 1), ram_bytes=ram,
+                           gpu_budget_bytes=budget).fits
+    # Every listed change fits when applied, with the swap count it names (one checked here: the rank).
+    line = next(s for s in plan.suggestions if s.startswith("rank 16 with blocks_to_swap="))
+    k16 = int(line.split("blocks_to_swap=")[1].split(":")[0])
+    assert k16 < k and plan_phases(dataclasses.replace(plan.inputs, rank=16, blocks_to_swap=k16), ram_bytes=ram,
+                                   gpu_budget_bytes=budget).fits
+
+
+def test_a_bf16_text_encoder_that_does_not_fit_names_float8():
+    plan = plan_phases(PlanInputs(blocks_to_swap=43, text_encoder_storage="bfloat16"), ram_bytes=32 * GIB,
+                       gpu_budget_bytes=12 * GIB)
+    assert [s.phase for s in plan.shortfalls()] == ["cache"]
+    assert plan.suggestions[0].startswith("text encoder in float8 while caching (Load node: text_encoder_fp8 = keep)")
+    fixed = plan_phases(dataclasses.replace(plan.inputs, text_encoder_storage="float8"), ram_bytes=32 * GIB,
+                        gpu_budget_bytes=12 * GIB)
+    assert fixed.fits
+
+
+def test_check_run_chooses_the_swap_count_and_refuses_what_does_not_fit():
+    inputs = PlanInputs(rank=32)
+    k, text = check_run(inputs, auto=True, gpu_budget_bytes=16 * GIB, ram_bytes=32 * GIB)
+    assert f"blocks_to_swap = {k} (the fewest that fit 16.00 GiB)" in text and "Every phase fits." in text
+    assert plan_phases(dataclasses.replace(inputs, blocks_to_swap=k), gpu_budget_bytes=16 * GIB).fits_phases(AFTER_CACHING)
+    with pytest.raises(UserInputError, match="blocks_to_swap=auto: the memory plan does not fit.*host RAM"):
+        check_run(inputs, auto=True, gpu_budget_bytes=16 * GIB, ram_bytes=12 * GIB)
+    with pytest.raises(UserInputError, match=r"blocks_to_swap=5: .*GPU: the preview phase"):
+        check_run(dataclasses.replace(inputs, blocks_to_swap=5), auto=False, gpu_budget_bytes=16 * GIB,
+                  ram_bytes=32 * GIB)
+    # The cache phase is not Init Trainer's to check (caching is over by then).
+    k8, _ = check_run(inputs, auto=True, gpu_budget_bytes=8 * GIB, ram_bytes=32 * GIB)
+    assert k8 > k
+
+
+def test_plan_command_prints_every_phase_against_ram_and_budget(capsys):
+    from trainer_core.cli import main
+
+    assert main(["plan", "--resolution", "1024", "--rank", "32", "--ram-gb", "32", "--budget-gb", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "host RAM 32.00 GiB, 28.00 usable" in out and "Every phase fits." in out
+    for name in PHASES:
+        assert any(line.startswith(f"{name} ") and line.rstrip().split("  ")[-1] for line in out.splitlines()), name
+    assert main(["plan", "--resolution", "1024", "--rank", "32", "--ram-gb", "16", "--budget-gb", "12"]) == 1
+    out = capsys.readouterr().out
+    assert "does NOT fit (host RAM)" in out and "Does NOT fit." in out
+
+
+def test_host_ram_override(monkeypatch):
+    monkeypatch.setenv("QWEN_LORA_HOST_RAM_GB", "12.5")
+    assert host_ram_bytes() == int(12.5 * GIB)
+    monkeypatch.setenv("QWEN_LORA_HOST_RAM_GB", "lots")
+    with pytest.raises(UserInputError, match="QWEN_LORA_HOST_RAM_GB='lots' must be a positive number"):
+        host_ram_bytes()
+    monkeypatch.delenv("QWEN_LORA_HOST_RAM_GB")
+    assert host_ram_bytes() > 0
+
+
+def test_init_trainer_refuses_a_run_that_does_not_fit_the_ram_before_touching_the_model(
+        demo_folder, tmp_path, monkeypatch):
+    """A tiny bf16 run on the CPU: with the machine's RAM it trains; with 4.5 GiB said (0.5 usable, less than
+    the process itself) it is refused at once, the model left without an adapter."""
+    from conftest import cached_demo
+    from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.models import build_tiny_components
+    from trainer_core.trainer import Trainer
+
+    components = build_tiny_components(seed=0, storage="float8", compute_dtype=torch.bfloat16)
+    cached = cached_demo(components, demo_folder, tmp_path / "cache")
+    configs = (LoraConfig(rank=4, alpha=4.0), OptimizerConfig(), TrainConfig(blocks_to_swap="auto"))
+    trainer = Trainer(components, cached, *configs)
+    assert "Per phase" in trainer.memory_plan and "Every phase fits." in trainer.memory_plan
+    trainer.close()
+    monkeypatch.setenv("QWEN_LORA_HOST_RAM_GB", "4.5")
+    with pytest.raises(UserInputError, match=r"host RAM: the (train|init|save|preview) phase needs .* 0.50 GiB are usable"):
+        Trainer(components, cached, *configs)
+    assert not any(".lora_" in n for n, _ in components.transformer.named_parameters())
+
+
+def test_text_encoder_fp8_auto_is_decided_for_the_device():
+    """The Load node's text_encoder_fp8 'auto': on a CUDA device the caching phase's plan against its free
+    memory (choose_text_encoder_storage, tested above); on the CPU float8 computes slowly: dequantize."""
+    from trainer_core.config import LoadConfig
+    from trainer_core.models.text_encoder_file import resolve_text_encoder_fp8
+
+    assert LoadConfig().text_encoder_fp8 == "auto"
+    assert resolve_text_encoder_fp8("auto", "cpu") == "dequantize"
+    assert resolve_text_encoder_fp8("keep", "cpu") == "keep" and resolve_text_encoder_fp8("dequantize", "cuda") == "dequantize"
+
+
+def test_a_measured_process_baseline_moves_every_phase_by_the_same_bytes():
+    """The rehearsals (CPU and GPU) may put the process's measured size in place of the assumed 1 GiB."""
+    assumed = plan_phases(PlanInputs(blocks_to_swap=8, device="cpu"))
+    measured = plan_phases(PlanInputs(blocks_to_swap=8, device="cpu", process_baseline_bytes=400 * 2**20))
+    for name in PHASES:
+        assert assumed.phases[name].host_bytes - measured.phases[name].host_bytes == GIB - 400 * 2**20, name

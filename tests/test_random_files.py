@@ -1,0 +1,44 @@
+"""Random-weight model files at the real size, as benchmarks/gpu_check.py writes them on a GPU machine: here
+their headers only (sparse files, no data written), read by our loaders' header checks as the real files."""
+
+import torch
+from safetensors import safe_open
+
+from trainer_core.devtools.random_files import write_random_text_encoder, write_random_transformer
+from trainer_core.models.qwen_arch import QWEN25_VL_7B_CONFIG
+from trainer_core.models.single_file import _shapes
+from trainer_core.models.text_encoder_file import our_name, text_encoder_config
+from trainer_core.planner.arch import real_arch, text_encoder_params
+
+
+def test_realsize_headers_are_the_real_models(tmp_path):
+    transformer = write_random_transformer(tmp_path / "qwen_image_fp8_e4m3fn.safetensors", header_only=True)
+    encoder = write_random_text_encoder(tmp_path / "qwen_2.5_vl_7b_fp8_scaled.safetensors", header_only=True)
+    assert not transformer.with_suffix(".json").exists()  # the real config comes from the shapes
+    shapes = _shapes(transformer, "transformer")  # our loader's header check of the transformer file
+    arch = real_arch()
+    # per block: 14 Linears (weight and bias) and 4 q/k RMSNorm weights
+    assert len([n for n in shapes if n.startswith("transformer_blocks.")]) == 60 * 32
+    with safe_open(str(transformer), "pt") as f:
+        kinds = {f.get_slice(n).get_dtype() for n in f.keys() if n.startswith("transformer_blocks.0.")}
+    assert kinds == {"F8_E4M3", "BF16"}
+    weights = sum(s[0] * s[1] for n, s in shapes.items() if n.startswith("transformer_blocks.") and len(s) == 2)
+    assert weights == 60 * arch.block_linear_weight_params
+    names = {our_name(n): s for n, s in _shapes(encoder, "text encoder").items() if our_name(n)}
+    assert text_encoder_config(names, None, str(encoder)) == QWEN25_VL_7B_CONFIG
+    params = sum(torch.Size(s).numel() for n, s in names.items() if not n.endswith(".scale_weight"))
+    assert params == text_encoder_params()[0]  # what the planner counts as the loaded text encoder
+    # The data is a hole of the right size: the files are as large as the real ones, on no disk space.
+    assert transformer.stat().st_size > 19 * 2**30 and transformer.stat().st_blocks * 512 < 2**20
+
+
+def test_whole_realsize_files_have_the_published_sizes(tmp_path):
+    """ComfyUI's qwen_image_fp8_e4m3fn is 20.4 GB and qwen_2.5_vl_7b_fp8_scaled 9.38 GB (vision tower and lm_head
+    included, which we never load): the rehearsal's files are those sizes."""
+    transformer = write_random_transformer(tmp_path / "t.safetensors", header_only=True)
+    encoder = write_random_text_encoder(tmp_path / "te.safetensors", header_only=True, whole=True)
+    assert round(transformer.stat().st_size / 1e9, 1) == 20.4
+    assert round(encoder.stat().st_size / 1e9, 2) == 9.38
+    with safe_open(str(encoder), "pt") as f:
+        keys = set(f.keys())
+    assert "lm_head.weight" in keys and "visual.blocks.0.attn.qkv.scale_weight" in keys

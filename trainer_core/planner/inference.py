@@ -1,0 +1,117 @@
+"""Working memory of the forwards without gradients around training: a preview's denoising step, the VAE's
+encode (caching) and decode (previews), the text encoder's forward (caching).
+
+Measured, not derived: `tools/calibrate_preview.py` prints every constant here (peaks of live bytes above
+the inputs, `memprobe.LiveBytes`, bf16, on the CPU). The sizes of the parts come from `PartSizes`: the
+real Qwen-Image's (`real_parts`), or a loaded model set's (`parts_for_components`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from dataclasses import dataclass
+
+from .arch import QwenImageArch, text_encoder_params, vae_params
+
+# One transformer block's forward without gradients (eval mode, LoRA on), bytes per joint token (image +
+# text) per unit of MLP width F; key (targets preset, LoRA dtype). Width-independent (2 and 4 heads agree
+# exactly); measured at 64 x 64 image + 256 text tokens. A text-heavy input (16 x 16 + 512) measures less
+# per joint token, so the table is on the safe side there. fp32 LoRA weights cost more: peft casts each
+# adapted Linear's input to fp32.
+PREVIEW_WORKING_PER_TOKEN = {
+    ('attention', 'float32'): 7.795,
+    ('attention', 'bfloat16'): 6.707,
+    ('attention+mlp', 'float32'): 13.295,
+    ('attention+mlp', 'bfloat16'): 8.59,
+    ('all', 'float32'): 13.295,
+    ('all', 'bfloat16'): 8.59,
+}
+# The Qwen-Image VAE (Wan 2.1 layout) on one frame, bf16: the peak is linear in the pixels of the image and
+# proportional to the VAE's base channel width (96 in the real VAE: 1929 B/px encoding, 3460 B/px decoding,
+# so 1.88 and 3.38 GiB at 1024 x 1024). The larger of the figures at base_dim 96 and 48.
+VAE_ENCODE_BYTES_PER_PIXEL_CHANNEL = 20.22
+VAE_DECODE_BYTES_PER_PIXEL_CHANNEL = 36.12
+# The text encoder's forward keeps every hidden state (the pipeline reads the last one); per token it holds
+# 3 x layers x hidden bytes (hidden states kept + the residual stream, bf16) + 3 x intermediate x 2 (the
+# MLP's gate, up and product) + this remainder, which does not grow with the width (RoPE tables, masks).
+TEXT_ENCODER_EXTRA_PER_TOKEN = 2576
+# Tokens the chat template adds around a prompt (34 before with the real tokenizer, 5 after), rounded up.
+TEMPLATE_TOKENS = 40
+
+
+@dataclass(frozen=True)
+class PartSizes:
+    """The parts besides the transformer: what the phases of caching and previews hold."""
+
+    text_encoder_params: int  # loaded: the language model (no vision tower, no lm_head)
+    text_encoder_linear_params: int  # its decoder Linears: float8 in the fp8_scaled file
+    text_encoder_largest: int  # parameters of its largest tensor (the token embeddings)
+    text_hidden: int
+    text_layers: int
+    text_intermediate: int
+    vae_params: int
+    vae_base_dim: int
+
+
+@functools.lru_cache(maxsize=1)
+def real_parts() -> PartSizes:
+    """Qwen2.5-VL-7B and the Qwen-Image VAE as loaded (counted on the meta device)."""
+    from diffusers import AutoencoderKLQwenImage
+
+    from ..models.qwen_arch import QWEN25_VL_7B_CONFIG
+
+    text = QWEN25_VL_7B_CONFIG["text_config"]
+    total, linears = text_encoder_params()
+    base_dim = inspect.signature(AutoencoderKLQwenImage.__init__).parameters["base_dim"].default
+    return PartSizes(
+        text_encoder_params=total, text_encoder_linear_params=linears,
+        text_encoder_largest=text["vocab_size"] * text["hidden_size"], text_hidden=text["hidden_size"],
+        text_layers=text["num_hidden_layers"], text_intermediate=text["intermediate_size"],
+        vae_params=vae_params(), vae_base_dim=base_dim)
+
+
+def parts_for_components(components) -> PartSizes:
+    """The sizes of a loaded model set's VAE (and text encoder, while it is loaded); the real model's for a
+    part that is not there (a released text encoder: caching is over by the time a run is planned)."""
+    from torch import nn
+
+    fields: dict = {}
+    vae = getattr(components, "vae", None)
+    if vae is not None:
+        fields.update(vae_params=sum(p.numel() for p in vae.parameters()), vae_base_dim=vae.config.base_dim)
+    encoder = getattr(components, "text_encoder", None)
+    if encoder is not None:
+        text = encoder.config.get_text_config() if hasattr(encoder.config, "get_text_config") else encoder.config
+        params = dict(encoder.named_parameters())
+        linears = sum(m.weight.numel() for n, m in encoder.named_modules()
+                      if isinstance(m, nn.Linear) and ".layers." in f".{n}")
+        fields.update(
+            text_encoder_params=sum(p.numel() for p in params.values()), text_encoder_linear_params=linears,
+            text_encoder_largest=max(p.numel() for p in params.values()), text_hidden=text.hidden_size,
+            text_layers=text.num_hidden_layers, text_intermediate=text.intermediate_size)
+    if len(fields) == len(dataclasses.fields(PartSizes)):
+        return PartSizes(**fields)
+    return dataclasses.replace(real_parts(), **fields)
+
+
+def preview_block_working_bytes(arch: QwenImageArch, targets: str, lora_dtype: str, n_img: int, n_txt: int) -> int:
+    """One block's forward transients in a denoising step (batch 1: true CFG runs its two forwards in turn)."""
+    return int(PREVIEW_WORKING_PER_TOKEN[(targets, lora_dtype)] * arch.mlp_dim * (n_img + n_txt))
+
+
+def vae_encode_bytes(parts: PartSizes, width: int, height: int) -> int:
+    return int(VAE_ENCODE_BYTES_PER_PIXEL_CHANNEL * parts.vae_base_dim * width * height)
+
+
+def vae_decode_bytes(parts: PartSizes, width: int, height: int) -> int:
+    return int(VAE_DECODE_BYTES_PER_PIXEL_CHANNEL * parts.vae_base_dim * width * height)
+
+
+def text_encoder_working_bytes(parts: PartSizes, prompt_tokens: int, act_bytes: int = 2) -> int:
+    """The text encoder's forward on one prompt of `prompt_tokens` tokens (the chat template added here)."""
+    tokens = prompt_tokens + TEMPLATE_TOKENS
+    per_token = (3 * parts.text_layers * parts.text_hidden + 3 * parts.text_intermediate * act_bytes
+                 + TEXT_ENCODER_EXTRA_PER_TOKEN)
+    return tokens * per_token

@@ -1,0 +1,461 @@
+"""GPU memory and host RAM of every phase of a run, checked against the machine before any weight is read.
+
+    plan = plan_phases(PlanInputs(rank=32, blocks_to_swap=29), ram_bytes=32 * GIB, gpu_budget_bytes=16 * GIB)
+    plan.phases["preview"].gpu_bytes, plan.phases["init"].host_bytes, plan.fits, plan.suggestions
+    refuse_if_unfit(plan, AFTER_CACHING, "Init Trainer")      # UserInputError: phase, bytes, what would fit
+    choose_text_encoder_storage(inputs, gpu_budget_bytes)       # "bfloat16" or "float8" for caching
+
+Phases (`PHASES`), as the lazy model set runs them (each part loaded when first needed, released after):
+  load     the Load node reads file headers only: the process itself.
+  cache    prompts, then latents, each part alone on the device (the transformer is not loaded yet): the
+           text encoder (bf16, or its fp8 file's float8 Linears kept) and one prompt's forward; then the VAE
+           and one image's encode at the largest bucket. The phase's peak is the larger step.
+  init     the transformer streamed tensor by tensor from its file into its final home: resident blocks on
+           the device, swapped blocks' masters once in host RAM (a pinned arena, or pageable + a pinned
+           staging buffer); one tensor in flight; the LoRA injected.
+  train    `plan.plan_memory`'s training peak on the device; in host RAM the masters, the cached dataset,
+           the VAE kept for previews and a checkpoint's CPU copy of the LoRA and optimizer state.
+  preview  the training state kept (no activations, no gradients) + the VAE on the device + the larger of
+           one denoising forward at the preview size and the VAE's decode. True CFG (diffusers'
+           `QwenImagePipeline`) runs the negative prompt as a second batch-1 forward after the first: it
+           keeps one more prediction, it does not double the batch.
+  save     the training state + the LoRA copied to the CPU in the file's dtype.
+
+Every phase has `gpu_bytes` (allocated + allocator slack + CUDA context, as `plan_memory` counts) and
+`host_bytes` (the whole process: its baseline included). With device="cpu" every device byte is host
+RAM: `gpu_bytes` is 0 and `host_bytes` holds both. Host RAM fits when `host_bytes` <= the machine's RAM
+less `HOST_RESERVE_BYTES` (the system, a desktop, other programs); the OS's file cache is not counted (it
+gives way). The GPU fits when `gpu_bytes` <= the budget (the whole card for the CLI; free memory for a run).
+
+For the loaders and nodes:
+    plan_phases(inputs, arch=None, ram_bytes=None, gpu_budget_bytes=None, parts=None) -> PhasePlan
+    refuse_if_unfit(plan, phases=PHASES, where="") -> None          raises UserInputError
+    choose_text_encoder_storage(inputs, gpu_budget_bytes=None, ram_bytes=None, arch=None, parts=None) -> str
+    host_ram_bytes() -> int | None                                  this machine's RAM (or $QWEN_LORA_HOST_RAM_GB)
+    gpu_peak_after_caching(plan: MemoryPlan, arch, parts=None) -> int   what automatic swapping must fit
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from .arch import QwenImageArch, real_arch
+from .inference import (
+    PartSizes, preview_block_working_bytes, real_parts, text_encoder_working_bytes, vae_decode_bytes, vae_encode_bytes,
+)
+from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, baseline_note, plan_memory
+
+PHASES = ("load", "cache", "init", "train", "preview", "save")
+AFTER_CACHING = ("init", "train", "preview", "save")  # what Init Trainer checks; these depend on blocks_to_swap
+# Host RAM the planner leaves to the operating system, a desktop and other programs (assumed).
+HOST_RESERVE_BYTES = 4 * GIB
+# The training state that stays on the device between steps (plan_memory's term names).
+STATE_TERMS = ("frozen block Linears, resident", "swap slots", "float8 row scales", "biases, norms, non-block layers",
+               "LoRA weights", "optimizer state")
+NOT_ALLOCATED = ("allocator slack", "CUDA context")
+SAVE_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    gpu: list[Term]  # on the GPU (empty when the device is the CPU)
+    host: list[Term]  # in host RAM, the process's baseline included
+    note: str = ""
+
+    @property
+    def gpu_bytes(self) -> int:
+        return sum(t.bytes for t in self.gpu)
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(t.bytes for t in self.host)
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    phase: str
+    resource: str  # "GPU" or "host RAM"
+    needed: int
+    available: int
+
+
+@dataclass
+class PhasePlan:
+    inputs: PlanInputs  # text_encoder_storage resolved ("auto" -> bfloat16 or float8)
+    training: MemoryPlan  # the training plan the train phase is
+    phases: dict[str, Phase]
+    gpu_budget_bytes: int | None
+    ram_bytes: int | None  # the machine's RAM; usable: less HOST_RESERVE_BYTES
+    suggestions: list[str] = field(default_factory=list)  # changes that would fit, when it does not
+
+    @property
+    def usable_ram_bytes(self) -> int | None:
+        return None if self.ram_bytes is None else self.ram_bytes - HOST_RESERVE_BYTES
+
+    def shortfalls(self, phases: tuple[str, ...] = PHASES) -> list[Shortfall]:
+        out = []
+        for name in phases:
+            phase = self.phases[name]
+            if self.gpu_budget_bytes is not None and phase.gpu_bytes > self.gpu_budget_bytes:
+                out.append(Shortfall(name, "GPU", phase.gpu_bytes, self.gpu_budget_bytes))
+            if self.ram_bytes is not None and phase.host_bytes > self.usable_ram_bytes:
+                out.append(Shortfall(name, "host RAM", phase.host_bytes, self.usable_ram_bytes))
+        return out
+
+    def fits_phases(self, phases: tuple[str, ...] = PHASES) -> bool:
+        return not self.shortfalls(phases)
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_phases(PHASES)
+
+    def peak(self, resource: str, phases: tuple[str, ...] = PHASES) -> tuple[str, int]:
+        """(phase, bytes) of the largest GPU ('gpu') or host ('host') figure among `phases`."""
+        attr = "gpu_bytes" if resource == "gpu" else "host_bytes"
+        name = max(phases, key=lambda n: getattr(self.phases[n], attr))
+        return name, getattr(self.phases[name], attr)
+
+
+# --------------------------------------------------------------------------------------------------
+# the phases
+
+
+def _on_device(p: PlanInputs, allocated: list[Term], host: list[Term], name: str, note: str = "") -> Phase:
+    """A phase from its device-side and host-side terms: on CUDA the device terms get allocator slack and the
+    CUDA context (as plan_memory counts them); on the CPU they are host RAM."""
+    allocated = [t for t in allocated if t.bytes]
+    if p.device != "cuda":
+        return Phase(name, [], host + [Term(f"{t.name} (device = CPU)", t.bytes, t.note) for t in allocated], note)
+    total = sum(t.bytes for t in allocated)
+    gpu = allocated + [Term("allocator slack", int(total * p.allocator_slack), f"assumed {p.allocator_slack:.0%}"),
+                       Term("CUDA context", p.cuda_context_bytes, "assumed, outside torch's allocator")]
+    return Phase(name, gpu, host, note)
+
+
+def _baseline(p: PlanInputs) -> Term:
+    return Term("process baseline", p.process_baseline_bytes, baseline_note(p))
+
+
+def _cache_steps(p: PlanInputs, parts: PartSizes) -> tuple[list[Term], list[Term]]:
+    """The device terms of caching's two steps: (prompts with the text encoder, latents with the VAE)."""
+    act = DTYPE_BYTES[p.compute_dtype]
+    float8 = p.text_encoder_storage == "float8"
+    weights = parts.text_encoder_params * act - (parts.text_encoder_linear_params * (act - 1) if float8 else 0)
+    upcast = parts.text_intermediate * parts.text_hidden * act if float8 else 0
+    prompts = [
+        Term("text encoder weights", weights, f"{parts.text_encoder_params / 1e9:.2f}B params, "
+                                      f"{'float8 Linears' if float8 else p.compute_dtype}"),
+        Term("text encoder forward", text_encoder_working_bytes(parts, p.text_tokens, act),
+             f"one prompt of {p.text_tokens} tokens, every hidden state kept"),
+        Term("largest weight upcast", upcast, "float8 -> bf16, transient"),
+    ]
+    latents = [
+        Term("VAE weights", parts.vae_params * act, f"{parts.vae_params / 1e6:.0f}M params"),
+        Term("VAE encode", vae_encode_bytes(parts, p.width, p.height), f"one {p.width}x{p.height} image"),
+    ]
+    return prompts, latents
+
+
+def _cache_phase(p: PlanInputs, parts: PartSizes) -> Phase:
+    prompts, latents = _cache_steps(p, parts)
+    prompt_bytes, latent_bytes = sum(t.bytes for t in prompts), sum(t.bytes for t in latents)
+    larger = prompts if prompt_bytes >= latent_bytes else latents
+    in_flight = Term("tensor in flight", parts.text_encoder_largest * DTYPE_BYTES[p.compute_dtype],
+                     "the largest text encoder tensor, read from its file")
+    note = (f"text encoder step {prompt_bytes / GIB:.2f} GiB, VAE step {latent_bytes / GIB:.2f} GiB, "
+            "one after the other; before slack")
+    return _on_device(p, larger, [_baseline(p), in_flight], "cache", note)
+
+
+def _host_state(plan: MemoryPlan, parts: PartSizes) -> list[Term]:
+    """Host RAM that stays from init to the end: masters (once), their pinning overhead, cached dataset, VAE."""
+    p = plan.inputs
+    k = p.blocks_to_swap
+    masters = Term("CPU master of swapped blocks", plan.term("CPU master of swapped blocks"),
+                   f"{k} blocks, {'pinned' if p.pin_masters and p.device == 'cuda' else 'pageable'}, held once")
+    if p.pin_masters:
+        pinning = Term("pinned arena slack", plan.term("pinned arena slack"), "the masters' power-of-two chunks")
+    else:
+        pinning = Term("pinned staging buffer", p.staging_bytes if k else 0, "pageable masters are copied through it")
+    return [
+        _baseline(p), masters, pinning,
+        Term("cached latents + prompt embeddings", plan.term("cached latents"), f"{p.dataset_images} images"),
+        Term("VAE, kept on the CPU for previews", parts.vae_params * DTYPE_BYTES[p.compute_dtype]),
+    ]
+
+
+def _state(plan: MemoryPlan, names: tuple[str, ...] = STATE_TERMS) -> list[Term]:
+    return [t for t in plan.gpu if t.name in names]
+
+
+def _largest_block_weight(arch: QwenImageArch) -> int:
+    return max(s.in_features * s.out_features for s in arch.block_linears)
+
+
+def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes) -> Term:
+    """The larger of one denoising forward (batch 1, no grad) and the VAE's decode, at the preview size."""
+    act = DTYPE_BYTES[p.compute_dtype]
+    n_img, n_txt = arch.image_tokens(p.preview_width, p.preview_height), p.text_tokens
+    packed = 4 * arch.latent_channels  # channels of a packed latent token (2 x 2 cells)
+    latents = n_img * packed * act * (3 if p.preview_cfg else 2)  # latents, prediction(s) of this step
+    upcast = {"float8": 1, "float8_scaled": 2, "bfloat16": 0}[p.storage] * _largest_block_weight(arch) * act
+    denoise = (
+        (n_img + n_txt) * arch.dim * act  # the block's inputs: image and text hidden states
+        + preview_block_working_bytes(arch, p.targets, p.lora_dtype, n_img, n_txt)
+        + upcast
+        + (n_img + n_txt) * arch.rope_complex_per_token * 8  # RoPE factors (complex64)
+        + latents
+    )
+    decode = vae_decode_bytes(parts, p.preview_width, p.preview_height) + latents
+    size = f"{p.preview_width}x{p.preview_height}"
+    detail = (f"denoising step {denoise / GIB:.2f} GiB (batch 1{', CFG: one more prediction' if p.preview_cfg else ''}),"
+              f" VAE decode {decode / GIB:.2f} GiB")
+    if denoise >= decode:
+        return Term(f"preview denoising step at {size}", denoise, detail)
+    return Term(f"preview VAE decode at {size}", decode, detail)
+
+
+def training_phases(plan: MemoryPlan, arch: QwenImageArch, parts: PartSizes) -> dict[str, Phase]:
+    """init, train, preview and save for the training setup `plan` (those that depend on blocks_to_swap)."""
+    p = plan.inputs
+    act, lora_b = DTYPE_BYTES[p.compute_dtype], DTYPE_BYTES[p.lora_dtype]
+    cuda = p.device == "cuda"
+    host = _host_state(plan, parts)
+    largest = _largest_block_weight(arch)
+    lora_bytes, opt_bytes = plan.term("LoRA weights"), plan.term("optimizer state")
+
+    init = _on_device(p, _state(plan, STATE_TERMS[:-1]) + [
+        Term("tensor in flight", largest * (4 + act), "largest tensor, converted via fp32 to its storage"),
+    ], host + [Term("tensor in flight", largest * 2, "one tensor read from the file (bf16 at most)")], "init",
+        "the optimizer state is allocated at the first step")
+
+    allocated = [t for t in plan.gpu if t.name not in NOT_ALLOCATED]
+    checkpoint = Term("checkpoint copy", lora_bytes + opt_bytes if cuda else 0,
+                      "LoRA and optimizer state on the CPU while a checkpoint is written")
+    train = _on_device(p, allocated, host + [checkpoint], "train", f"training peak: {plan.peak_phase}")
+
+    vae = [Term("VAE on the device", parts.vae_params * act, "moved there to decode")] if cuda else []
+    preview = _on_device(p, _state(plan) + vae + [_preview_working(p, arch, parts)], host, "preview",
+                         "the training state stays; no activations or gradients")
+
+    lora_params = lora_bytes // lora_b
+    same = not cuda and SAVE_DTYPE_BYTES[p.save_dtype] == lora_b  # .to(cpu, same dtype) copies nothing
+    copy = Term("LoRA file tensors", 0 if same else lora_params * SAVE_DTYPE_BYTES[p.save_dtype],
+                f"{lora_params / 1e6:.1f}M params in {p.save_dtype}")
+    save = _on_device(p, _state(plan), host + [copy], "save")
+    return {"init": init, "train": train, "preview": preview, "save": save}
+
+
+def gpu_peak_after_caching(plan: MemoryPlan, arch: QwenImageArch | None = None, parts: PartSizes | None = None) -> int:
+    """The largest GPU figure of init, train, preview and save: what a swap count must fit."""
+    phases = training_phases(plan, arch or real_arch(), parts or real_parts())
+    return max(phase.gpu_bytes for phase in phases.values())
+
+
+def choose_text_encoder_storage(inputs: PlanInputs, gpu_budget_bytes: int | None = None, ram_bytes: int | None = None,
+                                arch: QwenImageArch | None = None, parts: PartSizes | None = None) -> str:
+    """The text encoder's precision while caching: inputs.text_encoder_storage unless it is "auto"; then
+    "bfloat16" when the cache phase fits with it (the GPU budget; on the CPU, the RAM), else "float8" (the
+    fp8_scaled file's float8 Linears kept: half the memory). A bf16 file has no float8 to keep: bfloat16."""
+    if inputs.text_encoder_storage != "auto":
+        return inputs.text_encoder_storage
+    if not inputs.text_encoder_file_fp8:
+        return "bfloat16"
+    phase = _cache_phase(dataclasses.replace(inputs, text_encoder_storage="bfloat16"), parts or real_parts())
+    if inputs.device == "cuda":
+        fits = gpu_budget_bytes is None or phase.gpu_bytes <= gpu_budget_bytes
+    else:
+        fits = ram_bytes is None or phase.host_bytes <= ram_bytes - HOST_RESERVE_BYTES
+    return "bfloat16" if fits else "float8"
+
+
+def plan_phases(inputs: PlanInputs, arch: QwenImageArch | None = None, ram_bytes: int | None = None,
+                gpu_budget_bytes: int | None = None, parts: PartSizes | None = None, suggest: bool = True) -> PhasePlan:
+    """Every phase's GPU and host bytes for `inputs` (at its blocks_to_swap), checked against the machine's RAM
+    and the GPU budget when given (None: not checked). When something does not fit and `suggest`, the plan
+    lists changes that would (see `suggest_changes`)."""
+    arch, parts = arch or real_arch(), parts or real_parts()
+    inputs = dataclasses.replace(inputs, text_encoder_storage=choose_text_encoder_storage(
+        inputs, gpu_budget_bytes, ram_bytes, arch, parts))
+    training = plan_memory(inputs, arch)
+    phases = {"load": Phase("load", [], [_baseline(inputs)], "file headers only"), "cache": _cache_phase(inputs, parts)}
+    phases.update(training_phases(training, arch, parts))
+    plan = PhasePlan(inputs, training, {name: phases[name] for name in PHASES}, gpu_budget_bytes, ram_bytes)
+    if suggest and not plan.fits:
+        plan.suggestions = suggest_changes(plan, arch, parts)
+    return plan
+
+
+# --------------------------------------------------------------------------------------------------
+# what would fit
+
+
+def fewest_swapped_fitting(inputs: PlanInputs, arch: QwenImageArch, parts: PartSizes, ram_bytes: int | None,
+                           gpu_budget_bytes: int | None) -> tuple[int | None, PhasePlan]:
+    """(the fewest swapped blocks with which every phase fits, or None; the plan there or at the most swapping).
+
+    More swapping never needs more GPU (1 and 2 swapped blocks cost what none does, see plan.py) and always
+    needs more host RAM, so the fewest swapped blocks whose GPU phases fit is the only count to try: found by
+    bisection. Without a GPU budget (or on the CPU) the count stays what `inputs` says."""
+    def at(k: int) -> PhasePlan:
+        return plan_phases(dataclasses.replace(inputs, blocks_to_swap=k), arch, ram_bytes, gpu_budget_bytes, parts,
+                           suggest=False)
+
+    if gpu_budget_bytes is None or inputs.device != "cuda":
+        plan = at(inputs.blocks_to_swap)
+        return (inputs.blocks_to_swap if plan.fits else None), plan
+
+    def gpu_fits(plan: PhasePlan) -> bool:
+        return all(plan.phases[n].gpu_bytes <= gpu_budget_bytes for n in AFTER_CACHING)
+
+    lo, hi = 0, arch.num_blocks - 1
+    most = at(hi)
+    if not gpu_fits(most):
+        return None, most
+    found = most
+    while lo < hi:
+        mid = (lo + hi) // 2
+        plan = at(mid)
+        if gpu_fits(plan):
+            hi, found = mid, plan
+        else:
+            lo = mid + 1
+    return (hi if found.fits else None), found
+
+
+def _candidates(p: PlanInputs, failing: set[str]) -> list[tuple[str, dict]]:
+    """Single changes worth trying, each as (label, PlanInputs fields)."""
+    out: list[tuple[str, dict]] = []
+    if "cache" in failing and p.text_encoder_storage == "bfloat16":
+        out.append(("text encoder in float8 while caching (Load node: text_encoder_fp8 = keep" +
+                    (")" if p.text_encoder_file_fp8 else ", with the qwen_2.5_vl_7b_fp8_scaled file)"),
+                    dict(text_encoder_storage="float8", text_encoder_file_fp8=True)))
+    if p.storage == "bfloat16":
+        out.append(("block storage float8 (Load node: storage)", dict(storage="float8")))
+    if "preview" in failing:
+        for side in (768, 512):
+            if side < max(p.preview_width, p.preview_height):
+                out.append((f"previews at {side}x{side}", dict(preview_width=side, preview_height=side)))
+    if not p.checkpointing:
+        out.append(("gradient checkpointing on", dict(checkpointing=True)))
+    if p.batch > 1:
+        out.append(("micro-batch 1 (use gradient accumulation instead)", dict(batch=1)))
+    if p.lora_dtype == "float32":
+        out.append(("LoRA dtype bfloat16", dict(lora_dtype="bfloat16")))
+    if p.optimizer == "adamw":
+        out.append(("optimizer adamw8bit", dict(optimizer="adamw8bit")))
+    for rank in (16, 8, 4):
+        if rank < p.rank:
+            out.append((f"rank {rank}", dict(rank=rank)))
+    if p.targets != "attention":
+        out.append(("targets 'attention'", dict(targets="attention")))
+    side = max(p.width, p.height)
+    for smaller in (1024, 896, 768, 640, 512):
+        if smaller < side:
+            w, h = p.width * smaller // side // 32 * 32, p.height * smaller // side // 32 * 32
+            out.append((f"resolution {w}x{h}", dict(width=w, height=h)))
+    return out
+
+
+def suggest_changes(plan: PhasePlan, arch: QwenImageArch | None = None, parts: PartSizes | None = None) -> list[str]:
+    """Single changes with which every phase fits, each with the swap count it needs and its peaks: the swap
+    count alone first (when another count fits), then the changes that fit with fewer swapped blocks than
+    that (or at all, when no swap count does). Empty when the plan fits."""
+    arch, parts = arch or real_arch(), parts or real_parts()
+    if plan.fits:
+        return []
+    p = plan.inputs
+    failing = {s.phase for s in plan.shortfalls()}
+    lines = []
+    swap_only, fitting = fewest_swapped_fitting(p, arch, parts, plan.ram_bytes, plan.gpu_budget_bytes)
+    if swap_only is not None and swap_only != p.blocks_to_swap:
+        lines.append(f"blocks_to_swap={swap_only}{_peaks(fitting)}")
+    for label, change in _candidates(p, failing):
+        k, fitting = fewest_swapped_fitting(dataclasses.replace(p, **change), arch, parts, plan.ram_bytes,
+                                            plan.gpu_budget_bytes)
+        # Worth listing when it fits where nothing else does, or with fewer swapped blocks (faster, less RAM).
+        if k is not None and (swap_only is None or k < swap_only):
+            swap = f" with blocks_to_swap={k}" if p.device == "cuda" else ""
+            lines.append(f"{label}{swap}{_peaks(fitting)}")
+    return lines
+
+
+def _peaks(plan: PhasePlan) -> str:
+    gpu_phase, gpu = plan.peak("gpu")
+    host_phase, host = plan.peak("host")
+    gpu_text = f"GPU {gpu / GIB:.1f} GiB ({gpu_phase}), " if plan.inputs.device == "cuda" else ""
+    return f": {gpu_text}host RAM {host / GIB:.1f} GiB ({host_phase})"
+
+
+# --------------------------------------------------------------------------------------------------
+# refusing up front
+
+
+def refuse_if_unfit(plan: PhasePlan, phases: tuple[str, ...] = PHASES, where: str = "") -> None:
+    """Raise a UserInputError when a phase of `phases` does not fit: it names each such phase, the bytes it
+    needs and what is available, and the changes that would fit (`plan.suggestions`)."""
+    from ..errors import UserInputError
+
+    short = plan.shortfalls(phases)
+    if not short:
+        return
+    parts = []
+    for resource in ("GPU", "host RAM"):
+        over = [s for s in short if s.resource == resource]
+        if not over:
+            continue
+        worst = max(over, key=lambda s: s.needed)
+        also = [s.phase for s in over if s is not worst]
+        text = (f"{resource}: the {worst.phase} phase needs {worst.needed / GIB:.2f} GiB"
+                + (f" (also over: {', '.join(also)})" if also else "") + f", {worst.available / GIB:.2f} GiB ")
+        if resource == "GPU":
+            text += "are available"
+        else:
+            text += f"are usable ({plan.ram_bytes / GIB:.1f} GiB less {HOST_RESERVE_BYTES / GIB:.0f} GiB for the system)"
+        parts.append(text)
+    head = f"{where}: " if where else ""
+    p = plan.inputs
+    message = (f"{head}the memory plan does not fit this machine ({p.width}x{p.height}, rank {p.rank}, "
+               f"blocks_to_swap {p.blocks_to_swap}): {'; '.join(parts)}. Stopped here, before running out of memory.")
+    if plan.suggestions:
+        message += " Changes that would fit:\n" + "\n".join(f"  - {line}" for line in plan.suggestions)
+    else:
+        message += (" No single change of the settings fits: combine a lower resolution with a lower rank, close "
+                    "other programs, or use a machine with more RAM or a larger GPU.")
+    raise UserInputError(message)
+
+
+def host_ram_bytes() -> int | None:
+    """This machine's RAM in bytes, or what $QWEN_LORA_HOST_RAM_GB says (GiB: plan for less than the machine
+    has, when it is shared); the container's memory limit when that is lower; None when unknown."""
+    override = os.environ.get("QWEN_LORA_HOST_RAM_GB", "").strip()
+    if override:
+        from ..errors import UserInputError
+
+        try:
+            value = float(override)
+        except ValueError:
+            value = float("nan")
+        if not value > 0:
+            raise UserInputError(f"QWEN_LORA_HOST_RAM_GB={override!r} must be a positive number of GiB (e.g. 32), "
+                                 "or unset to use the machine's RAM.")
+        return int(value * GIB)
+    total = None
+    try:
+        import psutil
+
+        total = psutil.virtual_memory().total
+    except ImportError:
+        if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:  # cgroup v2: "max" when unlimited
+            limit = f.read().strip()
+        if limit.isdigit() and (total is None or int(limit) < total):
+            total = int(limit)
+    except OSError:
+        pass
+    return total
