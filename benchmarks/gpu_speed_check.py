@@ -37,6 +37,7 @@ import torch
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.planner import GIB, MIB, PlanInputs, arch_from_transformer, auto_blocks_to_swap, plan_memory
+from trainer_core.planner.phases import gpu_peak_after_caching
 from trainer_core.trainer import Trainer
 
 # Tiny dims for --tiny: a real Qwen-Image layout (16 latent channels, 2x2 patches) at toy width.
@@ -214,9 +215,12 @@ def main(argv: list[str] | None = None) -> None:
         budget = int(args.budget_gb * GIB)
         auto_label = f"auto for {args.budget_gb:g} GiB"
     else:
-        budget = plan_memory(dataclasses.replace(inputs, blocks_to_swap=3), arch).gpu_total
+        # What automatic swapping must fit at 3 swapped blocks (training and the preview after it), with the
+        # CPU's figures read as a GPU's (no context, no slack): the CPU itself has no budget.
+        as_gpu = dataclasses.replace(inputs, device="cuda", cuda_context_bytes=0, allocator_slack=0.0)
+        budget = gpu_peak_after_caching(plan_memory(dataclasses.replace(as_gpu, blocks_to_swap=3), arch), arch)
         auto_label = "auto (tiny budget)"
-    choice = auto_blocks_to_swap(inputs, budget, arch)
+    choice = auto_blocks_to_swap(inputs if cuda else as_gpu, budget, arch)
     if not choice.fits:
         raise SystemExit("\n".join(choice.advice))
     configs = [("no swapping", 0), ("8 swapped", 8), ("16 swapped", 16), (auto_label, choice.blocks_to_swap)] if cuda \
