@@ -35,6 +35,7 @@ from . import checkpoint as ckpt
 from .batching import DataOrder
 from .cache import CachedDataset
 from .config import LoraConfig, OptimizerConfig, TrainConfig, from_dict, to_dict
+from .distributed import ONE_PROCESS, Replicas, world_size_note
 from .errors import RunFolderLost, TrainingStopped, UserInputError
 from .files import remove_leftovers, write_error, write_safetensors_atomic
 from .finite import all_finite, nonfinite_names
@@ -109,8 +110,10 @@ class Trainer:
         train: TrainConfig,
         run_dir: str | Path | None = None,
         init_lora: str | Path | None = None,
+        replicas: Replicas = ONE_PROCESS,
     ):
-        """`run_dir`: where checkpoints go (None: no checkpoints).
+        """`run_dir`: where checkpoints go (None: no checkpoints). `replicas`: this process's place among
+        data-parallel processes (distributed.py); only process 0 locks the run folder and writes checkpoints.
 
         `init_lora`: continue from this LoRA file (any layout `lora_files.read_lora_file` reads). The file
         decides rank, alpha and the adapted modules (it holds the weights for exactly those; anything else
@@ -127,6 +130,7 @@ class Trainer:
         self.requested_lora_cfg = lora  # before a LoRA file to continue from replaces rank and alpha
         self.requested_train_cfg = train  # blocks_to_swap may say 'auto' here
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.replicas = replicas
         self.device = components.device
         self.compute_dtype = components.compute_dtype
         self.transformer = components.transformer
@@ -139,7 +143,7 @@ class Trainer:
         self._claim_model_set()
         try:
             # One trainer per run folder, in this process or any other (before anything touches the model).
-            if self.run_dir is not None:
+            if self.run_dir is not None and replicas.writes:
                 self.lock = RunLock(self.run_dir)
                 try:
                     self.lock.acquire(owner=f"run '{train.run_name}'")
@@ -294,16 +298,22 @@ class Trainer:
 
     def _one_step(self) -> StepReport:
         t0 = time.perf_counter()
-        accum = self.train_cfg.grad_accum_steps
+        # A step takes grad_accum_steps micro-batches per process. Every process draws all of them (one data
+        # order, one generator) and computes its own share; see distributed.py. One process: all of them.
+        share = self.train_cfg.grad_accum_steps * self.replicas.size
         total = 0.0
         finite = True
-        for _ in range(accum):
-            loss = self._micro_batch_loss(self.order.next())
+        for k in range(share):
+            draw = self._draw(self.order.next())
+            if not self.replicas.owns(k):
+                continue
+            loss = self._loss_of(draw)
             if not torch.isfinite(loss):
                 finite = False  # keep drawing the remaining micro-batches: data order and RNG stay in step
                 continue
-            (loss / accum).backward()
+            (loss / share).backward()
             total += loss.item()
+        total, finite = self.replicas.reduce_step(self.params, total, finite)  # summed over the processes
         grad_norm = self._clip_gradients() if finite else math.nan
         lr = set_learning_rate(self.optimizer, self.optim_cfg, self.step)
         if not (finite and math.isfinite(grad_norm)):
@@ -315,7 +325,7 @@ class Trainer:
         if not all_finite(self.params):  # one fused reduction and one host sync per step
             self._undo_nonfinite_step()
         self.step += 1
-        mean = total / accum
+        mean = total / share
         self.loss_history.append((self.step, mean))
         return StepReport(step=self.step, loss=mean, lr=lr, grad_norm=grad_norm, seconds=time.perf_counter() - t0)
 
@@ -327,6 +337,10 @@ class Trainer:
         return float(torch.stack(norms).norm()) if norms else 0.0
 
     def _micro_batch_loss(self, indices: list[int]) -> torch.Tensor:
+        return self._loss_of(self._draw(indices))
+
+    def _draw(self, indices: list[int]) -> tuple:
+        """The micro-batch of these sample indices with its random draws: (samples, x0, noise, levels, dropped)."""
         samples = [self.dataset.samples[i] for i in indices]
         x0 = torch.stack([self.dataset.latents(s.latent_key) for s in samples]).float()  # (B, C, h, w)
         b, _, h, w = x0.shape
@@ -337,7 +351,10 @@ class Trainer:
         levels = sample_noise_levels(b, self.rng, self.train_cfg.timestep_sampling,
                                      self.train_cfg.logit_mean, self.train_cfg.logit_std, mu)  # (B,)
         dropped = torch.rand(b, generator=self.rng) < self.train_cfg.caption_dropout  # (B,)
+        return samples, x0, noise, levels, dropped
 
+    def _loss_of(self, draw: tuple) -> torch.Tensor:
+        samples, x0, noise, levels, dropped = draw
         empty = self.dataset.prompt_keys[""]
         embeds = [self.dataset.embedding(empty if drop else s.text_key) for s, drop in zip(samples, dropped.tolist())]
         return self._flow_loss(x0, noise, levels, embeds)
@@ -451,6 +468,7 @@ class Trainer:
             "base_model": self.components.name, "base_fingerprint": self.base_fingerprint,
             "param_names": self.param_names,
             "num_samples": len(self.dataset.samples),
+            "processes": self.replicas.size,
         }
         return tensors, meta
 
@@ -471,6 +489,9 @@ class Trainer:
                 f"the checkpoint of step {self.step} was not written: {len(bad)} of its tensors hold NaN or inf "
                 f"values (first: {bad[:2]}). The newest checkpoint in {ckpt.checkpoints_dir(self.run_dir)} is "
                 "unchanged.")
+        if not self.replicas.writes:  # process 0 writes the state, which is the same on every process
+            self.saved_step = self.step
+            return None
         try:
             folder = ckpt.save_checkpoint(self.run_dir, self.step, tensors, meta)
         except OSError as e:
@@ -496,6 +517,9 @@ class Trainer:
             return False
         tensors, meta, folder = loaded
         self._check_compatible(meta, folder)
+        note = world_size_note(meta, self.replicas.size, self.train_cfg.grad_accum_steps)
+        if note is not None:
+            notes.append(note)
         with torch.no_grad():
             for name, p in zip(self.param_names, self.params):
                 p.copy_(tensors[f"lora.{name}"])
