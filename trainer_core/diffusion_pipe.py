@@ -91,6 +91,9 @@ DATASET_IGNORED = {
     "control_path": "Edit training (control images) is not offered",
 }
 DEFAULT_AR = (0.5, 2.0)
+# Dataset settings (top level, or a [[directory]]'s own) that become [[dataset]] keys.
+MAPPED_DATASET_KEYS = ("resolutions", "enable_ar_bucket", "min_ar", "max_ar", "ar_buckets", "skip_empty_caption",
+                       "num_repeats")
 
 
 @dataclass
@@ -99,6 +102,9 @@ class Translation:
     comments: dict[tuple, str] = field(default_factory=dict)  # (table, key) / ("dataset", i, key) -> source field
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (diffusion-pipe field = value, why)
     checked: list[str] = field(default_factory=list)  # fields that select what is trained (no run-file key)
+    # Every field of both files -> "mapped", "checked" or "ignored" (dataset file: "dataset.<key>",
+    # "directory[<n>].<key>").
+    accounted: dict[str, str] = field(default_factory=dict)
     source: str = ""
     dataset_file: str = ""
 
@@ -139,6 +145,8 @@ class _Translator:
     def take(self, name: str, default: Any = None) -> Any:
         """The value of field `name` ('x' or 'table.x'), marked as handled."""
         self.pending.discard(name)
+        if self.has(name):
+            self.out.accounted.setdefault(name, "mapped")
         table, _, key = name.rpartition(".")
         source = self.main.get(table, {}) if table else self.main
         return source.get(key, default) if isinstance(source, dict) else default
@@ -152,9 +160,14 @@ class _Translator:
         self.out.data.setdefault(table, {})[key] = value
         self.out.comments[(table, key)] = why
 
-    def ignore(self, name: str, value: Any, why: str) -> None:
+    def ignore(self, name: str, value: Any, why: str, shown: str | None = None) -> None:
         self.pending.discard(name)
-        self.out.ignored.append((f"{name} = {_short(value)}", why))
+        self.out.accounted[name] = "ignored"
+        self.out.ignored.append((f"{shown or name} = {_short(value)}", why))
+
+    def check(self, name: str, text: str) -> None:
+        self.out.accounted[name] = "checked"
+        self.out.checked.append(text)
 
     def run(self) -> Translation:
         self.pending -= {"model", "adapter", "optimizer"}  # tables: their fields are handled one by one
@@ -178,7 +191,7 @@ class _Translator:
         if kind != "qwen_image":
             raise UserInputError(f"diffusion-pipe config {self.path}: [model] type = {kind!r}; this trainer trains "
                                  "Qwen-Image (type = 'qwen_image').")
-        self.out.checked.append("model.type = 'qwen_image' (Qwen-Image trains here)")
+        self.check("model.type", "model.type = 'qwen_image' (Qwen-Image trains here)")
         files = {ours: self.take(f"model.{theirs}") for ours, theirs in
                  (("transformer", "transformer_path"), ("text_encoder", "text_encoder_path"), ("vae", "vae_path"))}
         diffusers = self.take("model.diffusers_path")
@@ -186,7 +199,7 @@ class _Translator:
         if len(given) == 3:
             self.set("model", "source", "files", "from transformer_path, text_encoder_path, vae_path")
             for name, value in files.items():
-                self.set("model", name, self.abs(value), f"model.{name}_path")
+                self.set("model", name, str(self.abs(value)), f"model.{name}_path")
             if diffusers and (self.abs(diffusers) / "tokenizer").is_dir():
                 self.set("model", "tokenizer", str(self.abs(diffusers) / "tokenizer"), "model.diffusers_path/tokenizer")
             elif diffusers:
@@ -239,7 +252,7 @@ class _Translator:
         if kind != "lora":
             raise UserInputError(f"diffusion-pipe config {self.path}: [adapter] type = {kind!r}; only 'lora' trains "
                                  "here.")
-        self.out.checked.append("adapter.type = 'lora' (a LoRA trains here)")
+        self.check("adapter.type", "adapter.type = 'lora' (a LoRA trains here)")
         rank = int(self.take("adapter.rank", 32))
         self.set("lora", "rank", rank, "adapter.rank")
         alpha = self.take("adapter.alpha", rank)
@@ -373,31 +386,33 @@ class _Translator:
         if not path.is_file() and (self.path.parent / name).is_file():
             path = (self.path.parent / name).resolve()  # diffusion-pipe reads it from the working directory
         self.out.dataset_file = str(path)
-        self.out.checked.append("dataset (its [[directory]] tables and settings: the [[dataset]] tables)")
+        self.check("dataset", "dataset (its [[directory]] tables and settings: the [[dataset]] tables)")
         data = _read(path, "diffusion-pipe dataset file")
         directories = data.get("directory")
         if not isinstance(directories, list) or not directories:
             raise UserInputError(f"diffusion-pipe dataset file {path} has no [[directory]] table.")
         top_level = {k: v for k, v in data.items() if k != "directory"}
         for key, value in top_level.items():
+            name = f"dataset.{key}"
             if key in DATASET_IGNORED:
-                self.out.ignored.append((f"dataset: {key} = {_short(value)}", DATASET_IGNORED[key]))
-        for key in sorted(set(top_level) - set(DATASET_IGNORED) - {"resolutions", "enable_ar_bucket", "min_ar",
-                                                                     "max_ar", "ar_buckets", "skip_empty_caption",
-                                                                     "num_repeats"}):
-            self.out.ignored.append((f"dataset: {key} = {_short(top_level[key])}", "not a dataset setting "
-                                     "diffusion-pipe reads (a typo?)"))
+                self.ignore(name, value, DATASET_IGNORED[key], shown=f"dataset: {key}")
+            elif key in MAPPED_DATASET_KEYS:
+                self.out.accounted[name] = "mapped"
+            else:
+                self.ignore(name, value, "not a dataset setting diffusion-pipe reads (a typo?)", shown=f"dataset: {key}")
         entries = []
         for n, directory in enumerate(directories, 1):
             settings = {**top_level, **directory}
             where = f"dataset: [[directory]] {n}"
             for key, value in directory.items():
+                name = f"directory[{n}].{key}"
                 if key in DATASET_IGNORED:
-                    self.out.ignored.append((f"{where} {key} = {_short(value)}", DATASET_IGNORED[key]))
-                elif key not in ("path", "num_repeats", "resolutions", "enable_ar_bucket", "min_ar", "max_ar",
-                                 "ar_buckets", "skip_empty_caption"):
-                    self.out.ignored.append((f"{where} {key} = {_short(value)}", "not a directory setting "
-                                             "diffusion-pipe reads (a typo?)"))
+                    self.ignore(name, value, DATASET_IGNORED[key], shown=f"{where} {key}")
+                elif key in MAPPED_DATASET_KEYS or key == "path":
+                    self.out.accounted[name] = "mapped"
+                else:
+                    self.ignore(name, value, "not a directory setting diffusion-pipe reads (a typo?)",
+                                shown=f"{where} {key}")
             if not settings.get("path"):
                 raise UserInputError(f"diffusion-pipe dataset file {path}: [[directory]] {n} has no path.")
             for resolution in _resolutions(settings.get("resolutions"), path):

@@ -415,13 +415,17 @@ def help_config(width: int = 100) -> str:
     ]
     for table, doc in TABLES.items():
         out += ["", "[[dataset]]" if table == "dataset" else f"[{table}]"]
-        out += textwrap.wrap(doc, width, initial_indent="# ", subsequent_indent="# ")
+        out += _comment(doc, width)
         for key in (k for k in KEYS if k.table == table):
             out.append("")
-            out += textwrap.wrap(f"{key.help_text}{_allowed(key)}", width, initial_indent="# ",
-                                 subsequent_indent="# ")
+            out += _comment(f"{key.help_text}{_allowed(key)}", width)
             out.append(f"{key.name} = {toml_value(_template_value(key))}")
     return "\n".join(out) + "\n"
+
+
+def _comment(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False,
+                         break_long_words=False)
 
 
 def _allowed(key: Key) -> str:
