@@ -3,8 +3,9 @@
 Training is step-chunked: `train(n)` runs n more optimizer steps and returns a report. Nothing is
 re-seeded or rebuilt between calls, so k chunks give bit-identical weights to one call of the same
 total length. Every random draw (noise, noise level, caption dropout) comes from one CPU generator
-owned by the trainer, in a fixed order, and LoRA dropout's global-RNG state is the trainer's own too,
-so results depend neither on the device's RNG nor on what other code draws in between.
+owned by the trainer, in a fixed order, and LoRA dropout's global RNG is seeded for each micro-batch
+from the run's seed, the step and the micro-batch's place in it, so results depend neither on the device's
+RNG nor on what other code draws in between, nor on how many processes share the step (distributed.py).
 
 With a `run_dir`, the whole state is checkpointed (see checkpoint.py) every `checkpoint_every` steps
 and whenever `train` returns or is interrupted, and `resume()` continues bit-exactly from the newest
@@ -20,6 +21,7 @@ no such checkpoint the trainer refuses further use); a checkpoint with NaN/inf i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import time
@@ -307,6 +309,9 @@ class Trainer:
             draw = self._draw(self.order.next())
             if not self.replicas.owns(k):
                 continue
+            # LoRA dropout draws from torch's global RNG: seeded per micro-batch, its masks depend on the run's
+            # seed, the step and the micro-batch alone (not on which process computes it, nor on a resume).
+            torch.manual_seed(micro_batch_seed(self.train_cfg.seed, self.step, k))
             loss = self._loss_of(draw)
             if not torch.isfinite(loss):
                 finite = False  # keep drawing the remaining micro-batches: data order and RNG stay in step
@@ -655,6 +660,12 @@ class Trainer:
 
     def last_loss(self) -> float:
         return self.loss_history[-1][1] if self.loss_history else math.nan
+
+
+def micro_batch_seed(seed: int, step: int, k: int) -> int:
+    """The global RNG's seed for micro-batch `k` of optimizer step `step` (0-based) of a run seeded `seed`."""
+    digest = hashlib.sha256(f"{seed}/{step}/{k}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # torch.manual_seed takes up to 2**63 - 1
 
 
 def _global_rng_state(device: torch.device) -> dict[str, torch.Tensor]:
