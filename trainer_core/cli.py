@@ -346,5 +346,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before training started (while training, train stops at a step boundary)
-        print("interrupted: nothing was trained; cache entries written so far are kept", file=sys.stderr)
+        print("interrupted before training started: checkpoints and the cache entries written so far are kept",
+              file=sys.stderr)
         return 130

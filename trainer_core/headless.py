@@ -23,6 +23,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,8 +68,9 @@ class StopSignals:
         return self.requested_at is not None
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
+        if threading.current_thread() is threading.main_thread():  # (only the main thread may set handlers)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc) -> None:
