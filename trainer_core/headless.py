@@ -134,7 +134,7 @@ def cache_once(components, run: RunFile, replicas: Replicas, say) -> CachedDatas
                            repeats=per_sample, validation=validation, progress=progress)
 
     if replicas.writes:
-        with _Bar("caching", say) as bar:
+        with _Bar("caching") as bar:
             cached = build(bar.update)
         say(f"cache ({run.cache_folder}): {cached.report.summary()}")
     replicas.wait_for_writer()
@@ -204,10 +204,11 @@ def _train(trainer: Trainer, run: RunFile, run_dir: Path, replicas: Replicas, co
     progress = _Progress(trainer.step, end, say) if replicas.writes else None
 
     def after_step(report: StepReport) -> None:
-        if replicas.any(stop.requested):
+        if progress is not None:
+            progress.update(report)
+        if replicas.any(stop.requested):  # every process stops after the same step
             raise StopRequested()
         if outputs is not None:
-            progress.update(report)
             every = run.steps_cfg.preview_every
             if every and report.step % every == 0:
                 outputs.previews()
@@ -331,8 +332,8 @@ class _Progress:
 class _Bar:
     """Caching progress (done of total entries) as a bar on a terminal; nothing otherwise."""
 
-    def __init__(self, what: str, say):
-        self.what, self.say, self.bar = what, say, None
+    def __init__(self, what: str):
+        self.what, self.bar = what, None
 
     def __enter__(self):
         return self
