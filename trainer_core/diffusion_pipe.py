@@ -128,7 +128,14 @@ class Translation:
 def translate(config: str | Path, cwd: Path | None = None) -> Translation:
     """Translate diffusion-pipe config `config`; relative paths in it are taken from `cwd` (default: the working
     directory), as diffusion-pipe takes them."""
-    return _Translator(Path(config), cwd or Path.cwd()).run()
+    try:
+        return _Translator(Path(config), cwd or Path.cwd()).run()
+    except (ValueError, TypeError, IndexError, KeyError) as e:  # a value of the wrong kind (UserInputError passes)
+        if isinstance(e, UserInputError):
+            raise
+        raise UserInputError(f"diffusion-pipe config {config} (or its dataset file) has a value that is not what "
+                             f"diffusion-pipe takes there ({type(e).__name__}: {e}). Check it against diffusion-pipe's "
+                             "examples.") from None
 
 
 class _Translator:
