@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench realsize realsize-clean install clean
 
 $(STAMP): requirements.txt requirements-test.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ test: $(STAMP)
 # CPU memory and speed measurements; writes benchmarks/results_cpu.md and .json (a few minutes).
 bench: $(STAMP)
 	$(PY) benchmarks/memory_cpu.py
+
+# The real 20B model rehearsed on the CPU under a 22 GiB memory cap: writes ~30 GB of random-weight files in
+# ComfyUI's real layouts (kept for the next run; `make realsize-clean` deletes them), about 30 minutes.
+realsize: $(STAMP)
+	$(PY) benchmarks/realsize_cpu.py
+
+realsize-clean: $(STAMP)
+	$(PY) benchmarks/realsize_cpu.py --clean-only
 
 clean:
 	rm -rf $(VENV) demo_out

@@ -20,7 +20,9 @@ def test_layout_uses_power_of_two_chunks_without_overlap():
 
 def test_arena_holds_exact_copies_with_shapes_and_dtypes():
     tensors = [torch.randn(33, 7), torch.randn(5, 3).to(torch.float8_e4m3fn), torch.randn(2, 9).bfloat16()]
-    arena = PinnedArena(tensors, pin=False)
+    arena = PinnedArena([(t.shape, t.dtype) for t in tensors], pin=False)
+    for n, t in enumerate(tensors):
+        arena.store(n, t)
     for original, view in zip(tensors, arena.views):
         assert view.dtype == original.dtype and view.shape == original.shape
         assert torch.equal(view.view(torch.uint8), original.view(torch.uint8))
@@ -45,3 +47,27 @@ def test_unpin_moves_the_masters_out_of_the_arena_and_frees_it():
     del swapper, runner
     assert chunks and all(c() is None for c in chunks)
     assert all(torch.equal(before[n], t) for n, t in blocks[1].state_dict().items())
+
+
+def test_arena_allocates_a_chunk_when_its_first_tensor_arrives():
+    """Filling the arena while freeing each original holds at most one chunk beyond the masters."""
+    specs = [(torch.Size([64, 64]), torch.float32)] * 3
+    arena = PinnedArena(specs, pin=False)
+    assert arena.bytes == 0 and arena.views == [None] * 3  # nothing held before the first tensor arrives
+    arena.store(0, torch.ones(64, 64))
+    assert arena.bytes == arena.caps[0]
+    for n in (1, 2):
+        arena.store(n, torch.full((64, 64), float(n)))
+    assert [float(v[0, 0]) for v in arena.views] == [1.0, 1.0, 2.0]
+
+
+def test_pinning_refused_falls_back_to_ordinary_memory_and_says_so():
+    """Where page-locked memory is refused (here: a CPU-only torch, which cannot pin; on Windows or under a
+    cap, the driver), the arena keeps going in ordinary memory and records why."""
+    if torch.cuda.is_available():
+        import pytest
+        pytest.skip("this machine can pin memory")
+    arena = PinnedArena([(torch.Size([4, 4]), torch.float32)], pin=True)
+    view = arena.store(0, torch.arange(16.0).view(4, 4))
+    assert torch.equal(view, torch.arange(16.0).view(4, 4))
+    assert arena.pinned == [False] and not arena.all_pinned and arena.pin_error

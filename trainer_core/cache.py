@@ -174,7 +174,7 @@ def build_cache(
                               ) from None
 
     if todo_latents:
-        components.vae.to(components.device)
+        vae = components.ensure_vae()
         by_bucket: dict[tuple[int, int], list[Sample]] = {}
         for s in todo_latents:
             by_bucket.setdefault(s.bucket, []).append(s)
@@ -183,7 +183,7 @@ def build_cache(
                 chunk = bucket_samples[start:start + batch_size]
                 for s in chunk:  # alone: see the module docstring
                     pixels = load_cropped(s.image_path, s.bucket, s.background, s.allow_large_images).unsqueeze(0)  # (1, 3, H, W)
-                    latent = encode_images(components.vae, pixels)[0]  # (C, h, w)
+                    latent = encode_images(vae, pixels)[0]  # (C, h, w)
                     write({"latents": latent}, "latents", latent_key(s, vae_fp), f"image {Path(s.image_path).name}",
                           {"image": Path(s.image_path).name, "bucket": f"{s.bucket[0]}x{s.bucket[1]}"})
                     done += 1

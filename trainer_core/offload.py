@@ -19,6 +19,7 @@ into the slots, which keeps the bookkeeping (and its tests) identical.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.utils.checkpoint
@@ -67,22 +68,55 @@ def arena_layout(sizes: list[int], chunk: int = ARENA_CHUNK) -> tuple[list[int],
 
 
 class PinnedArena:
-    """Host copies of tensors packed into a few (pinned) byte buffers laid out by `arena_layout`."""
+    """Host copies of tensors packed into a few (pinned) byte buffers laid out by `arena_layout`.
 
-    def __init__(self, tensors: list[torch.Tensor], pin: bool):
-        sizes = [t.numel() * t.element_size() for t in tensors]
-        caps, places = arena_layout(sizes)
-        self.chunks: list[torch.Tensor | None] = [torch.empty(cap, dtype=torch.uint8, pin_memory=pin) for cap in caps]
+    Filled one tensor at a time (`store`), each chunk allocated when its first tensor arrives, so moving
+    weights in (and freeing each original as soon as it is copied) never holds more than one chunk twice.
+    Pinning may fail (the OS or the driver caps page-locked memory, e.g. on Windows): the chunks from
+    then on are ordinary memory, `pin_error` says why, and `pinned[c]` tells each chunk's kind.
+    """
+
+    def __init__(self, specs: list[tuple[torch.Size, torch.dtype]], pin: bool):
+        self.specs = list(specs)
+        sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in self.specs]
+        self.caps, places = arena_layout(sizes)
+        self.places = places
+        self.sizes = sizes
+        self.chunks: list[torch.Tensor | None] = [None] * len(self.caps)
+        self.pinned = [False] * len(self.caps)
+        self.pin = pin
+        self.pin_error: str | None = None
         self.chunk_of = [c for c, _ in places]  # arena chunk index of each tensor, in order
-        self.views = []
-        for t, size, (c, offset) in zip(tensors, sizes, places):
-            view = self.chunks[c][offset:offset + size].view(t.dtype).view(t.shape)
-            view.copy_(t)
-            self.views.append(view)
+        self.views: list[torch.Tensor | None] = [None] * len(self.specs)
+
+    def _chunk(self, c: int) -> torch.Tensor:
+        if self.chunks[c] is None:
+            if self.pin:
+                try:
+                    self.chunks[c] = torch.empty(self.caps[c], dtype=torch.uint8, pin_memory=True)
+                    self.pinned[c] = True
+                except RuntimeError as e:  # page-locked memory refused or capped: go on without it
+                    self.pin, self.pin_error = False, str(e).splitlines()[0]
+            if self.chunks[c] is None:
+                self.chunks[c] = torch.empty(self.caps[c], dtype=torch.uint8)
+        return self.chunks[c]
+
+    def store(self, n: int, tensor: torch.Tensor) -> torch.Tensor:
+        """Copy tensor `n` (of `specs`) into the arena; returns its view there."""
+        shape, dtype = self.specs[n]
+        c, offset = self.places[n]
+        view = self._chunk(c)[offset:offset + self.sizes[n]].view(dtype).view(shape)
+        view.copy_(tensor)
+        self.views[n] = view
+        return view
 
     @property
     def bytes(self) -> int:
         return sum(c.numel() for c in self.chunks if c is not None)
+
+    @property
+    def all_pinned(self) -> bool:
+        return all(self.pinned[c] for c in range(len(self.chunks)) if self.chunks[c] is not None)
 
 
 class BlockSwapper:
@@ -94,11 +128,18 @@ class BlockSwapper:
         # Per swapped block: the frozen Linears, in a fixed order, and their CPU master weights, all in
         # one arena (pinned on CUDA so host-to-device copies are truly asynchronous).
         self.linears = {i: [m for _, m in frozen_linears(blocks[i])] for i in self.swapped}
-        flat = [lin.weight.data.to("cpu") for i in self.swapped for lin in self.linears[i]]
-        self.arena = PinnedArena(flat, pin=self.cuda)
+        flat = [lin for i in self.swapped for lin in self.linears[i]]
+        self.arena = PinnedArena([(lin.weight.shape, lin.weight.dtype) for lin in flat], pin=self.cuda)
+        for n, lin in enumerate(flat):
+            # Into the arena, and the weight points there at once: its old storage (host or device) is
+            # freed before the next one is copied, so no master is ever held twice.
+            lin.weight.data = self.arena.store(n, lin.weight.data)
         views = iter(self.arena.views)
         self.master = {i: [next(views) for _ in self.linears[i]] for i in self.swapped}
-        del flat
+        # Masters in ordinary (pageable) memory cannot be copied to the GPU asynchronously: such a block goes
+        # through a pinned staging buffer per slot (a host copy first, then the asynchronous upload).
+        self.master_pinned = {i: all(self.arena.pinned[self.arena.chunk_of[n]] for n in self._indices(i))
+                              for i in self.swapped}
         template = self.master[self.swapped[0]] if self.swapped else []
         # One slot per swapped block up to NUM_SLOTS: with a single swapped block a second slot would
         # only cost memory.
@@ -108,9 +149,42 @@ class BlockSwapper:
         self.placeholder = {w.dtype: torch.empty(0, dtype=w.dtype, device=device) for w in template}
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self.copy_done: list[torch.cuda.Event | None] = [None] * self.num_slots
+        self.staging: list[list[torch.Tensor] | None] = [None] * self.num_slots  # made when first needed
         for i in self.swapped:
             self._point_at_placeholder(i)
         self.bytes_copied = 0
+
+    def _indices(self, i: int) -> range:
+        """Positions of block i's weights in the arena (blocks are stored in `swapped` order)."""
+        start = sum(len(self.linears[j]) for j in self.swapped[:self.swapped.index(i)])
+        return range(start, start + len(self.linears[i]))
+
+    @property
+    def pinned_status(self) -> str:
+        """One sentence for the status: where the swapped weights live."""
+        if not self.cuda:
+            return "swapped weights in host memory (CPU device: copies are plain copies)"
+        if self.arena.all_pinned:
+            return f"swapped weights in {self.arena.bytes / (1 << 30):.1f} GiB of pinned host memory"
+        return (f"pinned host memory was refused ({self.arena.pin_error}): swapped weights are in ordinary memory and "
+                "go through a small pinned staging buffer (slower copies, training works)")
+
+    def _sources(self, slot: int, i: int) -> list[torch.Tensor]:
+        """What block i's upload reads: its pinned masters, or a pinned staging copy of pageable ones."""
+        if self.master_pinned[i]:
+            return self.master[i]
+        if self.staging[slot] is None:
+            try:
+                self.staging[slot] = [torch.empty_like(w, device="cpu", pin_memory=True) for w in self.master[i]]
+            except RuntimeError:  # not even a staging buffer can be pinned: synchronous copies from pageable memory
+                self.staging[slot] = []
+        if not self.staging[slot]:
+            return self.master[i]
+        if self.copy_done[slot] is not None:
+            self.copy_done[slot].synchronize()  # the last upload from this staging buffer has finished
+        for staged, w in zip(self.staging[slot], self.master[i]):
+            staged.copy_(w)
+        return self.staging[slot]
 
     @property
     def slot_bytes(self) -> int:
@@ -134,8 +208,9 @@ class BlockSwapper:
         if self.cuda:
             # The compute stream may still be reading the slot (the owner's kernels): wait for it.
             self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+            sources = self._sources(slot, i)
             with torch.cuda.stream(self.copy_stream):
-                for dst, src in zip(self.slots[slot], self.master[i]):
+                for dst, src in zip(self.slots[slot], sources):
                     dst.copy_(src, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self.copy_stream)
@@ -178,6 +253,7 @@ class BlockSwapper:
                 lin.weight.data = w
         self.slot_owner = [None] * self.num_slots
         self.slots = []
+        self.staging = [None] * self.num_slots
 
     def unpin(self) -> None:
         """Move the master weights into ordinary (pageable) memory and give the pinned arena back, one chunk
@@ -207,6 +283,12 @@ class _BackwardMark(torch.autograd.Function):
         return (None, *grads)
 
 
+def swapped_blocks(num_blocks: int, blocks_to_swap: int) -> list[int]:
+    """The blocks whose frozen weights are swapped (kept in host memory, copied in when they run): the last
+    `blocks_to_swap`. The loader uses this too, to read those weights straight into host memory."""
+    return list(range(num_blocks - blocks_to_swap, num_blocks)) if blocks_to_swap else []
+
+
 class BlockRunner:
     """Installs checkpointing and swapping on every block of `transformer` (see module docstring)."""
 
@@ -217,7 +299,7 @@ class BlockRunner:
         self.checkpointing = checkpointing
         blocks = transformer.transformer_blocks
         n = len(blocks)
-        swapped = list(range(n - blocks_to_swap, n)) if blocks_to_swap else []
+        swapped = swapped_blocks(n, blocks_to_swap)
         self._place(swapped)
         self.swapper = BlockSwapper(transformer, swapped, device) if swapped else None
         for i, block in enumerate(blocks):

@@ -32,8 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from .cache import CachedDataset
 from .config import LoraConfig, OptimizerConfig, TrainConfig, check_run_name, to_dict
 from .distributed import ONE_PROCESS, Replicas
@@ -166,17 +164,17 @@ def run_folder(output_root: str | Path, run_name: str) -> Path:
 
 def release(run_name: str) -> str:
     """Checkpoint the live trainer of `run_name`, drop it (adapter, optimizer, swap slots, pinned masters)
-    and move its model set to the CPU, so the GPU and pinned RAM go back to other work. The next
-    `open_run` of that name resumes from the checkpoint. Returns what was done, for a person."""
+    and free its model set (`_park`), so the GPU and host RAM go back to other work. The next `open_run`
+    of that name resumes from the checkpoint. Returns what was done, for a person."""
     with _lock:
         live = _live.get(run_name)
         if live is None or not live.trainer.live:
             return f"run '{run_name}' holds no memory (nothing to release)"
         trainer = live.trainer
-        _release(run_name, f"run '{run_name}' was released at step {trainer.step} (its memory was given back): "
-                           "queue again, and Init Trainer resumes it from its checkpoint.")
-    return (f"released run '{run_name}' at step {trainer.step}: GPU memory and pinned RAM freed, the model moved "
-            f"to the CPU; its checkpoint{_where(trainer.run_dir)} continues it")
+        where_model = _release(run_name, f"run '{run_name}' was released at step {trainer.step} (its memory was "
+                                         "given back): queue again, and Init Trainer resumes it from its checkpoint.")
+    return (f"released run '{run_name}' at step {trainer.step}: GPU memory and pinned RAM freed, {where_model}; "
+            f"its checkpoint{_where(trainer.run_dir)} continues it")
 
 
 def release_all() -> list[str]:
@@ -212,25 +210,29 @@ def _retire(run_name: str, reason: str, unpin: bool = False) -> None:
     _changes[run_name] = _changes.get(run_name, 0) + 1
 
 
-def _release(run_name: str, reason: str) -> None:
+def _release(run_name: str, reason: str) -> str:
     components = _live[run_name].trainer.components
     _retire(run_name, reason, unpin=True)
-    _park(components)
+    return _park(components)
 
 
-def _park(components: QwenImageComponents) -> None:
-    """Move the model set off the GPU (the transformer's blocks and the VAE) and return cached memory."""
-    components.transformer.to("cpu")
-    if components.vae is not None:
-        components.vae.to("cpu")
-    if components.device.type == "cuda":
-        torch.cuda.empty_cache()
+def _park(components: QwenImageComponents) -> str:
+    """Free the model set's memory: drop the transformer when its file can stream it again (the next Init
+    does), else move it to the CPU; drop or park the VAE; return the GPU's cached memory. Says which."""
+    if components.unload_transformer():
+        where = "the transformer dropped from memory (Init Trainer reads it from its file again)"
+    else:
+        components.transformer.to("cpu")
+        where = "the model moved to the CPU"
+    components.park_vae()
+    components.give_memory_back()
+    return where
 
 
 def run_signature(components, dataset, lora, optimizer, train, run_dir, init_lora) -> str:
     """What a live trainer was built from; the same inputs continue it instead of rebuilding it."""
     parts = {
-        "models": id(components.transformer),
+        "models": id(components),
         "samples": [(s.latent_key, s.text_key) for s in dataset.samples],
         "repeats": dataset.repeats,
         "lora": to_dict(lora), "optimizer": to_dict(optimizer), "train": to_dict(train),

@@ -49,7 +49,7 @@ def sample_image(
     """One image for `prompt` (true CFG against `negative_prompt` when cfg_scale > 1)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
-    transformer, vae = components.transformer, components.vae
+    transformer, vae = components.transformer, components.ensure_vae()
     multiple = pixel_multiple(vae)
     width, height = snap_size(width, multiple), snap_size(height, multiple)
     device, dtype = components.device, components.compute_dtype
@@ -70,7 +70,6 @@ def sample_image(
 
     was_training = transformer.training
     transformer.eval()
-    vae.to(device)
     try:
         image = pipe(
             prompt_embeds=positive.to(device, dtype), prompt_embeds_mask=_all_valid(positive),

@@ -44,12 +44,12 @@ from .finite import all_finite, nonfinite_names
 from .lora import inject_lora, matching_preset, remove_lora, target_module_names
 from .lora_files import LoraFile, check_targets, layout_metadata, load_into_adapter, lora_file_tensors, lora_metadata, read_lora_file
 from .planner.for_run import plan_run
-from .models.components import QwenImageComponents
+from .models.components import QwenImageComponents, module_fingerprint
 from .models.latents import pack_latents
 from .models.qwen_arch import PATCH_SIZE
 from .models.text import pad_prompt_batch
 from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, time_shift, velocity_target
-from .offload import BlockRunner, uninstall_leftover_runner
+from .offload import BlockRunner, swapped_blocks, uninstall_leftover_runner
 from .live import StepExtras, StepPreview, keep_preview
 from .run_lock import RunLock
 from .sampling import sample_image
@@ -135,7 +135,7 @@ class Trainer:
         self.replicas = replicas
         self.device = components.device
         self.compute_dtype = components.compute_dtype
-        self.transformer = components.transformer
+        self.transformer = components.transformer  # None until _build loads it (a lazy model set)
         self.params: list[torch.nn.Parameter] = []
         self.runner: BlockRunner | None = None
         self.optimizer = None
@@ -167,27 +167,39 @@ class Trainer:
                 f"this model set is being trained by run '{holder.train_cfg.run_name}'; one loaded model trains one "
                 "LoRA at a time. Retire or release that run first (runs.open_run does so), or load the model again."
             )
-        if holder is None and self.components.trainer_ref is not None:  # a trainer dropped without close()
-            uninstall_leftover_runner(self.transformer)
-            remove_lora(self.transformer)
+        leftover = holder is None and self.components.trainer_ref is not None  # a trainer dropped without close()
+        if leftover and self.components.transformer is not None:
+            uninstall_leftover_runner(self.components.transformer)
+            remove_lora(self.components.transformer)
         self.components.trainer_ref = weakref.ref(self)
 
     def _build(self, components, dataset, lora, optimizer, train, init_lora) -> None:
         self.base_fingerprint = components.fingerprint("transformer")  # before the adapter joins the model
         self.init_lora: LoraFile | None = None
         modules = None
+        skeleton = components.skeleton()  # module names and shapes; the weights may not be read yet
         if init_lora is not None:
             self.init_lora = read_lora_file(init_lora)
-            check_targets(self.transformer, self.init_lora)
+            check_targets(skeleton, self.init_lora)
             modules = self.init_lora.targets
             self.lora_cfg = lora = dataclasses.replace(
                 lora, rank=self.init_lora.rank, alpha=self.init_lora.alpha,
-                targets=matching_preset(self.transformer, modules) or lora.targets)
-        self.lora_modules = modules or target_module_names(self.transformer, lora.targets)
+                targets=matching_preset(skeleton, modules) or lora.targets)
+        self.lora_modules = modules or target_module_names(skeleton, lora.targets)
         # blocks_to_swap 'auto' becomes a number here, from the memory plan at the dataset's largest bucket
-        # (against the device's free memory now: free other models first).
+        # (against the device's free memory now: free other models first). A plan that does not fit is
+        # refused here, before the transformer's weights are read.
         resolved_swap, self.memory_plan = plan_run(components, dataset, lora, optimizer, train)
         self.train_cfg = train = dataclasses.replace(train, blocks_to_swap=resolved_swap)
+        # A lazy model set reads the transformer now, straight into this placement.
+        self.transformer = components.ensure_transformer(
+            self.device, host_blocks=swapped_blocks(components.num_blocks, train.blocks_to_swap))
+        # Checkpoints name the base model they were trained on. A model set read from files names it by its
+        # file's identity; checkpoints written before (when every model set was named by its weights) are
+        # still continued: their name is the weights' fingerprint, taken here before the adapter joins.
+        self.accepted_base_fingerprints = {self.base_fingerprint}
+        if components.transformer_source is not None and self.run_dir is not None:
+            self.accepted_base_fingerprints.add(module_fingerprint(self.transformer))
         self.params = inject_lora(self.transformer, lora, seed=train.seed, modules=self.lora_modules)
         if self.init_lora is not None:
             load_into_adapter(self.transformer, self.init_lora.weights)
@@ -198,6 +210,8 @@ class Trainer:
         self.param_names = [n for n, p in self.transformer.named_parameters() if p.requires_grad]
         self.runner = BlockRunner(self.transformer, self.device, blocks_to_swap=train.blocks_to_swap,
                                   checkpointing=train.gradient_checkpointing)
+        if self.runner.swapper is not None:
+            self.memory_plan += "\n" + self.runner.swapper.pinned_status
         self.optimizer = build_optimizer(self.params, optimizer)
         self.rng = torch.Generator().manual_seed(train.seed)
         # LoRA dropout draws from torch's global RNG (of the device it runs on). The trainer keeps its own
@@ -555,7 +569,7 @@ class Trainer:
         if meta["optimizer"]["optimizer"] != self.optim_cfg.optimizer:
             differences.append(f"optimizer: checkpoint {meta['optimizer']['optimizer']!r}, "
                                f"now {self.optim_cfg.optimizer!r}")
-        if meta["base_fingerprint"] != self.base_fingerprint:
+        if meta["base_fingerprint"] not in self.accepted_base_fingerprints:
             differences.append(f"base model: checkpoint {meta['base_model']!r}, now {self.components.name!r} "
                                "(different weights)")
         elif meta["param_names"] != self.param_names:
@@ -647,7 +661,8 @@ class Trainer:
             self.runner.uninstall(unpin=unpin)
         owner = self.components.trainer_ref() if self.components.trainer_ref is not None else None
         if owner is self:  # never take out an adapter that another trainer owns
-            remove_lora(self.transformer)
+            if self.transformer is not None:
+                remove_lora(self.transformer)
             self.components.trainer_ref = None
         if self.optimizer is not None:
             self.optimizer.state.clear()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+from ..host_memory import give_back_freed_memory
 
 
 @dataclass
@@ -16,11 +18,21 @@ class QwenImageComponents:
     """Transformer + VAE + text encoder + tokenizer + scheduler settings.
 
     The transformer's block Linears may be stored in float8 (see `float8.py`); everything else is in
-    `compute_dtype`. `text_encoder` and `tokenizer` become None once prompts are cached and the encoder
-    is released; the VAE stays (on the CPU when idle) because previews decode with it.
+    `compute_dtype`.
+
+    A model set read from files is lazy, one part per phase of a run (`single_file.load_single_files`):
+    only the headers are read at first, each part's identity comes from its file (`file_identity.py`),
+    and a part is None until it is needed:
+    - the VAE and the text encoder load when the cache misses (`ensure_vae`, `ensure_text_encoder`) and
+      are dropped, from the device and from host memory, when caching ends (`release_text_encoder`,
+      `park_vae`); a preview loads the VAE again for its decode;
+    - the transformer loads at Init Trainer (`ensure_transformer`), streamed from its file tensor by
+      tensor straight into the places training keeps it (resident blocks on the device, swapped blocks'
+      weights in host memory), and is dropped again when its run is released (`unload_transformer`).
+    A model set built in memory (tiny models, a diffusers folder) has every part loaded and no sources.
     """
 
-    transformer: nn.Module
+    transformer: nn.Module | None
     vae: nn.Module | None
     text_encoder: nn.Module | None
     tokenizer: Any | None
@@ -32,13 +44,25 @@ class QwenImageComponents:
     # Re-creates (text_encoder, tokenizer) after `release_text_encoder`, for a later cache run that
     # meets a new caption; None when the source cannot be read again.
     text_encoder_loader: Callable[[], tuple[nn.Module, Any]] | None = field(default=None, repr=False)
+    # Reads the VAE again after `park_vae` dropped it (None: the VAE stays, parked on the CPU).
+    vae_loader: Callable[[], nn.Module] | None = field(default=None, repr=False)
+    # Streams the transformer from its file (transformer_file.TransformerFile); None: always loaded.
+    transformer_source: Any | None = field(default=None, repr=False)
+    # Identities known without the weights (from the files); others are computed from the weights once.
     _fingerprints: dict[str, str] = field(default_factory=dict, repr=False)
     # The trainer whose adapter is in the transformer now (a weak reference; see Trainer._claim_model_set).
     trainer_ref: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_blocks(self) -> int:
-        return len(self.transformer.transformer_blocks)
+        return len(self.skeleton().transformer_blocks)
+
+    def skeleton(self) -> nn.Module:
+        """The transformer's modules, for names, shapes and counts: the model itself when it is loaded, else
+        an empty copy on the meta device (no weights read)."""
+        if self.transformer is not None:
+            return self.transformer
+        return self.transformer_source.skeleton()
 
     def fingerprint(self, part: str) -> str:
         """Identity of one part ('transformer', 'vae', 'text_encoder'), computed once and remembered.
@@ -51,20 +75,23 @@ class QwenImageComponents:
                 raise RuntimeError(f"the {part} was released; its fingerprint was not taken before")
             extra = b""
             if part == "text_encoder" and self.tokenizer is not None:
-                extra = repr(sorted(self.tokenizer.get_vocab().items())).encode()
+                extra = vocabulary_bytes(self.tokenizer)
             self._fingerprints[part] = module_fingerprint(module, extra)
         return self._fingerprints[part]
 
+    # ----------------------------------------------------------------------------------------------
+    # text encoder and VAE: loaded for caching (and the VAE for previews), dropped after
+
     def release_text_encoder(self) -> None:
         """Drop the text encoder (after caching): previews use cached prompt embeddings."""
-        self.fingerprint("text_encoder")  # keep its identity for cache look-ups
+        if self.text_encoder is not None:
+            self.fingerprint("text_encoder")  # keep its identity for cache look-ups
         self.text_encoder = None
         self.tokenizer = None
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self.give_memory_back()
 
     def ensure_text_encoder(self) -> None:
-        """Bring the text encoder back (on `device`) if it was released."""
+        """Bring the text encoder (and tokenizer) in, on `device`, if it is not loaded."""
         if self.text_encoder is not None:
             return
         if self.text_encoder_loader is None:
@@ -73,12 +100,69 @@ class QwenImageComponents:
         self.text_encoder = text_encoder.to(self.device).requires_grad_(False).eval()
         self.tokenizer = tokenizer
 
+    def ensure_vae(self) -> nn.Module:
+        """The VAE on `device`, read from its file first when it was dropped."""
+        if self.vae is None:
+            if self.vae_loader is None:
+                raise RuntimeError("the VAE was released and this model set cannot load it again")
+            self.vae = self.vae_loader().requires_grad_(False).eval()
+        return self.vae.to(self.device)
+
     def park_vae(self) -> None:
-        """Move the VAE to the CPU between uses: it is only needed again to decode previews."""
+        """Between uses, drop the VAE when it can be read again, else move it to the CPU: it is only
+        needed again to decode previews."""
         if self.vae is not None:
-            self.vae.to("cpu")
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+            if self.vae_loader is not None:
+                self.fingerprint("vae")
+                self.vae = None
+            else:
+                self.vae.to("cpu")
+            self.give_memory_back()
+
+    def vae_scale_factor(self) -> int | None:
+        """Pixels per latent cell, from the VAE or its file's config; None when neither is at hand."""
+        config = self.vae.config if self.vae is not None else getattr(self.vae_loader, "config", None)
+        if config is None:
+            return None
+        downsample = config["temperal_downsample"] if isinstance(config, dict) else config.temperal_downsample
+        return 2 ** len(downsample)
+
+    # ----------------------------------------------------------------------------------------------
+    # transformer: loaded at Init Trainer, into its training placement
+
+    def ensure_transformer(self, device: torch.device | None = None, host_blocks: Iterable[int] = ()) -> nn.Module:
+        """The transformer, streamed from its file when it is not loaded: tensors of the blocks in
+        `host_blocks` (their frozen Linear weights: the swapped blocks' masters) stay in host memory,
+        everything else goes to `device` (default: the CPU). A loaded transformer is returned as it is."""
+        if self.transformer is None:
+            if self.transformer_source is None:
+                raise RuntimeError("the transformer was released and this model set cannot load it again")
+            self.transformer = self.transformer_source.load(device or torch.device("cpu"), set(host_blocks))
+        return self.transformer
+
+    def unload_transformer(self) -> bool:
+        """Drop the transformer (device and host memory) when its file can stream it again; False (and the
+        transformer kept) otherwise. Only for a transformer no trainer holds."""
+        if self.transformer is None or self.transformer_source is None:
+            return False
+        self.transformer = None
+        self.give_memory_back()
+        return True
+
+    def loaded_parts(self) -> list[str]:
+        """The parts in memory now, e.g. ['transformer', 'tokenizer']."""
+        return [part for part in ("transformer", "vae", "text_encoder", "tokenizer") if getattr(self, part) is not None]
+
+    def give_memory_back(self) -> None:
+        """After dropping a part: its host memory to the OS, the GPU's cached blocks to the driver."""
+        give_back_freed_memory()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def vocabulary_bytes(tokenizer) -> bytes:
+    """The tokenizer's vocabulary as bytes, for identities (the same text must map to the same tokens)."""
+    return repr(sorted(tokenizer.get_vocab().items())).encode()
 
 
 @torch.no_grad()

@@ -1,8 +1,14 @@
 """One .safetensors model file, read lazily: names, shapes and dtypes first, tensors one at a time.
 
 A 20 GB transformer file is never read whole: `shapes` comes from the header alone, and `tensor(name)`
-reads (memory-maps) a single tensor. Errors for a missing or unreadable file are `UserInputError`s that
-name the file and the part it was chosen for.
+reads a single tensor. Errors for a missing or unreadable file are `UserInputError`s that name the file and
+the part it was chosen for.
+
+Tensors are read with plain file reads into memory we allocate (`read_into` can fill a tensor in place,
+e.g. a view into the pinned swap arena), not through a memory map: pages of a mapped file count in the
+process' resident memory while mapped, so a mapped 20 GB file would look (and, under a memory cap, act)
+like a second copy of the model. Every byte of tensor data read is counted per file (`TENSOR_BYTES_READ`),
+which is how tests show that a cached run reads no text-encoder weights.
 
 A small JSON file beside the model file (`<stem>.json`, written by `export.py`) may carry the model's
 config for the values tensor shapes cannot tell (a tiny test model's RoPE axes, a VAE's latent
@@ -12,6 +18,7 @@ statistics, a text encoder's head count); see `sidecar_config`.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
@@ -19,6 +26,12 @@ from pathlib import Path
 import torch
 
 from ..errors import UserInputError
+
+# Bytes of tensor data read so far, by resolved file path (headers and identity samples not included).
+TENSOR_BYTES_READ: Counter[str] = Counter()
+# Largest single read: a tensor is read in pieces of at most this size, so reading never needs a second
+# whole-tensor buffer.
+READ_PIECE = 64 << 20
 
 
 class SafetensorsFile:
@@ -56,8 +69,52 @@ class SafetensorsFile:
     def metadata(self) -> dict[str, str]:
         return self._handle.metadata() or {}
 
+    @cached_property
+    def _layout(self) -> tuple[int, dict]:
+        """(byte offset of the data section, the header's entries): safetensors' layout is an 8-byte
+        little-endian header length, the JSON header, then the data; offsets are relative to the data."""
+        with open(self.path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(length))
+        header.pop("__metadata__", None)
+        return 8 + length, header
+
+    def byte_range(self, name: str) -> tuple[int, int]:
+        """(first byte, end) of tensor `name`'s data in the file."""
+        start, header = self._layout
+        begin, end = header[name]["data_offsets"]
+        return start + begin, start + end
+
     def tensor(self, name: str) -> torch.Tensor:
-        return self._handle.get_tensor(name)
+        """Tensor `name`, read into fresh CPU memory (its own storage: nothing maps the file)."""
+        out = torch.empty(self.shapes[name], dtype=self.dtype(name))
+        self.read_into(name, out)
+        return out
+
+    def read_into(self, name: str, out: torch.Tensor) -> torch.Tensor:
+        """Fill the contiguous CPU tensor `out` (the file's shape and dtype) with tensor `name`'s bytes."""
+        if tuple(out.shape) != self.shapes[name] or out.dtype != self.dtype(name) or not out.is_contiguous():
+            raise ValueError(f"read_into({name!r}): needs a contiguous {self.dtype(name)} tensor of shape "
+                             f"{self.shapes[name]}, got {out.dtype} {tuple(out.shape)}")
+        first, end = self.byte_range(name)
+        if end == first:
+            return out
+        target = out.reshape(-1).view(torch.uint8).numpy()  # the tensor's own bytes, writable
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                f.seek(first)
+                done = 0
+                while done < end - first:
+                    n = f.readinto(memoryview(target[done:done + READ_PIECE]))
+                    if not n:
+                        raise EOFError(f"the file ends at byte {first + done}")
+                    done += n
+        except (OSError, EOFError) as e:
+            raise UserInputError(
+                f"{self.part} file {self.path}: tensor {name} cannot be read ({e}): the file was changed, moved or "
+                "cut short while in use. Restore the file and run again.") from e
+        TENSOR_BYTES_READ[str(self.path.resolve())] += end - first
+        return out
 
     def dtype(self, name: str) -> torch.dtype:
         return _DTYPES[self._handle.get_slice(name).get_dtype()]

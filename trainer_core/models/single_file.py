@@ -11,20 +11,22 @@ in a second with a message naming the file, not after 20 GB were loaded.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
 
 from ..errors import UserInputError
-from .components import QwenImageComponents
+from .components import QwenImageComponents, vocabulary_bytes
+from .file_identity import combined_identity, file_identity
 from .layouts import detect_layout, split_scaled_fp8, strip_prefix
 from .qwen_arch import PATCH_SIZE
 from .safetensors_file import SafetensorsFile
 from .scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
-from .text_encoder_file import load_text_encoder_file, our_name
+from .text_encoder_file import TextEncoderFile, our_name
 from .tokenizer import load_tokenizer
-from .transformer_file import load_transformer_file
-from .vae_file import load_vae_file
+from .transformer_file import TransformerFile
+from .vae_file import VaeFile
 
 
 def _shapes(path, part: str) -> dict[str, tuple[int, ...]]:
@@ -76,26 +78,34 @@ def load_single_files(
     device: str | torch.device = "cpu",
     text_encoder_fp8: str = "dequantize",
 ) -> QwenImageComponents:
-    """All parts from three files and a tokenizer folder (see tokenizer.py for where it is looked for).
+    """A lazy model set over three files and a tokenizer folder (see tokenizer.py for where it is looked for).
 
-    The transformer stays on the CPU (the trainer places its blocks), with block Linears stored as
-    `storage`; the VAE and text encoder go to `device`. `text_encoder_fp8` says what to do with a
-    scaled-fp8 text encoder: "dequantize" while loading, or "keep" its float8 weights (text_encoder_file.py).
-    `text_encoder_loader` re-reads the encoder from its file after `release_text_encoder`.
+    Reads headers, the tokenizer and a few sampled bytes of each file (their identities), no weights: the
+    VAE and the text encoder load when the cache misses, the transformer at Init Trainer, streamed into its
+    training placement (see `QwenImageComponents`). Block Linears are stored as `storage`; the VAE and text
+    encoder run on `device`. `text_encoder_fp8` says what to do with a scaled-fp8 text encoder: "dequantize"
+    while loading, or "keep" its float8 weights (text_encoder_file.py).
     """
     vocab_rows = check_files_fit(transformer, text_encoder, vae)
     tokenizer = load_tokenizer(tokenizer_dir, text_encoder, vocab_rows)
     device = torch.device(device)
-    vae_model = load_vae_file(vae, compute_dtype).to(device)
+    transformer_source = TransformerFile(transformer, storage, compute_dtype)
+    text_encoder_source = TextEncoderFile(text_encoder, compute_dtype, text_encoder_fp8)
+    vae_source = VaeFile(vae, compute_dtype)
+    dtype = str(compute_dtype).removeprefix("torch.")
+    identities = {
+        "transformer": file_identity(transformer),
+        "vae": combined_identity(file_identity(vae), dtype),
+        "text_encoder": combined_identity(file_identity(text_encoder), dtype, text_encoder_fp8,
+                                          hashlib.sha256(vocabulary_bytes(tokenizer)).hexdigest()),
+    }
 
     def load_text_encoder():
-        return (load_text_encoder_file(text_encoder, compute_dtype, text_encoder_fp8),
-                load_tokenizer(tokenizer_dir, text_encoder, vocab_rows))
+        return text_encoder_source(), load_tokenizer(tokenizer_dir, text_encoder, vocab_rows)
 
-    text_model = load_text_encoder_file(text_encoder, compute_dtype, text_encoder_fp8).to(device)
-    transformer_model = load_transformer_file(transformer, storage, compute_dtype)
     return QwenImageComponents(
-        transformer=transformer_model, vae=vae_model, text_encoder=text_model, tokenizer=tokenizer,
+        transformer=None, vae=None, text_encoder=None, tokenizer=None,
         scheduler_config=dict(QWEN_IMAGE_SCHEDULER_CONFIG), compute_dtype=compute_dtype, device=device,
         name=Path(transformer).stem, storage=storage, text_encoder_loader=load_text_encoder,
+        vae_loader=vae_source, transformer_source=transformer_source, _fingerprints=identities,
     )

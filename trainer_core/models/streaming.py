@@ -104,9 +104,11 @@ def stream_into(
     compute_dtype: torch.dtype,
     source: str,
     scales: dict[str, torch.Tensor] | None = None,
+    device_for: Callable[[str], torch.device] | None = None,
 ) -> None:
     """Assign every (name, tensor) to the transformer; block Linear weights get `storage`, the rest
-    `compute_dtype`.
+    `compute_dtype`. `device_for(name)` says where each stored tensor lives (default: where it was read,
+    the CPU); a tensor moves there as soon as it is converted, so the host holds one tensor in flight.
 
     `scales` optionally maps a weight name to the scale it was stored with (ComfyUI's scaled-fp8 files:
     a per-tensor fp32 scalar). A block Linear weight that arrives in float8 while `storage` is a float8
@@ -120,14 +122,16 @@ def stream_into(
     def assign(module: nn.Module, leaf: str, name: str, tensor: torch.Tensor) -> None:
         scale = scales.get(name)
         module_name = name.rpartition(".")[0]
+        home = device_for(name) if device_for is not None else tensor.device
         if module_name in block_linears and leaf == "weight":
             if tensor.dtype == FLOAT8 and storage.startswith("float8"):
-                assign_frozen_linear_weight(module, tensor, scale)
+                stored, stored_scale = tensor, scale
             else:
-                stored, row_scale = quantize_weight(dequantize(tensor, scale), storage)
-                assign_frozen_linear_weight(module, stored, row_scale)
+                stored, stored_scale = quantize_weight(dequantize(tensor, scale), storage)
+            assign_frozen_linear_weight(module, stored.to(home),
+                                        None if stored_scale is None else stored_scale.to(home))
         else:
-            assign_parameter(module, leaf, dequantize(tensor, scale).to(compute_dtype))
+            assign_parameter(module, leaf, dequantize(tensor, scale).to(home, compute_dtype))
 
     fill_empty(model, tensors, assign, source,
                "Choose a Qwen-Image transformer file (for example qwen_image_fp8_e4m3fn.safetensors).")

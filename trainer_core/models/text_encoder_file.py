@@ -100,33 +100,50 @@ def empty_text_encoder(config: dict) -> nn.Module:
     return model
 
 
+class TextEncoderFile:
+    """A text encoder file whose header is read and checked at once; calling it reads the weights (a new model
+    each call, see the module docstring)."""
+
+    def __init__(self, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fp8: str = "dequantize"):
+        if fp8 not in TEXT_ENCODER_FP8_MODES:
+            raise UserInputError(f"text_encoder_fp8={fp8!r} is not one of {list(TEXT_ENCODER_FP8_MODES)}.")
+        self.compute_dtype, self.fp8 = compute_dtype, fp8
+        self.file = file = SafetensorsFile(path, "text encoder")
+        _, prefix = detect_layout(file.path, "text encoder", file.keys)
+        file_names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
+        self.names = {ours: key for name, key in file_names.items() if (ours := our_name(name)) is not None}
+        self.scale_keys = {ours: key for name, key in scale_keys.items() if (ours := our_name(name)) is not None}
+        file.require_floating([*self.names.values(), *self.scale_keys.values()])
+        self.config = text_encoder_config({n: file.shapes[k] for n, k in self.names.items()}, file.sidecar_config(),
+                                          str(file.path))
+        # One fp32 scalar per Linear (a few KB): read and checked now, so damage shows when the file is chosen.
+        self.scales = {ours: file.tensor(key) for ours, key in self.scale_keys.items()}
+        refuse_nonfinite_scales(file, {self.scale_keys[n]: s for n, s in self.scales.items()})
+
+    def __call__(self) -> nn.Module:
+        """The text encoder on the CPU, frozen, in eval mode."""
+        file, fp8, scales = self.file, self.fp8, self.scales
+        model = empty_text_encoder(self.config)
+        linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+        def assign(module: nn.Module, leaf: str, name: str, tensor: torch.Tensor) -> None:
+            scale = scales.get(name)
+            if fp8 == "keep" and tensor.dtype in FLOAT8_DTYPES and leaf == "weight" and name[: -len(".weight")] in linears:
+                assign_frozen_linear_weight(module, tensor, scale)
+            else:
+                assign_parameter(module, leaf, dequantize(tensor, scale).to(self.compute_dtype))
+
+        fill_empty(model, ((n, file.tensor(k)) for n, k in self.names.items()), assign,
+                   source=f"text encoder file {file.path}",
+                   hint="Choose qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors.")
+        return model.eval()
+
+
 def load_text_encoder_file(
     path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fp8: str = "dequantize",
 ) -> nn.Module:
     """The text encoder from one file, on the CPU, frozen, in eval mode (see the module docstring)."""
-    if fp8 not in TEXT_ENCODER_FP8_MODES:
-        raise UserInputError(f"text_encoder_fp8={fp8!r} is not one of {list(TEXT_ENCODER_FP8_MODES)}.")
-    file = SafetensorsFile(path, "text encoder")
-    _, prefix = detect_layout(file.path, "text encoder", file.keys)
-    file_names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
-    names = {ours: key for name, key in file_names.items() if (ours := our_name(name)) is not None}
-    file.require_floating([*names.values(), *(k for n, k in scale_keys.items() if our_name(n) is not None)])
-    scales = {ours: file.tensor(key) for name, key in scale_keys.items() if (ours := our_name(name)) is not None}
-    refuse_nonfinite_scales(file, {k: file.tensor(k) for n, k in scale_keys.items() if our_name(n) is not None})
-    config = text_encoder_config({n: file.shapes[k] for n, k in names.items()}, file.sidecar_config(), str(file.path))
-    model = empty_text_encoder(config)
-    linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
-
-    def assign(module: nn.Module, leaf: str, name: str, tensor: torch.Tensor) -> None:
-        scale = scales.get(name)
-        if fp8 == "keep" and tensor.dtype in FLOAT8_DTYPES and leaf == "weight" and name[: -len(".weight")] in linears:
-            assign_frozen_linear_weight(module, tensor, scale)
-        else:
-            assign_parameter(module, leaf, dequantize(tensor, scale).to(compute_dtype))
-
-    fill_empty(model, ((n, file.tensor(k)) for n, k in names.items()), assign, source=f"text encoder file {file.path}",
-               hint="Choose qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors.")
-    return model.eval()
+    return TextEncoderFile(path, compute_dtype, fp8)()
 
 
 def text_encoder_file_tensors(text_encoder: nn.Module, fmt: str = "bf16") -> dict[str, torch.Tensor]:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import UserInputError
-from .float8 import FLOAT8, FLOAT8_MAX, STORAGE_MODES, dequantized_state_dict, quantize_per_tensor
+from .float8 import FLOAT8, FLOAT8_MAX, STORAGE_MODES, dequantized_state_dict, frozen_linears, quantize_per_tensor
 from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, refuse_nonfinite_scales, split_scaled_fp8, strip_prefix
 from .qwen_arch import AXES_DIMS_ROPE as QWEN_IMAGE_AXES_DIMS_ROPE
 from .qwen_arch import BLOCKS, PATCH_SIZE
@@ -77,6 +77,61 @@ def transformer_config(shapes: dict[str, tuple[int, ...]], sidecar: dict | None,
     return {**derived, "axes_dims_rope": QWEN_IMAGE_AXES_DIMS_ROPE}
 
 
+class TransformerFile:
+    """A transformer file opened for streaming: its header is read and checked at once, its weights only
+    by `load`, each time straight into where training keeps them."""
+
+    def __init__(self, path: str | Path, storage: str = "float8", compute_dtype: torch.dtype = torch.bfloat16):
+        if storage not in STORAGE_MODES:
+            raise UserInputError(f"storage={storage!r} is not one of {list(STORAGE_MODES)}.")
+        self.storage, self.compute_dtype = storage, compute_dtype
+        self.file = file = SafetensorsFile(path, "transformer")
+        _, prefix = detect_layout(file.path, "transformer", file.keys)
+        self.names, self.scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
+        file.require_floating([*self.names.values(), *self.scale_keys.values()])
+        self.config = transformer_config({n: file.shapes[k] for n, k in self.names.items()}, file.sidecar_config(),
+                                         str(file.path))
+        self._skeleton: nn.Module | None = None
+        self.skeleton()  # a config JSON that does not describe the model is refused now, not at Init
+        # One fp32 scale per Linear (a few KB): read and checked now, so damage shows when the file is chosen.
+        self.scales = {name: file.tensor(key) for name, key in self.scale_keys.items()}
+        refuse_nonfinite_scales(file, {self.scale_keys[n]: s for n, s in self.scales.items()})
+
+    def _empty(self) -> nn.Module:
+        try:
+            return empty_transformer(self.config)
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise UserInputError(f"the config JSON beside transformer file {self.file.path} does not describe a "
+                                 f"Qwen-Image transformer ({type(e).__name__}: {e}). Fix or delete the JSON.") from e
+
+    def skeleton(self) -> nn.Module:
+        """The model's modules on the meta device (for names, shapes, counts); never holds weights."""
+        if self._skeleton is None:
+            self._skeleton = self._empty()
+        return self._skeleton
+
+    def load(self, device: torch.device = torch.device("cpu"), host_blocks: set[int] = frozenset()) -> nn.Module:
+        """The frozen model in eval mode: the frozen Linear weights of the blocks in `host_blocks` (and their
+        scales) in host memory, everything else on `device`. Block Linear weights stored per `storage`."""
+        return self.fill(self._empty(), device, host_blocks)
+
+    def fill(self, model: nn.Module, device: torch.device = torch.device("cpu"),
+             host_blocks: set[int] = frozenset()) -> nn.Module:
+        """`load` into an empty model made by `empty_transformer(self.config)`."""
+        scales = {name: scale.clone() for name, scale in self.scales.items()}  # the model's own copies
+        blocks = model.transformer_blocks
+        host_weights = {f"{BLOCKS}.{i}.{name}.weight" for i in host_blocks for name, _ in frozen_linears(blocks[i])}
+        cpu = torch.device("cpu")
+
+        def device_for(name: str) -> torch.device:
+            return cpu if name in host_weights else device
+
+        stream_into(model, ((n, self.file.tensor(k)) for n, k in self.names.items()), self.storage,
+                    self.compute_dtype, source=f"transformer file {self.file.path}", scales=scales,
+                    device_for=device_for)
+        return model.eval()
+
+
 def load_transformer_file(
     path: str | Path, storage: str = "float8", compute_dtype: torch.dtype = torch.bfloat16,
 ) -> nn.Module:
@@ -84,23 +139,7 @@ def load_transformer_file(
 
     Block Linear weights are stored per `storage` (see float8.py); everything else in `compute_dtype`.
     """
-    if storage not in STORAGE_MODES:
-        raise UserInputError(f"storage={storage!r} is not one of {list(STORAGE_MODES)}.")
-    file = SafetensorsFile(path, "transformer")
-    _, prefix = detect_layout(file.path, "transformer", file.keys)
-    names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
-    file.require_floating([*names.values(), *scale_keys.values()])
-    config = transformer_config({n: file.shapes[k] for n, k in names.items()}, file.sidecar_config(), str(file.path))
-    try:
-        model = empty_transformer(config)
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise UserInputError(f"the config JSON beside transformer file {file.path} does not describe a Qwen-Image "
-                             f"transformer ({type(e).__name__}: {e}). Fix or delete the JSON.") from e
-    scales = {name: file.tensor(key) for name, key in scale_keys.items()}
-    refuse_nonfinite_scales(file, {scale_keys[n]: s for n, s in scales.items()})
-    stream_into(model, ((n, file.tensor(k)) for n, k in names.items()), storage, compute_dtype,
-                source=f"transformer file {file.path}", scales=scales)
-    return model.eval()
+    return TransformerFile(path, storage, compute_dtype).load()
 
 
 def transformer_file_tensors(transformer: nn.Module, fmt: str = "bf16", prefix: str = "") -> dict[str, torch.Tensor]:

@@ -152,26 +152,38 @@ def _as_list(value):
     return list(value) if isinstance(value, (list, tuple)) else value
 
 
+class VaeFile:
+    """A VAE file whose header is read and checked at once; calling it reads the weights (a new model each call)."""
+
+    def __init__(self, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16):
+        self.compute_dtype = compute_dtype
+        self.file = file = SafetensorsFile(path, "vae")
+        self.layout, prefix = detect_layout(file.path, "vae", file.keys)
+        self.names = strip_prefix(file.keys, prefix)
+        file.require_floating(self.names.values())
+        shapes = {n: file.shapes[k] for n, k in self.names.items()}
+        self.config = vae_config(shapes, self.layout, file.sidecar_config(), str(file.path))
+
+    def __call__(self) -> nn.Module:
+        """diffusers' `AutoencoderKLQwenImage` on the CPU, frozen, in eval mode."""
+        from accelerate import init_empty_weights
+        from diffusers import AutoencoderKLQwenImage
+
+        config, names = self.config, self.names
+        with init_empty_weights(include_buffers=False):
+            vae = AutoencoderKLQwenImage(**config)
+        if self.layout == "wan":
+            to_ours = {diffusers_to_wan_name(n, config["num_res_blocks"]): n for n, _ in vae.named_parameters()}
+            names = {to_ours.get(n, n): k for n, k in names.items()}  # unmapped names stay, reported as unknown
+        fill_empty(vae, ((n, self.file.tensor(k)) for n, k in names.items()),
+                   lambda module, leaf, name, tensor: assign_parameter(module, leaf, tensor.to(self.compute_dtype)),
+                   source=f"VAE file {self.file.path}", hint="Choose qwen_image_vae.safetensors.")
+        return vae.eval()
+
+
 def load_vae_file(path: str | Path, compute_dtype: torch.dtype = torch.bfloat16) -> nn.Module:
     """diffusers' `AutoencoderKLQwenImage` from one file (Wan 2.1 or diffusers layout), CPU, frozen, eval."""
-    from accelerate import init_empty_weights
-    from diffusers import AutoencoderKLQwenImage
-
-    file = SafetensorsFile(path, "vae")
-    layout, prefix = detect_layout(file.path, "vae", file.keys)
-    names = strip_prefix(file.keys, prefix)
-    file.require_floating(names.values())
-    shapes = {n: file.shapes[k] for n, k in names.items()}
-    config = vae_config(shapes, layout, file.sidecar_config(), str(file.path))
-    with init_empty_weights(include_buffers=False):
-        vae = AutoencoderKLQwenImage(**config)
-    if layout == "wan":
-        to_ours = {diffusers_to_wan_name(n, config["num_res_blocks"]): n for n, _ in vae.named_parameters()}
-        names = {to_ours.get(n, n): k for n, k in names.items()}  # unmapped names stay, reported as unknown
-    fill_empty(vae, ((n, file.tensor(k)) for n, k in names.items()),
-               lambda module, leaf, name, tensor: assign_parameter(module, leaf, tensor.to(compute_dtype)),
-               source=f"VAE file {file.path}", hint="Choose qwen_image_vae.safetensors.")
-    return vae.eval()
+    return VaeFile(path, compute_dtype)()
 
 
 def vae_file_tensors(vae: nn.Module, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:

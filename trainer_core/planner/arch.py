@@ -120,9 +120,7 @@ def arch_from_transformer(transformer: nn.Module, vae_scale_factor: int | None =
 def arch_for_components(components) -> QwenImageArch:
     """The numbers of a loaded model set (`models.QwenImageComponents`), its VAE's scale factor included
     (read from the VAE's config when the VAE is there). Works while a trainer has the model."""
-    vae = getattr(components, "vae", None)
-    scale = 2 ** len(vae.config.temperal_downsample) if vae is not None else None
-    return arch_from_transformer(components.transformer, vae_scale_factor=scale)
+    return arch_from_transformer(components.skeleton(), vae_scale_factor=components.vae_scale_factor())
 
 
 def default_vae_scale_factor() -> int:

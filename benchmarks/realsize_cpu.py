@@ -1,0 +1,230 @@
+"""Rehearse the real 20B Qwen-Image on the CPU: every phase of a run at real size, measured against the plan.
+
+    make realsize                      # or: .venv/bin/python benchmarks/realsize_cpu.py [--dir D] [--clean]
+
+1. Writes random-weight files with the exact shapes, dtypes and key layouts of ComfyUI's real files
+   (`devtools/realsize_files.py`: qwen_image_fp8_e4m3fn 20.4 GB, qwen_2.5_vl_7b_fp8_scaled 9.4 GB with its
+   vision tower and scales, qwen_image_vae 0.25 GB), streaming, unless they are in --dir already.
+2. Runs the engine calls the nodes make, in bf16 on the CPU (where the "GPU" share of memory lands in host
+   RAM too), one phase at a time:
+     load     Load Models          load_single_files: headers, tokenizer, file identities
+     cache    Cache Latents/Text   4 images at 512² + captions, the preview prompts; the training set at a
+                                   small bucket (--train-size), then the encoders are dropped
+     init     Init Trainer         runs.open_run, rank 16: the transformer streams in
+     train    Train Steps          2 steps
+     preview  Preview              1 image, 2 sampling steps, true CFG
+     save     Save LoRA            ComfyUI's layout; then the run is released
+3. Records per phase the peak resident memory (the kernel's high-water mark, reset at each phase start) and
+   seconds, against the planner's host-RAM prediction for that phase (`planner.phases`, device = CPU), and
+   ends with one line: `realsize: peak_rss_gib=X planned_gib=Y phases=load,...,save ok` (or FAIL with why).
+   Results go to benchmarks/realsize_cpu.json.
+
+It runs in a child process under a memory cap (--cap-gib, default 22): a memory cgroup where one can be made,
+and a watchdog in any case (`memory_cap.py`), so an overshoot fails the script, not the machine. Files are
+read with plain reads, so the page cache does not count as the process' memory. --clean deletes the files
+(about 30 GB) after the run; --clean-only deletes them without running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import common  # noqa: F401  (puts the repository on sys.path)
+import memory_cap
+
+GIB = 1 << 30
+OUT = Path(__file__).resolve().parent / "realsize_cpu.json"
+PHASES = ("load", "cache", "init", "train", "preview", "save")
+TOLERANCE = 0.10  # each phase's planned host RAM within 10% of the measured peak
+PROMPT = "a red circle on a white background"
+NEGATIVE = "blurry"
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("QWEN_LORA_REALSIZE_DIR", Path.home() / ".cache" / "qwen-lora-realsize"))
+
+
+# --------------------------------------------------------------------------------------------------
+# measuring one phase
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+class Phase:
+    """`with Phase(name, results):` records seconds and the peak resident memory of the block."""
+
+    def __init__(self, name: str, results: dict, log):
+        self.name, self.results, self.log = name, results, log
+
+    def __enter__(self):
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident size
+        self.start = time.perf_counter()
+        self.log(f"-- {self.name} ...")
+        return self
+
+    def __exit__(self, kind, *_):
+        if kind is None:
+            seconds = time.perf_counter() - self.start
+            peak, now = _status_kib("VmHWM") * 1024, _status_kib("VmRSS") * 1024
+            self.results[self.name] = {"seconds": round(seconds, 1), "peak_rss_bytes": peak, "end_rss_bytes": now}
+            self.log(f"   {self.name}: {seconds:.1f} s, peak RSS {peak / GIB:.2f} GiB, at the end {now / GIB:.2f} GiB")
+
+
+# --------------------------------------------------------------------------------------------------
+# the rehearsal
+
+def make_images(folder: Path, count: int, size: int) -> Path:
+    """`count` coloured-shape images of size² pixels with captions."""
+    from PIL import Image, ImageDraw
+
+    folder.mkdir(parents=True, exist_ok=True)
+    colours = [("red", (220, 40, 40)), ("green", (40, 170, 60)), ("blue", (40, 70, 220)), ("yellow", (235, 200, 30))]
+    for n in range(count):
+        name, rgb = colours[n % len(colours)]
+        shape = "circle" if n % 2 == 0 else "square"
+        img = Image.new("RGB", (size, size), "white")
+        m = size // 4
+        (ImageDraw.Draw(img).ellipse if shape == "circle" else ImageDraw.Draw(img).rectangle)(
+            (m, m, size - m, size - m), fill=rgb)
+        img.save(folder / f"{n:02d}.png")
+        (folder / f"{n:02d}.txt").write_text(f"a {name} {shape} on a white background\n")
+    return folder
+
+
+def planned_host_bytes(args, train_dataset, components) -> dict[str, int]:
+    """The planner's host-RAM peak per phase for this rehearsal (device = CPU: GPU bytes are host bytes)."""
+    from trainer_core.planner.phases import rehearsal_plan
+
+    return rehearsal_plan(args, train_dataset, components)
+
+
+def rehearse(args, log) -> int:
+    import torch
+
+    from trainer_core import runs
+    from trainer_core.cache import build_cache
+    from trainer_core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.data import discover
+    from trainer_core.devtools.realsize_files import write_realsize_files
+    from trainer_core.models import load_single_files
+    from trainer_core.models.tiny import build_tiny_tokenizer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    root = Path(args.dir)
+    memory_cap.start_watchdog(int(args.cap_gib * GIB))
+    Path("/proc/self/oom_score_adj").write_text("1000")  # if the machine runs short anyway, this goes first
+    started = time.perf_counter()
+    files = write_realsize_files(root / "models", log=log)
+    tokenizer = root / "models" / "tokenizer"  # the real one is not on this machine: the offline tiny BPE
+    build_tiny_tokenizer().save_pretrained(str(tokenizer))
+    images = make_images(root / "images", args.images, args.cache_size)
+    work = root / "work"
+    shutil.rmtree(work, ignore_errors=True)  # a fresh cache and run each time: every phase does its work
+    log(f"files ready in {time.perf_counter() - started:.0f} s")
+
+    results: dict[str, dict] = {}
+    with Phase("load", results, log):
+        components = load_single_files(files["transformer"], files["text_encoder"], files["vae"], tokenizer,
+                                       storage="float8", compute_dtype=torch.bfloat16, device="cpu",
+                                       text_encoder_fp8=args.text_encoder_fp8)
+    with Phase("cache", results, log):
+        for size in (args.cache_size, args.train_size):
+            dataset = build_cache(components, discover(DatasetConfig(folder=str(images), resolution=size)),
+                                  work / "cache", preview_prompts=[PROMPT], negative_prompt=NEGATIVE)
+            log(f"   cache at {size}²: {dataset.report.summary()}")
+    train = TrainConfig(run_name="realsize", gradient_checkpointing=True, blocks_to_swap=0, seed=0)
+    settings = (LoraConfig(rank=args.rank, alpha=float(args.rank)), OptimizerConfig(optimizer="adamw8bit"), train)
+    if args.stop_after == "cache":
+        return 0
+    with Phase("init", results, log):
+        trainer = runs.open_run(components, dataset, *settings, run_dir=work / "run").trainer
+    with Phase("train", results, log):
+        report = trainer.train(args.steps)
+        log(f"   losses: {[round(x, 4) for x in report.losses]}")
+    with Phase("preview", results, log):
+        image = trainer.sample_preview(PROMPT, NEGATIVE, width=args.train_size, height=args.train_size,
+                                       steps=args.sample_steps, cfg_scale=4.0, seed=0)
+        image.save(work / "preview.png")
+    with Phase("save", results, log):
+        lora = trainer.save_lora(work / "realsize_lora.safetensors")
+        runs.release("realsize")
+    log(f"   LoRA: {lora} ({lora.stat().st_size / 2**20:.0f} MiB)")
+
+    OUT.write_text(json.dumps({"phases": results}, indent=2) + "\n")  # kept if planning fails below
+    planned = planned_host_bytes(args, dataset, components)
+    return report_results(results, planned, log, total_seconds=time.perf_counter() - started,
+                          finite=all(x == x for x in report.losses))
+
+
+def report_results(results: dict, planned: dict[str, int], log, total_seconds: float, finite: bool) -> int:
+    log("")
+    log("| phase | seconds | measured peak RSS (GiB) | planned host (GiB) | planned / measured |")
+    log("|---|---:|---:|---:|---:|")
+    failures = []
+    for name in PHASES:
+        r = results[name]
+        measured, plan = r["peak_rss_bytes"], planned[name]
+        r["planned_host_bytes"] = plan
+        ratio = plan / measured
+        log(f"| {name} | {r['seconds']:.1f} | {measured / GIB:.2f} | {plan / GIB:.2f} | {ratio:.3f} |")
+        if abs(ratio - 1) > TOLERANCE:
+            failures.append(f"{name}: planned {plan / GIB:.2f} GiB vs measured {measured / GIB:.2f} GiB")
+    peak = max(r["peak_rss_bytes"] for r in results.values())
+    planned_peak = max(planned[name] for name in PHASES)
+    if peak > 22 * GIB:
+        failures.append(f"peak RSS {peak / GIB:.2f} GiB is over 22 GiB")
+    if not finite:
+        failures.append("a training loss was not finite")
+    OUT.write_text(json.dumps({"phases": results, "peak_rss_bytes": peak, "planned_peak_bytes": planned_peak,
+                               "total_seconds": round(total_seconds), "failures": failures}, indent=2) + "\n")
+    verdict = "ok" if not failures else "FAIL (" + "; ".join(failures) + ")"
+    log(f"total {total_seconds / 60:.1f} min")
+    log(f"realsize: peak_rss_gib={peak / GIB:.2f} planned_gib={planned_peak / GIB:.2f} phases={','.join(PHASES)} {verdict}")
+    return 0 if not failures else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", default=str(default_dir()), help="where the 30 GB of model files go (default %(default)s)")
+    parser.add_argument("--cap-gib", type=float, default=22.0, help="memory cap for the run (default %(default)s)")
+    parser.add_argument("--images", type=int, default=4)
+    parser.add_argument("--cache-size", type=int, default=512, help="side of the cached images (default %(default)s)")
+    parser.add_argument("--train-size", type=int, default=128, help="training and preview bucket side (default %(default)s)")
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--sample-steps", type=int, default=2)
+    parser.add_argument("--text-encoder-fp8", default="dequantize", choices=("dequantize", "keep"))
+    parser.add_argument("--clean", action="store_true", help="delete the model files after the run")
+    parser.add_argument("--clean-only", action="store_true", help="delete the model files and stop")
+    parser.add_argument("--stop-after", choices=("cache",), help="for development: stop after this phase")
+    parser.add_argument("--in-cap", action="store_true", help=argparse.SUPPRESS)  # the capped child
+    args = parser.parse_args()
+    if args.clean_only:
+        shutil.rmtree(args.dir, ignore_errors=True)
+        print(f"deleted {args.dir}")
+        return 0
+    if args.in_cap:
+        return rehearse(args, log=lambda line: print(line, flush=True))
+    argv = [sys.executable, __file__, *sys.argv[1:], "--in-cap"]
+    status = memory_cap.run_capped(argv, args.cap_gib)
+    if status != 0:
+        print(f"realsize: the rehearsal ended with status {status}"
+              + (" (killed: over the memory cap)" if status in (137, -9, 3) else ""))
+    if args.clean:
+        shutil.rmtree(args.dir, ignore_errors=True)
+        print(f"deleted {args.dir}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
