@@ -327,6 +327,7 @@ class Trainer:
             # seed, the step and the micro-batch alone (not on which process computes it, nor on a resume).
             torch.manual_seed(micro_batch_seed(self.train_cfg.seed, self.step, k))
             loss = self._loss_of(draw)
+            del draw  # its latents and noise: not kept through backward (the memory plan counts them as gone)
             if not torch.isfinite(loss):
                 finite = False  # keep drawing the remaining micro-batches: data order and RNG stay in step
                 continue
