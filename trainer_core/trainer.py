@@ -325,7 +325,7 @@ class Trainer:
                 continue
             # LoRA dropout draws from torch's global RNG: seeded per micro-batch, its masks depend on the run's
             # seed, the step and the micro-batch alone (not on which process computes it, nor on a resume).
-            torch.manual_seed(micro_batch_seed(self.train_cfg.seed, self.step, k))
+            _seed_global_rng(micro_batch_seed(self.train_cfg.seed, self.step, k), self.device)
             loss = self._loss_of(draw)
             del draw  # its latents and noise: not kept through backward (the memory plan counts them as gone)
             if not torch.isfinite(loss):
@@ -682,6 +682,15 @@ def micro_batch_seed(seed: int, step: int, k: int) -> int:
     """The global RNG's seed for micro-batch `k` of optimizer step `step` (0-based) of a run seeded `seed`."""
     digest = hashlib.sha256(f"{seed}/{step}/{k}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1  # torch.manual_seed takes up to 2**63 - 1
+
+
+def _seed_global_rng(seed: int, device: torch.device) -> None:
+    """Seed torch's global RNG on the CPU and on `device` (only there: another GPU of the machine is another
+    process's)."""
+    torch.random.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.manual_seed(seed)
 
 
 def _global_rng_state(device: torch.device) -> dict[str, torch.Tensor]:
