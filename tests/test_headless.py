@@ -112,6 +112,27 @@ def test_ctrl_c_stops_at_a_step_boundary_and_the_same_command_continues_bit_exac
         assert same_tensors(run / f"t_{step:06d}.safetensors", whole.run_dir / f"t_{step:06d}.safetensors"), step
 
 
+def test_a_run_file_on_model_files_trains_and_previews(tmp_path, demo_folder, tiny_files, capsys):
+    """The files ComfyUI users have (here the tiny model's, as export-tiny writes them: float8 transformer, scaled
+    fp8 text encoder, VAE, a tokenizer folder beside them), named relative to the run file."""
+    from trainer_core.cli import main
+
+    root = Path(tiny_files["vae"]).parents[1]
+    model = {"transformer": str(Path(tiny_files["transformer_fp8_e4m3fn"]).relative_to(root)),
+             "text_encoder": str(Path(tiny_files["text_encoder_fp8_scaled"]).relative_to(root)),
+             "vae": str(Path(tiny_files["vae"]).relative_to(root)), "source": ""}
+    path = tiny_run_file(root, demo_folder, model=model, train={"steps": 2},  # beside the model folders
+                         previews={"preview_prompts": ["a red circle", "a blue square"], "preview_every": 2,
+                                   "preview_size": 64, "preview_sampling_steps": 2})
+    assert main(["train", "--config", str(path), "--output", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "model: qwen_image_tiny_fp8_e4m3fn" in printed
+    run = tmp_path / "out" / "t"
+    assert sorted(p.name for p in (run / "previews").glob("step_*")) == [
+        "step_000000_0.png", "step_000000_1.png", "step_000002_0.png", "step_000002_1.png"]
+    assert len(load_file(str(run / "t_000002.safetensors"))) == 3 * (2 * 12 - 4)  # attention+mlp: 12 a block
+
+
 def test_several_dataset_folders_each_with_its_repeats_and_an_epoch_length(tmp_path, demo_folder, capsys):
     """Two [[dataset]] tables (the same folder at two resolutions, repeats 1 and 2) make one data order in which
     every epoch holds each sample its folder's repeats times; epochs = 2 ends the run after two of them."""
