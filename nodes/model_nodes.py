@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-
-from ..trainer_core.config import MODEL_SOURCES, LoadConfig
-from ..trainer_core.errors import UserInputError
-from ..trainer_core.models import build_tiny_components, load_diffusers_dir, load_single_files
+from ..trainer_core.config import LoadConfig
+from ..trainer_core.model_source import FILES, load_model_set
 from ..trainer_core.models.tokenizer import tokenizer_candidates
 from . import host
 from .common import CATEGORY, MODELS, engine_mode
 from .widgets import widgets
-
-FILES, DIFFUSERS, TINY = MODEL_SOURCES
-
-
-def resolve_compute_dtype(choice: str, device: torch.device) -> torch.dtype:
-    if choice == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, choice)
 
 
 class QwenLoRALoadModels:
@@ -39,20 +28,14 @@ class QwenLoRALoadModels:
 
     def load(self, source, transformer, text_encoder, vae, diffusers_folder, storage, compute_dtype,
              text_encoder_fp8):
-        device = host.compute_device()
-        dtype = resolve_compute_dtype(compute_dtype, device)
+        settings = dict(storage=storage, compute_dtype=compute_dtype, text_encoder_fp8=text_encoder_fp8)
         with engine_mode():
-            if source == TINY:
-                return (build_tiny_components(seed=0, storage=storage, compute_dtype=dtype, device=device),)
-            if source == DIFFUSERS:
-                if not diffusers_folder.strip():
-                    raise UserInputError("diffusers_folder is empty: enter the path of a diffusers Qwen-Image folder.")
-                return (load_diffusers_dir(diffusers_folder.strip(), storage=storage, compute_dtype=dtype,
-                                           device=device),)
+            if source != FILES:  # the tiny model, or a diffusers folder (a path typed in the node)
+                return (load_model_set(source, host.compute_device(), diffusers_folder=diffusers_folder, **settings),)
             paths = [host.model_file_path(kind, name) for kind, name in
                      (("diffusion_models", transformer), ("text_encoders", text_encoder), ("vae", vae))]
             # A tokenizer folder beside the files wins; otherwise the Qwen2.5 tokenizer ComfyUI ships.
             beside = any(c.is_dir() for c in tokenizer_candidates(None, paths[1]))
             tokenizer = None if beside else host.bundled_qwen_tokenizer()
-            return (load_single_files(*paths, tokenizer_dir=tokenizer, storage=storage, compute_dtype=dtype,
-                                      device=device, text_encoder_fp8=text_encoder_fp8),)
+            return (load_model_set(source, host.compute_device(), transformer=paths[0], text_encoder=paths[1],
+                                   vae=paths[2], tokenizer=tokenizer, **settings),)

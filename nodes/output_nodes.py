@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from ..trainer_core.config import CompareStepsConfig, LossPlotConfig, PreviewConfig, SaveConfig
 from ..trainer_core.live import step_grid
 from ..trainer_core.errors import UserInputError
-from ..trainer_core.files import inside
-from ..trainer_core.names import fill_template
+from ..trainer_core.lora_files import lora_output_path
 from ..trainer_core.plot import loss_plot
 from . import host
 from .common import CATEGORY, TRAINER, engine_mode, image_to_pil, pil_to_image
@@ -105,24 +102,6 @@ class QwenLoRACompareSteps:
     def compare(self, trainer, columns, tile_size):
         grid = step_grid(trainer.step_previews, columns, tile_size, title=trainer.train_cfg.run_name)
         return (pil_to_image(grid),)
-
-
-# Bytes a LoRA file name leaves free for the temporary file written beside it ('.<name>.<pid>.tmp').
-TEMP_NAME_ROOM = 32
-
-
-def lora_output_path(loras_dir: Path, filename: str, run_name: str, step: int) -> Path:
-    """`filename` (with {run_name}/{step} filled in, nothing else evaluated) as a .safetensors path inside
-    `loras_dir`: every folder and the file name portable, no link out of `loras_dir`."""
-    name = fill_template(filename.strip(), "filename", run_name=run_name, step=f"{step:06d}").strip()
-    stem = name.replace("\\", "/").rsplit("/", 1)[-1]
-    if stem in ("", ".", ".safetensors"):
-        raise UserInputError(
-            f"filename={filename!r} names no file: give the LoRA a name, for example 'qwen/{{run_name}}_{{step}}'."
-        )
-    if not name.endswith(".safetensors"):
-        name += ".safetensors"
-    return inside(loras_dir, name, "filename", "qwen/{run_name}_{step}", suffix_room=TEMP_NAME_ROOM)
 
 
 class QwenLoRASave:

@@ -65,6 +65,22 @@ def test_checkpoints_every_n_steps_and_at_the_end_keeping_two(demo_folder, tmp_p
     assert json.loads((root / "latest.json").read_text()) == {"dir": "step_000005", "step": 5}
 
 
+def test_8bit_adamw_state_whose_quantisation_maps_are_shared_checkpoints_and_resumes_exactly(demo_folder, tmp_path):
+    """bitsandbytes gives every parameter of 4096 elements or more (every LoRA tensor of the real model; rank 64
+    here) the same two quantisation-map tensors, which safetensors refuses to write twice."""
+    big = LoraConfig(rank=64, alpha=64.0)
+    whole = make(tmp_path / "whole", demo_folder, lora=big)
+    whole.train(4)
+    assert any(p.numel() >= 4096 for p in whole.params)
+    split = make(tmp_path / "split", demo_folder, lora=big)
+    split.train(2)
+    split.close()  # one trainer per run folder
+    again = make(tmp_path / "split", demo_folder, lora=big)
+    assert again.resume() and again.step == 2
+    again.train(2)
+    assert all(torch.equal(a, b) for a, b in zip(whole.params, again.params))
+
+
 def test_resuming_with_another_rank_or_optimizer_names_the_difference(demo_folder, tmp_path):
     first = make(tmp_path, demo_folder)
     first.train(2)

@@ -6,12 +6,15 @@ the position: (epoch, index of the next micro-batch in that epoch).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
 class DataOrder:
-    def __init__(self, buckets: list[tuple[int, int]], repeats: int, batch_size: int, seed: int):
-        """`buckets[i]` is sample i's bucket; each epoch visits every sample `repeats` times."""
+    def __init__(self, buckets: list[tuple[int, int]], repeats: int | Sequence[int], batch_size: int, seed: int):
+        """`buckets[i]` is sample i's bucket; each epoch visits every sample `repeats` times (one number for
+        all, or one per sample: datasets of several folders, each with its own repeats)."""
         self.buckets = list(buckets)
         self.repeats = repeats
         self.batch_size = batch_size
@@ -23,7 +26,8 @@ class DataOrder:
     def epoch_plan(self, epoch: int) -> list[list[int]]:
         """The micro-batches (lists of sample indices, each within one bucket) of `epoch`."""
         g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-        items = [i for i in range(len(self.buckets)) for _ in range(self.repeats)]
+        counts = [self.repeats] * len(self.buckets) if isinstance(self.repeats, int) else self.repeats
+        items = [i for i in range(len(self.buckets)) for _ in range(counts[i])]
         by_bucket: dict[tuple[int, int], list[int]] = {}
         for j in torch.randperm(len(items), generator=g).tolist():
             by_bucket.setdefault(self.buckets[items[j]], []).append(items[j])

@@ -72,7 +72,7 @@ class CachedDataset:
     prompt_keys: dict[str, str]  # prompt text -> text key (preview prompts, negative prompt, "")
     vae_fingerprint: str
     text_fingerprint: str
-    repeats: int = 1
+    repeats: int | tuple[int, ...] = 1  # per epoch: one number for all samples, or one per sample
     preview_prompts: list[str] = field(default_factory=list)
     negative_prompt: str = ""
     # Held out of training (never in the data order): the validation loss is measured on these.
@@ -141,7 +141,7 @@ def build_cache(
     preview_prompts: list[str] = (),
     negative_prompt: str = "",
     batch_size: int = 4,  # entries per progress update (each is encoded alone)
-    repeats: int = 1,
+    repeats: int | tuple[int, ...] = 1,
     progress: Callable[[int, int], None] | None = None,
     validation: list[Sample] = (),
 ) -> CachedDataset:

@@ -223,11 +223,21 @@ TENSOR_REF = "__tensor__"
 
 
 def flatten_state(state: Any, prefix: str = "optim") -> tuple[dict[str, torch.Tensor], Any]:
-    """Split a nested state into ({path: tensor}, JSON-able skeleton)."""
+    """Split a nested state into ({path: tensor}, JSON-able skeleton).
+
+    A tensor that appears more than once (bitsandbytes' 8-bit optimizers put the same two quantisation maps
+    into the state of every parameter of 4096 elements or more) is stored once and referenced from each
+    place: safetensors refuses to write tensors that share memory, and the loaded state shares it again."""
     tensors: dict[str, torch.Tensor] = {}
+    seen: dict[tuple, str] = {}
 
     def walk(value: Any, path: str) -> Any:
         if torch.is_tensor(value):
+            identity = (value.device, value.dtype, value.data_ptr(), value.storage_offset(), tuple(value.shape),
+                        value.stride())
+            if value.numel() and identity in seen:
+                return {TENSOR_REF: seen[identity]}
+            seen[identity] = path
             tensors[path] = value
             return {TENSOR_REF: path}
         if isinstance(value, dict):

@@ -1,4 +1,4 @@
-"""Command line: `python -m trainer_core demo|export-tiny|plan`.
+"""Command line: `python -m trainer_core demo|train|export-tiny|plan`.
 
 Flags that are settings take their help, default, choices and range from the config metadata
 (`config_arg`); a bad value of any flag ends in one line, `error: ...` naming the flag, and exit code 2.
@@ -75,6 +75,47 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"preview:   {result.preview}")
     print(f"loss plot: {result.loss_plot}")
     return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import distributed
+    from .errors import TrainingStopped
+    from .headless import train_run
+    from .run_file import help_config, parse_run_tables, read_run_file
+
+    if args.help_config:
+        print(help_config(), end="")
+        return 0
+    if args.from_diffusion_pipe:
+        from .diffusion_pipe import translate
+
+        translation = translate(args.from_diffusion_pipe)
+        text = translation.text
+        run = parse_run_tables(translation.data, Path.cwd(), where=f"the translation of {args.from_diffusion_pipe}")
+    elif args.config:
+        run, text = read_run_file(args.config)
+    else:
+        from .errors import UserInputError
+
+        raise UserInputError("train needs --config RUN.toml (or --from-diffusion-pipe CONFIG.toml); "
+                             "--help-config lists every setting of a run file.")
+    if args.output:
+        run.headless.output_folder = str(Path(args.output).expanduser().resolve())
+    replicas = distributed.join()
+    try:
+        if args.from_diffusion_pipe and replicas.writes:
+            print(text, end="", flush=True)
+        if args.print_only:
+            return 0
+        check_writable_folder(str(run.output_folder), "[output] folder")
+        return train_run(run, replicas, text, steps=args.steps)
+    except TrainingStopped as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        replicas.leave()
 
 
 def cmd_export_tiny(args: argparse.Namespace) -> int:
@@ -251,7 +292,8 @@ def check_writable_folder(folder: str, flag: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from .config import (
-        DatasetConfig, LoadConfig, LoraConfig, OptimizerConfig, PlanConfig, TrainConfig, TrainStepsConfig, help_text,
+        DatasetConfig, HeadlessConfig, LoadConfig, LoraConfig, OptimizerConfig, PlanConfig, TrainConfig,
+        TrainStepsConfig, help_text,
     )
 
     parser = _Parser(prog="python -m trainer_core", description="Qwen-Image LoRA trainer engine.")
@@ -278,6 +320,26 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tokenizer folder (default: a tokenizer/ folder beside the text encoder file or its folder)")
     demo.add_argument("--text-encoder-fp8", **config_arg(LoadConfig, "text_encoder_fp8"))
     demo.set_defaults(func=cmd_demo)
+    train = sub.add_parser(
+        "train", help="train from a run file (TOML), without a canvas; under torchrun on several GPUs",
+        description="Trains the run a TOML run file describes (--help-config prints every setting with its help and "
+                    "default). Running the same command again resumes the run up to its length; Ctrl-C stops at "
+                    "the next step with a checkpoint. Several GPUs: torchrun --nproc-per-node N -m trainer_core "
+                    "train --config RUN.toml (data-parallel; process 0 writes every file).")
+    what = train.add_mutually_exclusive_group()
+    what.add_argument("--config", type=existing_path("file"), help="the run file (TOML)")
+    what.add_argument("--from-diffusion-pipe", type=existing_path("file"), metavar="CONFIG.toml",
+                      help="a diffusion-pipe Qwen-Image config (and the dataset file it names): print its translation "
+                           "into a run file, each field mapped or listed as ignored with the reason, then train it")
+    what.add_argument("--help-config", action="store_true",
+                      help="print every setting of a run file with its help and default (a commented template)")
+    train.add_argument("--print-only", action="store_true",
+                       help="with --from-diffusion-pipe: print the translation and stop (save it as a run file)")
+    train.add_argument("--steps", **config_arg(
+        HeadlessConfig, "steps", default=None, shown_default="the run file's [train] steps and epochs",
+        help="train up to this many steps in all, instead of the run file's length"))
+    train.add_argument("--output", metavar="DIR", help="the output folder instead of the run file's [output] folder")
+    train.set_defaults(func=cmd_train)
     export = sub.add_parser("export-tiny", help="write the tiny test model as ComfyUI single files (every format, "
                                                 "with config JSONs and the tokenizer) or as a diffusers folder")
     export.add_argument("dir", help="output folder")
@@ -341,3 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserInputError as e:  # the message says what is wrong and what to do: no traceback needed
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before training started (while training, train stops at a step boundary)
+        print("interrupted before training started: checkpoints and the cache entries written so far are kept",
+              file=sys.stderr)
+        return 130

@@ -379,6 +379,38 @@ class PlanConfig:
     )
 
 
+@dataclass
+class HeadlessConfig:
+    """Settings only `python -m trainer_core train` takes: in the canvas, queueing, the Save node and ComfyUI's
+    folders do these jobs. Relative paths are relative to the folder of the run file."""
+
+    steps: int = _f(
+        1000, "Total optimizer steps of the run: training stops there, and running the same command again "
+        "resumes up to it. 0 = no step limit (epochs decides).", min=0, max=100_000_000,
+    )
+    epochs: int = _f(
+        0, "Stop after this many passes over the dataset (every image times its repeats). 0 = no epoch limit "
+        "(steps decides); with both, whichever comes first.", min=0, max=1_000_000,
+    )
+    output_folder: str = _f(
+        "output", "Folder of the run's files: <folder>/<run_name>/ holds its checkpoints, LoRA files, previews and "
+        "loss plot, <folder>/cache the latent and prompt cache (shared by runs).",
+    )
+    snapshot_every_epochs: int = _f(
+        0, "Also save the LoRA after every N epochs (0 = off), as snapshot_every does for steps.", min=0,
+        max=1_000_000,
+    )
+    tokenizer: str = _f(
+        "", "Qwen2.5 tokenizer folder for model files. Empty: a tokenizer/ folder beside the text encoder file (or "
+        "its folder), as export-tiny writes.",
+    )
+
+    def validate(self) -> None:
+        _check_range(self, "steps", "epochs", "snapshot_every_epochs")
+        if not self.steps and not self.epochs:
+            raise UserInputError("[train] steps and epochs are both 0: set how long to train (steps = 1000, say).")
+
+
 def parse_blocks_to_swap(value: int | str) -> int:
     """'auto' (any case) or -1 -> AUTO_SWAP; a whole number (or its text) -> that number."""
     if isinstance(value, str):

@@ -35,9 +35,11 @@ from torch import nn
 
 from .config import LORA_LAYOUTS, LoraConfig
 from .errors import UserInputError
+from .files import inside
 from .finite import nonfinite_names
 from .lora import ADAPTER, adapter_weights, lora_layers
 from .models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
+from .names import fill_template
 
 COMFY_PREFIX = "diffusion_model."
 DIFFUSERS_PREFIX = "transformer."
@@ -354,3 +356,21 @@ def load_into_adapter(transformer: nn.Module, weights: dict[str, tuple[torch.Ten
                 raise UserInputError(f"LoRA module {name}: shape {tuple(source.shape)} in the file, "
                                      f"{tuple(target.shape)} in the adapter.")
             target.copy_(source.to(target.device, target.dtype))
+
+
+# Bytes a LoRA file name leaves free for the temporary file written beside it ('.<name>.<pid>.tmp').
+TEMP_NAME_ROOM = 32
+
+
+def lora_output_path(loras_dir: Path, filename: str, run_name: str, step: int) -> Path:
+    """`filename` (with {run_name}/{step} filled in, nothing else evaluated) as a .safetensors path inside
+    `loras_dir`: every folder and the file name portable, no link out of `loras_dir`."""
+    name = fill_template(filename.strip(), "filename", run_name=run_name, step=f"{step:06d}").strip()
+    stem = name.replace("\\", "/").rsplit("/", 1)[-1]
+    if stem in ("", ".", ".safetensors"):
+        raise UserInputError(
+            f"filename={filename!r} names no file: give the LoRA a name, for example 'qwen/{{run_name}}_{{step}}'."
+        )
+    if not name.endswith(".safetensors"):
+        name += ".safetensors"
+    return inside(loras_dir, name, "filename", "qwen/{run_name}_{step}", suffix_room=TEMP_NAME_ROOM)

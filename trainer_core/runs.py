@@ -34,6 +34,7 @@ from pathlib import Path
 
 from .cache import CachedDataset
 from .config import LoraConfig, OptimizerConfig, TrainConfig, check_run_name, to_dict
+from .distributed import ONE_PROCESS, Replicas
 from .errors import UserInputError
 from .files import inside
 from .models.components import QwenImageComponents
@@ -68,17 +69,19 @@ def open_run(
     init_lora: str | Path | None = None,
     before_build: Callable[[], None] | None = None,
     exclusive: bool = False,
+    replicas: Replicas = ONE_PROCESS,
 ) -> OpenedRun:
     """Get or create the run of `train.run_name` (see module docstring). `run_dir`: its checkpoints (None:
     none, and nothing to resume). `before_build` runs only when a trainer is about to be built.
     `exclusive`: release every other live run, on other model sets too (one GPU, one training: a host
-    that replaced its model set must not keep the old one's trainer and memory alive)."""
+    that replaced its model set must not keep the old one's trainer and memory alive). `replicas`: this
+    process's place among the processes of a data-parallel run (distributed.py)."""
     name = check_run_name(train.run_name)
     lora.validate()
     optimizer.validate()
     train.validate(num_blocks=components.num_blocks)
     run_dir = Path(run_dir) if run_dir is not None else None
-    signature = run_signature(components, dataset, lora, optimizer, train, run_dir, init_lora)
+    signature = run_signature(components, dataset, lora, optimizer, train, run_dir, init_lora) + f"/{replicas.size}"
     with _lock:
         live = _live.get(name)
         if live is not None and live.trainer.live and live.signature == signature:
@@ -110,7 +113,8 @@ def open_run(
                                 "from its checkpoint.")
         if before_build is not None:
             before_build()
-        trainer = Trainer(components, dataset, lora, optimizer, train, run_dir=run_dir, init_lora=init_lora)
+        trainer = Trainer(components, dataset, lora, optimizer, train, run_dir=run_dir, init_lora=init_lora,
+                          replicas=replicas)
         try:
             resumed = trainer.resume()
         except BaseException:

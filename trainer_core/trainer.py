@@ -3,8 +3,9 @@
 Training is step-chunked: `train(n)` runs n more optimizer steps and returns a report. Nothing is
 re-seeded or rebuilt between calls, so k chunks give bit-identical weights to one call of the same
 total length. Every random draw (noise, noise level, caption dropout) comes from one CPU generator
-owned by the trainer, in a fixed order, and LoRA dropout's global-RNG state is the trainer's own too,
-so results depend neither on the device's RNG nor on what other code draws in between.
+owned by the trainer, in a fixed order, and LoRA dropout's global RNG is seeded for each micro-batch
+from the run's seed, the step and the micro-batch's place in it, so results depend neither on the device's
+RNG nor on what other code draws in between, nor on how many processes share the step (distributed.py).
 
 With a `run_dir`, the whole state is checkpointed (see checkpoint.py) every `checkpoint_every` steps
 and whenever `train` returns or is interrupted, and `resume()` continues bit-exactly from the newest
@@ -20,6 +21,7 @@ no such checkpoint the trainer refuses further use); a checkpoint with NaN/inf i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import time
@@ -35,6 +37,7 @@ from . import checkpoint as ckpt
 from .batching import DataOrder
 from .cache import CachedDataset
 from .config import LoraConfig, OptimizerConfig, TrainConfig, from_dict, to_dict
+from .distributed import ONE_PROCESS, Replicas, world_size_note
 from .errors import RunFolderLost, TrainingStopped, UserInputError
 from .files import remove_leftovers, write_error, write_safetensors_atomic
 from .finite import all_finite, nonfinite_names
@@ -111,8 +114,10 @@ class Trainer:
         train: TrainConfig,
         run_dir: str | Path | None = None,
         init_lora: str | Path | None = None,
+        replicas: Replicas = ONE_PROCESS,
     ):
-        """`run_dir`: where checkpoints go (None: no checkpoints).
+        """`run_dir`: where checkpoints go (None: no checkpoints). `replicas`: this process's place among
+        data-parallel processes (distributed.py); only process 0 locks the run folder and writes checkpoints.
 
         `init_lora`: continue from this LoRA file (any layout `lora_files.read_lora_file` reads). The file
         decides rank, alpha and the adapted modules (it holds the weights for exactly those; anything else
@@ -129,6 +134,7 @@ class Trainer:
         self.requested_lora_cfg = lora  # before a LoRA file to continue from replaces rank and alpha
         self.requested_train_cfg = train  # blocks_to_swap may say 'auto' here
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.replicas = replicas
         self.device = components.device
         self.compute_dtype = components.compute_dtype
         self.transformer = components.transformer  # None until _build loads it (a lazy model set)
@@ -141,7 +147,7 @@ class Trainer:
         self._claim_model_set()
         try:
             # One trainer per run folder, in this process or any other (before anything touches the model).
-            if self.run_dir is not None:
+            if self.run_dir is not None and replicas.writes:
                 self.lock = RunLock(self.run_dir)
                 try:
                     self.lock.acquire(owner=f"run '{train.run_name}'")
@@ -312,16 +318,26 @@ class Trainer:
 
     def _one_step(self) -> StepReport:
         t0 = time.perf_counter()
-        accum = self.train_cfg.grad_accum_steps
+        # A step takes grad_accum_steps micro-batches per process. Every process draws all of them (one data
+        # order, one generator) and computes its own share; see distributed.py. One process: all of them.
+        share = self.train_cfg.grad_accum_steps * self.replicas.size
         total = 0.0
         finite = True
-        for _ in range(accum):
-            loss = self._micro_batch_loss(self.order.next())
+        for k in range(share):
+            draw = self._draw(self.order.next())
+            if not self.replicas.owns(k):
+                continue
+            # LoRA dropout draws from torch's global RNG: seeded per micro-batch, its masks depend on the run's
+            # seed, the step and the micro-batch alone (not on which process computes it, nor on a resume).
+            _seed_global_rng(micro_batch_seed(self.train_cfg.seed, self.step, k), self.device)
+            loss = self._loss_of(draw)
+            del draw  # its latents and noise: not kept through backward (the memory plan counts them as gone)
             if not torch.isfinite(loss):
                 finite = False  # keep drawing the remaining micro-batches: data order and RNG stay in step
                 continue
-            (loss / accum).backward()
+            (loss / share).backward()
             total += loss.item()
+        total, finite = self.replicas.reduce_step(self.params, total, finite)  # summed over the processes
         grad_norm = self._clip_gradients() if finite else math.nan
         lr = set_learning_rate(self.optimizer, self.optim_cfg, self.step)
         if not (finite and math.isfinite(grad_norm)):
@@ -333,7 +349,7 @@ class Trainer:
         if not all_finite(self.params):  # one fused reduction and one host sync per step
             self._undo_nonfinite_step()
         self.step += 1
-        mean = total / accum
+        mean = total / share
         self.loss_history.append((self.step, mean))
         return StepReport(step=self.step, loss=mean, lr=lr, grad_norm=grad_norm, seconds=time.perf_counter() - t0)
 
@@ -345,6 +361,10 @@ class Trainer:
         return float(torch.stack(norms).norm()) if norms else 0.0
 
     def _micro_batch_loss(self, indices: list[int]) -> torch.Tensor:
+        return self._loss_of(self._draw(indices))
+
+    def _draw(self, indices: list[int]) -> tuple:
+        """The micro-batch of these sample indices with its random draws: (samples, x0, noise, levels, dropped)."""
         samples = [self.dataset.samples[i] for i in indices]
         x0 = torch.stack([self.dataset.latents(s.latent_key) for s in samples]).float()  # (B, C, h, w)
         b, _, h, w = x0.shape
@@ -355,7 +375,10 @@ class Trainer:
         levels = sample_noise_levels(b, self.rng, self.train_cfg.timestep_sampling,
                                      self.train_cfg.logit_mean, self.train_cfg.logit_std, mu)  # (B,)
         dropped = torch.rand(b, generator=self.rng) < self.train_cfg.caption_dropout  # (B,)
+        return samples, x0, noise, levels, dropped
 
+    def _loss_of(self, draw: tuple) -> torch.Tensor:
+        samples, x0, noise, levels, dropped = draw
         # An edit sample drops to the empty caption seen with its own control images (edit/cache.py).
         empties = [getattr(s, "empty_text_key", "") or self.dataset.prompt_keys[""] for s in samples]
         embeds = [self.dataset.embedding(empty if drop else s.text_key)
@@ -477,6 +500,7 @@ class Trainer:
             "base_model": self.components.name, "base_fingerprint": self.base_fingerprint,
             "param_names": self.param_names,
             "num_samples": len(self.dataset.samples),
+            "processes": self.replicas.size,
         }
         return tensors, meta
 
@@ -497,6 +521,9 @@ class Trainer:
                 f"the checkpoint of step {self.step} was not written: {len(bad)} of its tensors hold NaN or inf "
                 f"values (first: {bad[:2]}). The newest checkpoint in {ckpt.checkpoints_dir(self.run_dir)} is "
                 "unchanged.")
+        if not self.replicas.writes:  # process 0 writes the state, which is the same on every process
+            self.saved_step = self.step
+            return None
         try:
             folder = ckpt.save_checkpoint(self.run_dir, self.step, tensors, meta)
         except OSError as e:
@@ -522,6 +549,9 @@ class Trainer:
             return False
         tensors, meta, folder = loaded
         self._check_compatible(meta, folder)
+        note = world_size_note(meta, self.replicas.size, self.train_cfg.grad_accum_steps)
+        if note is not None:
+            notes.append(note)
         with torch.no_grad():
             for name, p in zip(self.param_names, self.params):
                 p.copy_(tensors[f"lora.{name}"])
@@ -665,6 +695,21 @@ class Trainer:
 
     def last_loss(self) -> float:
         return self.loss_history[-1][1] if self.loss_history else math.nan
+
+
+def micro_batch_seed(seed: int, step: int, k: int) -> int:
+    """The global RNG's seed for micro-batch `k` of optimizer step `step` (0-based) of a run seeded `seed`."""
+    digest = hashlib.sha256(f"{seed}/{step}/{k}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # torch.manual_seed takes up to 2**63 - 1
+
+
+def _seed_global_rng(seed: int, device: torch.device) -> None:
+    """Seed torch's global RNG on the CPU and on `device` (only there: another GPU of the machine is another
+    process's)."""
+    torch.random.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.manual_seed(seed)
 
 
 def _global_rng_state(device: torch.device) -> dict[str, torch.Tensor]:
