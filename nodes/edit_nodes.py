@@ -17,7 +17,7 @@ from ..trainer_core.models.tokenizer import tokenizer_candidates
 from . import host
 from .common import CATEGORY, DATASET, MODELS, engine_mode
 from .data_nodes import QwenLoRADataset, dataset_folder
-from .model_nodes import DIFFUSERS, TINY, resolve_compute_dtype
+from ..trainer_core.model_source import DIFFUSERS, TINY, resolve_compute_dtype
 from .widgets import widgets
 
 # The tiny test model's variant when the choice is auto (no file to read it from).
