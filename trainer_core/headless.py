@@ -152,16 +152,19 @@ def open_once(components, cached: CachedDataset, run: RunFile, run_dir: Path, re
     """Open the run (resuming from its checkpoint); process 0 first (it locks the run folder and tidies what a
     killed write left there), then the others, which read the same checkpoint; all must then agree."""
     init_lora = run.continue_from_lora or None
+    # The memory plan covers the previews this run samples (without previews: the Preview node's default size).
+    side = run.steps_cfg.preview_size
+    planned_previews = (side, side) if run.steps_cfg.preview_every else None
     trainer = None
     if replicas.writes:
         opened = open_run(components, cached, run.lora, run.optimizer, run.train, run_dir=run_dir,
-                          init_lora=init_lora, replicas=replicas)
+                          init_lora=init_lora, replicas=replicas, preview_size=planned_previews)
         trainer = opened.trainer
         say(opened.status)
     replicas.wait_for_writer()
     if not replicas.writes:
         trainer = open_run(components, cached, run.lora, run.optimizer, run.train, run_dir=run_dir,
-                           init_lora=init_lora, replicas=replicas).trainer
+                           init_lora=init_lora, replicas=replicas, preview_size=planned_previews).trainer
     try:
         replicas.check_same_start(trainer)
     except BaseException:

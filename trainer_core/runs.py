@@ -70,12 +70,14 @@ def open_run(
     before_build: Callable[[], None] | None = None,
     exclusive: bool = False,
     replicas: Replicas = ONE_PROCESS,
+    preview_size: tuple[int, int] | None = None,
 ) -> OpenedRun:
     """Get or create the run of `train.run_name` (see module docstring). `run_dir`: its checkpoints (None:
     none, and nothing to resume). `before_build` runs only when a trainer is about to be built.
     `exclusive`: release every other live run, on other model sets too (one GPU, one training: a host
     that replaced its model set must not keep the old one's trainer and memory alive). `replicas`: this
-    process's place among the processes of a data-parallel run (distributed.py)."""
+    process's place among the processes of a data-parallel run (distributed.py). `preview_size`: (width,
+    height) of the previews the caller will sample, for the memory plan (None: the Preview node's default)."""
     name = check_run_name(train.run_name)
     lora.validate()
     optimizer.validate()
@@ -114,7 +116,7 @@ def open_run(
         if before_build is not None:
             before_build()
         trainer = Trainer(components, dataset, lora, optimizer, train, run_dir=run_dir, init_lora=init_lora,
-                          replicas=replicas)
+                          replicas=replicas, preview_size=preview_size)
         try:
             resumed = trainer.resume()
         except BaseException:

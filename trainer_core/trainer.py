@@ -115,9 +115,12 @@ class Trainer:
         run_dir: str | Path | None = None,
         init_lora: str | Path | None = None,
         replicas: Replicas = ONE_PROCESS,
+        preview_size: tuple[int, int] | None = None,
     ):
         """`run_dir`: where checkpoints go (None: no checkpoints). `replicas`: this process's place among
         data-parallel processes (distributed.py); only process 0 locks the run folder and writes checkpoints.
+        `preview_size`: (width, height) of the previews this run will sample, for the memory plan (None: the
+        Preview node's default).
 
         `init_lora`: continue from this LoRA file (any layout `lora_files.read_lora_file` reads). The file
         decides rank, alpha and the adapted modules (it holds the weights for exactly those; anything else
@@ -155,7 +158,7 @@ class Trainer:
                     raise write_error(e, f"lock file of run '{train.run_name}'", self.run_dir,
                                       "Nothing was trained or changed.") from None
                 ckpt.remove_leftovers(self.run_dir)  # what killed writes left (the folder is ours now)
-            self._build(components, dataset, lora, optimizer, train, init_lora)
+            self._build(components, dataset, lora, optimizer, train, init_lora, preview_size)
         except BaseException:
             self.close()  # the model without a half-made adapter, the run folder unlocked
             raise
@@ -175,7 +178,7 @@ class Trainer:
             remove_lora(self.components.transformer)
         self.components.trainer_ref = weakref.ref(self)
 
-    def _build(self, components, dataset, lora, optimizer, train, init_lora) -> None:
+    def _build(self, components, dataset, lora, optimizer, train, init_lora, preview_size=None) -> None:
         self.base_fingerprint = components.fingerprint("transformer")  # before the adapter joins the model
         self.init_lora: LoraFile | None = None
         modules = None
@@ -191,7 +194,7 @@ class Trainer:
         # blocks_to_swap 'auto' becomes a number here, from the memory plan at the dataset's largest bucket
         # (against the device's free memory now: free other models first). A plan that does not fit is
         # refused here, before the transformer's weights are read.
-        resolved_swap, self.memory_plan = plan_run(components, dataset, lora, optimizer, train)
+        resolved_swap, self.memory_plan = plan_run(components, dataset, lora, optimizer, train, preview_size)
         self.train_cfg = train = dataclasses.replace(train, blocks_to_swap=resolved_swap)
         # A lazy model set reads the transformer now, straight into this placement.
         self.transformer = components.ensure_transformer(

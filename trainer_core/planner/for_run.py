@@ -58,12 +58,14 @@ def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_
     return k, head + render_plan(plan.training, gpu_budget_bytes) + "\n\n" + render_phases(plan)
 
 
-def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig) -> tuple[int, str]:
+def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
+             preview_size: tuple[int, int] | None = None) -> tuple[int, str]:
     """(blocks_to_swap to use, the plan as text) for a run: `check_run` against the device's free memory now
     (CUDA) and this machine's RAM (`phases.host_ram_bytes`). On the CPU nothing is swapped under auto and the
     GPU's share is host RAM. Compute in another dtype than bfloat16 is not planned (the activation terms are
-    bf16's): the swap count is then taken as it is. Raises a `UserInputError` with what to change when a phase
-    does not fit."""
+    bf16's): the swap count is then taken as it is. `preview_size` (width, height): the previews this run will
+    sample, when its caller knows (a script, the `train` command); None: the Preview node's default. Raises a
+    `UserInputError` with what to change when a phase does not fit."""
     import torch
 
     from .arch import arch_for_components
@@ -75,6 +77,8 @@ def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, 
         text = "CPU training: no GPU memory to plan." if not cuda else "The memory plan covers bfloat16 compute only."
         return (0 if auto else train.blocks_to_swap), text
     inputs = inputs_for_run(components, dataset, lora, optimizer, train, 0 if auto else train.blocks_to_swap)
+    if preview_size is not None:
+        inputs = dataclasses.replace(inputs, preview_width=preview_size[0], preview_height=preview_size[1])
     budget = None
     if cuda:  # the context exists already and is outside the free memory measured
         budget = detect_budget(components.device).bytes
