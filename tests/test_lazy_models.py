@@ -187,3 +187,20 @@ def test_a_checkpoint_named_by_the_weights_fingerprint_still_resumes(tiny_files,
     again = Trainer(load(tiny_files), dataset, *settings, run_dir=tmp_path / "run")
     assert again.resume() and again.step == 2
     again.close()
+
+
+def test_a_run_that_does_not_fit_the_ram_is_refused_before_the_transformer_is_read(tiny_files, demo_folder, tmp_path,
+                                                                                   monkeypatch):
+    """Init Trainer plans every phase against the machine's RAM first: too little, and nothing of the
+    transformer's weights has been read when it says so (and names what to change)."""
+    from trainer_core.errors import UserInputError
+    from trainer_core.trainer import Trainer
+
+    components = load_single_files(tiny_files["transformer_fp8_e4m3fn"], tiny_files["text_encoder_bf16"],
+                                   tiny_files["vae"], storage="float8", compute_dtype=torch.bfloat16)
+    dataset = cached_demo(components, demo_folder, tmp_path / "cache")
+    monkeypatch.setenv("QWEN_LORA_HOST_RAM_GB", "4.5")  # 0.5 GiB usable after the 4 GiB left to the system
+    before = bytes_read(tiny_files["transformer_fp8_e4m3fn"])
+    with pytest.raises(UserInputError, match=r"host RAM: the \w+ phase needs .* are usable"):
+        Trainer(components, dataset, LoraConfig(rank=4), OptimizerConfig(), TrainConfig(run_name="too-big"))
+    assert bytes_read(tiny_files["transformer_fp8_e4m3fn"]) == before and components.transformer is None
