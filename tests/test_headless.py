@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO
 
-EXAMPLE = REPO / "examples" / "tiny_run.toml"
+EXAMPLE = REPO / "run_files" / "tiny_run.toml"
 DP_DATA = Path(__file__).with_name("data") / "diffusion_pipe"
 # A LoRA of rank r on "all" targets of the tiny model: 14 Linears in each of 2 blocks, minus the last block's
 # 4 dead ones, each with lora_A, lora_B and alpha.
@@ -57,7 +57,7 @@ def same_tensors(a: Path, b: Path) -> bool:
 
 
 def test_the_shipped_tiny_example_trains_and_running_it_again_resumes(tmp_path, capsys):
-    """examples/tiny_run.toml as shipped (the README's first headless command), into another output folder."""
+    """run_files/tiny_run.toml as shipped (the README's first headless command), into another output folder."""
     from trainer_core.cli import main
 
     out = tmp_path / "out"

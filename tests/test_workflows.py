@@ -253,3 +253,11 @@ def test_the_tiny_workflow_validates_without_any_model_file(pack, tmp_path, monk
     data_nodes = import_module(f"{pack.__name__}.nodes.data_nodes")
     folder = data_nodes.dataset_folder(prompt["2"]["inputs"]["folder"])
     assert len(list(__import__("pathlib").Path(folder).glob("*.png"))) == 8
+
+
+def test_no_folder_hides_the_workflows_from_comfyuis_template_browser():
+    """ComfyUI (app/custom_node_manager.py) serves the first existing folder of these names as a pack's workflow
+    templates: one of the earlier names would hide `workflows/` (a headless `examples/` folder once did)."""
+    for name in ("example_workflows", "example", "examples", "workflow"):
+        assert not (REPO / name).exists(), name
+    assert (REPO / "workflows").is_dir()
