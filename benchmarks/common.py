@@ -46,3 +46,20 @@ def synthetic_setup(transformer: torch.nn.Module, samples: int, latent_hw: tuple
         scheduler_config=dict(QWEN_IMAGE_SCHEDULER_CONFIG), compute_dtype=compute_dtype, device=device,
         name="synthetic", storage=storage)
     return components, dataset
+
+
+def resident_bytes(trainer) -> int:
+    """CPU stand-in for allocated memory before the steps: the model's tensors (parameters, buffers, RoPE
+    tables) that are in use, plus the swapper's slots (the masters of swapped blocks are host memory). Each
+    tensor's own bytes, not its storage's: a block that an earlier setting swapped computes from a view into
+    that setting's arena, whose whole chunk is not this model's."""
+    model = trainer.transformer
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers(), model.pos_embed.pos_freqs, model.pos_embed.neg_freqs]:
+        if t.numel():
+            key = (t.data_ptr(), t.numel())
+            if key not in seen:
+                seen.add(key)
+                total += t.numel() * t.element_size()
+    swapper = trainer.runner.swapper
+    return total + (swapper.slot_bytes if swapper is not None else 0)

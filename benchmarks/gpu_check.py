@@ -52,7 +52,7 @@ import threading
 import time
 from pathlib import Path
 
-import common  # noqa: F401  (puts the repository on sys.path)
+import common  # puts the repository on sys.path; resident_bytes
 
 import torch
 
@@ -376,7 +376,7 @@ def run_lifecycle(args, cuda, device, steps, context, workdir, rows, checks, log
                 report = trainer.train(1)
                 report2 = trainer.train(steps - 1)
             else:  # no allocator statistics: the device's bytes are the resident tensors + the steps' new ones
-                resident = resident_bytes(trainer)
+                resident = common.resident_bytes(trainer)
                 with LiveBytes() as live:
                     report = trainer.train(1)
                     report2 = trainer.train(steps - 1)
@@ -435,23 +435,6 @@ def run_lifecycle(args, cuda, device, steps, context, workdir, rows, checks, log
     checks.append(Check("same LoRA for every swap setting", worst <= 1e-2,
                         f"largest difference of A (blocks {sorted(probe_blocks)}) to the first setting's: "
                         f"{worst:.2e} of its largest value"))
-
-
-def resident_bytes(trainer) -> int:
-    """CPU stand-in for allocated memory before the steps: the model's tensors (parameters, buffers, RoPE
-    tables) that are in use, plus the swapper's slots (the masters of swapped blocks are host memory). Each
-    tensor's own bytes, not its storage's: a block that an earlier setting swapped computes from a view into
-    that setting's arena, whose whole chunk is not this model's."""
-    model = trainer.transformer
-    seen, total = set(), 0
-    for t in [*model.parameters(), *model.buffers(), model.pos_embed.pos_freqs, model.pos_embed.neg_freqs]:
-        if t.numel():
-            key = (t.data_ptr(), t.numel())
-            if key not in seen:
-                seen.add(key)
-                total += t.numel() * t.element_size()
-    swapper = trainer.runner.swapper
-    return total + (swapper.slot_bytes if swapper is not None else 0)
 
 
 def hardware_line(cuda: bool, device: torch.device) -> str:

@@ -30,7 +30,7 @@ import platform
 import time
 from pathlib import Path
 
-import common  # noqa: F401  (puts the repository on sys.path)
+import common  # puts the repository on sys.path; resident_bytes
 
 import torch
 
@@ -73,24 +73,6 @@ def pinned_bytes(cuda: bool) -> int:
         return 0
     stats = torch.cuda.host_memory_stats()
     return int(stats.get("allocated_bytes.current", stats.get("allocated_bytes.all.current", 0)))
-
-
-def resident_bytes(trainer) -> int:
-    """CPU stand-in for allocated memory before the steps: the model's tensors (parameters, buffers, RoPE
-    tables) that are in use, plus the swapper's slots (the masters of swapped blocks are host memory)."""
-    model = trainer.transformer
-    seen, total = set(), 0
-    # Each tensor's own bytes, not its storage's: on the CPU a block that a previous configuration swapped keeps
-    # its weights as views of that configuration's arena chunks (`.to("cpu")` copies nothing), whose storage
-    # holds other blocks too; on a GPU those weights would be copies of their own size.
-    for t in [*model.parameters(), *model.buffers(), model.pos_embed.pos_freqs, model.pos_embed.neg_freqs]:
-        if t.numel():
-            key = (t.data_ptr(), t.numel())
-            if key not in seen:
-                seen.add(key)
-                total += t.numel() * t.element_size()
-    swapper = trainer.runner.swapper
-    return total + (swapper.slot_bytes if swapper is not None else 0)
 
 
 def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch, steps: int, cuda: bool,
@@ -136,7 +118,7 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
         seconds = (time.perf_counter() - t) / (steps - 1)
         allocated, reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
     else:  # the CPU has no allocator statistics: resident tensors + the steps' peak of new tensors
-        resident = resident_bytes(trainer)
+        resident = common.resident_bytes(trainer)
         with LiveBytes() as live:
             report = trainer.train(1)
             t = time.perf_counter()

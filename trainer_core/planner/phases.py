@@ -339,8 +339,15 @@ def _candidates(p: PlanInputs, failing: set[str]) -> list[tuple[str, dict]]:
         for side in (768, 512):
             if side < max(p.preview_width, p.preview_height):
                 out.append((f"previews at {side}x{side}", dict(preview_width=side, preview_height=side)))
+    return out + training_candidates(p)
+
+
+def training_candidates(p: PlanInputs) -> list[tuple[str, dict]]:
+    """Single changes of the training settings that lower the GPU peak, each as (label, PlanInputs fields):
+    what `_candidates` and automatic swapping's advice (search.py) try."""
+    out: list[tuple[str, dict]] = []
     if not p.checkpointing:
-        out.append(("gradient checkpointing on", dict(checkpointing=True)))
+        out.append(("enable gradient checkpointing", dict(checkpointing=True)))
     if p.batch > 1:
         out.append(("micro-batch 1 (use gradient accumulation instead)", dict(batch=1)))
     if p.lora_dtype == "float32":

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .arch import QwenImageArch, real_arch
 from .inference import PartSizes
-from .phases import gpu_peak_after_caching
+from .phases import gpu_peak_after_caching, training_candidates
 from .plan import GIB, MemoryPlan, PlanInputs, plan_memory
 
 
@@ -62,25 +62,7 @@ def _advice(plan: MemoryPlan, budget: int, arch: QwenImageArch, parts: PartSizes
     gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
     lines = [f"Nothing fits in {gib(budget)}: even with {p.blocks_to_swap} of {arch.num_blocks} blocks swapped "
              f"the GPU peak is {gib(gpu_peak_after_caching(plan, arch, parts))}. Changes that would fit (with the swap count they need):"]
-    candidates = []
-    if not p.checkpointing:
-        candidates.append(("enable gradient checkpointing", dict(checkpointing=True)))
-    if p.batch > 1:
-        candidates.append(("micro-batch 1 (use gradient accumulation instead)", dict(batch=1)))
-    if p.lora_dtype == "float32":
-        candidates.append(("LoRA dtype bfloat16", dict(lora_dtype="bfloat16")))
-    if p.optimizer == "adamw":
-        candidates.append(("optimizer adamw8bit", dict(optimizer="adamw8bit")))
-    for rank in (16, 8, 4):
-        if rank < p.rank:
-            candidates.append((f"rank {rank}", dict(rank=rank)))
-    if p.targets != "attention":
-        candidates.append(("targets 'attention'", dict(targets="attention")))
-    side = max(p.width, p.height)
-    for smaller in (1024, 896, 768, 640, 512):
-        if smaller < side:
-            w, h = p.width * smaller // side // 32 * 32, p.height * smaller // side // 32 * 32
-            candidates.append((f"resolution {w}x{h}", dict(width=w, height=h)))
+    candidates = training_candidates(p)
     found = False
     for label, change in candidates:
         k, fitting = _fewest_swapped(dataclasses.replace(p, **change), budget, arch, parts)
