@@ -206,7 +206,7 @@ def build_cache(
     report.prompts_reused = len(prompts) - len(todo_prompts)
 
     components.release_text_encoder()
-    components.park_vae()
+    components.release_vae()
     def entry(s: Sample) -> CachedSample:
         return CachedSample(latent_key=latent_key(s, vae_fp), text_key=text_key(s.caption, text_fp), bucket=s.bucket,
                             caption=s.caption, image_path=s.image_path)

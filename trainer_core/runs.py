@@ -226,7 +226,7 @@ def _park(components: QwenImageComponents) -> str:
     else:
         components.transformer.to("cpu")
         where = "the model moved to the CPU"
-    components.park_vae()
+    components.release_vae()
     components.give_memory_back()
     return where
 

@@ -173,7 +173,7 @@ def build_edit_cache(
             write({"embedding": encode_edit_prompt(variant, pipe, prompt, conditions, components.device)}, "text", key,
                   f"prompt {prompt[:40]!r}")
     components.release_text_encoder()
-    components.park_vae()
+    components.release_vae()
 
     def entry(s: EditSample) -> EditCachedSample:
         z = sizes[s.image_path]
