@@ -50,6 +50,7 @@ from .models.qwen_arch import PATCH_SIZE
 from .models.text import pad_prompt_batch
 from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, time_shift, velocity_target
 from .offload import BlockRunner, swapped_blocks, uninstall_leftover_runner
+from .swap_placement import default_placement
 from .live import StepExtras, StepPreview, keep_preview
 from .run_lock import RunLock
 from .sampling import sample_image
@@ -194,8 +195,9 @@ class Trainer:
         # blocks_to_swap 'auto' becomes a number here, from the memory plan at the dataset's largest bucket
         # (against the device's free memory now: free other models first). A plan that does not fit is
         # refused here, before the transformer's weights are read.
-        resolved_swap, self.memory_plan = plan_run(components, dataset, lora, optimizer, train, preview_size)
-        self.train_cfg = train = dataclasses.replace(train, blocks_to_swap=resolved_swap)
+        swap = plan_run(components, dataset, lora, optimizer, train, preview_size)
+        self.memory_plan = swap.text
+        self.train_cfg = train = dataclasses.replace(train, blocks_to_swap=swap.blocks_to_swap)
         # A lazy model set reads the transformer now, straight into this placement.
         self.transformer = components.ensure_transformer(
             self.device, host_blocks=swapped_blocks(components.num_blocks, train.blocks_to_swap))
@@ -214,8 +216,9 @@ class Trainer:
                     f"LoRA file {self.init_lora.path} holds values too large for LoRA dtype {lora.dtype}: they become "
                     "inf. Choose another LoRA file.")
         self.param_names = [n for n, p in self.transformer.named_parameters() if p.requires_grad]
-        self.runner = BlockRunner(self.transformer, self.device, blocks_to_swap=train.blocks_to_swap,
-                                  checkpointing=train.gradient_checkpointing)
+        placement = default_placement(components.num_blocks, train.blocks_to_swap, swap.ring_depth)
+        self.runner = BlockRunner(self.transformer, self.device, checkpointing=train.gradient_checkpointing,
+                                  placement=placement if train.blocks_to_swap else None)
         if self.runner.swapper is not None:
             self.memory_plan += "\n" + self.runner.swapper.pinned_status
         self.optimizer = build_optimizer(self.params, optimizer)

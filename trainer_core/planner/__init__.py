@@ -21,7 +21,7 @@ One concern per module, so the maths can be read and tested without a GPU or a m
 
 from .arch import QwenImageArch, arch_for_components, arch_from_transformer, real_arch
 from .device import Budget, auto_for_device, detect_budget
-from .for_run import check_run, inputs_for_run, plan_run
+from .for_run import SwapDecision, check_run, inputs_for_run, plan_run
 from .phases import (
     PHASES, PhasePlan, choose_text_encoder_storage, host_ram_bytes, plan_phases, refuse_if_unfit,
 )
@@ -30,7 +30,8 @@ from .render import render_budget_table, render_choice, render_phases, render_pl
 from .search import SwapChoice, auto_blocks_to_swap
 
 __all__ = [
-    "GIB", "MIB", "PHASES", "Budget", "MemoryPlan", "PhasePlan", "PlanInputs", "QwenImageArch", "SwapChoice", "Term",
+    "GIB", "MIB", "PHASES", "Budget", "MemoryPlan", "PhasePlan", "PlanInputs", "QwenImageArch", "SwapChoice", "SwapDecision",
+    "Term",
     "arch_for_components", "arch_from_transformer", "auto_blocks_to_swap", "auto_for_device", "check_run",
     "choose_text_encoder_storage", "detect_budget", "host_ram_bytes", "inputs_for_run", "plan_memory", "plan_phases",
     "plan_run", "real_arch", "refuse_if_unfit", "render_budget_table", "render_choice", "render_phases", "render_plan",

@@ -9,7 +9,9 @@ does the deciding). `trainer.py` calls `plan_run` before the adapter or the swap
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
+from ..swap_placement import MIN_RING
 from ..config import LoraConfig, OptimizerConfig, TrainConfig
 from .arch import QwenImageArch
 from .device import detect_budget
@@ -18,6 +20,7 @@ from .phases import AFTER_CACHING, host_ram_bytes, plan_phases, refuse_if_unfit
 from .plan import GIB, PlanInputs
 from .render import render_phases, render_plan
 from .search import auto_blocks_to_swap
+from .timeline import RUNTIME, GpuProfile, deeper_ring, predict, profile_for_device
 
 
 def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
@@ -36,32 +39,58 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
     )
 
 
+@dataclass(frozen=True)
+class SwapDecision:
+    """How a run streams its blocks: how many, over a ring of how many GPU slots, and the plan as text."""
+
+    blocks_to_swap: int
+    ring_depth: int
+    text: str
+
+
 def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_bytes: int | None,
-              arch: QwenImageArch | None = None, parts: PartSizes | None = None) -> tuple[int, str]:
-    """(blocks_to_swap to use, the plan as text) for a run about to be built, or a UserInputError.
+              arch: QwenImageArch | None = None, parts: PartSizes | None = None,
+              gpu: GpuProfile | None = None) -> SwapDecision:
+    """How to stream the blocks of a run about to be built, or a UserInputError.
 
     `auto`: the fewest swapped blocks whose GPU phases fit `gpu_budget_bytes` (0 on the CPU or without a
-    budget); else `inputs.blocks_to_swap`. Then every phase after caching (init, train, preview, save) must
-    fit the budget and `ram_bytes` (None: not checked): otherwise the error names the phase, the bytes and
-    the changes that would fit, before anything is loaded or built."""
+    budget), and on a GPU the timeline model knows (`gpu`), the ring depth it predicts fastest for the same
+    GPU memory (`timeline.deeper_ring`: one more slot, one more block streamed); else `inputs.blocks_to_swap`
+    and `inputs.ring_depth`. Then every phase after caching (init, train, preview, save) must fit the budget
+    and `ram_bytes` (None: not checked): otherwise the error names the phase, the bytes and the changes that
+    would fit, before anything is loaded or built."""
     k = inputs.blocks_to_swap
     choice = None
+    head = ""
     if auto:
         k = 0
         if inputs.device == "cuda" and gpu_budget_bytes is not None:
             choice = auto_blocks_to_swap(inputs, gpu_budget_bytes, arch, parts)
             k = choice.plan.inputs.blocks_to_swap
-    plan = plan_phases(dataclasses.replace(inputs, blocks_to_swap=k), arch, ram_bytes, gpu_budget_bytes, parts)
+            head = f"blocks_to_swap = {k} (the fewest that fit {gpu_budget_bytes / GIB:.2f} GiB)\n\n"
+    inputs = dataclasses.replace(inputs, blocks_to_swap=k)
+    plan = plan_phases(inputs, arch, ram_bytes, gpu_budget_bytes, parts)
     refuse_if_unfit(plan, AFTER_CACHING, f"blocks_to_swap={'auto' if auto else k}")
-    head = (f"blocks_to_swap = {k} (the fewest that fit {gpu_budget_bytes / GIB:.2f} GiB)\n\n" if choice is not None
-            else "")
-    return k, head + render_plan(plan.training, gpu_budget_bytes) + "\n\n" + render_phases(plan)
+    if choice is not None and gpu is not None:
+        deeper = deeper_ring(inputs, gpu, arch)
+        if deeper is not None:
+            deeper_inputs = dataclasses.replace(inputs, blocks_to_swap=len(deeper.placement.streamed),
+                                                ring_depth=deeper.placement.ring)
+            deeper_plan = plan_phases(deeper_inputs, arch, ram_bytes, gpu_budget_bytes, parts)
+            if deeper_plan.fits_phases(AFTER_CACHING):  # a slot weighs a block's frozen weights: it should
+                head += (f"ring of {deeper.placement.ring} GPU slots, {deeper_inputs.blocks_to_swap} blocks streamed "
+                         f"(timeline model, {gpu.label}: {deeper.seconds:.3f} s/step against "
+                         f"{predict(inputs, gpu, arch=arch, path=RUNTIME).seconds:.3f} with a ring of "
+                         f"{inputs.ring_depth})\n\n")
+                inputs, plan = deeper_inputs, deeper_plan
+    return SwapDecision(inputs.blocks_to_swap, inputs.ring_depth,
+                        head + render_plan(plan.training, gpu_budget_bytes) + "\n\n" + render_phases(plan))
 
 
 def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
-             preview_size: tuple[int, int] | None = None) -> tuple[int, str]:
-    """(blocks_to_swap to use, the plan as text) for a run: `check_run` against the device's free memory now
-    (CUDA) and this machine's RAM (`phases.host_ram_bytes`). On the CPU nothing is swapped under auto and the
+             preview_size: tuple[int, int] | None = None) -> SwapDecision:
+    """How a run streams its blocks, and its plan as text: `check_run` against the device's free memory now
+    (CUDA; the ring depth from the timeline model where it knows the GPU by name) and this machine's RAM (`phases.host_ram_bytes`). On the CPU nothing is swapped under auto and the
     GPU's share is host RAM. Compute in another dtype than bfloat16 is not planned (the activation terms are
     bf16's): the swap count is then taken as it is. `preview_size` (width, height): the previews this run will
     sample, when its caller knows (a script, the `train` command); None: the Preview node's default. Raises a
@@ -75,13 +104,14 @@ def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, 
     cuda = components.device.type == "cuda"
     if components.compute_dtype != torch.bfloat16:
         text = "CPU training: no GPU memory to plan." if not cuda else "The memory plan covers bfloat16 compute only."
-        return (0 if auto else train.blocks_to_swap), text
+        return SwapDecision(0 if auto else train.blocks_to_swap, MIN_RING, text)
     inputs = inputs_for_run(components, dataset, lora, optimizer, train, 0 if auto else train.blocks_to_swap)
     if preview_size is not None:
         inputs = dataclasses.replace(inputs, preview_width=preview_size[0], preview_height=preview_size[1])
-    budget = None
+    budget = gpu = None
     if cuda:  # the context exists already and is outside the free memory measured
         budget = detect_budget(components.device).bytes
         inputs = dataclasses.replace(inputs, cuda_context_bytes=0)
+        gpu = profile_for_device(torch.cuda.get_device_name(components.device))
     return check_run(inputs, auto, budget, host_ram_bytes(), arch_for_components(components),
-                     parts_for_components(components))
+                     parts_for_components(components), gpu)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..swap_placement import BACKWARD, FORWARD, MIN_RING, Placement, Ring, default_placement, ring_for, spread_placement, tail_placement
+from ..swap_placement import BACKWARD, FORWARD, MIN_RING, Placement, Ring, default_placement, ring_for, spread_placement
 from .arch import QwenImageArch, real_arch
 from .plan import PlanInputs, block_blob, lora_shapes, lora_tensor_sizes
 
@@ -299,27 +299,29 @@ def predict(inputs: PlanInputs, gpu: GpuProfile, placement: Placement | None = N
     return Prediction(gpu, placement, seconds, resident, stall, copied)
 
 
-def candidate_placements(num_blocks: int, k: int, ring: int) -> list[Placement]:
-    return [spread_placement(num_blocks, k, ring), tail_placement(num_blocks, k, ring)]
-
-
-def best_for_budget(inputs: PlanInputs, gpu: GpuProfile, held_blocks: int, rings: tuple[int, ...] = (2, 3, 4, 6, 8),
-                    arch: QwenImageArch | None = None, path: ComputePath = TODAY) -> Prediction:
-    """The fastest (placement, ring depth) among the candidates when the GPU holds `held_blocks` blocks' weights
-    (resident blocks plus ring slots: a slot costs what a resident block costs)."""
+def deeper_ring(inputs: PlanInputs, gpu: GpuProfile, arch: QwenImageArch | None = None, path: ComputePath = RUNTIME,
+                min_gain: float = 0.005, rings: tuple[int, ...] = (3, 4, 6, 8)) -> Prediction | None:
+    """The spread placement with a deeper ring that holds as many blocks' weights on the GPU as
+    `inputs.blocks_to_swap` streamed with a ring of `inputs.ring_depth` (a slot costs what a resident block
+    costs: one more slot, one more block streamed), when the model predicts it faster by more than `min_gain`
+    of the step; else None. Only the spread placement: it is the one the loader reads host blocks for
+    (`offload.swapped_blocks`), whatever the ring."""
     arch = arch or real_arch()
-    n = arch.num_blocks
-    best = None
+    n, k = arch.num_blocks, inputs.blocks_to_swap
+    if k <= MIN_RING:
+        return None
+    held = n - k + ring_for(k, inputs.ring_depth)
+    base = predict(inputs, gpu, spread_placement(n, k, ring_for(k, inputs.ring_depth)), arch, path)
+    best = base
     for ring in rings:
-        k = min(n - held_blocks + ring, n - 1)
-        if k <= ring:
+        deeper_k = n - held + ring
+        if ring <= inputs.ring_depth or deeper_k > n - 1 or deeper_k <= ring:
             continue
-        p = dataclasses.replace(inputs, blocks_to_swap=k, ring_depth=ring)
-        for placement in candidate_placements(n, k, ring):
-            pred = predict(p, gpu, placement, arch, path)
-            if best is None or pred.seconds < best.seconds:
-                best = pred
-    return best
+        p = dataclasses.replace(inputs, blocks_to_swap=deeper_k, ring_depth=ring)
+        pred = predict(p, gpu, spread_placement(n, deeper_k, ring), arch, path)
+        if pred.seconds < best.seconds:
+            best = pred
+    return best if best is not base and best.seconds < (1 - min_gain) * base.seconds else None
 
 
 def render_timeline(inputs: PlanInputs, gpu: GpuProfile, arch: QwenImageArch | None = None) -> str:
@@ -342,11 +344,9 @@ def render_timeline(inputs: PlanInputs, gpu: GpuProfile, arch: QwenImageArch | N
         mark = " (this trainer)" if path == RUNTIME else ""
         lines.append(f"  {path.label + mark:<46}{pred.seconds:>8.3f}{pred.resident_seconds:>14.3f}"
                      f"{pred.overhead:>+20.1%}")
-    if k > MIN_RING:
-        held = arch.num_blocks - k + ring_for(k, inputs.ring_depth)
-        best = best_for_budget(inputs, gpu, held, arch=arch, path=RUNTIME)
-        runtime = preds[PATHS.index(RUNTIME)]
-        if best.placement.ring != first.placement.ring and best.seconds < 0.995 * runtime.seconds:
-            lines.append(f"  same GPU memory, ring of {best.placement.ring} ({len(best.placement.streamed)} streamed): "
-                         f"{best.seconds:.3f} s/step, {best.overhead:+.1%}")
+    deeper = deeper_ring(inputs, gpu, arch)
+    if deeper is not None:
+        pl = deeper.placement
+        lines.append(f"  same GPU memory, ring of {pl.ring} ({len(pl.streamed)} streamed): {deeper.seconds:.3f} s/step, "
+                     f"{deeper.overhead:+.1%} (automatic swapping takes it on this GPU)")
     return "\n".join(lines)
