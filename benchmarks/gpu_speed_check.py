@@ -8,9 +8,10 @@ Builds the real transformer (60 blocks, 20.4B parameters) directly on the GPU wi
 weights (`devtools.random_weights.random_transformer`: meta first, then one tensor at a time; no
 download), and trains 5 steps of a rank-32 attention+mlp LoRA at 1024 x 1024 (64 x 64 = 4096 packed latent tokens, 16
 latent channels, 256 prompt tokens x 3584, all synthetic) through our `Trainer` (`lora.inject_lora`,
-`offload.BlockRunner` with gradient checkpointing) for blocks_to_swap in {0, 8, 16, auto for 16 GiB}, then three
+`offload.BlockRunner` with gradient checkpointing) for blocks_to_swap in {0, 8, 16, auto for 16 GiB}, then four
 variants of the auto configuration, one change of issue 10 undone or added each: the streamed blocks as the last
-ones (tail) instead of spread, the LoRA computed in fp32 (peft's cast) instead of bf16, and the compiled float8
+ones (tail) instead of spread, the LoRA computed in fp32 (peft's cast) instead of bf16, every forward copying
+whole blocks (no modulation ahead), and the compiled float8
 path (`models.float8_compiled`, where available).
 The model is built once; each configuration gets a fresh Trainer, whose `close()` takes the LoRA out and
 `BlockRunner.uninstall()` gives the blocks back, so the next one starts from the same model.
@@ -78,7 +79,9 @@ def pinned_bytes(cuda: bool) -> int:
 def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch, steps: int, cuda: bool,
                variant: str = "") -> Row:
     """One configuration. `variant`: "" (the trainer as it is), "tail" (streamed blocks = the last k), "lora fp32"
-    (peft's fp32 LoRA compute), "compiled" (compiled float8 blocks)."""
+    (peft's fp32 LoRA compute), "compiled" (compiled float8 blocks), "no modulation ahead" (every forward copies
+    the streamed blocks whole). The timed steps are one chunk: its first step computes the modulation outputs
+    for the window (up to 16 steps), as in the model, which averages over windows of 16."""
     from trainer_core.devtools.memprobe import LiveBytes
     from trainer_core.lora import compute_in_input_dtype
     from trainer_core.offload import BlockRunner
@@ -103,6 +106,9 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
                                      placement=placement, compile_float8=variant == "compiled")
         if variant == "compiled":
             path = PATHS[2]
+    elif variant == "no modulation ahead":
+        trainer.modulation_window = 0
+        inputs = dataclasses.replace(inputs, modulation_ahead=False)
     elif variant == "lora fp32":
         compute_in_input_dtype(trainer.transformer, enabled=False)
         path = ComputePath("float32", "eager")
@@ -209,7 +215,8 @@ def main(argv: list[str] | None = None) -> None:
         else [("no swapping", 0), ("1 swapped", 1), ("2 swapped", 2), (auto_label, choice.blocks_to_swap)]
     configs = [(label, k, "") for label, k in configs]
     auto_k = choice.blocks_to_swap
-    configs += [(f"{auto_label}, tail placement", auto_k, "tail"), (f"{auto_label}, LoRA in fp32", auto_k, "lora fp32")]
+    configs += [(f"{auto_label}, tail placement", auto_k, "tail"), (f"{auto_label}, LoRA in fp32", auto_k, "lora fp32"),
+                (f"{auto_label}, no modulation ahead", auto_k, "no modulation ahead")]
     from trainer_core.models.float8_compiled import available
 
     if available(device):

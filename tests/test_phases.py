@@ -255,18 +255,19 @@ def test_automatic_swapping_takes_the_ring_depth_the_timeline_model_predicts_fas
     from trainer_core.planner.timeline import GPUS, RUNTIME, predict
 
     inputs = PlanInputs(rank=32)
-    # At 17 GiB on an H100 the model finds a ring of 6 slightly faster (it rarely matters: benchmarks/README.md).
-    plain = check_run(inputs, auto=True, gpu_budget_bytes=17 * GIB, ram_bytes=64 * GIB)
-    h100 = check_run(inputs, auto=True, gpu_budget_bytes=17 * GIB, ram_bytes=64 * GIB, gpu=GPUS["h100"])
+    # At 10 GiB on a 4090 on PCIe 3 the model finds a deeper ring faster (it rarely matters: benchmarks/README.md).
+    plain = check_run(inputs, auto=True, gpu_budget_bytes=10 * GIB, ram_bytes=64 * GIB)
+    slow_link = check_run(inputs, auto=True, gpu_budget_bytes=10 * GIB, ram_bytes=64 * GIB, gpu=GPUS["rtx4090-pcie3"])
     # The same GPU memory: one more slot, one more block streamed.
-    assert h100.ring_depth > 2 and h100.blocks_to_swap - h100.ring_depth == plain.blocks_to_swap - plain.ring_depth
-    assert f"ring of {h100.ring_depth} GPU slots" in h100.text and "Every phase fits." in h100.text
+    assert slow_link.ring_depth > 2
+    assert slow_link.blocks_to_swap - slow_link.ring_depth == plain.blocks_to_swap - plain.ring_depth
+    assert f"ring of {slow_link.ring_depth} GPU slots" in slow_link.text and "Every phase fits." in slow_link.text
 
     def seconds(decision):
         p = dataclasses.replace(inputs, blocks_to_swap=decision.blocks_to_swap, ring_depth=decision.ring_depth)
-        return predict(p, GPUS["h100"], path=RUNTIME).seconds
+        return predict(p, GPUS["rtx4090-pcie3"], path=RUNTIME).seconds
 
-    assert seconds(h100) < 0.995 * seconds(plain)
+    assert seconds(slow_link) < 0.995 * seconds(plain)
     # Where streaming is hidden already (an RTX 4090 at 16 GiB), the ring stays at 2.
     rtx = check_run(inputs, auto=True, gpu_budget_bytes=16 * GIB, ram_bytes=64 * GIB, gpu=GPUS["rtx4090"])
     assert rtx.ring_depth == 2 and rtx.blocks_to_swap == check_run(

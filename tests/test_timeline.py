@@ -73,7 +73,7 @@ def test_the_last_blocks_text_stream_runs_no_backward():
 
 def test_predictions_follow_the_hardware():
     """Slower links cost more; all-resident costs nothing; spreading the streamed blocks beats the tail."""
-    inputs = PlanInputs(width=1024, height=1024, rank=32, blocks_to_swap=29)
+    inputs = PlanInputs(width=1024, height=1024, rank=32, blocks_to_swap=29, modulation_ahead=False)
     fast, slow = predict(inputs, GPUS["rtx4090"]), predict(inputs, GPUS["rtx4090-pcie3"])
     assert fast.resident_seconds == slow.resident_seconds and fast.seconds <= slow.seconds
     assert predict(dataclasses.replace(inputs, blocks_to_swap=0), GPUS["h100"]).overhead == 0
@@ -84,6 +84,14 @@ def test_predictions_follow_the_hardware():
     # in the ring for the next forward).
     blob = block_blob(real_arch(), "float8")
     assert fast.copy_bytes == 27 * blob.whole_bytes + 25 * blob.backward_bytes + 2 * blob.whole_bytes
+    # With modulation ahead, a window of 16 steps: the first forward copies 27 whole, every other pass 27
+    # backward parts, except the window's last backward: 25 backward parts and the first 2 whole for the next
+    # window's first forward.
+    ahead = predict(dataclasses.replace(inputs, modulation_ahead=True), GPUS["rtx4090"])
+    whole, parts = 27 + 2, 27 + 14 * (27 + 27) + 27 + 25
+    assert ahead.copy_bytes == (whole * blob.whole_bytes + parts * blob.backward_bytes) // 16
+    assert predict(dataclasses.replace(inputs, modulation_ahead=True), GPUS["h100"]).seconds < predict(
+        inputs, GPUS["h100"]).seconds
     faster = predict(inputs, GPUS["rtx4090"], path=ComputePath("bfloat16", "fused"))
     assert faster.resident_seconds < fast.resident_seconds
 

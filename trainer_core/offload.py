@@ -10,7 +10,10 @@ and the diffusers forward and pipeline stay untouched) with one that
      which walks the blocks in reverse.
 While training with checkpointing it keeps each block's modulation outputs (one row per sample) from the
 forward and hands them to the recompute, so the modulation Linears run once per step and a streamed block's
-backward copy leaves them out. In the last block the text stream's output is thrown away by the model, so
+backward copy leaves them out. Given the timesteps of the next training forwards (`plan_modulation`), the
+first of them computes the streamed blocks' modulation outputs for all of them (`models.modulation`), and the
+others copy those blocks without their modulation weights, a third of their bytes (modulation ahead,
+`swap_placement`). In the last block the text stream's output is thrown away by the model, so
 it leaves the graph there (detached) and its backward never runs on zero gradients.
 
 `BlockSwapper` keeps the frozen base Linear weights of the streamed blocks (`swap_placement.Placement`:
@@ -33,6 +36,7 @@ from torch import nn
 
 from .models import float8_compiled
 from .models.float8 import frozen_linears
+from .models.modulation import modulation_inputs, supports_modulation_ahead
 from .models.qwen_arch import MODULATION_LINEARS
 from .swap_placement import (
     BACKWARD, BACKWARD_PART, FORWARD, MIN_RING, BlobLayout, Load, Placement, Ring, blob_layout, default_placement,
@@ -363,6 +367,15 @@ class BlockRunner:
         self._phase = FORWARD
         self._caching = False  # keep modulation outputs (a training forward under checkpointing)
         self._modulation_cache: dict[tuple[int, str], torch.Tensor] = {}
+        # Modulation ahead (plan_modulation): the timesteps of the planned training forwards not begun yet; per
+        # later forward of the window its modulation inputs and the streamed blocks' outputs; the forward now.
+        self._streamed = set(swapped)
+        self._planned: list[torch.Tensor] = []
+        self._ahead: list[_ModulationAhead] = []
+        self._now: _ModulationAhead | None = None  # this forward reads its modulation outputs from here
+        self._filling: list[torch.Tensor] | None = None  # this forward computes the window's (its timesteps)
+        self._fill_inputs: dict[str, torch.Tensor] | None = None  # this forward's own modulation inputs
+        self.forwards_from_plan = 0  # training forwards that took their streamed modulation outputs from a plan
         self._compiled: dict | None = None
         if compile_float8 and float8_compiled.available(device):
             if swapped and not checkpointing:
@@ -373,7 +386,8 @@ class BlockRunner:
             block.forward = _wrap(block.forward, functools.partial(self._run_block, i), compile_)
             for name, lin in frozen_linears(block):
                 if _is_modulation(name):
-                    lin.forward = _wrap(lin.forward, functools.partial(self._modulation, (i, name)))
+                    key = (i, name.removesuffix(".base_layer"))  # peft's wrapper adds .base_layer
+                    lin.forward = _wrap(lin.forward, functools.partial(self._modulation, key))
 
     def record(self) -> list:
         """Start recording, in issue order, ("copy", block, bytes), ("wait", block) and ("compute", block, pass):
@@ -402,9 +416,49 @@ class BlockRunner:
         if self.trace is not None:
             self.trace.append(("compute", i, pass_))
 
+    def plan_modulation(self, timesteps: list[torch.Tensor]) -> bool:
+        """The timesteps (B,), as the transformer receives them, of the next training forwards, in order: the
+        first computes the streamed blocks' modulation outputs for all of them, the others copy those blocks
+        without their modulation weights. False (and nothing planned) where it does not apply: no block
+        streamed, no checkpointing, or modulation inputs that are not a function of the timestep alone."""
+        self.forget_modulation()
+        if self.swapper is None or not self.checkpointing or not supports_modulation_ahead(self.transformer):
+            return False
+        self._planned = list(timesteps)
+        return True
+
+    def forget_modulation(self) -> None:
+        """Drop what was planned or computed ahead (the trainer's draws changed: a resume, an interruption)."""
+        self._planned, self._ahead, self._now, self._filling, self._fill_inputs = [], [], None, None, None
+        if self.swapper is not None:
+            self.swapper.ring.forward_needs_modulation = self.swapper.ring.next_forward_needs_modulation = True
+
+    @property
+    def planned_forwards(self) -> int:
+        """Training forwards planned or computed ahead and not begun yet."""
+        return len(self._planned) + len(self._ahead)
+
+    def _begin_forward(self, training: bool) -> None:
+        """Before block 0: is this forward a window's first (it computes the modulation outputs ahead), a later
+        one (it reads them), or neither (a preview's, a validation's, an unplanned one)? The ring learns what
+        this forward and the next one need."""
+        self._now = self._filling = self._fill_inputs = None
+        if training and self.checkpointing:
+            if self._ahead:
+                self._now = self._ahead.pop(0)
+                self.forwards_from_plan += 1
+            elif self._planned:
+                self._filling, self._planned = self._planned, []
+                self._ahead = [_ModulationAhead(t) for t in self._filling[1:]]
+        if self.swapper is not None:
+            self.swapper.ring.forward_needs_modulation = self._now is None
+            self.swapper.ring.next_forward_needs_modulation = not self._ahead
+
     def _run_block(self, i: int, forward, *args, **kwargs):
-        self._start(FORWARD, i)
         training = torch.is_grad_enabled()
+        if i == 0:
+            self._begin_forward(training)
+        self._start(FORWARD, i)
         if self.checkpointing and training:
             self._caching = True
             try:
@@ -431,10 +485,31 @@ class BlockRunner:
         weights need not be on the GPU in backward."""
         if self._phase == BACKWARD and key in self._modulation_cache:
             return self._modulation_cache.pop(key)
-        y = forward(x)
+        ahead = key[0] in self._streamed and self._phase == FORWARD
+        if ahead and self._now is not None:  # computed by the window's first forward; the weights are not here
+            y = self._now.take(key, x)
+        else:
+            y = forward(x)
+            if ahead and self._filling is not None:
+                self._fill_ahead(key, forward, x)
         if self._caching:
             self._modulation_cache[key] = y
         return y
+
+    def _fill_ahead(self, key: tuple[int, str], forward, x: torch.Tensor) -> None:
+        """The window's first forward, at a streamed block's modulation Linear: its outputs for every later
+        forward of the window, each computed alone (the shapes, hence the kernels and values, of that forward)."""
+        if x.requires_grad:
+            raise RuntimeError(f"modulation ahead: the input of block {key[0]}'s {key[1]} needs a gradient")
+        if self._fill_inputs is None:  # first use in this forward: the inputs, once
+            self._fill_inputs = modulation_inputs(self.transformer, self._filling[0], x.dtype)
+            for entry in self._ahead:
+                entry.inputs = modulation_inputs(self.transformer, entry.timestep, x.dtype)
+        if x.device.type == "cpu":  # free here (no device sync): the plan matches this forward's timesteps
+            _ModulationAhead.check(key, x, self._fill_inputs)
+        with torch.no_grad():
+            for entry in self._ahead:
+                entry.outputs[key] = forward(entry.inputs[key[1]])
 
     def uninstall(self, unpin: bool = False) -> None:
         """Restore the blocks' own forward and full weights. The model stays where it is: resident blocks
@@ -446,6 +521,7 @@ class BlockRunner:
                 self.swapper.unpin()
             self.swapper = None
         self._modulation_cache.clear()
+        self.forget_modulation()
         if self._compiled is not None:
             float8_compiled.uninstall(self._compiled)
             self._compiled = None
@@ -453,6 +529,27 @@ class BlockRunner:
             _unwrap(block, "forward")
             for _, lin in frozen_linears(block):
                 _unwrap(lin, "forward")
+
+
+class _ModulationAhead:
+    """One planned training forward: its timestep (B,), its modulation inputs {Linear name: (rows, D)} and
+    the streamed blocks' modulation outputs {(block, Linear name): (rows, 6 D)}, taken as the forward runs."""
+
+    def __init__(self, timestep: torch.Tensor):
+        self.timestep = timestep
+        self.inputs: dict[str, torch.Tensor] = {}
+        self.outputs: dict[tuple[int, str], torch.Tensor] = {}
+
+    def take(self, key: tuple[int, str], x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu":
+            self.check(key, x, self.inputs)
+        return self.outputs.pop(key)
+
+    @staticmethod
+    def check(key: tuple[int, str], x: torch.Tensor, planned: dict[str, torch.Tensor]) -> None:
+        if not torch.equal(x, planned[key[1]]):
+            raise RuntimeError(f"modulation ahead: block {key[0]}'s {key[1]} got another input than planned (the "
+                               "planned timesteps are not this forward's)")
 
 
 def swapped_blocks(num_blocks: int, blocks_to_swap: int) -> list[int]:

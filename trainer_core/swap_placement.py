@@ -13,6 +13,13 @@ descending. A streamed block's frozen Linear weights are one contiguous blob in 
 (`models.qwen_arch.MODULATION_LINEARS`). So a copy is always one contiguous range: the backward part, the
 whole blob, or the tail alone (when a slot already holds the block's backward part).
 
+Modulation ahead (training under checkpointing, `offload.BlockRunner.plan_modulation`): a block's modulation
+outputs depend on the timestep alone, so the forward that has a streamed block's whole blob on the GPU (the
+first of a window of up to MODULATION_WINDOW training forwards) computes them for the whole window, and every
+other training forward of the window copies the backward part alone, like the backward. The runner tells the
+ring which kind of forward runs now and which comes next (a preview's or a validation's forward needs whole
+blocks too).
+
 Ring: streamed block number j (in depth order) always goes to slot j % ring. A copy into a slot may be
 issued once the slot's owner has run in the current pass (its kernels are queued; the copy stream waits
 for the compute stream before it writes). At each block the policy issues every such copy for the blocks
@@ -28,6 +35,10 @@ FORWARD, BACKWARD = "forward", "backward"
 # What of a block's weights a slot holds: its whole blob, or the backward part only.
 WHOLE, BACKWARD_PART = "whole", "backward part"
 MIN_RING = 2  # one slot computes while the next one fills
+# Training forwards per modulation window: the first copies whole blocks and computes the modulation outputs of
+# all of them; the others copy backward parts only. Longer windows copy fewer modulation weights (113 MB per
+# real block per window) and keep more outputs on the GPU (74 KB per streamed block, forward and sample).
+MODULATION_WINDOW = 16
 BLOB_ALIGN = 512  # bytes; every weight in a blob starts at a multiple (any dtype, fast DMA)
 
 
@@ -128,12 +139,19 @@ class Ring:
         self.owner: list[int | None] = [None] * placement.slots
         self.part: list[str | None] = [None] * placement.slots
         self.position = {b: j for j, b in enumerate(placement.streamed)}
+        # Modulation ahead (module docstring): whether the forward running now, and the forward after the
+        # backward running now, compute the modulation Linears. True unless the block runner says otherwise.
+        self.forward_needs_modulation = True
+        self.next_forward_needs_modulation = True
 
     def need(self, pass_: str, block: int) -> str:
-        """What a pass needs of a block. Backward needs no modulation weights, except that the blocks that stay
-        in the ring for the next forward (the first `ring` streamed ones) are loaded whole there, so that
-        forward starts with no copy and the tails move while the backward has time to spare."""
-        if pass_ == FORWARD or self.position[block] < self.placement.ring:
+        """What a pass needs of a block. A forward needs the whole blob unless its modulation outputs were
+        computed ahead. Backward needs no modulation weights, except that the blocks that stay in the ring for
+        the next forward (the first `ring` streamed ones) are loaded whole there when that forward will need
+        them, so it starts with no copy and the tails move while the backward has time to spare."""
+        if pass_ == FORWARD:
+            return WHOLE if self.forward_needs_modulation else BACKWARD_PART
+        if self.next_forward_needs_modulation and self.position[block] < self.placement.ring:
             return WHOLE
         return BACKWARD_PART
 

@@ -20,6 +20,7 @@ no such checkpoint the trainer refuses further use); a checkpoint with NaN/inf i
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -50,7 +51,7 @@ from .models.qwen_arch import PATCH_SIZE
 from .models.text import pad_prompt_batch
 from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, time_shift, velocity_target
 from .offload import BlockRunner, swapped_blocks, uninstall_leftover_runner
-from .swap_placement import default_placement
+from .swap_placement import MODULATION_WINDOW, default_placement
 from .live import StepExtras, StepPreview, keep_preview
 from .run_lock import RunLock
 from .sampling import sample_image
@@ -106,6 +107,10 @@ MUST_MATCH_LORA = ("rank", "alpha", "targets", "dtype")
 
 
 class Trainer:
+    # Training forwards per modulation window when blocks are streamed (offload.BlockRunner.plan_modulation);
+    # 0 switches modulation ahead off (same results, more bytes copied: for comparisons).
+    modulation_window = MODULATION_WINDOW
+
     def __init__(
         self,
         components: QwenImageComponents,
@@ -263,6 +268,7 @@ class Trainer:
             _set_global_rng_state(self.global_rng_state, self.device)
             try:
                 while report.steps < n_steps:
+                    self._plan_modulation_ahead(n_steps - report.steps)
                     step_report = self._one_step()
                     self.global_rng_state = _global_rng_state(self.device)
                     if step_report.skipped:
@@ -295,6 +301,7 @@ class Trainer:
             else:
                 self.checkpoint_if_behind()
             finally:
+                self.runner.forget_modulation()  # planned from this call's draws: a later call plans its own
                 self.transformer.eval()
                 report.seconds = time.perf_counter() - started
         return report
@@ -359,6 +366,27 @@ class Trainer:
         self.loss_history.append((self.step, mean))
         return StepReport(step=self.step, loss=mean, lr=lr, grad_norm=grad_norm, seconds=time.perf_counter() - t0)
 
+    def _plan_modulation_ahead(self, steps_left: int) -> None:
+        """With streamed blocks, hand the block runner the timesteps of this process's next training forwards
+        (at most a modulation window's, within this call's steps) once it has none left: their streamed
+        blocks are then copied without the modulation weights (offload.BlockRunner.plan_modulation). The
+        timesteps come from copies of the generator and the data order, so training's own draws stay as
+        they are: the same values whether planned or not."""
+        if self.runner.swapper is None or self.runner.planned_forwards or not self.modulation_window:
+            return
+        per_step = self.train_cfg.grad_accum_steps
+        steps = max(1, min(steps_left, self.modulation_window // per_step))
+        rng = torch.Generator()
+        rng.set_state(self.rng.get_state())
+        order = copy.deepcopy(self.order)
+        timesteps = []
+        for _ in range(steps):
+            for k in range(per_step * self.replicas.size):
+                levels = self._draw(order.next(), rng)[3]
+                if self.replicas.owns(k):
+                    timesteps.append(levels.to(self.device, self.compute_dtype))  # as _flow_loss hands them on
+        self.runner.plan_modulation(timesteps)
+
     def _clip_gradients(self) -> float:
         max_norm = self.optim_cfg.max_grad_norm
         if max_norm > 0:
@@ -369,18 +397,20 @@ class Trainer:
     def _micro_batch_loss(self, indices: list[int]) -> torch.Tensor:
         return self._loss_of(self._draw(indices))
 
-    def _draw(self, indices: list[int]) -> tuple:
-        """The micro-batch of these sample indices with its random draws: (samples, x0, noise, levels, dropped)."""
+    def _draw(self, indices: list[int], rng: torch.Generator | None = None) -> tuple:
+        """The micro-batch of these sample indices with its random draws from `rng` (the trainer's generator
+        unless given): (samples, x0, noise, levels, dropped)."""
+        rng = rng or self.rng
         samples = [self.dataset.samples[i] for i in indices]
         x0 = torch.stack([self.dataset.latents(s.latent_key) for s in samples]).float()  # (B, C, h, w)
         b, _, h, w = x0.shape
         # Random draws, always in this order, from the trainer's CPU generator.
-        noise = torch.randn(x0.shape, generator=self.rng)  # (B, C, h, w)
+        noise = torch.randn(x0.shape, generator=rng)  # (B, C, h, w)
         grid = (h // PATCH_SIZE, w // PATCH_SIZE)  # image tokens per side
         mu = resolution_mu(grid[0] * grid[1], self.components.scheduler_config) if self.train_cfg.resolution_shift else None
-        levels = sample_noise_levels(b, self.rng, self.train_cfg.timestep_sampling,
+        levels = sample_noise_levels(b, rng, self.train_cfg.timestep_sampling,
                                      self.train_cfg.logit_mean, self.train_cfg.logit_std, mu)  # (B,)
-        dropped = torch.rand(b, generator=self.rng) < self.train_cfg.caption_dropout  # (B,)
+        dropped = torch.rand(b, generator=rng) < self.train_cfg.caption_dropout  # (B,)
         return samples, x0, noise, levels, dropped
 
     def _loss_of(self, draw: tuple) -> torch.Tensor:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from ..config import LoraConfig, OptimizerConfig, TrainConfig
 from ..offload import NUM_SLOTS, blob_arena_layout
-from ..swap_placement import BlobLayout, blob_layout, ring_for
+from ..swap_placement import MODULATION_WINDOW, BlobLayout, blob_layout, ring_for
 from ..models.qwen_arch import MODULATION_LINEARS
 from .activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
@@ -70,6 +70,9 @@ class PlanInputs:
     checkpointing: bool = True
     blocks_to_swap: int = 0
     ring_depth: int = NUM_SLOTS  # GPU slots for streamed blocks (at most blocks_to_swap of them)
+    # Streamed blocks' modulation outputs computed a window ahead (swap_placement.MODULATION_WINDOW), as the
+    # trainer does whenever it streams under checkpointing: fewer bytes copied, a small table on the GPU.
+    modulation_ahead: bool = True
     optimizer: str = "adamw8bit"
     grad_accum_steps: int = 1
     device: str = "cuda"  # "cuda" or "cpu": decides pinned memory, context and two kernels' saved tensors
@@ -234,6 +237,24 @@ def _outside_activation_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int, ac
 # the plan
 
 
+def modulation_window_steps(inputs: PlanInputs) -> int:
+    """Optimizer steps per modulation window of the trainer (`Trainer._plan_modulation_ahead`), 0 where it
+    does not apply (no block streamed, no checkpointing, or switched off)."""
+    if not (inputs.modulation_ahead and inputs.checkpointing and inputs.blocks_to_swap):
+        return 0
+    return max(1, MODULATION_WINDOW // inputs.grad_accum_steps)
+
+
+def modulation_ahead_bytes(arch: QwenImageArch, p: PlanInputs) -> int:
+    """The streamed blocks' modulation outputs a window's first forward computes for the window's other
+    forwards (offload.BlockRunner): per forward and streamed block, one row per sample of each modulation Linear."""
+    forwards = modulation_window_steps(p) * p.grad_accum_steps
+    if forwards <= 1:
+        return 0
+    width = sum(s.out_features for s in arch.block_linears if s.name in MODULATION_LINEARS)
+    return (forwards - 1) * p.blocks_to_swap * p.batch * width * DTYPE_BYTES[p.compute_dtype]
+
+
 def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> MemoryPlan:
     """Predict GPU and host memory of one training setup, term by term (see module docstring)."""
     arch = arch or real_arch()
@@ -277,7 +298,8 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         s_.in_features * s_.out_features for s_ in arch.block_linears) * act
     outside = _outside_activation_bytes(arch, p, n_img, act)
 
-    persistent = (n - K) * block_w + n * scales + rest + slots + lora_params * lora_b + opt_state
+    ahead = modulation_ahead_bytes(arch, p)
+    persistent = (n - K) * block_w + n * scales + rest + slots + ahead + lora_params * lora_b + opt_state
     backward_peak = persistent + worst + recompute + working + upcast + outside
     step_temp = lora_params * lora_b if p.optimizer == "adamw" else 0  # foreach AdamW: one sqrt(v) buffer
     step_peak = persistent + sum(grads_per_block) + step_temp
@@ -290,6 +312,8 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         Term("frozen block Linears, resident", (n - K) * block_w,
              f"{n - K} of {n} blocks x {gib(block_w)} ({p.storage}, {arch.block_linear_weight_params / 1e6:.0f}M params each)"),
         Term("swap slots", slots, f"{num_slots} slot(s) x one block's Linear weights" if K else "no swapping"),
+        Term("modulation outputs ahead", ahead, f"{modulation_window_steps(p) * p.grad_accum_steps - 1} forwards x {K} "
+             "streamed blocks" if ahead else "none computed ahead"),
         Term("float8 row scales", n * scales, "fp32, one per output row, all blocks" if scales else "not scaled"),
         Term("biases, norms, non-block layers", rest, f"{p.compute_dtype}, and the RoPE tables"),
         Term("LoRA weights", lora_params * lora_b, f"{lora_params / 1e6:.1f}M params, {p.lora_dtype}"),

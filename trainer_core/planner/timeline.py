@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from ..swap_placement import BACKWARD, FORWARD, MIN_RING, Placement, Ring, default_placement, ring_for, spread_placement
 from .arch import QwenImageArch, real_arch
-from .plan import PlanInputs, block_blob, lora_shapes, lora_tensor_sizes
+from .plan import PlanInputs, block_blob, lora_shapes, lora_tensor_sizes, modulation_window_steps
 
 TENSOR_EFFICIENCY = 0.6  # large bf16 GEMMs reach 55-70% of the dense peak; the issue's 2.3 ms per block on an H100 is 53%
 FP32_EFFICIENCY = 0.6
@@ -188,13 +188,23 @@ def optimizer_work(arch: QwenImageArch, p: PlanInputs) -> Work:
 # schedule
 
 
-def schedule(num_blocks: int, placement: Placement | None, passes: list[str], blob_bytes) -> list[tuple]:
+def schedule(num_blocks: int, placement: Placement | None, passes: list[str], blob_bytes,
+             modulation_window: int = 0) -> list[tuple]:
     """The events a run of `passes` (FORWARD ascending, BACKWARD descending over the blocks) issues, in order:
-    ("copy", block, bytes), ("wait", block), ("compute", block, pass). `blob_bytes`: a `BlobLayout`."""
+    ("copy", block, bytes), ("wait", block), ("compute", block, pass). `blob_bytes`: a `BlobLayout`.
+    `modulation_window`: training forwards per modulation window (swap_placement; 0: none planned), the
+    forwards counted from the first of a window."""
     ring = Ring(placement) if placement is not None and placement.streamed else None
     streamed = set(placement.streamed) if ring else set()
     events: list[tuple] = []
+    forwards = 0
     for pass_ in passes:
+        if pass_ == FORWARD and ring is not None and modulation_window:
+            # As BlockRunner._begin_forward tells the ring: the window's first forward computes the modulation
+            # outputs of the window; the last one is followed by another window's first.
+            ring.forward_needs_modulation = forwards % modulation_window == 0
+            ring.next_forward_needs_modulation = (forwards + 1) % modulation_window == 0
+        forwards += pass_ == FORWARD
         order = range(num_blocks) if pass_ == FORWARD else reversed(range(num_blocks))
         for i in order:
             if ring is not None:
@@ -268,13 +278,14 @@ class Prediction:
         return max(0.0, self.seconds / self.resident_seconds - 1)
 
 
-STEADY_STEPS = 3  # simulate this many steps and report the last (the ring starts empty)
+STEADY_STEPS = 3  # simulate this many steps (or two modulation windows) and report the last (the ring starts empty)
 
 
 def predict(inputs: PlanInputs, gpu: GpuProfile, placement: Placement | None = None, arch: QwenImageArch | None = None,
             path: ComputePath = TODAY) -> Prediction:
     """Seconds per step of `inputs` on `gpu` with `placement` (default: the swapper's default for
-    inputs.blocks_to_swap and inputs.ring_depth), and with every block resident."""
+    inputs.blocks_to_swap and inputs.ring_depth), and with every block resident. With modulation ahead, the
+    mean over a window's steps."""
     arch = arch or real_arch()
     n, k = arch.num_blocks, inputs.blocks_to_swap
     if placement is None and k:
@@ -282,17 +293,21 @@ def predict(inputs: PlanInputs, gpu: GpuProfile, placement: Placement | None = N
     work = block_work(arch, inputs, path)
     opt = optimizer_work(arch, inputs).seconds(gpu)
     blob = block_blob(arch, inputs.storage)
+    window = modulation_window_steps(inputs)
+    measured = max(window, 1)  # steps averaged over
+    total = max(STEADY_STEPS, 2 * window)
 
     def run(pl):
         per_step = [FORWARD, BACKWARD] * inputs.grad_accum_steps
-        events = schedule(n, pl, per_step * STEADY_STEPS, blob)
+        events = schedule(n, pl, per_step * total, blob, window * inputs.grad_accum_steps)
         ends = [i for i, e in enumerate(events) if e == ("compute", 0, BACKWARD)]
         step_ends = ends[inputs.grad_accum_steps - 1::inputs.grad_accum_steps]
+        first = step_ends[-measured - 1]  # the last event before the steps measured
         whole = simulate(events, work, gpu, {i: opt for i in step_ends})
-        before = simulate(events[:step_ends[-2] + 1], work, gpu, {i: opt for i in step_ends[:-1]})
-        last = events[step_ends[-2] + 1:]
-        copied = sum(e[2] for e in last if e[0] == "copy")
-        return whole.seconds - before.seconds, whole.stall - before.stall, copied
+        before = simulate(events[:first + 1], work, gpu, {i: opt for i in step_ends if i <= first})
+        copied = sum(e[2] for e in events[first + 1:] if e[0] == "copy")
+        return ((whole.seconds - before.seconds) / measured, (whole.stall - before.stall) / measured,
+                copied // measured)
 
     seconds, stall, copied = run(placement)
     resident, _, _ = run(None)
