@@ -4,8 +4,9 @@
 
 Per budget the memory planner's auto choice (the fewest streamed blocks that fit), then for each compute path the
 predicted seconds per step and the streaming overhead over the same step with every block resident; and the
-bytes one step copies host-to-device. Also: the same swap counts with the old placement (the last k blocks, with
-today's copies and ring) for the A/B of spreading. Prediction, not measurement: see the assumptions in
+bytes one step copies host-to-device (the mean over a modulation window). Also, for the A/Bs: the trainer's path
+without modulation ahead (every forward copies whole blocks), and the same swap counts with the old placement
+(the last k blocks). Prediction, not measurement: see the assumptions in
 `trainer_core/planner/timeline.py`.
 """
 
@@ -27,8 +28,9 @@ def main() -> None:
     arch = real_arch()
     inputs = PlanInputs(width=1024, height=1024, rank=32)
     heads = " | ".join(f"{p.label}{' (trainer)' if p == RUNTIME else ''}" for p in PATHS)
-    print(f"| GPU | budget | streamed | GB copied / step | {heads} | last-k tail, trainer path |")
-    print("| --- | --- | --- | --- | " + " | ".join("---" for _ in PATHS) + " | --- |")
+    print(f"| GPU | budget | streamed | GB copied / step | {heads} | trainer path, no modulation ahead | "
+          "last-k tail, trainer path |")
+    print("| --- | --- | --- | --- | " + " | ".join("---" for _ in PATHS) + " | --- | --- |")
     for gpu in GPUS.values():
         for budget in BUDGETS:
             choice = auto_blocks_to_swap(inputs, budget * GIB, arch)
@@ -36,9 +38,9 @@ def main() -> None:
             p = dataclasses.replace(inputs, blocks_to_swap=k)
             preds = [predict(p, gpu, arch=arch, path=path) for path in PATHS]
             tail = predict(p, gpu, tail_placement(arch.num_blocks, k) if k else None, arch, RUNTIME) if k else preds[1]
-            cells = " | ".join(f"{pr.seconds:.2f} s ({pr.overhead:+.1%})" for pr in preds)
-            print(f"| {gpu.name} | {budget} GiB | {k} | {preds[1].copy_bytes / 1e9:.1f} | {cells} | "
-                  f"{tail.seconds:.2f} s ({tail.overhead:+.1%}) |")
+            plain = predict(dataclasses.replace(p, modulation_ahead=False), gpu, arch=arch, path=RUNTIME)
+            cells = " | ".join(f"{pr.seconds:.2f} s ({pr.overhead:+.1%})" for pr in [*preds, plain, tail])
+            print(f"| {gpu.name} | {budget} GiB | {k} | {preds[1].copy_bytes / 1e9:.1f} | {cells} |")
 
 
 if __name__ == "__main__":
