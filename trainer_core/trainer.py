@@ -215,9 +215,11 @@ class Trainer:
                     "inf. Choose another LoRA file.")
         self.param_names = [n for n, p in self.transformer.named_parameters() if p.requires_grad]
         self.runner = BlockRunner(self.transformer, self.device, blocks_to_swap=train.blocks_to_swap,
-                                  checkpointing=train.gradient_checkpointing)
+                                  checkpointing=train.gradient_checkpointing, fp8_activations=train.fp8_activations)
         if self.runner.swapper is not None:
             self.memory_plan += "\n" + self.runner.swapper.pinned_status
+        if self.runner.fp8_status is not None:
+            self.memory_plan += "\n" + self.runner.fp8_status
         self.optimizer = build_optimizer(self.params, optimizer)
         self.rng = torch.Generator().manual_seed(train.seed)
         # LoRA dropout draws from torch's global RNG (of the device it runs on). The trainer keeps its own
