@@ -32,6 +32,9 @@ so an error made there lands in every update. Keeping backward in bf16 limits fl
 forward's values (the same kind of error float8 weight storage already makes) and keeps training as stable
 as the eager path's.
 
+Memory: the quantisation's transient is an fp32 quotient plus the float8 result, 5 bytes per input value, where the
+eager path's is a bf16 copy of the weight; the memory plan does not count the difference (benchmarks/README.md).
+
 Which Linears: the frozen block Linears stored in float8 whose in and out features are multiples of 16
 (`_scaled_mm`'s rule on CUDA, applied on every device so the CPU tests the same choice); all Qwen-Image block
 Linears qualify. Others keep the eager forward. At call time an input that is not bfloat16 (fp32 compute, the
