@@ -8,11 +8,12 @@ Builds the real transformer (60 blocks, 20.4B parameters) directly on the GPU wi
 weights (`devtools.random_weights.random_transformer`: meta first, then one tensor at a time; no
 download), and trains 5 steps of a rank-32 attention+mlp LoRA at 1024 x 1024 (64 x 64 = 4096 packed latent tokens, 16
 latent channels, 256 prompt tokens x 3584, all synthetic) through our `Trainer` (`lora.inject_lora`,
-`offload.BlockRunner` with gradient checkpointing) for blocks_to_swap in {0, 8, 16, auto for 16 GiB}, then four
+`offload.BlockRunner` with gradient checkpointing) for blocks_to_swap in {0, 8, 16, auto for 16 GiB}, then
 variants of the auto configuration, one change of issue 10 undone or added each: the streamed blocks as the last
 ones (tail) instead of spread, the LoRA computed in fp32 (peft's cast) instead of bf16, every forward copying
-whole blocks (no modulation ahead), and the compiled float8
-path (`models.float8_compiled`, where available).
+whole blocks (no modulation ahead), the compiled float8 path (`models.float8_compiled`, where available), and
+fp8 activations (`TrainConfig.fp8_activations`: the frozen Linears multiply in float8 with torch._scaled_mm; its
+losses are compared with the auto row's, same batches).
 The model is built once; each configuration gets a fresh Trainer, whose `close()` takes the LoRA out and
 `BlockRunner.uninstall()` gives the blocks back, so the next one starts from the same model.
 
@@ -79,13 +80,13 @@ def pinned_bytes(cuda: bool) -> int:
 def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch, steps: int, cuda: bool,
                variant: str = "") -> Row:
     """One configuration. `variant`: "" (the trainer as it is), "tail" (streamed blocks = the last k), "lora fp32"
-    (peft's fp32 LoRA compute), "compiled" (compiled float8 blocks), "no modulation ahead" (every forward copies
-    the streamed blocks whole). The timed steps are one chunk: its first step computes the modulation outputs
-    for the window (up to 16 steps), as in the model, which averages over windows of 16."""
+    (peft's fp32 LoRA compute), "compiled" (compiled float8 blocks), "fp8" (fp8 activations), "no modulation ahead"
+    (every forward copies the streamed blocks whole). The timed steps are one chunk: its first step computes the
+    modulation outputs for the window (up to 16 steps), as in the model, which averages over windows of 16."""
     from trainer_core.devtools.memprobe import LiveBytes
     from trainer_core.lora import compute_in_input_dtype
     from trainer_core.offload import BlockRunner
-    from trainer_core.planner.timeline import PATHS, RUNTIME, ComputePath, predict, profile_for_device
+    from trainer_core.planner.timeline import FP8_PATH, PATHS, RUNTIME, ComputePath, predict, profile_for_device
     from trainer_core.swap_placement import tail_placement
 
     device = components.device
@@ -97,7 +98,7 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
     trainer = Trainer(components, dataset, LoraConfig(rank=inputs.rank, alpha=float(inputs.rank), targets=inputs.targets),
                       OptimizerConfig(optimizer=inputs.optimizer, learning_rate=1e-4),
                       TrainConfig(seed=0, micro_batch_size=inputs.batch, gradient_checkpointing=inputs.checkpointing,
-                                  blocks_to_swap=k, run_name=f"gpu-check-{k}"))
+                                  blocks_to_swap=k, run_name=f"gpu-check-{k}", fp8_activations=variant == "fp8"))
     placement, path = None, RUNTIME
     if variant in ("tail", "compiled"):
         trainer.runner.uninstall()
@@ -109,6 +110,10 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
     elif variant == "no modulation ahead":
         trainer.modulation_window = 0
         inputs = dataclasses.replace(inputs, modulation_ahead=False)
+    elif variant == "fp8":
+        print(f"  {trainer.runner.fp8_status}", flush=True)
+        if trainer.runner.fp8_status.startswith("fp8 activations: on"):
+            path = FP8_PATH
     elif variant == "lora fp32":
         compute_in_input_dtype(trainer.transformer, enabled=False)
         path = ComputePath("float32", "eager")
@@ -135,6 +140,8 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
     plan = plan_memory(dataclasses.replace(inputs, blocks_to_swap=k), arch)
     planned_alloc = sum(t.bytes for t in plan.gpu if t.name not in NOT_ALLOCATOR)
     profile = profile_for_device(torch.cuda.get_device_name(device)) if cuda else None
+    if profile is not None and path == FP8_PATH and not profile.fp8_tflops:
+        profile = None  # no float8 tensor cores in the model's profile: no prediction for this path
     predicted = (predict(dataclasses.replace(inputs, blocks_to_swap=k), profile, placement, arch, path).seconds
                  if profile is not None else None)
     trainer.close()
@@ -221,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if available(device):
         configs.append((f"{auto_label}, compiled float8", auto_k, "compiled"))
+    configs.append((f"{auto_label}, fp8 activations", auto_k, "fp8"))
 
     unit, u = (GIB, "GiB") if cuda else (MIB, "MiB")
     rows = []
@@ -243,8 +251,12 @@ def main(argv: list[str] | None = None) -> None:
             f"{r.losses[0]:.4f}, {r.losses[-1]:.4f} | "
             f"{'-' if r.predicted_seconds is None else f'{r.predicted_seconds:.3f}'} |")
     log("")
+    fp8, auto = rows[-1], rows[3]
+    rel = [abs(a - b) / abs(b) for a, b in zip(fp8.losses, auto.losses)]
+    log(f"fp8 activations against the auto configuration (same batches): losses {', '.join(f'{x:.4f}' for x in fp8.losses)} "
+        f"vs {', '.join(f'{x:.4f}' for x in auto.losses)}; max relative difference {max(rel):.2e}; "
+        f"{fp8.seconds_per_step:.3f} vs {auto.seconds_per_step:.3f} s/step.")
     if cuda:
-        auto = rows[3]
         within = auto.measured_reserved + context <= budget
         log(f"The auto configuration ({auto.blocks_to_swap} blocks) used {(auto.measured_reserved + context) / GIB:.2f} GiB "
             f"(max reserved + context) of its {budget / GIB:.2f} GiB budget: {'within' if within else 'OVER'} budget.")

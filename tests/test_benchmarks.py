@@ -39,10 +39,12 @@ def test_gpu_speed_check_runs_tiny_on_cpu(tmp_path, monkeypatch):
             if line.startswith("| ") and not line.startswith(("| configuration", "| ---"))]
     assert [r[0].strip() for r in rows] == ["no swapping", "1 swapped", "2 swapped", "auto (tiny budget)",
                                             "auto (tiny budget), tail placement", "auto (tiny budget), LoRA in fp32",
-                                            "auto (tiny budget), no modulation ahead"]
+                                            "auto (tiny budget), no modulation ahead",
+                                            "auto (tiny budget), fp8 activations"]
     # The variants (another placement, peft's own fp32 LoRA compute, no modulation ahead) train the same weights
-    # here (fp32 compute).
-    assert len({r[9] for r in rows}) == 1
+    # here (fp32 compute); fp8 activations change the forward's values a little.
+    assert len({r[9] for r in rows[:-1]}) == 1
+    assert "max relative difference" in out.read_text()
     rows = rows[:4]
     swaps = [int(r[1]) for r in rows]
     measured = [float(r[2]) for r in rows]

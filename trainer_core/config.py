@@ -198,6 +198,13 @@ class TrainConfig:
         "fixed noise levels with fixed noise, so values compare across steps. Plotted with the training loss.",
         min=0, max=1000000,
     )
+    fp8_activations: bool = _f(
+        False, "Experimental: the float8 block weights multiply in float8 (torch._scaled_mm; activations scaled per "
+        "token) instead of being copied to bfloat16 for each matmul: faster on GPUs with float8 tensor cores (RTX "
+        "40xx/50xx, H100), slightly less exact (benchmarks/README.md). Backward stays bfloat16. Needs float8 or "
+        "float8_scaled storage and bfloat16 compute; otherwise, or on a GPU without float8, it changes nothing "
+        "(the status says whether it is on).",
+    )
 
     def __post_init__(self) -> None:
         self.blocks_to_swap = parse_blocks_to_swap(self.blocks_to_swap)

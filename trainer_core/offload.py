@@ -34,8 +34,8 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from .models import float8_compiled
-from .models.float8 import frozen_linears
+from .models import float8_activations, float8_compiled
+from .models.float8 import FLOAT8, frozen_linears
 from .models.modulation import modulation_inputs, supports_modulation_ahead
 from .models.qwen_arch import MODULATION_LINEARS
 from .swap_placement import (
@@ -349,9 +349,15 @@ class BlockRunner:
     `blocks_to_swap` blocks spread over the depth (`swap_placement.default_placement`)."""
 
     def __init__(self, transformer: nn.Module, device: torch.device, blocks_to_swap: int = 0,
-                 checkpointing: bool = False, placement: Placement | None = None, compile_float8: bool = False):
+                 checkpointing: bool = False, placement: Placement | None = None, compile_float8: bool = False,
+                 fp8_activations: bool = False):
         """`compile_float8`: compile each block so float8 weights are multiplied without a bf16 copy
-        (`models.float8_compiled`; CUDA only, ignored where unavailable; with streaming it needs checkpointing)."""
+        (`models.float8_compiled`; CUDA only, ignored where unavailable; with streaming it needs checkpointing).
+        `fp8_activations`: the float8 block Linears multiply in float8 with `torch._scaled_mm`
+        (`models.float8_activations`; where the device runs it, else the eager path); `fp8_status` says which.
+        The two are alternatives: asking for both is refused."""
+        if compile_float8 and fp8_activations:
+            raise ValueError("compile_float8 and fp8_activations are alternatives; choose one")
         self.transformer = transformer
         self.device = device
         self.checkpointing = checkpointing
@@ -381,6 +387,10 @@ class BlockRunner:
             if swapped and not checkpointing:
                 raise ValueError("compiled float8 blocks with streaming need gradient checkpointing (float8_compiled)")
             self._compiled = float8_compiled.install([lin for block in blocks for _, lin in frozen_linears(block)])
+        self._fp8: dict | None = None
+        self.fp8_status: str | None = None
+        if fp8_activations:
+            self._install_fp8_activations()
         for i, block in enumerate(blocks):
             compile_ = float8_compiled.compile_block_forward if self._compiled is not None else None
             block.forward = _wrap(block.forward, functools.partial(self._run_block, i), compile_)
@@ -388,6 +398,14 @@ class BlockRunner:
                 if _is_modulation(name):
                     key = (i, name.removesuffix(".base_layer"))  # peft's wrapper adds .base_layer
                     lin.forward = _wrap(lin.forward, functools.partial(self._modulation, key))
+
+    def _install_fp8_activations(self) -> None:
+        linears = [lin for block in self.transformer.transformer_blocks for _, lin in frozen_linears(block)]
+        stored_float8 = any(lin.weight.dtype == FLOAT8 for lin in linears)
+        scaling = float8_activations.scaling_for(self.device) if stored_float8 else None
+        if scaling is not None:
+            self._fp8 = float8_activations.install(linears, scaling)
+        self.fp8_status = float8_activations.status(len(self._fp8 or {}), len(linears), scaling, stored_float8)
 
     def record(self) -> list:
         """Start recording, in issue order, ("copy", block, bytes), ("wait", block) and ("compute", block, pass):
@@ -525,6 +543,9 @@ class BlockRunner:
         if self._compiled is not None:
             float8_compiled.uninstall(self._compiled)
             self._compiled = None
+        if self._fp8 is not None:
+            float8_activations.uninstall(self._fp8)
+            self._fp8 = None
         for block in self.transformer.transformer_blocks:
             _unwrap(block, "forward")
             for _, lin in frozen_linears(block):

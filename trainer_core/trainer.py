@@ -223,9 +223,12 @@ class Trainer:
         self.param_names = [n for n, p in self.transformer.named_parameters() if p.requires_grad]
         placement = default_placement(components.num_blocks, train.blocks_to_swap, swap.ring_depth)
         self.runner = BlockRunner(self.transformer, self.device, checkpointing=train.gradient_checkpointing,
-                                  placement=placement if train.blocks_to_swap else None)
+                                  placement=placement if train.blocks_to_swap else None,
+                                  fp8_activations=train.fp8_activations)
         if self.runner.swapper is not None:
             self.memory_plan += "\n" + self.runner.swapper.pinned_status
+        if self.runner.fp8_status is not None:
+            self.memory_plan += "\n" + self.runner.fp8_status
         self.optimizer = build_optimizer(self.params, optimizer)
         self.rng = torch.Generator().manual_seed(train.seed)
         # LoRA dropout draws from torch's global RNG (of the device it runs on). The trainer keeps its own

@@ -8,7 +8,8 @@ Three parts, each checkable on its own:
   runs (`swap_placement.Ring`). `tests/test_timeline.py` records a real step of a tiny model through
   `offload.BlockRunner` and finds the same events, byte for byte.
 - `block_work`: what one block costs in each pass, from the architecture: matmul FLOPs (tensor cores in the
-  compute dtype, or fp32 for a LoRA computed in fp32) and the memory traffic the eager float8 path adds.
+  compute dtype, or fp32 for a LoRA computed in fp32, or float8 tensor cores for the frozen Linears with
+  fp8 activations) and the memory traffic the eager float8 path (or the activations' quantisation) adds.
 - `simulate`: the two CUDA streams. A copy starts when the copy stream is free and the compute stream has
   finished everything issued before it (`BlockSwapper` makes the copy stream wait for the compute stream);
   a streamed block's compute starts when its copy is done.
@@ -95,18 +96,23 @@ def profile_for_device(name: str) -> GpuProfile | None:
 
 @dataclass(frozen=True)
 class Work:
-    """One block in one pass: matmul FLOPs on tensor cores, in fp32, and extra memory traffic (bytes)."""
+    """One block in one pass: matmul FLOPs on bf16 tensor cores, in fp32, on float8 tensor cores, and extra
+    memory traffic (bytes)."""
 
     tensor_flops: float = 0.0
     fp32_flops: float = 0.0
     memory_bytes: float = 0.0
+    fp8_flops: float = 0.0
 
     def __add__(self, other: Work) -> Work:
         return Work(self.tensor_flops + other.tensor_flops, self.fp32_flops + other.fp32_flops,
-                    self.memory_bytes + other.memory_bytes)
+                    self.memory_bytes + other.memory_bytes, self.fp8_flops + other.fp8_flops)
 
     def seconds(self, gpu: GpuProfile) -> float:
+        if self.fp8_flops and not gpu.fp8_tflops:
+            raise ValueError(f"{gpu.label} has no float8 tensor cores: fp8 activations do not run there")
         return (self.tensor_flops / (gpu.bf16_tflops * 1e12 * TENSOR_EFFICIENCY)
+                + (self.fp8_flops / (gpu.fp8_tflops * 1e12 * TENSOR_EFFICIENCY) if self.fp8_flops else 0.0)
                 + self.fp32_flops / (gpu.fp32_tflops * 1e12 * FP32_EFFICIENCY)
                 + self.memory_bytes / (gpu.memory_gbs * 1e9 * MEMORY_EFFICIENCY))
 
@@ -115,26 +121,36 @@ class Work:
 # bf16 copy (2), then the matmul reads 2 bytes where a fused kernel would read 1 (+1); float8_scaled also
 # multiplies by its scales (read 2, write 2).
 UPCAST_BYTES = {"float8": 4, "float8_scaled": 8, "bfloat16": 0}
+# Extra bytes per input value of a frozen Linear with fp8 activations (`models.float8_activations`, eager ops):
+# the row maxima read it (2), the division reads it and writes fp32 (2 + 4), the cast to float8 reads that and
+# writes 1 byte (4 + 1). The weight is not copied; float8_scaled's row scales ride in the matmul (rowwise scaling).
+QUANTIZE_BYTES = 13
+FP8_ACTIVATIONS = "fp8 activations"  # ComputePath.float8 for TrainConfig.fp8_activations
 
 
 @dataclass(frozen=True)
 class ComputePath:
     """How the matmuls run: the LoRA's dtype (peft casts its input to the LoRA weights' dtype: float32; or the
-    compute dtype with fp32 master weights) and the frozen float8 Linears (eager upcast, or a fused
-    dequantise-and-multiply kernel that reads the float8 weight once)."""
+    compute dtype with fp32 master weights) and the frozen float8 Linears (eager upcast, a fused
+    dequantise-and-multiply kernel that reads the float8 weight once, or FP8_ACTIVATIONS: forward and recompute
+    on float8 tensor cores with the input quantised, backward eager)."""
 
     lora: str = "float32"
     float8: str = "eager"
 
     @property
     def label(self) -> str:
-        return f"LoRA in {self.lora}, float8 {self.float8}"
+        frozen = self.float8 if self.float8 == FP8_ACTIVATIONS else f"float8 {self.float8}"
+        return f"LoRA in {self.lora}, {frozen}"
 
 
 TODAY = ComputePath()
 # The compute paths `plan --gpu` compares; RUNTIME is the one the trainer takes on a CUDA GPU.
 PATHS = (TODAY, ComputePath("bfloat16", "eager"), ComputePath("bfloat16", "fused"))
 RUNTIME = PATHS[1]  # lora.compute_in_input_dtype; the fused float8 path is not wired in yet
+# TrainConfig.fp8_activations: shown by `plan --gpu` for GPUs with float8 tensor cores (not in PATHS, whose
+# every path runs on every GPU).
+FP8_PATH = ComputePath("bfloat16", FP8_ACTIVATIONS)
 
 
 def block_work(arch: QwenImageArch, p: PlanInputs, path: ComputePath = TODAY) -> dict[str, Work]:
@@ -156,14 +172,23 @@ def block_work(arch: QwenImageArch, p: PlanInputs, path: ComputePath = TODAY) ->
                   if s.name in MODULATION_LINEARS)
     tokens = n_img + p.text_tokens
     attention_fwd = 4 * p.batch * tokens * tokens * arch.dim  # q k^T and (softmax) v
-    upcast = UPCAST_BYTES[p.storage] if path.float8 == "eager" else 0
+    fp8 = path.float8 == FP8_ACTIVATIONS and p.storage != "bfloat16"  # bf16 blocks keep the bf16 path
+    upcast = UPCAST_BYTES[p.storage] if path.float8 in ("eager", FP8_ACTIVATIONS) else 0
     params = arch.block_linear_weight_params
     mod_params = sum(s.in_features * s.out_features for s in arch.block_linears if s.name in MODULATION_LINEARS)
-    forward = Work(linear_fwd + attention_fwd, 0, upcast * params)
-    # Backward: the frozen Linears' input gradients (never the modulation's: its input needs none), attention.
+    if fp8:  # frozen Linears on float8 tensor cores, each input quantised; attention stays bf16
+        inputs = sum(rows(s.name) * s.in_features for s in arch.block_linears)
+        mod_inputs = sum(rows(s.name) * s.in_features for s in arch.block_linears if s.name in MODULATION_LINEARS)
+        forward = Work(attention_fwd, 0, QUANTIZE_BYTES * inputs, fp8_flops=linear_fwd)
+        recompute = Work(attention_fwd, 0, QUANTIZE_BYTES * (inputs - mod_inputs), fp8_flops=linear_fwd - mod_fwd)
+    else:
+        forward = Work(linear_fwd + attention_fwd, 0, upcast * params)
+        recompute = Work(linear_fwd - mod_fwd + attention_fwd, 0, upcast * (params - mod_params))
+    # Backward: the frozen Linears' input gradients (never the modulation's: its input needs none), attention;
+    # in bf16 on every path (fp8 activations keep the eager backward: weight upcast included).
     backward = Work(linear_fwd - mod_fwd + ATTENTION_BACKWARD_RATIO * attention_fwd, 0, upcast * (params - mod_params))
     if p.checkpointing:
-        backward = backward + Work(linear_fwd - mod_fwd + attention_fwd, 0, upcast * (params - mod_params))
+        backward = backward + recompute
     # LoRA: forward 2 r (in + out) per row; backward twice that (input and weight gradients). In fp32 peft also
     # casts each input up (read 2, write 4 bytes per value) and the sum back (12 bytes per output value).
     lora_flops = lora_cast = 0
@@ -355,7 +380,11 @@ def render_timeline(inputs: PlanInputs, gpu: GpuProfile, arch: QwenImageArch | N
     else:
         lines.append("  no block streamed")
     lines.append(f"  {'compute path':<46}{'s/step':>8}{'all resident':>14}{'streaming overhead':>20}")
-    for path, pred in zip(PATHS, preds):
+    paths = list(PATHS)
+    if gpu.fp8_tflops and inputs.storage != "bfloat16":
+        paths.append(FP8_PATH)
+        preds.append(predict(inputs, gpu, arch=arch, path=FP8_PATH))
+    for path, pred in zip(paths, preds):
         mark = " (this trainer)" if path == RUNTIME else ""
         lines.append(f"  {path.label + mark:<46}{pred.seconds:>8.3f}{pred.resident_seconds:>14.3f}"
                      f"{pred.overhead:>+20.1%}")
