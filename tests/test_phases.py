@@ -272,3 +272,18 @@ def test_automatic_swapping_takes_the_ring_depth_the_timeline_model_predicts_fas
     rtx = check_run(inputs, auto=True, gpu_budget_bytes=16 * GIB, ram_bytes=64 * GIB, gpu=GPUS["rtx4090"])
     assert rtx.ring_depth == 2 and rtx.blocks_to_swap == check_run(
         inputs, auto=True, gpu_budget_bytes=16 * GIB, ram_bytes=64 * GIB).blocks_to_swap
+
+
+def test_fp8_activations_plan_their_quantised_input_where_it_outweighs_the_weight_copy():
+    """At 1024², the image MLP's down projection quantises 4096 x 12288 input values: 5 bytes each (fp32 quotient
+    and float8), more than the largest bf16 weight copy the eager path makes (a modulation Linear, 3072 x 18432)."""
+    from trainer_core.planner.plan import FP8_QUANTISED_BYTES_PER_VALUE
+
+    inputs = PlanInputs(rank=32, blocks_to_swap=31)
+    eager, fp8 = plan_memory(inputs), plan_memory(dataclasses.replace(inputs, fp8_activations=True))
+    assert term(eager.gpu, "largest weight upcast") == 3072 * 18432 * 2
+    assert term(fp8.gpu, "largest weight upcast") == FP8_QUANTISED_BYTES_PER_VALUE * 4096 * 12288
+    assert fp8.gpu_total - eager.gpu_total >= 5 * 4096 * 12288 - 3072 * 18432 * 2
+    # bf16 blocks run the eager path whatever the flag says: nothing to quantise.
+    bf16 = dataclasses.replace(inputs, storage="bfloat16")
+    assert plan_memory(bf16).gpu_total == plan_memory(dataclasses.replace(bf16, fp8_activations=True)).gpu_total

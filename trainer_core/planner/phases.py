@@ -45,7 +45,7 @@ from .arch import QwenImageArch, real_arch
 from .inference import (
     PartSizes, preview_block_working_bytes, real_parts, text_encoder_working_bytes, vae_decode_bytes, vae_encode_bytes,
 )
-from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, baseline_note, plan_memory
+from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, baseline_note, fp8_input_bytes, plan_memory
 
 PHASES = ("load", "cache", "init", "train", "preview", "save")
 AFTER_CACHING = ("init", "train", "preview", "save")  # what Init Trainer checks; these depend on blocks_to_swap
@@ -202,6 +202,7 @@ def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes) -> Te
     packed = 4 * arch.latent_channels  # channels of a packed latent token (2 x 2 cells)
     latents = n_img * packed * act * (3 if p.preview_cfg else 2)  # latents, prediction(s) of this step
     upcast = {"float8": 1, "float8_scaled": 2, "bfloat16": 0}[p.storage] * _largest_block_weight(arch) * act
+    upcast = max(upcast, fp8_input_bytes(arch, dataclasses.replace(p, batch=1), n_img))  # one Linear call at a time
     denoise = (
         (n_img + n_txt) * arch.dim * act  # the block's inputs: image and text hidden states
         + preview_block_working_bytes(arch, p.targets, p.lora_dtype, n_img, n_txt)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from ..config import LoraConfig, OptimizerConfig, TrainConfig
 from ..offload import NUM_SLOTS, blob_arena_layout
 from ..swap_placement import MODULATION_WINDOW, BlobLayout, blob_layout, ring_for
-from ..models.qwen_arch import MODULATION_LINEARS
+from ..models.qwen_arch import IMG_STREAM, MODULATION_LINEARS
 from .activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
 )
@@ -73,6 +73,7 @@ class PlanInputs:
     # Streamed blocks' modulation outputs computed a window ahead (swap_placement.MODULATION_WINDOW), as the
     # trainer does whenever it streams under checkpointing: fewer bytes copied, a small table on the GPU.
     modulation_ahead: bool = True
+    fp8_activations: bool = False  # TrainConfig.fp8_activations: its quantised inputs are a transient of their own
     optimizer: str = "adamw8bit"
     grad_accum_steps: int = 1
     device: str = "cuda"  # "cuda" or "cpu": decides pinned memory, context and two kernels' saved tensors
@@ -99,7 +100,8 @@ class PlanInputs:
         return cls(width=width, height=height, batch=train.micro_batch_size, rank=lora.rank,
                    targets=lora.targets, lora_dtype=lora.dtype, lora_dropout=lora.dropout, storage=storage,
                    checkpointing=train.gradient_checkpointing, blocks_to_swap=train.blocks_to_swap,
-                   optimizer=optimizer.optimizer, grad_accum_steps=train.grad_accum_steps, **kwargs)
+                   optimizer=optimizer.optimizer, grad_accum_steps=train.grad_accum_steps,
+                   fp8_activations=train.fp8_activations, **kwargs)
 
     def validate(self, arch: QwenImageArch) -> None:
         # Allowed values come from the settings' config metadata (one list per setting, shared with the
@@ -237,6 +239,27 @@ def _outside_activation_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int, ac
 # the plan
 
 
+# fp8 activations (models.float8_activations) quantise a Linear's input x: x / scale in fp32 (4 bytes per value)
+# and its float8 copy (1), alive together for a moment.
+FP8_QUANTISED_BYTES_PER_VALUE = 5
+
+
+def fp8_input_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int) -> int:
+    """The largest transient of fp8 activations: the biggest block Linear input (rows x in_features) quantised.
+    0 when the option is off or the blocks are not stored in float8 (then the eager path runs)."""
+    if not p.fp8_activations or p.storage == "bfloat16":
+        return 0
+    image_side = set(IMG_STREAM.values())
+    largest = 0
+    for s in arch.block_linears:
+        if s.name in MODULATION_LINEARS:
+            rows = p.batch
+        else:
+            rows = p.batch * (n_img if s.name in image_side else p.text_tokens)
+        largest = max(largest, rows * s.in_features)
+    return FP8_QUANTISED_BYTES_PER_VALUE * largest
+
+
 def modulation_window_steps(inputs: PlanInputs) -> int:
     """Optimizer steps per modulation window of the trainer (`Trainer._plan_modulation_ahead`), 0 where it
     does not apply (no block streamed, no checkpointing, or switched off)."""
@@ -296,6 +319,10 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     grads_at_peak = worst - (worst_i + 1) * kept
     upcast = {"float8": 1, "float8_scaled": 2, "bfloat16": 0}[p.storage] * max(
         s_.in_features * s_.out_features for s_ in arch.block_linears) * act
+    quantised = fp8_input_bytes(arch, p, n_img)
+    upcast_detail = f"{p.storage} -> {p.compute_dtype}, transient"
+    if quantised > upcast:  # one Linear call at a time: the forward's quantised input or the backward's copy
+        upcast, upcast_detail = quantised, "fp8 activations: the largest quantised input (fp32 quotient + float8)"
     outside = _outside_activation_bytes(arch, p, n_img, act)
 
     ahead = modulation_ahead_bytes(arch, p)
@@ -327,7 +354,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
             Term("one block's recomputed activations", recompute,
                  f"{n_img} image + {p.text_tokens} text tokens x batch {p.batch}" if recompute else "no checkpointing"),
             Term("backward working memory", working, "measured per token (planner.activations)"),
-            Term("largest weight upcast", upcast, f"{p.storage} -> {p.compute_dtype}, transient"),
+            Term("largest weight upcast", upcast, upcast_detail),
             Term("activations outside the blocks", outside, "gradients in flight, image RoPE factors"),
         ]
     else:
