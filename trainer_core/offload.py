@@ -345,9 +345,12 @@ class BlockRunner:
     `blocks_to_swap` blocks spread over the depth (`swap_placement.default_placement`)."""
 
     def __init__(self, transformer: nn.Module, device: torch.device, blocks_to_swap: int = 0,
-                 checkpointing: bool = False, placement: Placement | None = None, compile_float8: bool = False):
-        """`compile_float8`: compile each block so float8 weights are multiplied without a bf16 copy
-        (`models.float8_compiled`; CUDA only, ignored where unavailable; with streaming it needs checkpointing)."""
+                 checkpointing: bool = False, placement: Placement | None = None, compile_float8: bool = False,
+                 compile_on_cpu: bool = False):
+        """`compile_float8`: the frozen block Linears compiled so float8 weights are multiplied without a bf16
+        copy (`models.float8_compiled`; CUDA + Triton, ignored where unavailable, `compiled_float8` says whether
+        it is on; with streaming it needs checkpointing). `compile_on_cpu`: on the CPU too (tests, benchmarks:
+        it wins nothing there)."""
         self.transformer = transformer
         self.device = device
         self.checkpointing = checkpointing
@@ -364,16 +367,20 @@ class BlockRunner:
         self._caching = False  # keep modulation outputs (a training forward under checkpointing)
         self._modulation_cache: dict[tuple[int, str], torch.Tensor] = {}
         self._compiled: dict | None = None
-        if compile_float8 and float8_compiled.available(device):
+        if compile_float8 and float8_compiled.available(device, allow_cpu=compile_on_cpu):
             if swapped and not checkpointing:
-                raise ValueError("compiled float8 blocks with streaming need gradient checkpointing (float8_compiled)")
+                raise ValueError("compiled float8 Linears with streaming need gradient checkpointing (float8_compiled)")
             self._compiled = float8_compiled.install([lin for block in blocks for _, lin in frozen_linears(block)])
         for i, block in enumerate(blocks):
-            compile_ = float8_compiled.compile_block_forward if self._compiled is not None else None
-            block.forward = _wrap(block.forward, functools.partial(self._run_block, i), compile_)
+            block.forward = _wrap(block.forward, functools.partial(self._run_block, i))
             for name, lin in frozen_linears(block):
                 if _is_modulation(name):
                     lin.forward = _wrap(lin.forward, functools.partial(self._modulation, (i, name)))
+
+    @property
+    def compiled_float8(self) -> bool:
+        """Whether the frozen block Linears run through the compiled expression (`float8_compiled`)."""
+        return self._compiled is not None
 
     def record(self) -> list:
         """Start recording, in issue order, ("copy", block, bytes), ("wait", block) and ("compute", block, pass):
@@ -466,11 +473,10 @@ def _is_modulation(name: str) -> bool:
     return name.removesuffix(".base_layer") in MODULATION_LINEARS
 
 
-def _wrap(forward, ours: functools.partial, transform=None) -> functools.partial:
-    """`ours` called with the module's own forward first (unwrapping one a previous runner left), or with
-    `transform(forward)` (a compiled forward) where given."""
+def _wrap(forward, ours: functools.partial) -> functools.partial:
+    """`ours` called with the module's own forward first (unwrapping one a previous runner left)."""
     original = forward.__wrapped_forward__ if _is_ours(forward) else forward
-    wrapped = functools.partial(ours, transform(original) if transform is not None else original)
+    wrapped = functools.partial(ours, original)
     wrapped.__wrapped_forward__ = original
     return wrapped
 
