@@ -349,8 +349,7 @@ class BlockRunner:
                  compile_on_cpu: bool = False):
         """`compile_float8`: the frozen block Linears compiled so float8 weights are multiplied without a bf16
         copy (`models.float8_compiled`; CUDA + Triton, ignored where unavailable, `compiled_float8` says whether
-        it is on; with streaming it needs checkpointing). `compile_on_cpu`: on the CPU too (tests, benchmarks:
-        it wins nothing there)."""
+        it is on). `compile_on_cpu`: on the CPU too (tests, benchmarks; off by default, see float8_compiled)."""
         self.transformer = transformer
         self.device = device
         self.checkpointing = checkpointing
@@ -368,8 +367,6 @@ class BlockRunner:
         self._modulation_cache: dict[tuple[int, str], torch.Tensor] = {}
         self._compiled: dict | None = None
         if compile_float8 and float8_compiled.available(device, allow_cpu=compile_on_cpu):
-            if swapped and not checkpointing:
-                raise ValueError("compiled float8 Linears with streaming need gradient checkpointing (float8_compiled)")
             self._compiled = float8_compiled.install([lin for block in blocks for _, lin in frozen_linears(block)])
         for i, block in enumerate(blocks):
             block.forward = _wrap(block.forward, functools.partial(self._run_block, i))

@@ -65,29 +65,70 @@ def available(device: torch.device, allow_cpu: bool = False) -> bool:
 def frozen_linear_expression(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                              bias: torch.Tensor | None) -> torch.Tensor:
     """(..., in) -> (..., out): y = (x W^T) s + b, the stored weight (out, in) cast in the expression, the
-    per-row scale s (out, 1) on the output (float8_scaled), the bias (out,). What torch.compile traces."""
+    per-row scale s (out, 1) on the output (float8_scaled), the bias (out,). The forward torch.compile traces."""
     y = F.linear(x, weight.to(x.dtype))
     if scale is not None:
         y = y * scale.reshape(-1).to(x.dtype)
     return y if bias is None else y + bias.to(x.dtype)
 
 
+def input_grad_expression(grad: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """(..., out) -> (..., in): grad_x = (grad_y s) W, the stored weight cast in the expression. The backward
+    torch.compile traces."""
+    if scale is not None:
+        grad = grad * scale.reshape(-1).to(grad.dtype)
+    return grad @ weight.to(grad.dtype)
+
+
 @functools.cache
-def _compiled_expression(device_type: str):
-    """The compiled expression for one device type. Static shapes (the best kernels; a new shape compiles
-    once more). CUDA: max-autotune, which enables the Triton matmul templates the upcast fuses into; no CUDA
-    graphs, because swapping changes the weights' storage between calls. CPU: the default mode (max-autotune's
-    C++ GEMM templates only add compile time here)."""
+def _compiled(expression, device_type: str):
+    """`expression` compiled for one device type. Static shapes except the rows (`_as_rows`); `fullgraph`: a graph break in these few lines would be a bug, so it fails loudly. CUDA: max-autotune,
+    which enables the Triton matmul templates the upcast fuses into; no CUDA graphs, because swapping changes
+    the weights' storage between calls. CPU: the default mode (max-autotune's C++ GEMM templates only add
+    compile time here)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     mode = "max-autotune-no-cudagraphs" if device_type == "cuda" else None
-    return torch.compile(frozen_linear_expression, dynamic=False, fullgraph=True, mode=mode)
+    return torch.compile(expression, dynamic=False, fullgraph=True, mode=mode)
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """(..., features) -> (rows, features), the row count marked dynamic: one graph per weight serves every
+    row count (each image bucket, each caption length, any batch size, a (1, N, in) view into a longer tensor).
+    Static rows would compile the text stream's Linears again for every new caption length, step after step.
+    A single row (the modulation Linears at batch 1) stays its own, static graph: Dynamo specialises sizes 0
+    and 1."""
+    rows = t.reshape(-1, t.shape[-1])
+    torch._dynamo.maybe_mark_dynamic(rows, 0)
+    return rows
+
+
+class CompiledFrozenLinearFunction(torch.autograd.Function):
+    """`float8.FrozenLinearFunction` with compiled bodies: the forward and the input gradient are each one
+    compiled graph (no autograd inside them), and like the eager function it saves nothing but the module and
+    reads the weight from it again in backward. So the float8 weight is all backward keeps (AOTAutograd's own
+    partitioner, given the forward to differentiate, saved the bf16 upcast instead: measured on the CPU), and
+    block swapping may move the weight between forward and backward exactly as on the eager path."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+        ctx.linear = linear
+        rows = _as_rows(x.detach())  # detached: grad mode is off in here anyway (one graph for both)
+        y = _compiled(frozen_linear_expression, x.device.type)(
+            rows, linear.weight, getattr(linear, SCALE_BUFFER, None), linear.bias)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        linear = ctx.linear
+        compiled = _compiled(input_grad_expression, grad.device.type)
+        grad_x = compiled(_as_rows(grad), linear.weight, getattr(linear, SCALE_BUFFER, None))
+        return grad_x.reshape(*grad.shape[:-1], grad_x.shape[-1]), None
 
 
 def compiled_frozen_forward(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """The frozen Linear's forward through the compiled expression: its tensors are the arguments, so the
+    """The frozen Linear's forward through the compiled expressions. Their arguments are tensors, so the
     graphs do not depend on which Linear (or block) calls."""
-    compiled = _compiled_expression(x.device.type)
-    return compiled(x, linear.weight, getattr(linear, SCALE_BUFFER, None), linear.bias)
+    return CompiledFrozenLinearFunction.apply(x, linear)
 
 
 def install(linears: list[nn.Linear]) -> dict[nn.Linear, object]:
