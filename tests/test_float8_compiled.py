@@ -16,6 +16,7 @@ import torch
 import torch._dynamo
 
 from trainer_core.config import LoraConfig
+from trainer_core.devtools.memprobe import SavedTensors
 from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.lora import compute_in_input_dtype, inject_lora, lora_parameters
 from trainer_core.models import float8_compiled
@@ -24,7 +25,8 @@ from trainer_core.offload import BlockRunner
 from trainer_core.swap_placement import spread_placement
 
 # A real Qwen-Image layout (16 latent channels, 2x2 patches) at toy width, 4 blocks.
-TINY = dict(num_layers=4, num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(8, 4, 4), joint_attention_dim=32)
+TINY = dict(num_layers=4, num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(8, 4, 4),
+            joint_attention_dim=32)
 GRID = 4  # 4 x 4 packed latent tokens
 TEXT_LENGTHS = (16, 11, 7)  # prompt tokens of successive batches (captions differ in length)
 RTOL = 1e-4
@@ -102,15 +104,19 @@ def test_compiled_equals_eager_in_block_outputs_loss_and_lora_gradients(storage,
         outputs = block_outputs(model)
         batch = next(batches(1))
         graphs_before = graphs_compiled()
-        loss = loss_of(model, batch)
+        with SavedTensors(exclude=list(model.parameters())) as saved:
+            loss = loss_of(model, batch)
         loss.backward()
         assert (graphs_compiled() > graphs_before) == compiled  # the compiled graphs ran
-        results[compiled] = (list(outputs), loss.detach(), [p.grad for p in lora_parameters(model)])
+        results[compiled] = (list(outputs), loss.detach(), [p.grad for p in lora_parameters(model)], saved.bytes)
         runner.uninstall()
         if compiled:  # uninstalled: the eager path again, bit for bit
             with torch.no_grad():
                 assert torch.equal(loss_of(model, batch), results[False][1])
-    (eager_out, eager_loss, eager_grads), (out, loss, grads) = results[False], results[True]
+    (eager_out, eager_loss, eager_grads, eager_saved), (out, loss, grads, saved) = results[False], results[True]
+    # Backward keeps what the eager path keeps: no upcast copy of a weight (AOTAutograd's partitioner, left to
+    # choose, saved one per Linear).
+    assert saved == eager_saved
     assert len(out) == len(eager_out) == TINY["num_layers"]
     assert all(close(a, b) for block, eager_block in zip(out, eager_out) for a, b in zip(block, eager_block))
     assert close(loss, eager_loss)

@@ -1,34 +1,38 @@
-"""float8 block Linears without a bf16 weight copy: the frozen Linear's expression compiled with torch.compile.
+"""float8 block Linears without a bf16 weight copy: the frozen Linear's forward and input gradient compiled.
 
 The eager path (`float8.FrozenLinearFunction`) upcasts each float8 weight to a bf16 copy per call: ~4 bytes
-of memory traffic per weight value and call (planner.timeline.UPCAST_BYTES). Compiled, the frozen Linear is
-the plain expression y = (x W8^T) s + b (`frozen_linear_expression`), which Inductor can fuse on CUDA: the
-upcast becomes the matmul's prologue (Triton templates, `prologue_fusion`, under max-autotune), so the weight
-is read once, at 1 byte per value. AOTAutograd's min-cut partitioner saves the float8 weight (a graph input, no
-copy) for backward and recomputes the upcast there, as `FrozenLinearFunction` does by hand.
+of memory traffic per weight value and call (planner.timeline.UPCAST_BYTES). Here the same autograd function
+has compiled bodies (`CompiledFrozenLinearFunction`): forward y = (x W8^T) s + b (`frozen_linear_expression`),
+backward grad_x = (grad_y s) W8 (`input_grad_expression`), each one graph in which the upcast is part of the
+expression. On CUDA, Inductor can fuse it into the matmul's prologue (Triton templates, `prologue_fusion`, under
+max-autotune), so the weight is read once, at 1 byte per value. Like the eager function it keeps nothing for
+backward but the module, and reads the weight from it again there: backward memory is the eager path's, and
+block streaming may move the weight between forward and backward, with or without checkpointing.
 
-What is compiled: one function of tensors, (x, W8, s, b) -> y, shared by every frozen block Linear; not the
-block. Compiling whole blocks was the first design and never worked (found when it first ran, on the CPU):
-every block's per-instance wrappers (peft's LoRA forwards, the modulation cache, these forwards) are Python
-objects that Dynamo guards by identity, so each block compiled its own graph and the eighth hit Dynamo's
-recompile limit (then eager, silently); and the modulation cache makes a checkpoint recompute run a different
-graph from the forward, which `torch.utils.checkpoint` refuses (a different number of saved tensors). A function
-of tensors has none of that: its graphs depend only on shapes, dtypes, which of s and b exist and whether x
-needs a gradient, so a model compiles a fixed handful of graphs (`graphs_per_model`) whatever its depth, in
-its first training step, and none after (`tests/test_float8_compiled.py` counts them). Lost against block
-compilation: the fusion of the block's elementwise work, which is not what this path is for.
+What is compiled, and why not more (each found when this path first ran, on the CPU):
+- Not whole blocks (the first design). Every block's per-instance wrappers (peft's LoRA forwards, the
+  modulation cache, these forwards) are Python objects Dynamo guards by identity, so each block compiled its
+  own graph, and the ninth hit Dynamo's recompile limit (then ran eagerly, silently). The modulation cache's
+  phase flag was guarded too, so a checkpoint recompute ran another graph than its forward, and
+  `torch.utils.checkpoint` refused it (a different number of saved tensors). Lost: the fusion of the block's
+  elementwise work, which is not what this path is for.
+- Not the forward alone, differentiated by AOTAutograd: its partitioner saved the bf16 upcast of every weight
+  for backward (what `tests/test_float8_compiled.py` now checks against the eager path's saved bytes).
+- Rows dynamic (`_as_rows`): with static shapes every new caption length compiled the text stream's Linears
+  again, step after step.
+So a model compiles one forward graph per weight shape (plus one for the single-row modulation input) and one
+backward graph per weight shape that has a gradient to pass: 4 + 3 for Qwen-Image at batch 1, in its first
+training step, whatever its depth, buckets and caption lengths; none after.
 
-Status: ran on the CPU only (Inductor's C++ backend, opt-in `available(device, allow_cpu=True)`): outputs,
-losses and LoRA gradients match the eager path, with streaming and checkpointing, with no recompilation after
-the first step. NOT run on CUDA (the development machine has no GPU): `available()` gates it to CUDA + Triton
-on an Ampere or newer GPU; `benchmarks/gpu_speed_check.py` measures it there. On the CPU it is off by default:
-the CPU has no fused float8 matmul (Inductor computes the upcast weight and hands it to the same GEMM), so
-there is nothing to win, and compiling costs tens of seconds (`benchmarks/compiled_float8_cpu.py` measures both).
-
-One constraint, enforced by `offload.BlockRunner`: with block streaming it needs gradient checkpointing. The
-compiled backward reads the float8 weight it saved in forward; for a streamed block that is a view of a ring
-slot that a later copy overwrites. The checkpoint recompute saves it again right before the block's backward,
-while its slot still holds it (swap_placement: a slot is refilled only after its owner's backward).
+Status: ran on the CPU only (Inductor's C++ backend, torch 2.13, opt-in: `available(device, allow_cpu=True)`).
+There, fp32 block outputs, losses and LoRA gradients equal the eager path's bit for bit, with and without
+streaming and checkpointing (`tests/test_float8_compiled.py`); two real-width blocks train faster per step
+than eagerly (Inductor's vectorised float8 conversion beats `Tensor.to`), after 10-15 s of compiling per
+process (`benchmarks/compiled_float8_cpu.py`, figures in benchmarks/README.md). NOT run on CUDA (the
+development machine has no GPU): `available()` gates it to CUDA + Triton on an Ampere or newer GPU, and
+`benchmarks/gpu_speed_check.py` measures it there. On the CPU the trainer stays eager: compiling needs a C++
+compiler at run time and costs more than the tiny models' whole runs (tests, the demo), and the CPU trains
+no real model (it only rehearses one).
 """
 
 from __future__ import annotations
@@ -42,9 +46,9 @@ from torch import nn
 
 from .float8 import SCALE_BUFFER
 
-# Graphs one model may need: per distinct (x shape, weight shape) pair (Qwen-Image: 3 image-stream and 3
-# text-stream shapes, 1 modulation), whether x needs a gradient (block 0's first Linears: no), training or
-# not (previews). Dynamo's default limit (8 per code object) would send the rest to eager without a word.
+# Graphs per compiled expression: one per weight shape (4 in Qwen-Image's blocks), again for single rows, for
+# another compute dtype, for inference mode (previews). Dynamo's default limit (8 per code object) would send
+# the rest to the eager path without a word.
 RECOMPILE_LIMIT = 64
 
 
@@ -64,7 +68,7 @@ def available(device: torch.device, allow_cpu: bool = False) -> bool:
 
 def frozen_linear_expression(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None,
                              bias: torch.Tensor | None) -> torch.Tensor:
-    """(..., in) -> (..., out): y = (x W^T) s + b, the stored weight (out, in) cast in the expression, the
+    """(rows, in) -> (rows, out): y = (x W^T) s + b, the stored weight (out, in) cast in the expression, the
     per-row scale s (out, 1) on the output (float8_scaled), the bias (out,). The forward torch.compile traces."""
     y = F.linear(x, weight.to(x.dtype))
     if scale is not None:
@@ -73,8 +77,8 @@ def frozen_linear_expression(x: torch.Tensor, weight: torch.Tensor, scale: torch
 
 
 def input_grad_expression(grad: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """(..., out) -> (..., in): grad_x = (grad_y s) W, the stored weight cast in the expression. The backward
-    torch.compile traces."""
+    """(rows, out) -> (rows, in): grad_x = (grad_y s) W, the stored weight (out, in) cast in the expression.
+    The backward torch.compile traces."""
     if scale is not None:
         grad = grad * scale.reshape(-1).to(grad.dtype)
     return grad @ weight.to(grad.dtype)
@@ -82,10 +86,10 @@ def input_grad_expression(grad: torch.Tensor, weight: torch.Tensor, scale: torch
 
 @functools.cache
 def _compiled(expression, device_type: str):
-    """`expression` compiled for one device type. Static shapes except the rows (`_as_rows`); `fullgraph`: a graph break in these few lines would be a bug, so it fails loudly. CUDA: max-autotune,
-    which enables the Triton matmul templates the upcast fuses into; no CUDA graphs, because swapping changes
-    the weights' storage between calls. CPU: the default mode (max-autotune's C++ GEMM templates only add
-    compile time here)."""
+    """`expression` compiled for one device type. Static shapes except the rows (`_as_rows`). `fullgraph`: a
+    graph break in these few lines would be a bug, so it fails loudly. CUDA: max-autotune, which enables the
+    Triton matmul templates the upcast fuses into; no CUDA graphs, because swapping changes the weights'
+    storage between calls. CPU: the default mode (max-autotune's C++ GEMM templates only add compile time)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     mode = "max-autotune-no-cudagraphs" if device_type == "cuda" else None
     return torch.compile(expression, dynamic=False, fullgraph=True, mode=mode)
