@@ -20,15 +20,16 @@ What is compiled, and why not more (each found when this path first ran, on the 
   for backward (what `tests/test_float8_compiled.py` now checks against the eager path's saved bytes).
 - Rows dynamic (`_as_rows`): with static shapes every new caption length compiled the text stream's Linears
   again, step after step.
-So a model compiles one forward graph per weight shape (plus one for the single-row modulation input) and one
-backward graph per weight shape that has a gradient to pass: 4 + 3 for Qwen-Image at batch 1, in its first
+So a model compiles one forward graph per weight shape and one backward graph per weight shape that passes a
+gradient (the modulation Linears pass none): 4 + 3 for Qwen-Image (measured at real width), in its first
 training step, whatever its depth, buckets and caption lengths; none after.
 
 Status: ran on the CPU only (Inductor's C++ backend, torch 2.13, opt-in: `available(device, allow_cpu=True)`).
 There, fp32 block outputs, losses and LoRA gradients equal the eager path's bit for bit, with and without
-streaming and checkpointing (`tests/test_float8_compiled.py`); two real-width blocks train faster per step
-than eagerly (Inductor's vectorised float8 conversion beats `Tensor.to`), after 10-15 s of compiling per
-process (`benchmarks/compiled_float8_cpu.py`, figures in benchmarks/README.md). NOT run on CUDA (the
+streaming and checkpointing (`tests/test_float8_compiled.py`); two real-width blocks train a step in 0.76x
+the eager time (Inductor's vectorised float8 conversion beats `Tensor.to`; the matmul is the same), after ~6 s
+of compiling per process with Inductor's disk cache warm, ~22 s cold (`benchmarks/compiled_float8_cpu.py`,
+figures in benchmarks/README.md). NOT run on CUDA (the
 development machine has no GPU): `available()` gates it to CUDA + Triton on an Ampere or newer GPU, and
 `benchmarks/gpu_speed_check.py` measures it there. On the CPU the trainer stays eager: compiling needs a C++
 compiler at run time and costs more than the tiny models' whole runs (tests, the demo), and the CPU trains
