@@ -2,7 +2,7 @@
 `gpu_check.py` checks memory phase by phase).
 
     python benchmarks/gpu_speed_check.py [--out benchmarks/gpu_speed_check_results.md]   # CUDA (H100/H200), < 8 min
-    python benchmarks/gpu_speed_check.py --tiny                                      # CPU, tiny dims, same code path
+    python benchmarks/gpu_speed_check.py --tiny [--compiled-on-cpu]                  # CPU, tiny dims, same code path
 
 Builds the real transformer (60 blocks, 20.4B parameters) directly on the GPU with random float8 block
 weights (`devtools.random_weights.random_transformer`: meta first, then one tensor at a time; no
@@ -11,9 +11,9 @@ latent channels, 256 prompt tokens x 3584, all synthetic) through our `Trainer` 
 `offload.BlockRunner` with gradient checkpointing) for blocks_to_swap in {0, 8, 16, auto for 16 GiB}, then
 variants of the auto configuration, one change of issue 10 undone or added each: the streamed blocks as the last
 ones (tail) instead of spread, the LoRA computed in fp32 (peft's cast) instead of bf16, every forward copying
-whole blocks (no modulation ahead), the compiled float8 path (`models.float8_compiled`, where available), and
-fp8 activations (`TrainConfig.fp8_activations`: the frozen Linears multiply in float8 with torch._scaled_mm; its
-losses are compared with the auto row's, same batches).
+whole blocks (no modulation ahead), the compiled float8 path (`models.float8_compiled`, where available; on the
+CPU with --tiny --compiled-on-cpu), and fp8 activations (`TrainConfig.fp8_activations`: the frozen Linears
+multiply in float8 with torch._scaled_mm; its losses are compared with the auto row's, same batches).
 The model is built once; each configuration gets a fresh Trainer, whose `close()` takes the LoRA out and
 `BlockRunner.uninstall()` gives the blocks back, so the next one starts from the same model.
 
@@ -26,6 +26,7 @@ GPU (`planner.timeline`, profile chosen by the device name), and the pinned host
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import platform
@@ -78,7 +79,7 @@ def pinned_bytes(cuda: bool) -> int:
 
 
 def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch, steps: int, cuda: bool,
-               variant: str = "") -> Row:
+               variant: str = "", compile_on_cpu: bool = False) -> Row:
     """One configuration. `variant`: "" (the trainer as it is), "tail" (streamed blocks = the last k), "lora fp32"
     (peft's fp32 LoRA compute), "compiled" (compiled float8 blocks), "fp8" (fp8 activations), "no modulation ahead"
     (every forward copies the streamed blocks whole). The timed steps are one chunk: its first step computes the
@@ -104,7 +105,9 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
         trainer.runner.uninstall()
         placement = tail_placement(arch.num_blocks, k) if variant == "tail" and k else None
         trainer.runner = BlockRunner(trainer.transformer, device, blocks_to_swap=k, checkpointing=inputs.checkpointing,
-                                     placement=placement, compile_float8=variant == "compiled")
+                                     placement=placement, compile_float8=variant == "compiled",
+                                     compile_on_cpu=compile_on_cpu)
+        assert trainer.runner.compiled_float8 == (variant == "compiled")
         if variant == "compiled":
             path = PATHS[2]
     elif variant == "no modulation ahead":
@@ -130,12 +133,15 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
         allocated, reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
     else:  # the CPU has no allocator statistics: resident tensors + the steps' peak of new tensors
         resident = common.resident_bytes(trainer)
-        with LiveBytes() as live:
+        # torch.compile refuses to run under a TorchDispatchMode such as LiveBytes: the compiled variant's row
+        # counts the resident tensors only.
+        probe = contextlib.nullcontext() if variant == "compiled" else LiveBytes()
+        with probe as live:
             report = trainer.train(1)
             t = time.perf_counter()
             report2 = trainer.train(steps - 1)
             seconds = (time.perf_counter() - t) / (steps - 1)
-        allocated = reserved = resident + live.peak
+        allocated = reserved = resident + (live.peak if live is not None else 0)
     losses = report.losses + report2.losses
     plan = plan_memory(dataclasses.replace(inputs, blocks_to_swap=k), arch)
     planned_alloc = sum(t.bytes for t in plan.gpu if t.name not in NOT_ALLOCATOR)
@@ -155,6 +161,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "gpu_speed_check_results.md"))
     parser.add_argument("--steps", type=int, default=None, help="steps per configuration (default 5, tiny 3)")
     parser.add_argument("--budget-gb", type=float, default=16.0, help="budget of the 'auto' configuration (GiB)")
+    parser.add_argument("--compiled-on-cpu", action="store_true",
+                        help="with --tiny: add the compiled float8 variant on the CPU (Inductor's C++ backend; slow to compile)")
     args = parser.parse_args(argv)
 
     from trainer_core.cli import _quiet_libraries
@@ -226,7 +234,8 @@ def main(argv: list[str] | None = None) -> None:
                 (f"{auto_label}, no modulation ahead", auto_k, "no modulation ahead")]
     from trainer_core.models.float8_compiled import available
 
-    if available(device):
+    compile_on_cpu = args.tiny and args.compiled_on_cpu
+    if available(device, allow_cpu=compile_on_cpu):
         configs.append((f"{auto_label}, compiled float8", auto_k, "compiled"))
     configs.append((f"{auto_label}, fp8 activations", auto_k, "fp8"))
 
@@ -234,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for label, k, variant in configs:
         t = time.perf_counter()
-        rows.append(run_config(label, k, components, dataset, inputs, arch, steps, cuda, variant))
+        rows.append(run_config(label, k, components, dataset, inputs, arch, steps, cuda, variant, compile_on_cpu))
         r = rows[-1]
         print(f"  {label}: blocks_to_swap={k}, measured {r.measured_allocated / unit:.2f} {u} allocated, planned "
               f"{r.planned_allocated / unit:.2f} {u}, {r.seconds_per_step:.3f} s/step ({time.perf_counter() - t:.0f} s)",
@@ -262,7 +271,8 @@ def main(argv: list[str] | None = None) -> None:
             f"(max reserved + context) of its {budget / GIB:.2f} GiB budget: {'within' if within else 'OVER'} budget.")
     else:
         log("CPU: 'max allocated' is the bytes of the model's resident tensors plus the steps' peak of new tensors "
-            "(`memprobe.LiveBytes`); the planner ran with device='cpu' (no context, no slack).")
+            "(`memprobe.LiveBytes`; the compiled variant: resident tensors only, as torch.compile refuses that probe); the "
+            "planner ran with device='cpu' (no context, no slack).")
     log(f"Total time {time.perf_counter() - started:.0f} s.")
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")

@@ -110,10 +110,10 @@ def test_scaled_float8_scales_the_output_as_scaling_the_weight_would():
 
 @pytest.mark.parametrize("mode", ["float8", "float8_scaled"])
 def test_the_compiled_paths_expression_equals_the_eager_function(mode):
-    """What `float8_compiled` hands torch.compile (on CUDA) computes, run eagerly here, the same output and
-    input gradient as `FrozenLinearFunction`, bit for bit in fp32."""
+    """What `float8_compiled` hands torch.compile, run eagerly here, computes the same output and input gradient
+    as `FrozenLinearFunction`, bit for bit in fp32 (compiled, see test_float8_compiled.py). The CPU is opt-in."""
     from trainer_core.models.float8 import SCALE_BUFFER, quantize_weight
-    from trainer_core.models.float8_compiled import available, compiled_frozen_forward
+    from trainer_core.models.float8_compiled import available, frozen_linear_expression
 
     assert not available(torch.device("cpu"))
     torch.manual_seed(0)
@@ -125,7 +125,8 @@ def test_the_compiled_paths_expression_equals_the_eager_function(mode):
         lin.register_buffer(SCALE_BUFFER, scale)
     x1 = torch.randn(4, 32, requires_grad=True)
     x2 = x1.detach().clone().requires_grad_(True)
-    y1, y2 = FrozenLinearFunction.apply(x1, lin), compiled_frozen_forward(lin, x2)
+    y1 = FrozenLinearFunction.apply(x1, lin)
+    y2 = frozen_linear_expression(x2, lin.weight, getattr(lin, SCALE_BUFFER, None), lin.bias)
     assert torch.equal(y1, y2)
     grad = torch.randn_like(y1)
     y1.backward(grad)

@@ -350,9 +350,10 @@ class BlockRunner:
 
     def __init__(self, transformer: nn.Module, device: torch.device, blocks_to_swap: int = 0,
                  checkpointing: bool = False, placement: Placement | None = None, compile_float8: bool = False,
-                 fp8_activations: bool = False):
-        """`compile_float8`: compile each block so float8 weights are multiplied without a bf16 copy
-        (`models.float8_compiled`; CUDA only, ignored where unavailable; with streaming it needs checkpointing).
+                 fp8_activations: bool = False, compile_on_cpu: bool = False):
+        """`compile_float8`: the frozen block Linears compiled so float8 weights are multiplied without a bf16
+        copy (`models.float8_compiled`; CUDA + Triton, ignored where unavailable, `compiled_float8` says whether
+        it is on). `compile_on_cpu`: on the CPU too (tests, benchmarks; off by default, see float8_compiled).
         `fp8_activations`: the float8 block Linears multiply in float8 with `torch._scaled_mm`
         (`models.float8_activations`; where the device runs it, else the eager path); `fp8_status` says which.
         The two are alternatives: asking for both is refused."""
@@ -383,17 +384,14 @@ class BlockRunner:
         self._fill_inputs: dict[str, torch.Tensor] | None = None  # this forward's own modulation inputs
         self.forwards_from_plan = 0  # training forwards that took their streamed modulation outputs from a plan
         self._compiled: dict | None = None
-        if compile_float8 and float8_compiled.available(device):
-            if swapped and not checkpointing:
-                raise ValueError("compiled float8 blocks with streaming need gradient checkpointing (float8_compiled)")
+        if compile_float8 and float8_compiled.available(device, allow_cpu=compile_on_cpu):
             self._compiled = float8_compiled.install([lin for block in blocks for _, lin in frozen_linears(block)])
         self._fp8: dict | None = None
         self.fp8_status: str | None = None
         if fp8_activations:
             self._install_fp8_activations()
         for i, block in enumerate(blocks):
-            compile_ = float8_compiled.compile_block_forward if self._compiled is not None else None
-            block.forward = _wrap(block.forward, functools.partial(self._run_block, i), compile_)
+            block.forward = _wrap(block.forward, functools.partial(self._run_block, i))
             for name, lin in frozen_linears(block):
                 if _is_modulation(name):
                     key = (i, name.removesuffix(".base_layer"))  # peft's wrapper adds .base_layer
@@ -406,6 +404,11 @@ class BlockRunner:
         if scaling is not None:
             self._fp8 = float8_activations.install(linears, scaling)
         self.fp8_status = float8_activations.status(len(self._fp8 or {}), len(linears), scaling, stored_float8)
+
+    @property
+    def compiled_float8(self) -> bool:
+        """Whether the frozen block Linears run through the compiled expression (`float8_compiled`)."""
+        return self._compiled is not None
 
     def record(self) -> list:
         """Start recording, in issue order, ("copy", block, bytes), ("wait", block) and ("compute", block, pass):
@@ -584,11 +587,10 @@ def _is_modulation(name: str) -> bool:
     return name.removesuffix(".base_layer") in MODULATION_LINEARS
 
 
-def _wrap(forward, ours: functools.partial, transform=None) -> functools.partial:
-    """`ours` called with the module's own forward first (unwrapping one a previous runner left), or with
-    `transform(forward)` (a compiled forward) where given."""
+def _wrap(forward, ours: functools.partial) -> functools.partial:
+    """`ours` called with the module's own forward first (unwrapping one a previous runner left)."""
     original = forward.__wrapped_forward__ if _is_ours(forward) else forward
-    wrapped = functools.partial(ours, transform(original) if transform is not None else original)
+    wrapped = functools.partial(ours, original)
     wrapped.__wrapped_forward__ = original
     return wrapped
 
