@@ -1,7 +1,10 @@
 """The eager float8_scaled Linear on the CPU: output scaling (now) against weight scaling (before issue 10).
 
-    OMP_NUM_THREADS=1 farm-bench -n 5 --timeout 900 --vs '.venv/bin/python benchmarks/eager_float8_cpu.py weight' \
-        -- .venv/bin/python benchmarks/eager_float8_cpu.py output
+    OMP_NUM_THREADS=1 /usr/bin/time -v .venv/bin/python benchmarks/eager_float8_cpu.py output   # A
+    OMP_NUM_THREADS=1 /usr/bin/time -v .venv/bin/python benchmarks/eager_float8_cpu.py weight   # B
+
+Run A and B in turn (A B A B ..., 5 pairs) and take the median of the pairs' cpu-time ratios: pairing keeps the
+ratio meaningful while the machine's speed drifts.
 
 One real-width `img_mlp.net.0.proj` (3072 -> 12288, float8 with per-row scales), 64 tokens in bf16, 10 forward +
 backward calls. 'output': `FrozenLinearFunction` as it is, y = (x W8^T) s + b. 'weight': the same function
