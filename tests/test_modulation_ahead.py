@@ -4,8 +4,9 @@ copy those blocks without the modulation weights (offload.BlockRunner.plan_modul
 
 Checked here: the modulation inputs computed apart are the forward's own, bit for bit (Qwen-Image and
 Edit-2511's zero_cond_t); a planned run computes exactly what an unplanned one does while copying fewer bytes,
-with the copies, waits and computes the timeline model schedules; a plan that is not the forward's fails
-loudly; and the trainer's results do not change with it, previews in between included."""
+with the copies, waits and computes the timeline model schedules, Edit-2511's doubled rows included; a plan that
+is not the forward's fails loudly; and the trainer's results do not change with it, previews in between
+included."""
 
 
 import pytest
@@ -150,25 +151,26 @@ def test_the_trainers_results_are_bit_identical_with_it_and_it_copies_less(tmp_p
         assert from_plan == 9 and plain[2] == 0
 
 
-def test_an_edit_2511_run_reads_its_modulation_from_the_plan(tmp_path):
-    """Edit-2511's zero_cond_t modulates the control tokens at timestep 0: twice the rows in img_mod. The
-    runner checks every planned input against the forward's own on the CPU, so these steps would fail
-    loudly if the plan computed them differently."""
-    from test_edit_pipelines import control_images
-    from test_edit_training import cfg, write_sample
-    from trainer_core.edit.cache import build_edit_cache
-    from trainer_core.edit.config import EditDataConfig
-    from trainer_core.edit.data import load_edit_dataset
-    from trainer_core.edit.tiny import build_tiny_edit_components
-
-    components = build_tiny_edit_components("edit-2511")
-    write_sample(tmp_path / "d", "a", "paint it red", control_images()[:1], size=(64, 64))
-    dataset = load_edit_dataset(cfg(tmp_path / "d"), EditDataConfig(control_resolution=0))
-    cached = build_edit_cache(components, list(dataset.samples), tmp_path / "cache")
-    trainer = Trainer(components, cached, LoraConfig(rank=4, alpha=4.0), OptimizerConfig(optimizer="adamw"),
-                      TrainConfig(seed=7, blocks_to_swap=1))
-    try:
-        assert len(trainer.train(3).losses) == 3
-        assert trainer.runner.forwards_from_plan == 2
-    finally:
-        trainer.close()
+def test_edit_2511s_doubled_modulation_rows_are_planned_too():
+    """Edit-2511's zero_cond_t modulates the control tokens at timestep 0: img_mod takes twice the rows. A planned
+    run of such a model (a control image's tokens after the target's) computes what an unplanned one does."""
+    data = batches(3, batch=2)
+    results = {}
+    for planned in (False, True):
+        model = lora_model(dict(zero_cond_t=True))
+        runner = BlockRunner(model, torch.device("cpu"), checkpointing=True, placement=spread_placement(6, 5, ring=2))
+        if planned:
+            assert runner.plan_modulation([b[2] for b in data])
+        losses, g = [], torch.Generator().manual_seed(1)
+        for x, prompt, t, target in data:
+            with_control = torch.cat([x, torch.randn(x.shape, generator=g)], dim=1)  # (B, 2N, 64): target, control
+            prediction = model(hidden_states=with_control, encoder_hidden_states=prompt, timestep=t,
+                               img_shapes=[[(1, GRID, GRID), (1, GRID, GRID)]] * 2, return_dict=False)[0]
+            loss = flow_loss(prediction[:, : GRID * GRID], target)
+            loss.backward()
+            losses.append(loss.item())
+        results[planned] = losses, [p.grad.clone() for p in model.parameters() if p.requires_grad], \
+            runner.forwards_from_plan
+        runner.uninstall()
+    assert results[True][0] == results[False][0] and results[True][2] == 2
+    assert all(torch.equal(a, b) for a, b in zip(results[True][1], results[False][1]))
