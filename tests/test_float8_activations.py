@@ -146,3 +146,22 @@ def test_chunked_training_with_fp8_activations_stays_bit_identical(tmp_path, dem
     bf16.close()
     assert bf16_losses != losses
     assert max(abs(a - b) / b for a, b in zip(losses, bf16_losses)) < 0.05
+
+
+def test_compile_float8_is_an_alternative_and_says_when_it_cannot_run(tmp_path, demo_folder):
+    """TrainConfig.compile_float8: refused together with fp8_activations (a message naming both); on the CPU the
+    trainer keeps the eager path and its status says why (the compiled path itself: test_float8_compiled.py)."""
+    from trainer_core.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="compile_float8 and fp8_activations"):
+        TrainConfig(compile_float8=True, fp8_activations=True).validate()
+    components = build_tiny_components(seed=0, storage="float8", compute_dtype=torch.bfloat16)
+    cached = cached_demo(components, demo_folder, tmp_path / "cache")
+    trainer = Trainer(components, cached, LoraConfig(rank=4, alpha=4.0), OptimizerConfig(optimizer="adamw"),
+                      TrainConfig(seed=1, compile_float8=True))
+    try:
+        assert not trainer.runner.compiled_float8
+        assert "compiled float8: off here (it needs a CUDA GPU with Triton)" in trainer.memory_plan
+        assert len(trainer.train(1).losses) == 1
+    finally:
+        trainer.close()

@@ -60,7 +60,8 @@ NODES = [
                                 "timestep_sampling": "logit_normal", "logit_mean": 0.0, "logit_std": 1.0,
                                 "resolution_shift": True, "caption_dropout": 0.0, "checkpoint_every": 100,
                                 "max_nonfinite_steps": 3, "continue_from_lora": "(none: start from zero)",
-                                "validation_every": 0, "fp8_activations": False},
+                                "validation_every": 0, "fp8_activations": False,
+                                "compile_float8": False},
      ("train", 0)),
     (13, "PreviewAny", {}, ("train", 0)),  # Init Trainer's status: started/resumed, blocks_to_swap, memory plan
     (7, "QwenLoRATrain", {"steps": 250, "preview_every": 25, "preview_size": 512, "preview_sampling_steps": 20,

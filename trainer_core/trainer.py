@@ -224,11 +224,14 @@ class Trainer:
         placement = default_placement(components.num_blocks, train.blocks_to_swap, swap.ring_depth)
         self.runner = BlockRunner(self.transformer, self.device, checkpointing=train.gradient_checkpointing,
                                   placement=placement if train.blocks_to_swap else None,
-                                  fp8_activations=train.fp8_activations)
+                                  fp8_activations=train.fp8_activations, compile_float8=train.compile_float8)
         if self.runner.swapper is not None:
             self.memory_plan += "\n" + self.runner.swapper.pinned_status
         if self.runner.fp8_status is not None:
             self.memory_plan += "\n" + self.runner.fp8_status
+        if train.compile_float8:
+            self.memory_plan += "\n" + ("compiled float8: on (the first step compiles)" if self.runner.compiled_float8
+                                        else "compiled float8: off here (it needs a CUDA GPU with Triton); eager path")
         self.optimizer = build_optimizer(self.params, optimizer)
         self.rng = torch.Generator().manual_seed(train.seed)
         # LoRA dropout draws from torch's global RNG (of the device it runs on). The trainer keeps its own
