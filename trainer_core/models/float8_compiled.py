@@ -31,7 +31,8 @@ the eager time (Inductor's vectorised float8 conversion beats `Tensor.to`; the m
 of compiling per process with Inductor's disk cache warm, ~22 s cold (`benchmarks/compiled_float8_cpu.py`,
 figures in benchmarks/README.md). NOT run on CUDA (the
 development machine has no GPU): `available()` gates it to CUDA + Triton on an Ampere or newer GPU, and
-`benchmarks/gpu_speed_check.py` measures it there. On the CPU the trainer stays eager: compiling needs a C++
+`benchmarks/gpu_speed_check.py` measures it there; the trainer takes it with `TrainConfig.compile_float8`
+(off by default). On the CPU the trainer stays eager even then: compiling needs a C++
 compiler at run time and costs more than the tiny models' whole runs (tests, the demo), and the CPU trains
 no real model (it only rehearses one).
 """

@@ -147,7 +147,7 @@ class ComputePath:
 TODAY = ComputePath()
 # The compute paths `plan --gpu` compares; RUNTIME is the one the trainer takes on a CUDA GPU.
 PATHS = (TODAY, ComputePath("bfloat16", "eager"), ComputePath("bfloat16", "fused"))
-RUNTIME = PATHS[1]  # lora.compute_in_input_dtype; the fused float8 path is not wired in yet
+RUNTIME = PATHS[1]  # the trainer by default (lora.compute_in_input_dtype); PATHS[2] with TrainConfig.compile_float8
 # TrainConfig.fp8_activations: shown by `plan --gpu` for GPUs with float8 tensor cores (not in PATHS, whose
 # every path runs on every GPU).
 FP8_PATH = ComputePath("bfloat16", FP8_ACTIVATIONS)
