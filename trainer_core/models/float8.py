@@ -169,3 +169,13 @@ def dequantized_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
         if hasattr(m, SCALE_BUFFER) and "lora_" not in name:
             out[f"{name}.weight"] = dequantized_weight(m, torch.float32)
     return out
+
+
+def restore_forwards(previous: dict[nn.Linear, object]) -> None:
+    """Give Linears back the forwards an alternative float8 path (compiled, fp8 activations) replaced: the
+    instance attribute it found, or none (the class's own forward)."""
+    for linear, forward in previous.items():
+        if forward is None:
+            linear.__dict__.pop("forward", None)
+        else:
+            linear.forward = forward

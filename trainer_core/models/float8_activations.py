@@ -48,7 +48,7 @@ import functools
 import torch
 from torch import nn
 
-from .float8 import FLOAT8, FLOAT8_MAX, SCALE_BUFFER, FrozenLinearFunction
+from .float8 import FLOAT8, FLOAT8_MAX, SCALE_BUFFER, FrozenLinearFunction, restore_forwards
 
 ROWWISE, TENSORWISE = "rowwise", "tensorwise"
 SCALINGS = (ROWWISE, TENSORWISE)  # in order of preference
@@ -165,12 +165,7 @@ def install(linears: list[nn.Linear], scaling: str) -> dict[nn.Linear, object]:
     return previous
 
 
-def uninstall(previous: dict[nn.Linear, object]) -> None:
-    for linear, forward in previous.items():
-        if forward is None:
-            linear.__dict__.pop("forward", None)
-        else:
-            linear.forward = forward
+uninstall = restore_forwards  # the previous forwards `install` returned
 
 
 def status(installed: int, total: int, scaling: str | None, storage_float8: bool) -> str:

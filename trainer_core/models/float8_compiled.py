@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .float8 import SCALE_BUFFER
+from .float8 import SCALE_BUFFER, restore_forwards
 
 # Graphs per compiled expression: one per weight shape (4 in Qwen-Image's blocks), again for single rows, for
 # another compute dtype, for inference mode (previews). Dynamo's default limit (8 per code object) would send
@@ -147,9 +147,4 @@ def install(linears: list[nn.Linear]) -> dict[nn.Linear, object]:
     return previous
 
 
-def uninstall(previous: dict[nn.Linear, object]) -> None:
-    for linear, forward in previous.items():
-        if forward is None:
-            linear.__dict__.pop("forward", None)
-        else:
-            linear.forward = forward
+uninstall = restore_forwards  # the previous forwards `install` returned
