@@ -20,7 +20,7 @@ from trainer_core.edit.variants import get_variant
 from trainer_core.errors import UserInputError
 from trainer_core.models.tiny import build_tiny_tokenizer
 from trainer_core.objective import resolution_mu, sample_noise_levels
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 
 def write_sample(folder: Path, name: str, caption: str, controls: list[Image.Image], subfolder: bool = False,
