@@ -15,7 +15,7 @@
 Ownership: a trainer owns its adapter and a model set carries one adapter, so at most one live trainer
 per model set. Opening a run on a model set that another run trains checkpoints and retires that run;
 its trainer then refuses every use with an error naming both runs (never a silent mix of adapters).
-`blocks_to_swap='auto'` is resolved by the Trainer from the memory plan (see `memory.plan_run`), after
+`blocks_to_swap='auto'` is resolved by the Trainer from the memory plan (see `planner.for_run.plan_run`), after
 `before_build` ran (a host frees its own models there).
 
 Live trainers are kept here by run name, because a host may drop the object that holds one (ComfyUI

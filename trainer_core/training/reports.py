@@ -16,8 +16,8 @@ class StepReport:
     grad_norm: float
     seconds: float
     skipped: bool = False  # non-finite loss or gradient: no update was made
-    preview: StepPreview | None = None  # sampled after this step (periodic work: live.StepExtras)
-    snapshot: Path | None = None  # LoRA file written after this step (periodic work: live.StepExtras)
+    preview: StepPreview | None = None  # sampled after this step (periodic work: periodic.StepExtras)
+    snapshot: Path | None = None  # LoRA file written after this step (periodic work: periodic.StepExtras)
 
 
 @dataclass
