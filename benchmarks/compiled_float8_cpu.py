@@ -32,7 +32,7 @@ from trainer_core.config import LoraConfig
 from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.lora import compute_in_input_dtype, inject_lora, lora_parameters
 from trainer_core.objective import flow_loss
-from trainer_core.offload import BlockRunner
+from trainer_core.streaming.runner import BlockRunner
 
 GRID, TEXT = 8, 32  # packed latent tokens per side, prompt tokens
 

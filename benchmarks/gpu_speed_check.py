@@ -86,9 +86,9 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
     modulation outputs for the window (up to 16 steps), as in the model, which averages over windows of 16."""
     from trainer_core.devtools.memprobe import LiveBytes
     from trainer_core.lora import compute_in_input_dtype
-    from trainer_core.offload import BlockRunner
+    from trainer_core.streaming.runner import BlockRunner
     from trainer_core.planner.timeline import FP8_PATH, PATHS, RUNTIME, ComputePath, predict, profile_for_device
-    from trainer_core.swap_placement import tail_placement
+    from trainer_core.streaming.placement import tail_placement
 
     device = components.device
     gc.collect()
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     auto_k = choice.blocks_to_swap
     configs += [(f"{auto_label}, tail placement", auto_k, "tail"), (f"{auto_label}, LoRA in fp32", auto_k, "lora fp32"),
                 (f"{auto_label}, no modulation ahead", auto_k, "no modulation ahead")]
-    from trainer_core.models.float8_compiled import available
+    from trainer_core.models.float8.compiled import available
 
     compile_on_cpu = args.tiny and args.compiled_on_cpu
     if available(device, allow_cpu=compile_on_cpu):

@@ -147,7 +147,7 @@ def test_whole_model_step_peak_matches_the_plan(checkpointing):
     measured by `LiveBytes`, against the planner's activation, gradient and upcast terms. Tolerance 3%:
     the working term is fitted (see above), the rest is exact or a direct count."""
     from trainer_core.objective import flow_loss
-    from trainer_core.offload import BlockRunner
+    from trainer_core.streaming.runner import BlockRunner
 
     model = random_transformer(dict(NARROW, num_layers=4), storage="float8")
     with_lora(model, targets="attention+mlp")

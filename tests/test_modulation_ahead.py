@@ -21,11 +21,11 @@ from trainer_core.lora import inject_lora
 from trainer_core.models import build_tiny_components
 from trainer_core.models.modulation import modulation_inputs, supports_modulation_ahead
 from trainer_core.objective import flow_loss
-from trainer_core.offload import BlockRunner
+from trainer_core.streaming.runner import BlockRunner
 from trainer_core.planner import arch_from_transformer
 from trainer_core.planner.plan import block_blob
 from trainer_core.planner.timeline import schedule
-from trainer_core.swap_placement import BACKWARD, FORWARD, spread_placement
+from trainer_core.streaming.placement import BACKWARD, FORWARD, spread_placement
 from trainer_core.trainer import Trainer
 
 GRID, TEXT = 4, 8  # image tokens per side, prompt tokens

@@ -50,8 +50,8 @@ from .models.latents import pack_latents
 from .models.qwen_arch import PATCH_SIZE
 from .models.text import pad_prompt_batch
 from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, time_shift, velocity_target
-from .offload import BlockRunner, swapped_blocks, uninstall_leftover_runner
-from .swap_placement import MODULATION_WINDOW, default_placement
+from .streaming.runner import BlockRunner, swapped_blocks, uninstall_leftover_runner
+from .streaming.placement import MODULATION_WINDOW, default_placement
 from .live import StepExtras, StepPreview, keep_preview
 from .run_lock import RunLock
 from .sampling import sample_image

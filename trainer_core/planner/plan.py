@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import LoraConfig, OptimizerConfig, TrainConfig
-from ..offload import NUM_SLOTS, blob_arena_layout
-from ..swap_placement import MODULATION_WINDOW, BlobLayout, blob_layout, ring_for
+from ..streaming.runner import NUM_SLOTS, blob_arena_layout
+from ..streaming.placement import MODULATION_WINDOW, BlobLayout, blob_layout, ring_for
 from ..models.qwen_arch import IMG_STREAM, MODULATION_LINEARS
 from .activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,

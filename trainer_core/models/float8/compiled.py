@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .float8 import SCALE_BUFFER, restore_forwards
+from .storage import SCALE_BUFFER, restore_forwards
 
 # Graphs per compiled expression: one per weight shape (4 in Qwen-Image's blocks), again for single rows, for
 # another compute dtype, for inference mode (previews). Dynamo's default limit (8 per code object) would send

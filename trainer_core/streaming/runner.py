@@ -34,11 +34,12 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from .models import float8_activations, float8_compiled
-from .models.float8 import FLOAT8, frozen_linears
-from .models.modulation import modulation_inputs, supports_modulation_ahead
-from .models.qwen_arch import MODULATION_LINEARS
-from .swap_placement import (
+from ..models.float8 import FLOAT8, frozen_linears
+from ..models.float8 import activations as float8_activations
+from ..models.float8 import compiled as float8_compiled
+from ..models.modulation import modulation_inputs, supports_modulation_ahead
+from ..models.qwen_arch import MODULATION_LINEARS
+from .placement import (
     BACKWARD, BACKWARD_PART, FORWARD, MIN_RING, BlobLayout, Load, Placement, Ring, blob_layout, default_placement,
 )
 

@@ -48,7 +48,7 @@ import functools
 import torch
 from torch import nn
 
-from .float8 import FLOAT8, FLOAT8_MAX, SCALE_BUFFER, FrozenLinearFunction, restore_forwards
+from .storage import FLOAT8, FLOAT8_MAX, SCALE_BUFFER, FrozenLinearFunction, restore_forwards
 
 ROWWISE, TENSORWISE = "rowwise", "tensorwise"
 SCALINGS = (ROWWISE, TENSORWISE)  # in order of preference
