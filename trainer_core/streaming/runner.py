@@ -360,6 +360,7 @@ class BlockRunner:
         The two are alternatives: asking for both is refused."""
         if compile_float8 and fp8_activations:
             raise ValueError("compile_float8 and fp8_activations are alternatives; choose one")
+        uninstall_leftover_runner(transformer)  # one runner per model: one dropped without uninstall() goes first
         self.transformer = transformer
         self.device = device
         self.checkpointing = checkpointing
@@ -392,11 +393,11 @@ class BlockRunner:
         if fp8_activations:
             self._install_fp8_activations()
         for i, block in enumerate(blocks):
-            block.forward = _wrap(block.forward, functools.partial(self._run_block, i))
+            block.forward = _wrap(block.forward, functools.partial(self._run_block, i), self)
             for name, lin in frozen_linears(block):
                 if _is_modulation(name):
                     key = (i, name.removesuffix(".base_layer"))  # peft's wrapper adds .base_layer
-                    lin.forward = _wrap(lin.forward, functools.partial(self._modulation, key))
+                    lin.forward = _wrap(lin.forward, functools.partial(self._modulation, key), self)
 
     def _install_fp8_activations(self) -> None:
         linears = [lin for block in self.transformer.transformer_blocks for _, lin in frozen_linears(block)]
@@ -588,11 +589,14 @@ def _is_modulation(name: str) -> bool:
     return name.removesuffix(".base_layer") in MODULATION_LINEARS
 
 
-def _wrap(forward, ours: functools.partial) -> functools.partial:
-    """`ours` called with the module's own forward first (unwrapping one a previous runner left)."""
+def _wrap(forward, ours: functools.partial, runner: BlockRunner) -> functools.partial:
+    """`ours` called with the module's own forward first (unwrapping one a previous runner left). The wrapper
+    names its `runner` outright: partial() flattens a partial of a partial, so the runner cannot be dug out of
+    the wrapper's layers (issue 25: that digging broke the next trainer after one dropped without close())."""
     original = forward.__wrapped_forward__ if _is_ours(forward) else forward
     wrapped = functools.partial(ours, original)
     wrapped.__wrapped_forward__ = original
+    wrapped.__block_runner__ = runner
     return wrapped
 
 
@@ -608,12 +612,19 @@ def _unwrap(module: nn.Module, attr: str) -> None:
 
 
 def uninstall_leftover_runner(transformer: nn.Module) -> None:
-    """Uninstall a BlockRunner whose trainer was dropped without closing it (its wrappers keep it alive)."""
-    forward = transformer.transformer_blocks[0].forward
-    if _is_ours(forward):
-        forward.func.func.__self__.uninstall()
+    """Uninstall every BlockRunner still installed on `transformer`: one whose trainer was dropped without
+    closing it (its wrappers keep it alive). Found through any block's wrappers, so a runner whose block 0 was
+    restored by other means is still found."""
+    runners = []
+    for block in transformer.transformer_blocks:
+        for module in (block, *(lin for _, lin in frozen_linears(block))):
+            forward = module.__dict__.get("forward")
+            if _is_ours(forward) and not any(r is forward.__block_runner__ for r in runners):
+                runners.append(forward.__block_runner__)
+    for runner in runners:
+        runner.uninstall()
 
 
 def _is_ours(forward) -> bool:
-    return isinstance(forward, functools.partial) and hasattr(forward, "__wrapped_forward__")
+    return isinstance(forward, functools.partial) and hasattr(forward, "__block_runner__")
 
