@@ -2,7 +2,7 @@
 
 import torch
 
-from trainer_core.streaming.runner import ARENA_ALIGN, MIB, PinnedArena, arena_layout
+from trainer_core.streaming.arena import ARENA_ALIGN, MIB, PinnedArena, arena_layout
 
 
 def test_layout_uses_power_of_two_chunks_without_overlap():

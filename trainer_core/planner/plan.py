@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import LoraConfig, OptimizerConfig, TrainConfig
-from ..streaming.runner import NUM_SLOTS, blob_arena_layout
-from ..streaming.placement import MODULATION_WINDOW, BlobLayout, blob_layout, ring_for
 from ..models.qwen_arch import IMG_STREAM, MODULATION_LINEARS
+from ..streaming.arena import blob_arena_layout
+from ..streaming.placement import MODULATION_WINDOW, NUM_SLOTS, BlobLayout, blob_layout, ring_for
 from .activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
 )

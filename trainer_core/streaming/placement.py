@@ -35,6 +35,7 @@ FORWARD, BACKWARD = "forward", "backward"
 # What of a block's weights a slot holds: its whole blob, or the backward part only.
 WHOLE, BACKWARD_PART = "whole", "backward part"
 MIN_RING = 2  # one slot computes while the next one fills
+NUM_SLOTS = MIN_RING  # the default ring depth (the planner's and the swapper's)
 # Training forwards per modulation window: the first copies whole blocks and computes the modulation outputs of
 # all of them; the others copy backward parts only. Longer windows copy fewer modulation weights (113 MB per
 # real block per window) and keep more outputs on the GPU (74 KB per streamed block, forward and sample).
