@@ -1,4 +1,4 @@
-"""Quality of float8 activations (`TrainConfig.fp8_activations`, `models.float8_activations`) against bf16 compute
+"""Quality of float8 activations (`TrainConfig.fp8_activations`, `models.float8.activations`) against bf16 compute
 on the same float8 weights: the issue-10 check "loss against bf16 compute on the same batches".
 
     .venv/bin/python benchmarks/fp8_activations_quality.py [--steps 100] [--tokens 256]   # CPU, ~6 min, 2.4 GB

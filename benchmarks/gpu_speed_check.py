@@ -8,10 +8,10 @@ Builds the real transformer (60 blocks, 20.4B parameters) directly on the GPU wi
 weights (`devtools.random_weights.random_transformer`: meta first, then one tensor at a time; no
 download), and trains 5 steps of a rank-32 attention+mlp LoRA at 1024 x 1024 (64 x 64 = 4096 packed latent tokens, 16
 latent channels, 256 prompt tokens x 3584, all synthetic) through our `Trainer` (`lora.inject_lora`,
-`offload.BlockRunner` with gradient checkpointing) for blocks_to_swap in {0, 8, 16, auto for 16 GiB}, then
+`streaming.runner.BlockRunner` with gradient checkpointing) for blocks_to_swap in {0, 8, 16, auto for 16 GiB}, then
 variants of the auto configuration, one change of issue 10 undone or added each: the streamed blocks as the last
 ones (tail) instead of spread, the LoRA computed in fp32 (peft's cast) instead of bf16, every forward copying
-whole blocks (no modulation ahead), the compiled float8 path (`models.float8_compiled`, where available; on the
+whole blocks (no modulation ahead), the compiled float8 path (`models.float8.compiled`, where available; on the
 CPU with --tiny --compiled-on-cpu), and fp8 activations (`TrainConfig.fp8_activations`: the frozen Linears
 multiply in float8 with torch._scaled_mm; its losses are compared with the auto row's, same batches).
 The model is built once; each configuration gets a fresh Trainer, whose `close()` takes the LoRA out and

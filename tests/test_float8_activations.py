@@ -1,4 +1,4 @@
-"""float8 activations (`models.float8_activations`, TrainConfig.fp8_activations): the exact relation of the
+"""float8 activations (`models.float8.activations`, TrainConfig.fp8_activations): the exact relation of the
 float8 product, its bf16 input gradient, the Linears that keep the eager path, the flag off or uninstalled
 leaving the eager path bit for bit, and chunked training with it on staying bit-identical."""
 

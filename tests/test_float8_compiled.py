@@ -1,4 +1,4 @@
-"""The compiled float8 path (`models.float8_compiled`) run for real, on the CPU (Inductor's C++ backend): the
+"""The compiled float8 path (`models.float8.compiled`) run for real, on the CPU (Inductor's C++ backend): the
 same block outputs, loss and LoRA gradients as the eager `FrozenLinearFunction`, also with block streaming
 (with and without checkpointing); the same LoRA after a few training steps; every graph compiled in the first
 step, none after, though the caption length changes from step to step.

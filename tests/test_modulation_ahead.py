@@ -1,6 +1,6 @@
 """Modulation ahead: with streamed blocks, the first training forward of a window computes the streamed blocks'
 modulation outputs for the whole window (their weights are on the GPU then), and the window's other forwards
-copy those blocks without the modulation weights (offload.BlockRunner.plan_modulation, swap_placement).
+copy those blocks without the modulation weights (streaming.runner.BlockRunner.plan_modulation, streaming.placement).
 
 Checked here: the modulation inputs computed apart are the forward's own, bit for bit (Qwen-Image and
 Edit-2511's zero_cond_t); a planned run computes exactly what an unplanned one does while copying fewer bytes,

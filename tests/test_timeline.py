@@ -1,4 +1,4 @@
-"""The timeline model against a real step: the copies, waits and block computes that `offload.BlockRunner`
+"""The timeline model against a real step: the copies, waits and block computes that `streaming.runner.BlockRunner`
 issues while a tiny model trains equal, event for event and byte for byte, the schedule
 `planner.timeline.schedule` predicts; and the model's predictions behave as the hardware figures say."""
 
