@@ -24,6 +24,10 @@ from .trace import Trace
 
 
 class BlockSwapper:
+    """The streamed blocks' weights (module docstring). `before(pass_, i)` at every block; `release()` points
+    every streamed Linear back at its master (the runner's uninstall), `unpin()` then moves the masters to
+    pageable memory; `bytes_copied`, `slot_bytes` and `pinned_status` for tests and the run's status."""
+
     def __init__(self, transformer: nn.Module, placement: Placement, device: torch.device,
                  trace: Trace | None = None):
         self.device = device
