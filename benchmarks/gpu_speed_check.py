@@ -8,10 +8,10 @@ Builds the real transformer (60 blocks, 20.4B parameters) directly on the GPU wi
 weights (`devtools.random_weights.random_transformer`: meta first, then one tensor at a time; no
 download), and trains 5 steps of a rank-32 attention+mlp LoRA at 1024 x 1024 (64 x 64 = 4096 packed latent tokens, 16
 latent channels, 256 prompt tokens x 3584, all synthetic) through our `Trainer` (`lora.inject_lora`,
-`offload.BlockRunner` with gradient checkpointing) for blocks_to_swap in {0, 8, 16, auto for 16 GiB}, then
+`streaming.runner.BlockRunner` with gradient checkpointing) for blocks_to_swap in {0, 8, 16, auto for 16 GiB}, then
 variants of the auto configuration, one change of issue 10 undone or added each: the streamed blocks as the last
 ones (tail) instead of spread, the LoRA computed in fp32 (peft's cast) instead of bf16, every forward copying
-whole blocks (no modulation ahead), the compiled float8 path (`models.float8_compiled`, where available; on the
+whole blocks (no modulation ahead), the compiled float8 path (`models.float8.compiled`, where available; on the
 CPU with --tiny --compiled-on-cpu), and fp8 activations (`TrainConfig.fp8_activations`: the frozen Linears
 multiply in float8 with torch._scaled_mm; its losses are compared with the auto row's, same batches).
 The model is built once; each configuration gets a fresh Trainer, whose `close()` takes the LoRA out and
@@ -86,9 +86,9 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
     modulation outputs for the window (up to 16 steps), as in the model, which averages over windows of 16."""
     from trainer_core.devtools.memprobe import LiveBytes
     from trainer_core.lora import compute_in_input_dtype
-    from trainer_core.offload import BlockRunner
+    from trainer_core.streaming.runner import BlockRunner
     from trainer_core.planner.timeline import FP8_PATH, PATHS, RUNTIME, ComputePath, predict, profile_for_device
-    from trainer_core.swap_placement import tail_placement
+    from trainer_core.streaming.placement import tail_placement
 
     device = components.device
     gc.collect()
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     auto_k = choice.blocks_to_swap
     configs += [(f"{auto_label}, tail placement", auto_k, "tail"), (f"{auto_label}, LoRA in fp32", auto_k, "lora fp32"),
                 (f"{auto_label}, no modulation ahead", auto_k, "no modulation ahead")]
-    from trainer_core.models.float8_compiled import available
+    from trainer_core.models.float8.compiled import available
 
     compile_on_cpu = args.tiny and args.compiled_on_cpu
     if available(device, allow_cpu=compile_on_cpu):

@@ -17,7 +17,7 @@ from ..host_memory import give_back_freed_memory
 class QwenImageComponents:
     """Transformer + VAE + text encoder + tokenizer + scheduler settings.
 
-    The transformer's block Linears may be stored in float8 (see `float8.py`); everything else is in
+    The transformer's block Linears may be stored in float8 (see `models/float8/`); everything else is in
     `compute_dtype`.
 
     A model set read from files is lazy, one part per phase of a run (`single_file.load_single_files`):

@@ -141,7 +141,7 @@ def load_transformer_file(
 ) -> nn.Module:
     """The diffusers `QwenImageTransformer2DModel` from one file, on the CPU, frozen, in eval mode.
 
-    Block Linear weights are stored per `storage` (see float8.py); everything else in `compute_dtype`.
+    Block Linear weights are stored per `storage` (see models/float8/); everything else in `compute_dtype`.
     `extra_config`: config values no tensor tells (Edit-2511's `zero_cond_t`, models/edit_files.py).
     """
     return TransformerFile(path, storage, compute_dtype, extra_config).load()

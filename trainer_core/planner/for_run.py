@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..swap_placement import MIN_RING
 from ..config import LoraConfig, OptimizerConfig, TrainConfig
+from ..streaming.placement import MIN_RING
 from .arch import QwenImageArch
 from .device import detect_budget
 from .inference import PartSizes

@@ -15,10 +15,10 @@ from ..finite import all_finite
 from ..lora import compute_in_input_dtype, inject_lora, matching_preset, target_module_names
 from ..lora_files import check_targets, load_into_adapter, read_lora_file
 from ..models.components import module_fingerprint
-from ..offload import BlockRunner, swapped_blocks
 from ..optim import build_optimizer
 from ..planner.for_run import plan_run
-from ..swap_placement import default_placement
+from ..streaming.placement import default_placement
+from ..streaming.runner import BlockRunner, swapped_blocks
 from .step import FlowMatchingStep, batch_group
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
