@@ -108,7 +108,7 @@ class QwenLoRACache:
         progress = host.Progress(len(dataset.samples) + len(getattr(dataset, 'validation', ())) + len(prompts) + 1)
         build, extra = build_cache, {}
         if models.edit is not None or hasattr(dataset, "edit"):  # Qwen-Image-Edit: controls too (trainer_core/edit/)
-            from ..trainer_core.edit.cache import build_edit_cache
+            from ..trainer_core.families.qwen_image_edit.cache import build_edit_cache
 
             build = build_edit_cache
             extra = {"control_resolution": dataset.edit.control_resolution if hasattr(dataset, "edit") else 0}

@@ -10,9 +10,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from trainer_core.devtools.export import export_tiny_edit
-from trainer_core.edit.tiny import build_tiny_edit_components
+from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
 from trainer_core.errors import UserInputError
-from trainer_core.models.edit_files import load_edit_diffusers_dir, load_edit_single_files
+from trainer_core.families.qwen_image_edit.files import load_edit_diffusers_dir, load_edit_single_files
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,12 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from trainer_core.edit.objective import append_controls
-from trainer_core.edit.pipelines import (
+from trainer_core.families.qwen_image_edit.objective import append_controls
+from trainer_core.families.qwen_image_edit.pipelines import (
     edit_pipeline, encode_control_latents, encode_edit_prompt, prepare_control, template_prefix_length,
 )
-from trainer_core.edit.tiny import build_tiny_edit_components
-from trainer_core.edit.variants import get_variant
+from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
+from trainer_core.families.qwen_image_edit.variants import get_variant
 from trainer_core.models.latents import pack_latents
 
 SMALL_VAE_AREA = 128 * 128

@@ -12,11 +12,11 @@ from PIL import Image
 from test_edit_pipelines import control_images, oracle_pipeline, small_pipeline_sizes  # noqa: F401 (fixture)
 from trainer_core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.data import load_cropped
-from trainer_core.edit.cache import build_edit_cache
-from trainer_core.edit.config import EditDataConfig
-from trainer_core.edit.data import discover_edit, load_edit_dataset
-from trainer_core.edit.tiny import build_tiny_edit_components
-from trainer_core.edit.variants import get_variant
+from trainer_core.families.qwen_image_edit.cache import build_edit_cache
+from trainer_core.families.qwen_image_edit.config import EditDataConfig
+from trainer_core.families.qwen_image_edit.data import discover_edit, load_edit_dataset
+from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
+from trainer_core.families.qwen_image_edit.variants import get_variant
 from trainer_core.errors import UserInputError
 from trainer_core.models.tiny import build_tiny_tokenizer
 from trainer_core.objective import resolution_mu, sample_noise_levels
@@ -159,7 +159,7 @@ def test_one_training_step_loss_equals_the_reference_from_the_pipelines_pieces(s
 
 
 def test_memory_plan_counts_the_control_tokens(tmp_path):
-    from trainer_core.edit.objective import planned_image_size
+    from trainer_core.families.qwen_image_edit.objective import planned_image_size
     from trainer_core.planner.for_run import inputs_for_run
 
     write_sample(tmp_path / "d", "a", "edit", control_images()[:2])

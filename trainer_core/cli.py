@@ -43,7 +43,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     edit = args.model != "qwen-image"  # Qwen-Image-Edit (trainer_core/edit/)
     if any(files):
         from .models import load_single_files
-        from .models.edit_files import load_edit_single_files
+        from .families.qwen_image_edit.files import load_edit_single_files
 
         # As the built-in demo: float8 block weights, fp32 compute (the CPU has no fast bf16 matmul).
         loader = (lambda *a, **k: load_edit_single_files(*a, variant=args.model, **k)) if edit else load_single_files
@@ -62,7 +62,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' to let the memory planner choose."
         )
     if edit:
-        from .edit.demo import run_edit_demo
+        from .families.qwen_image_edit.demo import run_edit_demo
 
         variant = args.model if args.model != "edit-auto" else "edit-2511"
         result = run_edit_demo(args.out, variant=variant, steps=args.steps, seed=args.seed, components=components,

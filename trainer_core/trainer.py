@@ -56,8 +56,8 @@ from .live import StepExtras, StepPreview, keep_preview
 from .run_lock import RunLock
 from .sampling import sample_image
 from .optim import build_optimizer, set_learning_rate
-from .edit.cache import sample_controls  # Qwen-Image-Edit hooks (trainer_core/edit/)
-from .edit.objective import append_controls
+from .families.qwen_image_edit.cache import sample_controls  # Qwen-Image-Edit hooks (trainer_core/edit/)
+from .families.qwen_image_edit.objective import append_controls
 
 
 @dataclass
@@ -667,7 +667,7 @@ class Trainer:
         model edits `control_images`, or else a training sample's controls (edit/sampling.py)."""
         self.require_live()
         if self.components.edit is not None:  # Qwen-Image-Edit
-            from .edit.sampling import sample_edit_image
+            from .families.qwen_image_edit.sampling import sample_edit_image
 
             return sample_edit_image(self.components, self.dataset, prompt, negative_prompt, width, height, steps,
                                      cfg_scale, seed, progress=progress, control_images=control_images)

@@ -87,8 +87,8 @@ def export_tiny_edit(folder: str | Path, variant: str = "edit-2511", layout: str
     """A tiny Qwen-Image-Edit (`edit.tiny.build_tiny_edit_components`) as ComfyUI single files (an Edit-2511
     transformer file carries ComfyUI's marker key, as ComfyUI's own 2511 files do) or a diffusers folder whose
     model_index.json names the variant's pipeline."""
-    from ..edit.tiny import build_tiny_edit_components
-    from ..edit.variants import ZERO_COND_MARKER
+    from ..families.qwen_image_edit.tiny import build_tiny_edit_components
+    from ..families.qwen_image_edit.variants import ZERO_COND_MARKER
     from ..models.safetensors_file import SafetensorsFile
 
     if layout not in EXPORT_LAYOUTS:

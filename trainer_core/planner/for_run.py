@@ -27,7 +27,7 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
                    blocks_to_swap: int = 0) -> PlanInputs:
     """Plan inputs for training `components` on a cached dataset: its largest bucket and longest caption."""
     width, height = max((s.bucket for s in dataset.samples), key=lambda b: b[0] * b[1])
-    from ..edit.objective import planned_image_size  # Qwen-Image-Edit: control tokens lengthen the sequence
+    from ..families.qwen_image_edit.objective import planned_image_size  # Qwen-Image-Edit: control tokens lengthen the sequence
 
     width, height = planned_image_size(dataset) or (width, height)
     text_tokens = max(dataset.embedding(s.text_key).shape[0] for s in dataset.samples)

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from ..models.latents import pixel_multiple
-from ..sampling import prompt_embedding, snap_size
+from ...models.latents import pixel_multiple
+from ...sampling import prompt_embedding, snap_size
 from .objective import append_controls
 from .pipelines import edit_pipeline, encode_control_latents, encode_edit_prompt, prepare_control
 
@@ -83,7 +83,7 @@ def sample_edit_image(components, dataset, prompt: str, negative_prompt: str = "
     preview sample's controls (edit/cache.py) and its cached prompts."""
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
-    from ..errors import UserInputError
+    from ...errors import UserInputError
 
     variant = components.edit
     use_cfg = cfg_scale > 1.0

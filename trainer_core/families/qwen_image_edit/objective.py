@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ..models.latents import pack_latents
-from ..models.qwen_arch import PATCH_SIZE
+from ...models.latents import pack_latents
+from ...models.qwen_arch import PATCH_SIZE
 
 
 def control_shapes(controls: list[torch.Tensor]) -> list[tuple[int, int, int]]:

@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw
 
-from .. import checkpoint
-from ..config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
-from ..demo import COLOURS, SHAPES, SCHEDULE_STEPS, DemoResult, _png, _write_output
-from ..files import remove_leftovers, write_error
-from ..plot import loss_plot
+from ... import checkpoint
+from ...config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
+from ...demo import COLOURS, SHAPES, SCHEDULE_STEPS, DemoResult, _png, _write_output
+from ...files import remove_leftovers, write_error
+from ...plot import loss_plot
 from .cache import build_edit_cache
 from .config import EditDataConfig
 from .data import load_edit_dataset
@@ -61,7 +61,7 @@ def run_edit_demo(out: str | Path, variant: str = "edit-2511", steps: int = 200,
     """Train an edit LoRA to `steps` total steps on the built-in edit dataset (as `demo.run_demo`); the preview
     paints the first sample's controls with the preview prompt. `components`: an edit model set (default: the
     tiny one of `variant`)."""
-    from ..runs import open_run, release
+    from ...runs import open_run, release
     from .tiny import build_tiny_edit_components
 
     out = Path(out)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from ..edit.variants import AUTO, resolve_variant, variant_from_diffusers_dir, variant_from_file
-from .components import QwenImageComponents
-from .safetensors_file import SafetensorsFile
-from .single_file import load_single_files
+from .variants import AUTO, resolve_variant, variant_from_diffusers_dir, variant_from_file
+from ...models.components import QwenImageComponents
+from ...models.safetensors_file import SafetensorsFile
+from ...models.single_file import load_single_files
 
 
 def _choice(variant: str) -> str:
@@ -48,7 +48,7 @@ def load_edit_single_files(
 def load_edit_diffusers_dir(path: str | Path, storage: str = "float8", compute_dtype: torch.dtype = torch.bfloat16,
                             device: str | torch.device = "cpu", variant: str = AUTO) -> QwenImageComponents:
     """An edit model set from a diffusers Qwen-Image-Edit folder (as diffusers_dir.load_diffusers_dir)."""
-    from .diffusers_dir import load_diffusers_dir
+    from ...models.diffusers_dir import load_diffusers_dir
 
     edit = resolve_variant(_choice(variant), variant_from_diffusers_dir(path))
     components = load_diffusers_dir(path, storage, compute_dtype, device)

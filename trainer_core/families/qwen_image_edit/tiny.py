@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ..models.components import QwenImageComponents
-from ..models.float8 import store_block_linears
-from ..models.tiny import TINY_TRANSFORMER, build_tiny_components
+from ...models.components import QwenImageComponents
+from ...models.float8 import store_block_linears
+from ...models.tiny import TINY_TRANSFORMER, build_tiny_components
 from .variants import get_variant
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from ..errors import UserInputError
+from ...errors import UserInputError
 from .variants import EditVariant
 
 # An image whose sized aspect ratio is off from its own by more than this factor cannot be matched on the
@@ -59,7 +59,7 @@ def template_prefix_length(pipe, tokenizer) -> int:
 def edit_pipeline(variant: EditVariant, components, transformer=None, scheduler=None, encoder: bool = True):
     """The variant's diffusers pipeline around our VAE (and text encoder, tokenizer and processor when
     `encoder`; they must be loaded then)."""
-    from ..models.edit_processor import build_processor
+    from .processor import build_processor
 
     text_encoder = tokenizer = processor = None
     if encoder:

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import torch
 
-from ..cache import (
+from ...cache import (
     CACHE_VERSION, ENTRY_NAME, LIBRARY_TEMP_AGE, CachedDataset, CachedSample, CacheReport, _entry_ok, latent_key,
 )
-from ..data import load_cropped, open_image
-from ..errors import UserInputError
-from ..files import remove_leftovers, write_error, write_safetensors_atomic
-from ..models.latents import encode_images
+from ...data import load_cropped, open_image
+from ...errors import UserInputError
+from ...files import remove_leftovers, write_error, write_safetensors_atomic
+from ...models.latents import encode_images
 from .data import ControlImage, EditSample
 from .pipelines import (
     ControlSize, check_control_aspect, control_size, edit_pipeline, encode_control_latents, encode_edit_prompt,
