@@ -18,11 +18,12 @@ from PIL import Image, ImageDraw
 
 from trainer_core.families.qwen_image_edit.objective import append_controls
 from trainer_core.families.qwen_image_edit.pipelines import (
-    edit_pipeline, encode_control_latents, encode_edit_prompt, prepare_control, template_prefix_length,
+    edit_pipeline, encode_control_latents, encode_edit_prompt, prepare_control,
 )
 from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
 from trainer_core.families.qwen_image_edit.variants import get_variant
 from trainer_core.models.latents import pack_latents
+from trainer_core.models.text import template_prefix_length
 
 SMALL_VAE_AREA = 128 * 128
 SMALL_CONDITION_AREA = 48 * 48
@@ -67,7 +68,7 @@ def oracle_pipeline(components, variant):
         text_encoder=components.text_encoder, tokenizer=components.tokenizer,
         processor=ImageOnly(image_processor=Qwen2VLImageProcessorPil(), tokenizer=components.tokenizer),
         transformer=components.transformer)
-    pipe.prompt_template_encode_start_idx = template_prefix_length(pipe, components.tokenizer)
+    pipe.prompt_template_encode_start_idx = template_prefix_length(components.tokenizer, pipe.prompt_template_encode)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -131,4 +132,4 @@ def test_template_prefix_length_is_the_pipelines_own_with_the_real_tokenizer():
     components = build_tiny_edit_components("edit")
     for name in ("edit", "edit-2509"):
         pipe = edit_pipeline(get_variant(name), components, encoder=False)
-        assert template_prefix_length(pipe, tokenizer) == pipe.prompt_template_encode_start_idx == 64
+        assert template_prefix_length(tokenizer, pipe.prompt_template_encode) == pipe.prompt_template_encode_start_idx == 64
