@@ -56,8 +56,6 @@ from .live import StepExtras, StepPreview, keep_preview
 from .run_lock import RunLock
 from .sampling import sample_image
 from .optim import build_optimizer, set_learning_rate
-from .families.qwen_image_edit.cache import sample_controls  # Qwen-Image-Edit hooks (trainer_core/edit/)
-from .families.qwen_image_edit.objective import append_controls
 
 
 @dataclass
@@ -237,8 +235,8 @@ class Trainer:
         # LoRA dropout draws from torch's global RNG (of the device it runs on). The trainer keeps its own
         # copy of that state and installs it only while it trains.
         self.global_rng_state = _seeded_global_rng_state(train.seed, self.device)
-        # Edit samples are batched by bucket and control sizes (EditCachedSample.batch_group).
-        self.order = DataOrder([getattr(s, "batch_group", s.bucket) for s in dataset.samples], repeats=dataset.repeats,
+        # Samples of one micro-batch share the family's grouping key (the bucket; Edit: and the control sizes).
+        self.order = DataOrder([components.family.batch_group(s) for s in dataset.samples], repeats=dataset.repeats,
                                batch_size=train.micro_batch_size, seed=train.seed)
         self.step = 0
         self.saved_step: int | None = None  # step of the newest checkpoint on disk
@@ -421,24 +419,22 @@ class Trainer:
 
     def _loss_of(self, draw: tuple) -> torch.Tensor:
         samples, x0, noise, levels, dropped = draw
-        # An edit sample drops to the empty caption seen with its own control images (edit/cache.py).
-        empties = [getattr(s, "empty_text_key", "") or self.dataset.prompt_keys[""] for s in samples]
-        embeds = [self.dataset.embedding(empty if drop else s.text_key)
-                  for s, empty, drop in zip(samples, empties, dropped.tolist())]
-        return self._flow_loss(x0, noise, levels, embeds, sample_controls(self.dataset, samples))
+        family = self.components.family
+        embeds = [self.dataset.embedding(family.dropped_text_key(self.dataset, s) if drop else s.text_key)
+                  for s, drop in zip(samples, dropped.tolist())]
+        return self._flow_loss(x0, noise, levels, embeds, family.conditions(self.dataset, samples))
 
     def _flow_loss(self, x0: torch.Tensor, noise: torch.Tensor, levels: torch.Tensor,
-                   embeds: list[torch.Tensor], controls: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
+                   embeds: list[torch.Tensor], conditions: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
         """The flow-matching loss of latents x0 (B, C, h, w) at noise levels (B,) with this noise and these
-        prompt embeddings (one per latent). `controls`: per latent its edit control latents, or None."""
-        b, _, h, w = x0.shape
+        prompt embeddings (one per latent). `conditions`: per latent its condition latents (the family's), or None."""
+        h, w = x0.shape[-2:]
         grid = (h // PATCH_SIZE, w // PATCH_SIZE)
         text, text_mask = pad_prompt_batch(embeds)  # (B, L, D), (B, L) or None
         x_t = noisy_latents(x0, noise, levels)
         hidden = pack_latents(x_t).to(self.device, self.compute_dtype)  # (B, N = h/2*w/2, 4C): 2 = PATCH_SIZE
-        img_shapes = [[(1, *grid)]] * b
-        if controls is not None:  # Qwen-Image-Edit: control tokens after the target's (edit/objective.py)
-            hidden, img_shapes = append_controls(hidden, grid, controls)  # (B, N + M, 4C)
+        family = self.components.family
+        hidden, img_shapes = family.transformer_inputs(hidden, grid, conditions)  # (B, N + M, 4C); M = 0 without conditions
         prediction = self.transformer(
             hidden_states=hidden,
             encoder_hidden_states=text.to(self.device, self.compute_dtype),
@@ -446,7 +442,7 @@ class Trainer:
             timestep=levels.to(self.device, self.compute_dtype),
             img_shapes=img_shapes,
             return_dict=False,
-        )[0][:, : grid[0] * grid[1]]  # (B, N, 4C): the loss covers the target's tokens only
+        )[0][:, : family.loss_tokens(grid)]  # (B, N, 4C): the loss covers the target's tokens only
         target = pack_latents(velocity_target(x0, noise)).to(self.device)
         return flow_loss(prediction, target)
 
@@ -473,9 +469,9 @@ class Trainer:
                         tokens = (x0.shape[1] // PATCH_SIZE) * (x0.shape[2] // PATCH_SIZE)
                         levels = time_shift(levels, resolution_mu(tokens, self.components.scheduler_config))
                     embeds = [self.dataset.embedding(sample.text_key)] * k
-                    controls = sample_controls(self.dataset, [sample])
+                    conditions = self.components.family.conditions(self.dataset, [sample] * k)
                     total += float(self._flow_loss(x0.expand(k, *x0.shape).contiguous(), noise, levels, embeds,
-                                                   None if controls is None else controls * k))
+                                                   conditions))
         finally:
             self.transformer.train(was_training)
         return total / len(samples)
@@ -664,15 +660,10 @@ class Trainer:
                        progress: Callable[[int, int], None] | None = None,
                        control_images: list[Image.Image] | None = None) -> Image.Image:
         """An image from the adapter as it is now (`sampling.sample_image`; the prompts must be cached). An edit
-        model edits `control_images`, or else a training sample's controls (edit/sampling.py)."""
+        model edits `control_images`, or else a training sample's controls (the family's preview hooks)."""
         self.require_live()
-        if self.components.edit is not None:  # Qwen-Image-Edit
-            from .families.qwen_image_edit.sampling import sample_edit_image
-
-            return sample_edit_image(self.components, self.dataset, prompt, negative_prompt, width, height, steps,
-                                     cfg_scale, seed, progress=progress, control_images=control_images)
         return sample_image(self.components, self.dataset, prompt, negative_prompt, width, height, steps, cfg_scale,
-                            seed, progress=progress)
+                            seed, progress=progress, condition_images=control_images)
 
     def save_lora(self, path, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> Path:
         """Write the adapter in `layout` (lora_files.LORA_LAYOUTS; default ComfyUI's), atomically; return the path."""

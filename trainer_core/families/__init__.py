@@ -1,1 +1,27 @@
-"""Model families: what differs between Qwen-Image text-to-image, Qwen-Image-Edit and the families to come."""
+"""Model families: what differs between Qwen-Image text-to-image, Qwen-Image-Edit and the families to come.
+
+    base.py             the seam: `ModelFamily` (its hooks) and `CacheConditioning` (its part of caching)
+    qwen_image.py       Qwen-Image text-to-image (its loaders and tiny model are models/'s own)
+    qwen_image_edit/    Qwen-Image-Edit, Edit-2509, Edit-2511: one family instance per variant
+
+A model set carries its family (`QwenImageComponents.family`); the shared engine (cache.py, the trainer,
+the memory plan, sampling.py, demo.py) asks it. A new family (Qwen-Image 2.1, Layered) is a new instance:
+a module or package here with its loaders, data convention, conditioning, pipeline and tiny model,
+registered in FAMILIES.
+"""
+
+from __future__ import annotations
+
+from ..errors import UserInputError
+from .base import ModelFamily
+from .qwen_image import QWEN_IMAGE
+from .qwen_image_edit.family import EDIT_FAMILIES
+
+FAMILIES: dict[str, ModelFamily] = {QWEN_IMAGE.name: QWEN_IMAGE, **EDIT_FAMILIES}
+
+
+def get_family(name: str) -> ModelFamily:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise UserInputError(f"model family {name!r} is not one of {list(FAMILIES)}.") from None

@@ -1,4 +1,4 @@
-"""Preview sampling of an edit with the adapter as it is now.
+"""The Edit family's preview hooks: what the shared sampler (sampling.sample_image) samples an edit with.
 
 The edit pipelines' denoising loop is the text-to-image pipeline's (same schedule from the target's token
 count, same true CFG with its norm rescale), plus three things around each transformer call: the control
@@ -8,19 +8,17 @@ transformer, so the pinned `QwenImagePipeline` samples an edit from cached contr
 embeddings, without the text encoder and without encoding the controls again.
 
 Controls come from a training sample (the cached preview sample's, by default) or from images given now
-(the canvas): those are encoded on the spot, the text encoder brought back for it and released after.
+(the canvas): those are encoded on the spot, the text encoder brought back for it and released after
+(`preview_inputs`); `preview_pipeline` is the pinned `QwenImagePipeline` around `ControlledTransformer`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-
 import torch
 from PIL import Image
 
-from ...models.latents import pixel_multiple
-from ...sampling import prompt_embedding, snap_size
+from ...errors import UserInputError
+from ...sampling import prompt_embedding
 from .objective import append_controls
 from .pipelines import edit_pipeline, encode_control_latents, encode_edit_prompt, prepare_control
 
@@ -74,66 +72,26 @@ def encode_given_controls(components, variant, images: list[Image.Image], prompt
     return latents, embeds
 
 
-@torch.no_grad()
-def sample_edit_image(components, dataset, prompt: str, negative_prompt: str = "", width: int = 1024,
-                      height: int = 1024, steps: int = 20, cfg_scale: float = 4.0, seed: int = 0,
-                      progress: Callable[[int, int], None] | None = None,
-                      control_images: list[Image.Image] | None = None) -> Image.Image:
-    """One edited image for `prompt`: with `control_images` (1 to the variant's maximum) or else the cached
-    preview sample's controls (edit/cache.py) and its cached prompts."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
-
-    from ...errors import UserInputError
-
-    variant = components.edit
-    use_cfg = cfg_scale > 1.0
+def preview_inputs(variant, components, dataset, prompts: list[str], control_images: list[Image.Image] | None
+                   ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """(control latents [(C, h_i, w_i)], {prompt: (L, D) embedding}): of `control_images` (1 to the variant's
+    maximum, encoded now) or else the cached preview sample's controls (cache.py) and its cached prompts."""
     if control_images:
         if len(control_images) > variant.max_controls:
             raise UserInputError(f"{len(control_images)} control images were given, but {variant.name} takes at most "
                                  f"{variant.max_controls}.")
-        controls, embeds = encode_given_controls(components, variant, control_images,
-                                                 [prompt, negative_prompt] if use_cfg else [prompt],
-                                                 dataset.control_resolution or None)
-        positive, negative = embeds[prompt], embeds.get(negative_prompt) if use_cfg else None
-    else:
-        sample = dataset.preview_sample
-        controls = [dataset.latents(k).float() for k in sample.control_keys]
-        positive = prompt_embedding(dataset, prompt)
-        negative = prompt_embedding(dataset, negative_prompt) if use_cfg else None
-    transformer, vae = components.transformer, components.ensure_vae()
-    multiple = pixel_multiple(vae)
-    width, height = snap_size(width, multiple), snap_size(height, multiple)
+        settings = dataset.settings
+        return encode_given_controls(components, variant, control_images, prompts,
+                                     (settings.control_resolution if settings is not None else 0) or None)
+    controls = [dataset.latents(k).float() for k in dataset.preview_sample.condition_keys]
+    return controls, {p: prompt_embedding(dataset, p) for p in dict.fromkeys(prompts)}
+
+
+def preview_pipeline(components, controls: list[torch.Tensor]):
+    """The pinned text-to-image pipeline around `ControlledTransformer` (module docstring)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
     device, dtype = components.device, components.compute_dtype
-    controlled = ControlledTransformer(transformer, [c.to(device, dtype) for c in controls])
-    pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_config(components.scheduler_config),
-                             vae=vae, text_encoder=None, tokenizer=None, transformer=controlled)
-    pipe.set_progress_bar_config(disable=True)
-
-    def on_step_end(_pipe, i, _t, kwargs):
-        if progress is not None:
-            progress(i + 1, steps)
-        return {}
-
-    def ones(e):  # one unpadded prompt: a mask of ones (the pipeline drops it)
-        return torch.ones((1, e.shape[0]), dtype=torch.long, device=device)
-
-    was_training = transformer.training
-    transformer.eval()
-    vae.to(device)
-    try:
-        return pipe(
-            prompt_embeds=positive.unsqueeze(0).to(device, dtype), prompt_embeds_mask=ones(positive),
-            negative_prompt_embeds=None if negative is None else negative.unsqueeze(0).to(device, dtype),
-            negative_prompt_embeds_mask=None if negative is None else ones(negative),
-            true_cfg_scale=cfg_scale, width=width, height=height, num_inference_steps=steps,
-            generator=torch.Generator("cpu").manual_seed(seed), output_type="pil", callback_on_step_end=on_step_end,
-        ).images[0]
-    finally:
-        components.park_vae()
-        transformer.train(was_training)
-
-
-def preview_control_names(dataset) -> list[str]:
-    """The file names of the controls a preview uses by default (for status text)."""
-    sample = getattr(dataset, "preview_sample", None)
-    return [Path(p).name for p in sample.control_paths] if sample is not None else []
+    controlled = ControlledTransformer(components.transformer, [c.to(device, dtype) for c in controls])
+    return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_config(components.scheduler_config),
+                             vae=components.vae, text_encoder=None, tokenizer=None, transformer=controlled)
