@@ -1,4 +1,4 @@
-"""Qwen-Image-Edit: loading an Edit model set and finding an edit dataset (the engine: trainer_core/edit/).
+"""Qwen-Image-Edit: loading an Edit model set and finding an edit dataset (the engine: trainer_core/families/qwen_image_edit/).
 
 The other nodes (Cache, Init Trainer, Train Steps, Preview, Save, ...) take edit model sets and datasets as
 they are: Cache encodes controls and image-conditioned prompts for them, Preview edits the canvas' images.
