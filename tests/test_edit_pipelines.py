@@ -133,3 +133,30 @@ def test_template_prefix_length_is_the_pipelines_own_with_the_real_tokenizer():
     for name in ("edit", "edit-2509"):
         pipe = edit_pipeline(get_variant(name), components, encoder=False)
         assert template_prefix_length(tokenizer, pipe.prompt_template_encode) == pipe.prompt_template_encode_start_idx == 64
+
+
+@pytest.mark.parametrize("variant_name, count", [("edit", 1), ("edit-2511", 2)])
+def test_preview_of_canvas_controls_equals_the_variants_own_pipeline_sampling(small_pipeline_sizes, tmp_path,
+                                                                              variant_name, count):
+    """The shared sampler with the Edit family's hooks (controls encoded now, the text-to-image pipeline around a
+    transformer that appends them) gives the image the variant's own diffusers pipeline samples from the same
+    control images, prompt, noise and settings."""
+    from trainer_core.cache import CachedDataset
+    from trainer_core.sampling import sample_image
+
+    components = build_tiny_edit_components(variant_name)
+    variant = get_variant(variant_name)
+    images = control_images()[:count]
+    prompt, negative = "paint it red", "blurry"
+    pipe = oracle_pipeline(components, variant)
+    expected = pipe(image=images if variant.multi_image else images[0], prompt=prompt, negative_prompt=negative,
+                    true_cfg_scale=4.0, width=64, height=64, num_inference_steps=3,
+                    generator=torch.Generator("cpu").manual_seed(5), output_type="pil").images[0]
+    nothing_cached = CachedDataset(cache_dir=tmp_path, samples=[], prompt_keys={}, vae_fingerprint="",
+                                   text_fingerprint="", family=variant_name)
+    ours = sample_image(components, nothing_cached, prompt, negative, width=64, height=64, steps=3, cfg_scale=4.0,
+                        seed=5, condition_images=images)
+    assert ours.tobytes() == expected.tobytes()
+    flipped = [img.transpose(Image.Transpose.FLIP_LEFT_RIGHT) for img in images]  # the controls matter
+    assert sample_image(components, nothing_cached, prompt, negative, width=64, height=64, steps=3, cfg_scale=4.0,
+                        seed=5, condition_images=flipped).tobytes() != expected.tobytes()
