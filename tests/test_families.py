@@ -43,3 +43,22 @@ def test_the_demo_models_are_the_registered_families():
 
     assert set(DEMO_MODELS) - {"edit-auto"} == set(FAMILIES)  # edit-auto: the Edit variant read from the files
     assert all(name == family.name for name, family in FAMILIES.items())
+
+
+def test_a_cache_of_another_kind_of_family_is_refused_and_variants_share_theirs(tmp_path):
+    import pytest
+
+    from trainer_core.cache import CachedDataset
+    from trainer_core.errors import UserInputError
+    from trainer_core.families import get_family
+
+    def cached(family):
+        return CachedDataset(cache_dir=tmp_path, samples=[], prompt_keys={}, vae_fingerprint="", text_fingerprint="",
+                             family=family)
+
+    with pytest.raises(UserInputError, match="cached for the model family qwen-image, but the model trained is edit-2511"):
+        get_family("edit-2511").check_cached(cached("qwen-image"))
+    with pytest.raises(UserInputError, match="model family edit, but the model trained is qwen-image"):
+        get_family("qwen-image").check_cached(cached("edit"))
+    get_family("edit-2511").check_cached(cached("edit-2509"))
+    get_family("qwen-image").check_cached(cached("qwen-image"))

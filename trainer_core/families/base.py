@@ -6,7 +6,7 @@ previews, demo) is written once and asks the family at these hooks, never the sa
 what they happen to carry:
 
     data and cache   check_samples, cache_conditioning (keys and encoding of prompts and conditions),
-                     data_settings
+                     data_settings, check_cached
     training step    batch_group, dropped_text_key, conditions, transformer_inputs, loss_tokens
     memory plan      planned_image_size
     previews         preview_inputs, preview_pipeline
@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
+
+from ..errors import UserInputError
 
 # write(tensors, kind, key, what): the shared cache builder's atomic write of one entry
 # (kind "latents" or "text"; `what` names the input in an error).
@@ -94,6 +96,17 @@ class ModelFamily:
     def cache_conditioning(self, components, samples: list, settings: Any) -> CacheConditioning:
         """The family's part of caching `samples` (training and validation) for `components`."""
         raise NotImplementedError
+
+    def check_cached(self, dataset) -> None:
+        """Refuse a cached dataset that another kind of family made (its prompts were encoded without, or
+        with, the conditions this family trains on). Variants of one kind share their caches' meaning."""
+        from . import get_family
+
+        made_by = get_family(dataset.family)
+        if type(made_by) is not type(self):
+            raise UserInputError(
+                f"the dataset was cached for the model family {made_by.name}, but the model trained is {self.name}: run "
+                "the Cache node with the model set you train (only what is missing is encoded).")
 
     # ----------------------------------------------------------------------------------------------
     # training step (the trainer calls these; `dataset` is a cache.CachedDataset, samples its CachedSamples)
