@@ -6,8 +6,14 @@
 
 A model set carries its family (`QwenImageComponents.family`); the shared engine (cache.py, the trainer,
 the memory plan, sampling.py, demo.py) asks it. A new family (Qwen-Image 2.1, Layered) is a new instance:
-a module or package here with its loaders, data convention, conditioning, pipeline and tiny model,
-registered in FAMILIES.
+a module or package here with its loaders (which set `components.family`), data convention, its part of
+caching, its transformer inputs, pipeline, tiny model and demo data, registered in FAMILIES.
+
+Still Qwen-Image's in the shared path, for the next family to lift into hooks when it needs another answer:
+the 2x2 packing of latents into tokens and the token grid (trainer: `pack_latents`, `PATCH_SIZE`), the VAE
+encoding of targets (cache.py: `models.latents.encode_images`), the transformer's keyword arguments beside
+`hidden_states`/`img_shapes`, the preview pipeline's call arguments (sampling.py), the memory plan's
+architecture (planner/arch.py) and the LoRA file layouts (lora_files.py).
 """
 
 from __future__ import annotations
