@@ -434,7 +434,7 @@ class Trainer:
         x_t = noisy_latents(x0, noise, levels)
         hidden = pack_latents(x_t).to(self.device, self.compute_dtype)  # (B, N = h/2*w/2, 4C): 2 = PATCH_SIZE
         family = self.components.family
-        hidden, img_shapes = family.transformer_inputs(hidden, grid, conditions)  # (B, N + M, 4C); M = 0 without conditions
+        hidden, img_shapes = family.transformer_inputs(hidden, grid, conditions)  # (B, N + M, 4C): M condition tokens
         prediction = self.transformer(
             hidden_states=hidden,
             encoder_hidden_states=text.to(self.device, self.compute_dtype),
