@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(line)
 
     from trainer_core.planner.plan import PROCESS_BASELINE_BYTES
-    import trainer_core.cache, trainer_core.models, trainer_core.sampling, trainer_core.trainer  # noqa: E401,F401
+    import trainer_core.cache, trainer_core.models, trainer_core.sampling, trainer_core.training  # noqa: E401,F401
     # (imported before the baseline is measured: the libraries' memory is the process's, not a phase's)
 
     if cuda:
@@ -293,7 +293,7 @@ def run_lifecycle(args, cuda, device, steps, context, workdir, rows, checks, log
     from trainer_core.planner.phases import gpu_peak_after_caching
     from trainer_core.planner.inference import parts_for_components
     from trainer_core.sampling import sample_image
-    from trainer_core.trainer import Trainer
+    from trainer_core.training import Trainer
 
     side = SIDE_TINY if args.tiny else SIDE_REAL
     t = time.perf_counter()

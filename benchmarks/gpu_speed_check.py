@@ -41,7 +41,7 @@ from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.planner import GIB, MIB, PlanInputs, arch_from_transformer, auto_blocks_to_swap, plan_memory
 from trainer_core.planner.phases import gpu_peak_after_caching
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 # Tiny dims for --tiny: a real Qwen-Image layout (16 latent channels, 2x2 patches) at toy width.
 TINY_MODEL = dict(num_layers=4, num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(8, 4, 4),

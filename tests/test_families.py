@@ -11,9 +11,10 @@ from conftest import REPO
 
 # Where samples and model sets are used: the cache, the training step, the memory plan, previews, the demo and
 # the nodes that hand them over.
-SHARED_PATH = ("trainer_core/cache.py", "trainer_core/trainer.py", "trainer_core/sampling.py", "trainer_core/demo.py",
+SHARED_PATH = ("trainer_core/cache.py", "trainer_core/sampling.py", "trainer_core/demo.py",
                "trainer_core/planner/for_run.py", "trainer_core/planner/inference.py", "nodes/data_nodes.py",
-               "nodes/output_nodes.py", "nodes/train_nodes.py")
+               "nodes/output_nodes.py", "nodes/train_nodes.py",
+               *sorted(str(p.relative_to(REPO)) for p in (REPO / "trainer_core" / "training").glob("*.py")))
 PROBED = {"s", "sample", "samples", "components", "models", "dataset", "cached"}
 
 
@@ -29,6 +30,7 @@ def _probed_name(node: ast.AST) -> str | None:
 
 def test_the_shared_engine_probes_no_sample_model_set_or_dataset():
     found = []
+    assert "trainer_core/training/step.py" in SHARED_PATH  # the training step is read
     for path in SHARED_PATH:
         for node in ast.walk(ast.parse((REPO / path).read_text(encoding="utf-8"))):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
