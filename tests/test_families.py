@@ -64,3 +64,18 @@ def test_a_cache_of_another_kind_of_family_is_refused_and_variants_share_theirs(
         get_family("qwen-image").check_cached(cached("edit"))
     get_family("edit-2511").check_cached(cached("edit-2509"))
     get_family("qwen-image").check_cached(cached("qwen-image"))
+
+
+def test_the_trainer_refuses_a_text_to_image_cache_for_an_edit_model(tiny_cache, demo_folder):
+    import pytest
+
+    from conftest import cached_demo
+    from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.errors import UserInputError
+    from trainer_core.families import get_family
+    from trainer_core.training import Trainer
+
+    cached = cached_demo(get_family("qwen-image").tiny_components(), demo_folder, tiny_cache)
+    with pytest.raises(UserInputError, match="cached for the model family qwen-image, but the model trained is edit"):
+        Trainer(get_family("edit").tiny_components(), cached, LoraConfig(rank=4), OptimizerConfig(),
+                TrainConfig(run_name="mismatch", blocks_to_swap=0))

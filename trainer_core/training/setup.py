@@ -27,6 +27,7 @@ from .step import FlowMatchingStep
 
 def build(trainer: "Trainer", init_lora, preview_size) -> None:
     components, dataset = trainer.components, trainer.dataset
+    components.family.check_cached(dataset)  # a cache another kind of family made: refused before anything loads
     lora, train = trainer.lora_cfg, trainer.train_cfg
     trainer.base_fingerprint = components.fingerprint("transformer")  # before the adapter joins the model
     modules = None
