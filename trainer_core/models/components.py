@@ -41,8 +41,9 @@ class QwenImageComponents:
     device: torch.device
     name: str = "qwen-image"
     storage: str = "float8"
-    # Qwen-Image-Edit (trainer_core/edit/): the model set's `edit.variants.EditVariant`; None for text-to-image.
-    edit: Any | None = None
+    # What the model set is (families/base.ModelFamily): the engine asks it what differs between families.
+    # The loaders of this package read Qwen-Image text-to-image; a family's own loader sets its family.
+    family: Any = field(default_factory=lambda: _text_to_image())
     # Re-creates (text_encoder, tokenizer) after `release_text_encoder`, for a later cache run that
     # meets a new caption; None when the source cannot be read again.
     text_encoder_loader: Callable[[], tuple[nn.Module, Any]] | None = field(default=None, repr=False)
@@ -166,6 +167,13 @@ class QwenImageComponents:
         give_back_freed_memory()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _text_to_image():
+    # Imported here, not at the top: the families sit above the model parts (they use the loaders).
+    from ..families.qwen_image import QWEN_IMAGE
+
+    return QWEN_IMAGE
 
 
 def vocabulary_bytes(tokenizer) -> bytes:
