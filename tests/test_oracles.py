@@ -27,7 +27,7 @@ from trainer_core.lora_files import LORA_LAYOUTS, read_lora_file
 from trainer_core.models import build_tiny_components
 from trainer_core.models.scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
 from trainer_core.objective import resolution_mu, sample_noise_levels
-from trainer_core.training import Trainer
+from trainer_core.training import Trainer, randomness
 
 FLOAT8 = torch.float8_e4m3fn
 
@@ -260,10 +260,11 @@ def text_to_image_reference(components, sample, seed: int):
     encoder = SimpleNamespace(vae=components.vae, latent_channels=c)  # the two attributes the method reads
     with torch.no_grad():
         x0 = pipe._pack_latents(QwenImageEditPipeline._encode_vae_image(encoder, pixels, None), 1, c, h // f, w // f)
-    # The trainer's draws from its generator seeded with the run's seed, in its order: noise, then the level.
-    g = torch.Generator().manual_seed(seed)
-    noise = pipe.prepare_latents(1, c, h, w, torch.float32, torch.device("cpu"), g)  # (1, N, 4C), packed
-    unshifted = torch.sigmoid(torch.randn(1, generator=g))  # logit-normal, mean 0, std 1 (the defaults)
+    # The trainer's draws for its first micro-batch (training/randomness.py): the noise, and the noise level.
+    noise = pipe.prepare_latents(1, c, h, w, torch.float32, torch.device("cpu"),
+                                 randomness.generator(seed, 0, randomness.NOISE))  # (1, N, 4C), packed
+    level = randomness.generator(seed, 0, randomness.NOISE_LEVELS)
+    unshifted = torch.sigmoid(torch.randn(1, generator=level))  # logit-normal, mean 0, std 1 (the defaults)
     mu = calculate_shift(noise.shape[1], pipe.scheduler.config.get("base_image_seq_len", 256),
                          pipe.scheduler.config.get("max_image_seq_len", 4096),
                          pipe.scheduler.config.get("base_shift", 0.5), pipe.scheduler.config.get("max_shift", 1.15))
