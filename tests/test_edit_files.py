@@ -48,6 +48,7 @@ def test_variant_is_read_from_names_and_folders_and_a_wrong_choice_is_refused(fi
     assert loaded.family.variant.name == "edit-2511" and loaded.transformer.config.zero_cond_t
 
 
+@pytest.mark.slow
 def test_edit_demo_trains_from_exported_files_and_writes_a_comfyui_lora_preview_and_plot(files_2511, tmp_path, capsys):
     from trainer_core.cli import main
 
@@ -62,6 +63,7 @@ def test_edit_demo_trains_from_exported_files_and_writes_a_comfyui_lora_preview_
     assert Image.open(out / "preview.png").size == (256, 256) and Image.open(out / "loss.png").size == (768, 384)
 
 
+@pytest.mark.slow
 def test_edit_lora_loads_in_diffusers_edit_pipeline_on_every_module(files_2511, tmp_path):
     """diffusers' own loader (`QwenImageEditPlusPipeline.load_lora_weights`) takes our edit LoRA: every module
     of the file gets its adapter, with the file's weights."""
