@@ -16,7 +16,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from trainer_core.cache import CachedDataset, CachedSample  # noqa: E402
+from trainer_core.data.cache import CachedDataset, CachedSample  # noqa: E402
 from trainer_core.models.components import QwenImageComponents  # noqa: E402
 from trainer_core.models.scheduler import QWEN_IMAGE_SCHEDULER_CONFIG  # noqa: E402
 

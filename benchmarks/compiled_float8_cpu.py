@@ -28,10 +28,10 @@ import common  # noqa: F401  (puts the repository on sys.path)
 import torch
 import torch._dynamo
 
-from trainer_core.config import LoraConfig
+from trainer_core.core.config import LoraConfig
 from trainer_core.devtools.random_weights import random_transformer
-from trainer_core.lora import compute_in_input_dtype, inject_lora, lora_parameters
-from trainer_core.objective import flow_loss
+from trainer_core.adapters.lora import compute_in_input_dtype, inject_lora, lora_parameters
+from trainer_core.training.objective import flow_loss
 from trainer_core.streaming.runner import BlockRunner
 
 GRID, TEXT = 8, 32  # packed latent tokens per side, prompt tokens

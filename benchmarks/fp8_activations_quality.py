@@ -55,10 +55,10 @@ def delta_difference(one: dict, two: dict) -> float:
 
 
 def train_tiny(storage: str, fp8_activations: bool, steps: int, work: Path) -> tuple[list[float], dict, str]:
-    from trainer_core.cache import build_cache
-    from trainer_core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
-    from trainer_core.data import discover
-    from trainer_core.demo import make_demo_dataset
+    from trainer_core.data.cache import build_cache
+    from trainer_core.core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.data.images import discover
+    from trainer_core.runs.demo import make_demo_dataset
     from trainer_core.models import build_tiny_components
     from trainer_core.training import Trainer
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=100, help="training steps of each tiny run")
     parser.add_argument("--tokens", type=int, default=256, help="image tokens of the real-width block (a square)")
     args = parser.parse_args(argv)
-    from trainer_core.cli import _quiet_libraries
+    from trainer_core.runs.cli import _quiet_libraries
     from trainer_core.models.float8.activations import scaling_for
 
     _quiet_libraries()

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-gb", type=float, default=16.0, help="budget of the planner's choice (GiB)")
     args = parser.parse_args(argv)
 
-    from trainer_core.cli import _quiet_libraries
+    from trainer_core.runs.cli import _quiet_libraries
 
     _quiet_libraries()
     cuda = not args.tiny
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(line)
 
     from trainer_core.planner.plan import PROCESS_BASELINE_BYTES
-    import trainer_core.cache, trainer_core.models, trainer_core.sampling, trainer_core.training  # noqa: E401,F401
+    import trainer_core.data.cache, trainer_core.models, trainer_core.families.sampling, trainer_core.training  # noqa: E401,F401
     # (imported before the baseline is measured: the libraries' memory is the process's, not a phase's)
 
     if cuda:
@@ -283,16 +283,16 @@ def main(argv: list[str] | None = None) -> int:
 def run_lifecycle(args, cuda, device, steps, context, workdir, rows, checks, log) -> None:
     import numpy as np
 
-    from trainer_core.cache import build_cache
-    from trainer_core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
-    from trainer_core.data import discover
+    from trainer_core.data.cache import build_cache
+    from trainer_core.core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.data.images import discover
     from trainer_core.devtools.memprobe import LiveBytes
-    from trainer_core.lora_files import read_lora_file
+    from trainer_core.adapters.lora_files import read_lora_file
     from trainer_core.models.text_encoder_file import resolve_text_encoder_fp8
     from trainer_core.planner import arch_for_components, auto_blocks_to_swap, inputs_for_run, plan_memory, plan_phases
     from trainer_core.planner.phases import gpu_peak_after_caching
     from trainer_core.planner.inference import parts_for_components
-    from trainer_core.sampling import sample_image
+    from trainer_core.families.sampling import sample_image
     from trainer_core.training import Trainer
 
     side = SIDE_TINY if args.tiny else SIDE_REAL

@@ -37,7 +37,7 @@ import common  # puts the repository on sys.path; resident_bytes
 
 import torch
 
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.planner import GIB, MIB, PlanInputs, arch_from_transformer, auto_blocks_to_swap, plan_memory
 from trainer_core.planner.phases import gpu_peak_after_caching
@@ -85,7 +85,7 @@ def run_config(label: str, k: int, components, dataset, inputs: PlanInputs, arch
     (every forward copies the streamed blocks whole). The timed steps are one chunk: its first step computes the
     modulation outputs for the window (up to 16 steps), as in the model, which averages over windows of 16."""
     from trainer_core.devtools.memprobe import LiveBytes
-    from trainer_core.lora import compute_in_input_dtype
+    from trainer_core.adapters.lora import compute_in_input_dtype
     from trainer_core.streaming.runner import BlockRunner
     from trainer_core.planner.timeline import FP8_PATH, PATHS, RUNTIME, ComputePath, predict, profile_for_device
     from trainer_core.streaming.placement import tail_placement
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --tiny: add the compiled float8 variant on the CPU (Inductor's C++ backend; slow to compile)")
     args = parser.parse_args(argv)
 
-    from trainer_core.cli import _quiet_libraries
+    from trainer_core.runs.cli import _quiet_libraries
 
     _quiet_libraries()
     cuda = not args.tiny

@@ -95,9 +95,9 @@ def float8_bytes_and_error(log, quick: bool) -> dict:
 
 
 def optimizer_states(log) -> dict:
-    from trainer_core.config import OptimizerConfig
+    from trainer_core.core.config import OptimizerConfig
     from trainer_core.planner import real_arch
-    from trainer_core.optim import build_optimizer, optimizer_state_bytes
+    from trainer_core.training.optim import build_optimizer, optimizer_state_bytes
 
     arch = real_arch()
     shapes = []
@@ -151,10 +151,10 @@ def planner_tables(log) -> dict:
 
 def real_width_activations(log, quick: bool) -> dict:
     """The planner's per-block terms against one real-width block measured with `memprobe`."""
-    from trainer_core.config import LoraConfig
+    from trainer_core.core.config import LoraConfig
     from trainer_core.devtools.memprobe import probe_block
     from trainer_core.devtools.random_weights import random_transformer
-    from trainer_core.lora import inject_lora
+    from trainer_core.adapters.lora import inject_lora
     from trainer_core.planner.activations import ActivationSettings, block_saved_bytes, block_working_bytes
     from trainer_core.planner.arch import arch_from_transformer
 
@@ -264,7 +264,7 @@ def main() -> None:
                         help="sections to run: float8 optimizer planner activations speed")
     args = parser.parse_args()
 
-    from trainer_core.cli import _quiet_libraries
+    from trainer_core.runs.cli import _quiet_libraries
 
     _quiet_libraries()
     lines: list[str] = []

@@ -158,10 +158,10 @@ def planned_host_bytes(args, settings, dataset, components, baseline: int) -> di
 def rehearse(args, log) -> int:
     import torch
 
-    from trainer_core import runs
-    from trainer_core.cache import build_cache
-    from trainer_core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
-    from trainer_core.data import discover
+    from trainer_core.runs import registry as runs
+    from trainer_core.data.cache import build_cache
+    from trainer_core.core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.data.images import discover
     from trainer_core.models import load_single_files
     from trainer_core.models.tiny import build_tiny_tokenizer
 

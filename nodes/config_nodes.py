@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..trainer_core.config import LoraConfig, OptimizerConfig
+from ..trainer_core.core.config import LoraConfig, OptimizerConfig
 from .common import CATEGORY, LORA_CONFIG, OPTIMIZER_CONFIG
 from .widgets import widgets
 

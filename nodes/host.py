@@ -110,7 +110,7 @@ def model_file_list(kind: str) -> list[str]:
 
 def model_file_path(kind: str, name: str) -> Path:
     """Full path of a listed model file; a missing one raises an error that names it."""
-    from ..trainer_core.errors import UserInputError
+    from ..trainer_core.core.errors import UserInputError
 
     fp = _host("folder_paths")
     path = fp.get_full_path(kind, name) if fp is not None else _standalone_models_root() / kind / name

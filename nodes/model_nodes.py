@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..trainer_core.config import LoadConfig
-from ..trainer_core.model_source import FILES, load_model_set
+from ..trainer_core.core.config import LoadConfig
+from ..trainer_core.models.source import FILES, load_model_set
 from ..trainer_core.models.tokenizer import tokenizer_candidates
 from . import host
 from .common import CATEGORY, MODELS, engine_mode

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..trainer_core.config import CompareStepsConfig, LossPlotConfig, PreviewConfig, SaveConfig
-from ..trainer_core.live import step_grid
-from ..trainer_core.errors import UserInputError
-from ..trainer_core.lora_files import lora_output_path
-from ..trainer_core.plot import loss_plot
+from ..trainer_core.core.config import CompareStepsConfig, LossPlotConfig, PreviewConfig, SaveConfig
+from ..trainer_core.training.live import step_grid
+from ..trainer_core.core.errors import UserInputError
+from ..trainer_core.adapters.lora_files import lora_output_path
+from ..trainer_core.training.plot import loss_plot
 from . import host
 from .common import CATEGORY, TRAINER, engine_mode, image_to_pil, pil_to_image
 from .widgets import widgets

@@ -6,11 +6,11 @@ import logging
 import time
 from pathlib import Path
 
-from ..trainer_core import runs
-from ..trainer_core.config import NO_LORA, InitConfig, TrainConfig, TrainStepsConfig
-from ..trainer_core.errors import UserInputError
-from ..trainer_core.live import PreviewSettings, contain, side_by_side
-from ..trainer_core.plot import loss_plot
+from ..trainer_core.runs import registry as runs
+from ..trainer_core.core.config import NO_LORA, InitConfig, TrainConfig, TrainStepsConfig
+from ..trainer_core.core.errors import UserInputError
+from ..trainer_core.training.live import PreviewSettings, contain, side_by_side
+from ..trainer_core.training.plot import loss_plot
 from ..trainer_core.training import StepExtras, Trainer, every
 from . import host
 from .common import CACHED, CATEGORY, LORA_CONFIG, MODELS, OPTIMIZER_CONFIG, TRAINER, engine_mode

@@ -1,6 +1,6 @@
 """ComfyUI input specs built from the engine's config metadata, so tooltips, defaults and ranges match it.
 
-Every widget of every node comes from a config field (trainer_core/config.py): its help is the tooltip,
+Every widget of every node comes from a config field (trainer_core/core/config.py): its help is the tooltip,
 its default, min/max/step and choices are the widget's. What only the host knows is filled in here: a
 field with `file_list` metadata lists the files of that ComfyUI model folder (after its `extra_choices`),
 with the field's default preselected when present (else the first). Only sockets (linked inputs) carry a
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..trainer_core.config import field_default, field_meta
+from ..trainer_core.core.config import field_default, field_meta
 from . import host
 
 

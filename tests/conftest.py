@@ -57,13 +57,13 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def demo_folder(tmp_path_factory):
-    from trainer_core.demo import make_demo_dataset
+    from trainer_core.runs.demo import make_demo_dataset
 
     return make_demo_dataset(tmp_path_factory.mktemp("demo_dataset"))
 
 
 def tiny_dataset_config(folder, **overrides):
-    from trainer_core.config import DatasetConfig
+    from trainer_core.core.config import DatasetConfig
 
     settings = dict(folder=str(folder), resolution=64, min_bucket_side=32, max_bucket_side=128)
     settings.update(overrides)
@@ -72,8 +72,8 @@ def tiny_dataset_config(folder, **overrides):
 
 def cached_demo(components, folder, cache_dir, **cache_kwargs):
     """Discover + cache the demo dataset for `components`."""
-    from trainer_core.cache import build_cache
-    from trainer_core.data import discover
+    from trainer_core.data.cache import build_cache
+    from trainer_core.data.images import discover
 
     return build_cache(components, discover(tiny_dataset_config(folder)), cache_dir, **cache_kwargs)
 
@@ -102,7 +102,7 @@ def tiny_cache(tmp_path_factory):
 def trained_lora(tiny_cache, demo_folder):
     """A trainer after 4 steps of rank 4, alpha 6 on "all" targets (alpha != rank: the scale must survive
     every trip through a file). Read it, do not train it further."""
-    from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
     from trainer_core.models import build_tiny_components
     from trainer_core.training import Trainer
 

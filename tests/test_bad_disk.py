@@ -31,10 +31,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from conftest import REPO, cached_demo
-from trainer_core import checkpoint as ckpt
-from trainer_core import files
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.errors import UserInputError
+from trainer_core.training import checkpoint as ckpt
+from trainer_core.core import files
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.core.errors import UserInputError
 from trainer_core.models import build_tiny_components
 from trainer_core.training import Trainer
 
@@ -234,7 +234,7 @@ PERMISSION_WORKER = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
     from conftest import cached_demo
-    from trainer_core.errors import UserInputError
+    from trainer_core.core.errors import UserInputError
     from test_bad_disk import make_trainer
     from trainer_core.models import build_tiny_components
     work, data, cache = Path({work!r}), {data!r}, {cache!r}
@@ -332,7 +332,7 @@ def test_a_lora_path_that_is_a_folder(trained_lora, tmp_path):
 
 
 def test_demo_outputs_are_written_atomically_with_the_documented_messages(tmp_path):
-    from trainer_core.demo import run_demo
+    from trainer_core.runs.demo import run_demo
 
     (tmp_path / "loss.png").mkdir()  # something in the way of the last outputs
     with pytest.raises(UserInputError, match=r"^a file is in the way: the loss plot could not be written to .*loss"
@@ -356,7 +356,7 @@ def test_run_folder_deleted_mid_run(tiny_cache, demo_folder, tmp_path):
 KILLED_WRITER = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {repo!r})
-    from trainer_core.files import write_safetensors_atomic
+    from trainer_core.core.files import write_safetensors_atomic
     write_safetensors_atomic({{"x": torch.zeros(100_000_000)}}, sys.argv[1])  # 400 MB: long enough to be killed
 """)
 
@@ -484,8 +484,8 @@ def test_a_cache_built_across_a_kill_equals_one_built_in_one_go(demo_folder, tmp
     """As if the first run were killed after 3 images: its entries stay, the next run encodes the rest. Every
     entry equals, bit for bit, the one a single uninterrupted run writes. (Before each image was encoded
     alone, a latent depended on its batch companions, ~2e-7: 2 and 4 failed here, 1 passed.)"""
-    from trainer_core.cache import build_cache
-    from trainer_core.data import discover
+    from trainer_core.data.cache import build_cache
+    from trainer_core.data.images import discover
     from conftest import tiny_dataset_config
 
     samples = discover(tiny_dataset_config(demo_folder))
@@ -531,7 +531,7 @@ def test_cache_deleted_while_training(demo_folder, tmp_path):
 
 
 def test_export_tiny_to_a_full_disk(disk, capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     d = disk("256k")
     d.fill()

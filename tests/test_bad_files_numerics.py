@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import REPO, adapter_snapshot, cached_demo
-from trainer_core import checkpoint as ckpt
-from trainer_core import runs
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.errors import TrainingStopped, UserInputError
-from trainer_core.lora_files import read_lora_file
+from trainer_core.training import checkpoint as ckpt
+from trainer_core.runs import registry as runs
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.core.errors import TrainingStopped, UserInputError
+from trainer_core.adapters.lora_files import read_lora_file
 from trainer_core.models import build_tiny_components, load_diffusers_dir, load_single_files, save_diffusers_dir
 from trainer_core.training import Trainer
 

@@ -18,10 +18,10 @@ import pytest
 from PIL import Image
 
 from conftest import REPO, pack_module, tiny_dataset_config
-from trainer_core.config import DatasetConfig, TrainConfig, check_run_name
-from trainer_core.data import discover, load_cropped
-from trainer_core.errors import UserInputError
-from trainer_core.files import inside
+from trainer_core.core.config import DatasetConfig, TrainConfig, check_run_name
+from trainer_core.data.images import discover, load_cropped
+from trainer_core.core.errors import UserInputError
+from trainer_core.core.files import inside
 
 
 def caption(folder: Path, stem: str, text: str = "a caption") -> None:
@@ -38,7 +38,7 @@ def decoded_rgb(folder: Path, name: str, **settings) -> tuple[int, int, int]:
 
 
 def _decode_args(cfg: DatasetConfig) -> dict:
-    from trainer_core.data import decode_options
+    from trainer_core.data.images import decode_options
 
     return decode_options(cfg)
 
@@ -109,7 +109,7 @@ def test_background_is_a_dataset_setting_said_in_the_summary(pack, tmp_path):
     assert "1 with transparency composited onto white" in summary
     _, summary = node().discover(background="#102030", **settings)
     assert "onto #102030" in summary
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError,
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError,
                        match=r"background='nope' is not a colour.*white.*#RRGGBB"):
         node().discover(background="nope", **settings)
 
@@ -117,7 +117,7 @@ def test_background_is_a_dataset_setting_said_in_the_summary(pack, tmp_path):
 def test_a_changed_background_is_encoded_again(tmp_path):
     """The latent cache key of an image with transparency depends on the background (else a cache built
     with another background would be reused silently); an opaque image's key does not."""
-    from trainer_core.cache import latent_key
+    from trainer_core.data.cache import latent_key
 
     Image.new("RGBA", (64, 64), (0, 0, 0, 0)).save(tmp_path / "clear.png")
     Image.new("RGB", (64, 64), "red").save(tmp_path / "opaque.png")
@@ -134,7 +134,7 @@ def test_a_changed_background_is_encoded_again(tmp_path):
 def test_every_pillow_mode_decodes_to_rgb(mode):
     """In-memory images of each mode (some cannot be saved as png/jpg/webp) showing grey 200 decode to grey 200
     within 1 (mode '1': white; palette modes: their palette's nearest colour)."""
-    from trainer_core.data import to_rgb
+    from trainer_core.data.images import to_rgb
 
     expected = (200, 200, 200)
     if mode in ("I;16", "I;16B", "I;16L"):
@@ -162,7 +162,7 @@ def test_every_pillow_mode_decodes_to_rgb(mode):
 
 
 def test_half_transparent_premultiplied_grey_is_unpremultiplied():
-    from trainer_core.data import to_rgb
+    from trainer_core.data.images import to_rgb
 
     img = Image.new("LA", (8, 8), (200, 128)).convert("La")  # stored as (100, 128)
     got = to_rgb(img, (0, 0, 0)).getpixel((4, 4))
@@ -377,7 +377,7 @@ def lora_output_path(pack):
                                       "{step!r}", "{step:>10}", "{}", "lora_{", "lora}", "{run_name"])
 def test_filename_template_takes_only_run_name_and_step(pack, lora_output_path, tmp_path, template):
     """Why: '{0}, {epoch} give raw errors; {run_name.__class__.__mro__} is evaluated'."""
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError,
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError,
                        match=r"filename=.* Use only \{run_name\} and \{step\}"):
         lora_output_path(tmp_path, template, "myrun", 12)
     assert list(tmp_path.iterdir()) == []
@@ -419,7 +419,7 @@ def test_bad_lora_filenames_are_refused_in_every_component(pack, lora_output_pat
     if name.endswith((".", " ")) and where != "{}/file":
         assert lora_output_path(tmp_path, where.format(name), "myrun", 1).name.endswith(".safetensors")
         return
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError, match=r"filename[= ]"):
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError, match=r"filename[= ]"):
         lora_output_path(tmp_path, where.format(name), "myrun", 1)
     assert list(tmp_path.iterdir()) == []
 
@@ -433,14 +433,14 @@ def test_bad_cache_folder_names_are_refused(name, tmp_path):
 
 def test_a_whole_path_that_is_too_long_is_refused(lora_output_path, pack, tmp_path):
     deep = "/".join(["d" * 200] * 25)  # each part fine, 5000 bytes in all
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError,
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError,
                        match=r"filename=.* is too long: the path .* bytes"):
         lora_output_path(tmp_path, deep, "r", 1)
 
 
 @pytest.mark.parametrize("template", ["a:b", "C:/loras/x", "C:x"])
 def test_a_colon_or_drive_letter_is_refused_as_windows_would(pack, lora_output_path, tmp_path, template):
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError, match=r"contains ':', which Windows"):
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError, match=r"contains ':', which Windows"):
         lora_output_path(tmp_path, template, "r", 1)
 
 
@@ -458,7 +458,7 @@ def test_unicode_names_are_normalised(lora_output_path, tmp_path):
 
 @pytest.mark.parametrize("template", ["", "   ", "sub/", "."])
 def test_a_filename_without_a_name_is_refused(pack, lora_output_path, tmp_path, template):
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError, match="filename=.*"):
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError, match="filename=.*"):
         lora_output_path(tmp_path, template, "r", 1)
 
 
@@ -478,7 +478,7 @@ def test_run_names_are_unique_regardless_of_case(pack, output_dir):
     existing = output_dir / "qwen_lora_training" / "runs" / "MyRun"
     existing.mkdir(parents=True)
     assert run_directory("MyRun") == existing.resolve()
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError,
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError,
                        match=r"run_name='myrun' differs only by case from the run folder .*MyRun.*run_name='MyRun'"):
         run_directory("myrun")
 
@@ -491,12 +491,12 @@ def test_a_run_folder_that_links_outside_the_output_folder_is_refused(pack, outp
     runs = output_dir / "qwen_lora_training" / "runs"
     runs.mkdir(parents=True)
     (runs / "linked").symlink_to(elsewhere)
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError,
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError,
                        match=r"run_name 'linked' leads outside .*output through the link .*linked -> .*elsewhere"):
         run_directory("linked")
     (runs / "inner").mkdir()
     (runs / "inner" / "checkpoints").symlink_to(elsewhere)
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError, match="through the link"):
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError, match="through the link"):
         run_directory("inner")
     assert list(elsewhere.iterdir()) == []
 
@@ -506,7 +506,7 @@ def test_a_lora_subfolder_that_links_outside_the_loras_folder_is_refused(pack, l
     loras.mkdir()
     elsewhere.mkdir()
     (loras / "sub").symlink_to(elsewhere)
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError,
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError,
                        match=r"filename 'sub/x.safetensors' leads outside .*loras through the link "
                              r".*sub -> .*elsewhere"):
         lora_output_path(loras, "sub/x", "r", 1)

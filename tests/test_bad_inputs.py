@@ -11,10 +11,10 @@ from PIL import Image
 from conftest import cached_demo, pack_module, tiny_dataset_config
 from graph_runner import GraphRunner
 from test_nodes import tiny_prompt
-from trainer_core import cache as cache_module
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.data import discover
-from trainer_core.errors import UserInputError
+from trainer_core.data import cache as cache_module
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.data.images import discover
+from trainer_core.core.errors import UserInputError
 from trainer_core.models import build_tiny_components, load_diffusers_dir, save_diffusers_dir
 
 
@@ -149,7 +149,7 @@ def test_output_names_outside_comfyuis_folders_are_refused(pack, graph, tmp_path
     runner.run(prompt)
     trainer = runner.run(prompt)["7"][0]
     prompt[node]["inputs"][field] = value
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError, match=f"{field} .* must be a relative "
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError, match=f"{field} .* must be a relative "
                                                                                       "name inside"):
         runner.run(prompt)
     assert {p.name for p in tmp_path.iterdir()} <= {"output", "loras"}  # nothing written beside them
@@ -166,7 +166,7 @@ def test_full_disk_while_saving_the_lora_keeps_the_previous_file(pack, graph, tm
     runner.run(prompt)
     saved = tmp_path / "loras" / "fixed_name.safetensors"
     before = saved.read_bytes()
-    files = pack_module(pack, "trainer_core.files")
+    files = pack_module(pack, "trainer_core.core.files")
     real_save_file = files.save_file
 
     def disk_full(tensors, filename, metadata=None):
@@ -177,7 +177,7 @@ def test_full_disk_while_saving_the_lora_keeps_the_previous_file(pack, graph, tm
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(files, "save_file", disk_full)
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError,
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError,
                        match=r"disk is full: the LoRA file could not be written .* Any earlier fixed_name.safetensors "
                              r"is intact and the trainer still holds step 4"):
         runner.run(prompt)
@@ -188,9 +188,9 @@ def test_full_disk_while_saving_the_lora_keeps_the_previous_file(pack, graph, tm
 def test_resuming_with_a_different_rank(pack, graph):
     runner, prompt = graph
     runner.run(prompt)
-    pack_module(pack, "trainer_core.runs").release(prompt["6"]["inputs"]["run_name"])
+    pack_module(pack, "trainer_core.runs.registry").release(prompt["6"]["inputs"]["run_name"])
     prompt["4"]["inputs"]["rank"] = 8
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError,
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError,
                        match="rank: checkpoint 16, now 8.*new run_name"):
         GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
 
@@ -199,7 +199,7 @@ def test_a_bad_setting_mid_run_loses_nothing(pack, graph):
     runner, prompt = graph
     trainer = runner.run(prompt)["7"][0]
     prompt["4"]["inputs"]["rank"] = 0
-    with pytest.raises(pack_module(pack, "trainer_core.errors").UserInputError, match="rank=0"):
+    with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError, match="rank=0"):
         runner.run(prompt)
     prompt["4"]["inputs"]["rank"] = 16
     assert runner.run(prompt)["7"][0] is trainer and trainer.step == 4

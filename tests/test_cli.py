@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 
 def test_demo_writes_lora_preview_and_loss_plot(tmp_path, capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     assert main(["demo", "--steps", "6", "--out", str(tmp_path / "out")]) == 0
     stdout = capsys.readouterr().out
@@ -23,7 +23,7 @@ def test_demo_writes_lora_preview_and_loss_plot(tmp_path, capsys):
 
 
 def test_cli_help_lists_commands(capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])
@@ -31,7 +31,7 @@ def test_cli_help_lists_commands(capsys):
 
 
 def test_export_tiny_writes_a_diffusers_folder_that_loads(tmp_path, capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
     from trainer_core.models import load_diffusers_dir
 
     assert main(["export-tiny", str(tmp_path / "tiny"), "--layout", "diffusers"]) == 0
@@ -41,7 +41,7 @@ def test_export_tiny_writes_a_diffusers_folder_that_loads(tmp_path, capsys):
 
 def test_demo_trains_from_single_files(tiny_files, tmp_path, capsys):
     """`demo --transformer --text-encoder --vae` (the files `export-tiny` writes in ComfyUI's layouts)."""
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     code = main(["demo", "--steps", "1", "--out", str(tmp_path / "out"),
                  "--transformer", str(tiny_files["transformer_fp8_e4m3fn"]),
@@ -102,7 +102,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("argv, message", BAD_INPUTS, ids=[" ".join(a) or "(none)" for a, _ in BAD_INPUTS])
 def test_bad_flag_values_give_one_line_and_exit_2(argv, message, tmp_path, capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     plain_file = tmp_path / "plain.txt"
     plain_file.write_text("not a folder")
@@ -117,8 +117,8 @@ def test_bad_flag_values_give_one_line_and_exit_2(argv, message, tmp_path, capsy
 
 def test_plan_flags_come_from_the_config():
     """Choices, defaults and help of `plan`'s flags are the config fields' (nothing listed by hand)."""
-    from trainer_core.cli import build_parser
-    from trainer_core.config import LoraConfig, OptimizerConfig, PlanConfig, TrainConfig, choices, help_text
+    from trainer_core.runs.cli import build_parser
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, PlanConfig, TrainConfig, choices, help_text
 
     plan = build_parser()._subparsers._group_actions[0].choices["plan"]
     flags = {a.option_strings[0]: a for a in plan._actions if a.option_strings}
@@ -135,7 +135,7 @@ def test_plan_flags_come_from_the_config():
 
 
 def test_plan_accepts_auto_and_a_swap_count_with_a_budget(capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     assert main(["plan", "--blocks-to-swap", "auto", "--budget-gb", "16"]) == 0
     assert "blocks_to_swap = " in capsys.readouterr().out
@@ -144,7 +144,7 @@ def test_plan_accepts_auto_and_a_swap_count_with_a_budget(capsys):
 
 
 def test_demo_with_automatic_block_swapping(tmp_path, capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     assert main(["demo", "--steps", "1", "--blocks-to-swap", "auto", "--out", str(tmp_path / "out")]) == 0
     assert "loss: first step" in capsys.readouterr().out

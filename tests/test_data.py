@@ -1,8 +1,8 @@
 """Dataset discovery, aspect buckets and crops."""
 
 from conftest import tiny_dataset_config
-from trainer_core.config import DatasetConfig
-from trainer_core.data import bucket_sizes, choose_bucket, discover, load_cropped
+from trainer_core.core.config import DatasetConfig
+from trainer_core.data.images import bucket_sizes, choose_bucket, discover, load_cropped
 
 
 def test_buckets_are_multiples_of_32_near_the_target_area():

@@ -47,7 +47,7 @@ def test_the_input_folder_subfolders_are_choices(pack, comfy_dirs):
 
 
 def test_errors_name_the_absolute_folder_looked_in(pack, comfy_dirs):
-    errors = pack_module(pack, "trainer_core.errors")
+    errors = pack_module(pack, "trainer_core.core.errors")
     node = pack.NODE_CLASS_MAPPINGS["QwenLoRADataset"]()
     with pytest.raises(errors.UserInputError, match="dataset folder '" + str(comfy_dirs / "nope") + "' does not exist"):
         node.discover(folder="nope", **SETTINGS)

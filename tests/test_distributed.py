@@ -72,7 +72,7 @@ def two_processes(tmp_path_factory, demo_folder):
 
 def test_two_processes_train_what_one_process_trains_with_twice_the_accumulation(two_processes, tmp_path,
                                                                                  demo_folder, capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     config, a, printed = two_processes
     assert "2 processes" in printed and f"step {STEPS}/{STEPS}" in printed
@@ -94,7 +94,7 @@ def test_two_processes_train_what_one_process_trains_with_twice_the_accumulation
 
 def test_two_processes_resume_a_checkpoint_bit_exactly_and_one_process_resumes_it_too(two_processes, tmp_path,
                                                                                      demo_folder, capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     config, a, _ = two_processes
     for name in ("B", "C"):  # A's output as it was after step 4

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from trainer_core.devtools.export import export_tiny_edit
 from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
-from trainer_core.errors import UserInputError
+from trainer_core.core.errors import UserInputError
 from trainer_core.families.qwen_image_edit.files import load_edit_diffusers_dir, load_edit_single_files
 
 
@@ -50,7 +50,7 @@ def test_variant_is_read_from_names_and_folders_and_a_wrong_choice_is_refused(fi
 
 @pytest.mark.slow
 def test_edit_demo_trains_from_exported_files_and_writes_a_comfyui_lora_preview_and_plot(files_2511, tmp_path, capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     files = ["--transformer", str(files_2511["transformer_fp8_e4m3fn_scaled"]),
              "--text-encoder", str(files_2511["text_encoder_fp8_scaled"]), "--vae", str(files_2511["vae"])]
@@ -69,7 +69,7 @@ def test_edit_lora_loads_in_diffusers_edit_pipeline_on_every_module(files_2511, 
     of the file gets its adapter, with the file's weights."""
     from diffusers import QwenImageEditPlusPipeline
 
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     files = ["--transformer", str(files_2511["transformer_bf16"]), "--text-encoder", str(files_2511["text_encoder_bf16"]),
              "--vae", str(files_2511["vae"])]

@@ -141,8 +141,8 @@ def test_preview_of_canvas_controls_equals_the_variants_own_pipeline_sampling(sm
     """The shared sampler with the Edit family's hooks (controls encoded now, the text-to-image pipeline around a
     transformer that appends them) gives the image the variant's own diffusers pipeline samples from the same
     control images, prompt, noise and settings."""
-    from trainer_core.cache import CachedDataset
-    from trainer_core.sampling import sample_image
+    from trainer_core.data.cache import CachedDataset
+    from trainer_core.families.sampling import sample_image
 
     components = build_tiny_edit_components(variant_name)
     variant = get_variant(variant_name)

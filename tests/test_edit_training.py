@@ -10,16 +10,16 @@ import torch
 from PIL import Image
 
 from test_edit_pipelines import control_images, oracle_pipeline, small_pipeline_sizes  # noqa: F401 (fixture)
-from trainer_core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.data import load_cropped
-from trainer_core.cache import build_cache
+from trainer_core.core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.data.images import load_cropped
+from trainer_core.data.cache import build_cache
 from trainer_core.families.qwen_image_edit.config import EditDataConfig
 from trainer_core.families.qwen_image_edit.data import discover_edit, load_edit_dataset
 from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
 from trainer_core.families.qwen_image_edit.variants import get_variant
-from trainer_core.errors import UserInputError
+from trainer_core.core.errors import UserInputError
 from trainer_core.models.tiny import build_tiny_tokenizer
-from trainer_core.objective import resolution_mu, sample_noise_levels
+from trainer_core.training.objective import resolution_mu, sample_noise_levels
 from trainer_core.training import Trainer, randomness
 
 

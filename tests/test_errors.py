@@ -33,7 +33,7 @@ def test_the_rule_is_comfyuis(root):
 
 @pytest.mark.parametrize("name", ["UserInputError", "TrainingStopped", "RunFolderLost"])
 def test_errors_of_the_pack_as_comfyui_loads_it_have_short_names(pack, name):
-    errors = pack_module(pack, "trainer_core.errors")
+    errors = pack_module(pack, "trainer_core.core.errors")
     cls = getattr(errors, name)
     assert full_type_name(cls) == f"qwen_lora.{name}"
     error = cls("dataset folder '/x' does not exist.")
@@ -47,7 +47,7 @@ def test_errors_of_the_pack_as_comfyui_loads_it_have_short_names(pack, name):
 
 
 def test_extra_attributes_survive_pickling():
-    from trainer_core.errors import UserInputError
+    from trainer_core.core.errors import UserInputError
 
     error = UserInputError("bad")
     error.detail = 3

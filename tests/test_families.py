@@ -11,7 +11,7 @@ from conftest import REPO
 
 # Where samples and model sets are used: the cache, the training step, the memory plan, previews, the demo and
 # the nodes that hand them over.
-SHARED_PATH = ("trainer_core/cache.py", "trainer_core/sampling.py", "trainer_core/demo.py",
+SHARED_PATH = ("trainer_core/data/cache.py", "trainer_core/families/sampling.py", "trainer_core/runs/demo.py",
                "trainer_core/planner/for_run.py", "trainer_core/planner/inference.py", "nodes/data_nodes.py",
                "nodes/output_nodes.py", "nodes/train_nodes.py",
                *sorted(str(p.relative_to(REPO)) for p in (REPO / "trainer_core" / "training").glob("*.py")))
@@ -40,7 +40,7 @@ def test_the_shared_engine_probes_no_sample_model_set_or_dataset():
 
 
 def test_the_demo_models_are_the_registered_families():
-    from trainer_core.cli import DEMO_MODELS
+    from trainer_core.runs.cli import DEMO_MODELS
     from trainer_core.families import FAMILIES
 
     assert set(DEMO_MODELS) - {"edit-auto"} == set(FAMILIES)  # edit-auto: the Edit variant read from the files
@@ -50,8 +50,8 @@ def test_the_demo_models_are_the_registered_families():
 def test_a_cache_of_another_kind_of_family_is_refused_and_variants_share_theirs(tmp_path):
     import pytest
 
-    from trainer_core.cache import CachedDataset
-    from trainer_core.errors import UserInputError
+    from trainer_core.data.cache import CachedDataset
+    from trainer_core.core.errors import UserInputError
     from trainer_core.families import get_family
 
     def cached(family):
@@ -70,8 +70,8 @@ def test_the_trainer_refuses_a_text_to_image_cache_for_an_edit_model(tiny_cache,
     import pytest
 
     from conftest import cached_demo
-    from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-    from trainer_core.errors import UserInputError
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.core.errors import UserInputError
     from trainer_core.families import get_family
     from trainer_core.training import Trainer
 

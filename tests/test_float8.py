@@ -70,8 +70,8 @@ def test_frozen_compute_reads_weight_again_in_backward():
 
 
 def test_float8_transformer_trains_under_peft_lora():
-    from trainer_core.config import LoraConfig
-    from trainer_core.lora import inject_lora
+    from trainer_core.core.config import LoraConfig
+    from trainer_core.adapters.lora import inject_lora
 
     transformer = build_tiny_components(storage="float8").transformer
     params = inject_lora(transformer, LoraConfig(rank=4, alpha=4.0), seed=0)

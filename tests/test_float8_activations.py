@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from conftest import cached_demo
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.models import build_tiny_components
 from trainer_core.models.float8 import activations as fa
 from trainer_core.models.float8 import FLOAT8, SCALE_BUFFER, install_frozen_compute, quantize_weight
@@ -151,7 +151,7 @@ def test_chunked_training_with_fp8_activations_stays_bit_identical(tmp_path, dem
 def test_compile_float8_is_an_alternative_and_says_when_it_cannot_run(tmp_path, demo_folder):
     """TrainConfig.compile_float8: refused together with fp8_activations (a message naming both); on the CPU the
     trainer keeps the eager path and its status says why (the compiled path itself: test_float8_compiled.py)."""
-    from trainer_core.errors import UserInputError
+    from trainer_core.core.errors import UserInputError
 
     with pytest.raises(UserInputError, match="compile_float8 and fp8_activations"):
         TrainConfig(compile_float8=True, fp8_activations=True).validate()

@@ -15,12 +15,12 @@ import pytest
 import torch
 import torch._dynamo
 
-from trainer_core.config import LoraConfig
+from trainer_core.core.config import LoraConfig
 from trainer_core.devtools.memprobe import SavedTensors
 from trainer_core.devtools.random_weights import random_transformer
-from trainer_core.lora import compute_in_input_dtype, inject_lora, lora_parameters
+from trainer_core.adapters.lora import compute_in_input_dtype, inject_lora, lora_parameters
 from trainer_core.models.float8 import compiled as float8_compiled
-from trainer_core.objective import flow_loss
+from trainer_core.training.objective import flow_loss
 from trainer_core.streaming.runner import BlockRunner
 from trainer_core.streaming.placement import spread_placement
 

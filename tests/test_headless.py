@@ -26,7 +26,7 @@ TINY_ALL_KEYS = 3 * (2 * 14 - 4)
 
 def tiny_run_file(folder: Path, images: Path, **tables) -> Path:
     """A small run file for the tiny model on the images in `images`; `tables` add or replace settings ({table: {key: v}})."""
-    from trainer_core.run_file import render
+    from trainer_core.runs.run_file import render
 
     data = {
         "model": {"source": "tiny", "storage": "float32"},
@@ -43,7 +43,7 @@ def tiny_run_file(folder: Path, images: Path, **tables) -> Path:
             data.setdefault(table, {}).update(values)
     path = folder / "run.toml"
     folder.mkdir(parents=True, exist_ok=True)
-    from trainer_core.run_file import TABLES, toml_value
+    from trainer_core.runs.run_file import TABLES, toml_value
 
     extra = "".join(f"\n[{table}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items())
                     for table, values in data.items() if table not in TABLES)  # render writes known tables only
@@ -59,7 +59,7 @@ def same_tensors(a: Path, b: Path) -> bool:
 @pytest.mark.slow
 def test_the_shipped_tiny_example_trains_and_running_it_again_resumes(tmp_path, capsys):
     """run_files/tiny_run.toml as shipped (the README's first headless command), into another output folder."""
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     out = tmp_path / "out"
     first = ["train", "--config", str(EXAMPLE), "--output", str(out), "--steps", "50"]  # of its 200 (time)
@@ -88,9 +88,9 @@ def test_the_shipped_tiny_example_trains_and_running_it_again_resumes(tmp_path, 
 def test_ctrl_c_stops_at_a_step_boundary_and_the_same_command_continues_bit_exactly(tmp_path, demo_folder, capsys):
     """SIGINT during training: the run stops after the step it is in, with a checkpoint and the LoRA of that step
     (exit code 130); the same command then trains on, to the LoRA an uninterrupted run makes."""
-    from trainer_core.distributed import ONE_PROCESS
-    from trainer_core.headless import STOPPED, train_run
-    from trainer_core.run_file import read_run_file
+    from trainer_core.training.distributed import ONE_PROCESS
+    from trainer_core.runs.headless import STOPPED, train_run
+    from trainer_core.runs.run_file import read_run_file
 
     snapshots = {"output": {"snapshot_every": 2}}
     whole, _ = read_run_file(tiny_run_file(tmp_path / "whole", demo_folder, **snapshots))
@@ -117,7 +117,7 @@ def test_ctrl_c_stops_at_a_step_boundary_and_the_same_command_continues_bit_exac
 def test_a_run_file_on_model_files_trains_and_previews(tmp_path, demo_folder, tiny_files, capsys):
     """The files ComfyUI users have (here the tiny model's, as export-tiny writes them: float8 transformer, scaled
     fp8 text encoder, VAE, a tokenizer folder beside them), named relative to the run file."""
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     root = Path(tiny_files["vae"]).parents[1]
     model = {"transformer": str(Path(tiny_files["transformer_fp8_e4m3fn"]).relative_to(root)),
@@ -138,17 +138,17 @@ def test_a_run_file_on_model_files_trains_and_previews(tmp_path, demo_folder, ti
 def test_several_dataset_folders_each_with_its_repeats_and_an_epoch_length(tmp_path, demo_folder, capsys):
     """Two [[dataset]] tables (the same folder at two resolutions, repeats 1 and 2) make one data order in which
     every epoch holds each sample its folder's repeats times; epochs = 2 ends the run after two of them."""
-    from trainer_core.distributed import ONE_PROCESS
-    from trainer_core.headless import cache_once, open_once, run_length
-    from trainer_core.run_file import read_run_file
-    from trainer_core.runs import release
+    from trainer_core.training.distributed import ONE_PROCESS
+    from trainer_core.runs.headless import cache_once, open_once, run_length
+    from trainer_core.runs.run_file import read_run_file
+    from trainer_core.runs.registry import release
 
     entries = [{"folder": str(demo_folder), "resolution": 64, "min_bucket_side": 32, "max_bucket_side": 128},
                {"folder": str(demo_folder), "resolution": 96, "min_bucket_side": 32, "max_bucket_side": 192, "upscale_small_images": True,
                 "repeats": 2}]
     run, _ = read_run_file(tiny_run_file(tmp_path, demo_folder, dataset=entries,
                                          train={"steps": 0, "epochs": 2, "grad_accum_steps": 3}))
-    from trainer_core.model_source import load_model_set
+    from trainer_core.models.source import load_model_set
 
     components = load_model_set("tiny test model (random weights)", torch.device("cpu"), storage="float32")
     cached = cache_once(components, run, ONE_PROCESS, print)
@@ -164,8 +164,8 @@ def test_several_dataset_folders_each_with_its_repeats_and_an_epoch_length(tmp_p
 
 
 def test_help_config_prints_every_setting_with_its_help_and_default(capsys):
-    from trainer_core.cli import main
-    from trainer_core.run_file import KEYS, TABLES
+    from trainer_core.runs.cli import main
+    from trainer_core.runs.run_file import KEYS, TABLES
 
     assert main(["train", "--help-config"]) == 0
     text = capsys.readouterr().out
@@ -176,7 +176,7 @@ def test_help_config_prints_every_setting_with_its_help_and_default(capsys):
         table = template[key.table][0] if key.table == "dataset" else template[key.table]
         assert key.name in table, (key.table, key.name)
         assert key.help_text in comments, (key.table, key.name)
-    from trainer_core import config
+    from trainer_core.core import config
 
     shown = {(k.cls, k.field) for k in KEYS}
     for cls in (config.LoadConfig, config.LoraConfig, config.OptimizerConfig, config.TrainConfig,
@@ -210,7 +210,7 @@ BAD_RUN_FILES = [
 
 @pytest.mark.parametrize("tables, message", BAD_RUN_FILES, ids=[m[:40] for _, m in BAD_RUN_FILES])
 def test_a_bad_run_file_gives_one_line_naming_the_setting_and_exit_2(tables, message, tmp_path, demo_folder, capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     path = tiny_run_file(tmp_path, demo_folder, **tables)
     assert main(["train", "--config", str(path), "--output", str(tmp_path / "out")]) == 2
@@ -242,7 +242,7 @@ def diffusion_pipe_copy(folder: Path, model: dict[str, str], images: Path, edits
 
 
 def test_every_field_of_the_diffusion_pipe_example_is_mapped_or_ignored_with_a_reason(tmp_path, demo_folder):
-    from trainer_core.diffusion_pipe import translate
+    from trainer_core.runs.diffusion_pipe import translate
 
     config = diffusion_pipe_copy(tmp_path, {"diffusers_path": tmp_path / "Qwen-Image"}, demo_folder)
     t = translate(config)
@@ -279,8 +279,8 @@ def test_every_field_of_the_diffusion_pipe_example_is_mapped_or_ignored_with_a_r
 
 
 def test_diffusion_pipe_model_files_other_optimizers_and_what_cannot_be_translated(tmp_path, demo_folder):
-    from trainer_core.diffusion_pipe import translate
-    from trainer_core.errors import UserInputError
+    from trainer_core.runs.diffusion_pipe import translate
+    from trainer_core.core.errors import UserInputError
 
     files = {"transformer_path": "t.safetensors", "text_encoder_path": "te.safetensors", "vae_path": "v.safetensors",
              "diffusers_path": str(tmp_path / "Qwen-Image")}
@@ -312,7 +312,7 @@ def test_the_diffusion_pipe_24gb_example_trains_on_tiny_files(tmp_path, demo_fol
     image, because the tiny VAE takes seconds per image at the example's 512 px on a CPU)."""
     import shutil
 
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
     from trainer_core.devtools.export import export_tiny
 
     images = tmp_path / "images"

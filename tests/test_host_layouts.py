@@ -70,8 +70,8 @@ def our_outputs(files: dict[str, Path], inputs: dict[str, torch.Tensor]) -> dict
 
 
 def test_exported_files_are_comfyuis_layouts(tiny_files, trained_lora, tmp_path):
-    from trainer_core.lora import adapter_weights
-    from trainer_core.lora_files import LORA_LAYOUTS
+    from trainer_core.adapters.lora import adapter_weights
+    from trainer_core.adapters.lora_files import LORA_LAYOUTS
     from trainer_core.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_files["tokenizer"], tiny_files["text_encoder_bf16"], vocab_rows=10**9)

@@ -32,7 +32,7 @@ def reference_adapter(pack, tmp_path, demo_folder, chunks):
         prompt["7"]["inputs"]["steps"] = steps
         trainer = runner.run(prompt)["7"][0]
     result = adapter(trainer)
-    pack_module(pack, "trainer_core.runs").release("reference")
+    pack_module(pack, "trainer_core.runs.registry").release("reference")
     return result
 
 
@@ -46,7 +46,7 @@ def test_cancel_stops_at_a_step_boundary_checkpoints_and_continues(pack, tmp_pat
     prompt = tiny_prompt(tmp_path, demo_folder, steps=5)
     with pytest.raises(exc):
         runner.run(prompt)
-    runs = pack_module(pack, "trainer_core.runs")
+    runs = pack_module(pack, "trainer_core.runs.registry")
     run_name = prompt["6"]["inputs"]["run_name"]
     trainer = runs.find(run_name)
     assert trainer.step == 2
@@ -65,7 +65,7 @@ def test_cancel_stops_at_a_step_boundary_checkpoints_and_continues(pack, tmp_pat
 def test_restart_rebuilds_the_trainer_from_its_checkpoint(pack, tmp_path, demo_folder, output_dirs):
     prompt = tiny_prompt(tmp_path, demo_folder, steps=3)
     GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
-    runs = pack_module(pack, "trainer_core.runs")
+    runs = pack_module(pack, "trainer_core.runs.registry")
     run_name = prompt["6"]["inputs"]["run_name"]
     runs.release(run_name)  # the server restarted: nothing of the run is left in memory
 

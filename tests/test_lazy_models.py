@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import cached_demo
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.models import load_single_files
 from trainer_core.models.safetensors_file import TENSOR_BYTES_READ, SafetensorsFile
 from trainer_core.models.streaming import empty_transformer
@@ -136,7 +136,7 @@ def test_training_from_a_lazy_set_equals_training_from_a_loaded_one(tiny_files, 
 
 
 def test_releasing_a_run_drops_the_transformer_and_the_next_init_streams_it_again(tiny_files, demo_folder, tmp_path):
-    from trainer_core import runs
+    from trainer_core.runs import registry as runs
 
     components = load(tiny_files)
     dataset = cached_demo(components, demo_folder, tmp_path / "cache")
@@ -166,7 +166,7 @@ def test_a_checkpoint_named_by_the_weights_fingerprint_still_resumes(tiny_files,
     """Checkpoints written before file identities name the base model by its weights' fingerprint: continued."""
     import json
 
-    from trainer_core.checkpoint import LATEST, STATE_JSON, checkpoints_dir
+    from trainer_core.training.checkpoint import LATEST, STATE_JSON, checkpoints_dir
     from trainer_core.models.components import module_fingerprint
     from trainer_core.models.transformer_file import load_transformer_file
     from trainer_core.training import Trainer
@@ -193,7 +193,7 @@ def test_a_run_that_does_not_fit_the_ram_is_refused_before_the_transformer_is_re
                                                                                    monkeypatch):
     """Init Trainer plans every phase against the machine's RAM first: too little, and nothing of the
     transformer's weights has been read when it says so (and names what to change)."""
-    from trainer_core.errors import UserInputError
+    from trainer_core.core.errors import UserInputError
     from trainer_core.training import Trainer
 
     components = load_single_files(tiny_files["transformer_fp8_e4m3fn"], tiny_files["text_encoder_bf16"],

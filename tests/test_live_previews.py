@@ -79,7 +79,7 @@ def test_previews_arrive_while_train_steps_runs_and_the_report_has_their_seconds
 
 def test_step_labels_are_drawn_from_the_step_numbers():
     """Two grids that differ only in their step numbers differ only in the label strip."""
-    from trainer_core.live import StepPreview, step_grid
+    from trainer_core.training.live import StepPreview, step_grid
 
     image = Image.new("RGB", (64, 64), (200, 30, 30))
     a = np.asarray(step_grid([StepPreview(10, image, 0.0)], tile=64))
@@ -92,7 +92,7 @@ def test_step_labels_are_drawn_from_the_step_numbers():
 def test_previews_leave_training_bit_identical(pack, tmp_path, demo_folder, monkeypatch):
     monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
     monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
-    runs = pack_module(pack, "trainer_core.runs")
+    runs = pack_module(pack, "trainer_core.runs.registry")
     results = {}
     for every in (0, 1):
         prompt = tiny_prompt(tmp_path, demo_folder, steps=3, **{"7": {"preview_every": every},
@@ -121,7 +121,7 @@ def test_lora_snapshots_every_n_steps_into_the_loras_folder_load(pack, tmp_path,
                      f"{run_name}_000005.safetensors"]
     assert f"LoRA snapshots (2): {run_name}_000002.safetensors, {run_name}_000004.safetensors" in report
 
-    lora_files = pack_module(pack, "trainer_core.lora_files")
+    lora_files = pack_module(pack, "trainer_core.adapters.lora_files")
     base_keys = {k.replace(".base_layer", "") for k in trainer.components.transformer.state_dict() if ".lora_" not in k}
     for step in (2, 4):
         path = loras / f"{run_name}_{step:06d}.safetensors"
@@ -142,7 +142,7 @@ def test_engine_previews_every_n_steps_change_nothing_and_stop_on_cancel(demo_fo
     leave the weights bit-identical; a cancel raised between two sampling steps of a preview stops training at
     that step boundary, and the trainer trains on afterwards."""
     from test_trainer import assert_same_adapter, make_trainer
-    from trainer_core.live import PreviewSettings
+    from trainer_core.training.live import PreviewSettings
     from trainer_core.training import StepExtras
 
     settings = PreviewSettings("a red circle on a white background", size=32, steps=2, cfg=1.0)

@@ -4,8 +4,8 @@ updates stay fp32: same loss as peft's fp32 compute to bf16 precision, and updat
 import torch
 
 from conftest import cached_demo
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.lora import compute_in_input_dtype
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.adapters.lora import compute_in_input_dtype
 from trainer_core.models import build_tiny_components
 from trainer_core.training import Trainer
 

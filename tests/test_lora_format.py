@@ -7,7 +7,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from comfy_lora_rules import comfy_key_map, unmatched_keys
-from trainer_core.lora_files import LORA_LAYOUTS
+from trainer_core.adapters.lora_files import LORA_LAYOUTS
 from trainer_core.models import build_tiny_components
 
 # Per layout: (prefix of every key, suffixes of one module's keys).

@@ -2,9 +2,9 @@
 
 import torch
 
-from trainer_core.config import LoraConfig
+from trainer_core.core.config import LoraConfig
 from trainer_core.devtools.random_weights import random_transformer
-from trainer_core.lora import adapter_weights, inject_lora
+from trainer_core.adapters.lora import adapter_weights, inject_lora
 from trainer_core.models.streaming import empty_transformer
 
 CONFIG = dict(num_layers=3, num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(8, 4, 4), joint_attention_dim=32)

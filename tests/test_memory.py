@@ -6,13 +6,13 @@ import dataclasses
 import pytest
 import torch
 
-from trainer_core.config import LoraConfig, OptimizerConfig
+from trainer_core.core.config import LoraConfig, OptimizerConfig
 from trainer_core.devtools.memprobe import LiveBytes, probe_block
 from trainer_core.devtools.random_weights import random_transformer
-from trainer_core.lora import inject_lora, remove_lora
+from trainer_core.adapters.lora import inject_lora, remove_lora
 from trainer_core.models.qwen_arch import LORA_TARGET_PRESETS
-from trainer_core.optim import build_optimizer
-from trainer_core.optim import optimizer_state_bytes as measured_state_bytes
+from trainer_core.training.optim import build_optimizer
+from trainer_core.training.optim import optimizer_state_bytes as measured_state_bytes
 from trainer_core.planner import (
     GIB, PlanInputs, arch_from_transformer, auto_blocks_to_swap, plan_memory, real_arch, render_plan,
 )
@@ -146,7 +146,7 @@ def test_whole_model_step_peak_matches_the_plan(checkpointing):
     """A training forward + backward of a 4-block narrow model through BlockRunner (2 blocks swapped),
     measured by `LiveBytes`, against the planner's activation, gradient and upcast terms. Tolerance 3%:
     the working term is fitted (see above), the rest is exact or a direct count."""
-    from trainer_core.objective import flow_loss
+    from trainer_core.training.objective import flow_loss
     from trainer_core.streaming.runner import BlockRunner
 
     model = random_transformer(dict(NARROW, num_layers=4), storage="float8")
@@ -227,7 +227,7 @@ def test_render_plan_lists_every_term():
 
 
 def test_cli_plan_prints_the_table(capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     assert main(["plan", "--resolution", "1024", "--rank", "32", "--budget-gb", "16"]) == 0
     out = capsys.readouterr().out
@@ -243,7 +243,7 @@ def test_plan_for_loaded_components_while_training(demo_folder, tmp_path):
     """The node side plans from the model set it holds: the numbers read off the live tiny model (LoRA
     injected, one block swapped) equal those of a fresh one, and its VAE's scale factor is used."""
     from conftest import cached_demo
-    from trainer_core.config import TrainConfig
+    from trainer_core.core.config import TrainConfig
     from trainer_core.planner import arch_for_components
     from trainer_core.models import build_tiny_components
     from trainer_core.training import Trainer
@@ -263,7 +263,7 @@ def test_plan_for_loaded_components_while_training(demo_folder, tmp_path):
 
 def test_a_run_is_planned_at_its_largest_bucket_and_longest_caption(tiny, demo_folder, tmp_path):
     from conftest import cached_demo
-    from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
     from trainer_core.planner import inputs_for_run
 
     cached = cached_demo(tiny, demo_folder, tmp_path)

@@ -14,14 +14,14 @@ import torch
 
 from conftest import cached_demo
 from test_timeline import TINY
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.devtools.random_weights import random_transformer
-from trainer_core.live import PreviewSettings
+from trainer_core.training.live import PreviewSettings
 from trainer_core.training import StepExtras
-from trainer_core.lora import inject_lora
+from trainer_core.adapters.lora import inject_lora
 from trainer_core.models import build_tiny_components
 from trainer_core.models.modulation import modulation_inputs, supports_modulation_ahead
-from trainer_core.objective import flow_loss
+from trainer_core.training.objective import flow_loss
 from trainer_core.streaming.runner import BlockRunner
 from trainer_core.planner import arch_from_transformer
 from trainer_core.planner.plan import block_blob

@@ -21,12 +21,12 @@ from safetensors.torch import load_file, save_file
 
 from conftest import cached_demo
 from test_lora_format import forward_inputs
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.lora import adapter_weights
-from trainer_core.lora_files import LORA_LAYOUTS, read_lora_file
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.adapters.lora import adapter_weights
+from trainer_core.adapters.lora_files import LORA_LAYOUTS, read_lora_file
 from trainer_core.models import build_tiny_components
 from trainer_core.models.scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
-from trainer_core.objective import resolution_mu, sample_noise_levels
+from trainer_core.training.objective import resolution_mu, sample_noise_levels
 from trainer_core.training import Trainer, randomness
 
 FLOAT8 = torch.float8_e4m3fn
@@ -244,7 +244,7 @@ def text_to_image_reference(components, sample, seed: int):
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline, QwenImagePipeline
     from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
 
-    from trainer_core.data import load_cropped
+    from trainer_core.data.images import load_cropped
     from trainer_core.models.text import template_prefix_length
 
     pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_config(components.scheduler_config),
@@ -285,8 +285,8 @@ def test_one_training_step_loss_equals_the_reference_from_the_text_to_image_pipe
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
     from conftest import tiny_dataset_config
-    from trainer_core.cache import build_cache
-    from trainer_core.data import discover
+    from trainer_core.data.cache import build_cache
+    from trainer_core.data.images import discover
     from trainer_core.models.text import template_prefix_length
 
     Image.new("RGB", (192, 64), (200, 60, 40)).save(tmp_path / "a.png")

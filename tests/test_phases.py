@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from trainer_core.errors import UserInputError
+from trainer_core.core.errors import UserInputError
 from trainer_core.planner import GIB, PlanInputs, check_run, plan_memory, plan_phases, refuse_if_unfit
 from trainer_core.planner.arch import real_arch
 from trainer_core.planner.inference import real_parts, vae_decode_bytes, vae_encode_bytes
@@ -214,7 +214,7 @@ def test_check_run_chooses_the_swap_count_and_refuses_what_does_not_fit():
 
 
 def test_plan_command_prints_every_phase_against_ram_and_budget(capsys):
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     assert main(["plan", "--resolution", "1024", "--rank", "32", "--ram-gb", "32", "--budget-gb", "16"]) == 0
     out = capsys.readouterr().out
@@ -241,7 +241,7 @@ def test_init_trainer_refuses_a_run_that_does_not_fit_the_ram_before_touching_th
     """A tiny bf16 run on the CPU: with the machine's RAM it trains; with 4.5 GiB said (0.5 usable, less than
     the process itself) it is refused at once, the model left without an adapter."""
     from conftest import cached_demo
-    from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
     from trainer_core.models import build_tiny_components
     from trainer_core.training import Trainer
 
@@ -260,7 +260,7 @@ def test_init_trainer_refuses_a_run_that_does_not_fit_the_ram_before_touching_th
 def test_text_encoder_fp8_auto_is_decided_for_the_device():
     """The Load node's text_encoder_fp8 'auto': on a CUDA device the caching phase's plan against its free
     memory (choose_text_encoder_storage, tested above); on the CPU float8 computes slowly: dequantize."""
-    from trainer_core.config import LoadConfig
+    from trainer_core.core.config import LoadConfig
     from trainer_core.models.text_encoder_file import resolve_text_encoder_fp8
 
     assert LoadConfig().text_encoder_fp8 == "auto"

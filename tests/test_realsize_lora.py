@@ -19,10 +19,10 @@ import torch
 from safetensors.torch import load_file
 
 from comfy_lora_rules import comfy_key_map, unmatched_keys
-from trainer_core.config import LORA_LAYOUTS, LoraConfig
-from trainer_core.files import write_safetensors_atomic
-from trainer_core.lora import inject_lora, lora_layers
-from trainer_core.lora_files import layout_metadata, lora_file_tensors, lora_metadata
+from trainer_core.core.config import LORA_LAYOUTS, LoraConfig
+from trainer_core.core.files import write_safetensors_atomic
+from trainer_core.adapters.lora import inject_lora, lora_layers
+from trainer_core.adapters.lora_files import layout_metadata, lora_file_tensors, lora_metadata
 from trainer_core.models.qwen_arch import DEAD_IN_LAST_BLOCK, LORA_TARGET_PRESETS
 from trainer_core.models.streaming import empty_transformer
 

@@ -11,10 +11,10 @@ from safetensors.torch import load_file
 
 import resume_worker
 from conftest import REPO, adapter_snapshot, cached_demo
-from trainer_core import checkpoint as ckpt
-from trainer_core import files
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.errors import UserInputError
+from trainer_core.training import checkpoint as ckpt
+from trainer_core.core import files
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.core.errors import UserInputError
 from trainer_core.models import build_tiny_components
 from trainer_core.training import Trainer
 
@@ -34,7 +34,7 @@ def test_resume_in_a_new_process_is_bit_exact(demo_folder, tmp_path):
     in one go, bit for bit. Twice: a Trainer with every stateful feature (resume_worker.py: float8, swapping,
     dropout, accumulation, AdamW8bit, a schedule), and `python -m trainer_core demo --resume`. One new
     process does both resumes (a process costs its imports, 5-25 s); the other runs are in this process."""
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     resume_worker.main(demo_folder, tmp_path / "split", 3, False, tmp_path / "first.safetensors")
     resume_worker.main(demo_folder, tmp_path / "whole", 7, False, tmp_path / "whole.safetensors")
@@ -128,7 +128,7 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(demo_folder
 
 
 def test_nonfinite_loss_skips_the_step_and_several_stop_training(demo_folder, tmp_path):
-    from trainer_core.errors import TrainingStopped
+    from trainer_core.core.errors import TrainingStopped
 
     t = make(tmp_path, demo_folder, max_nonfinite_steps=2)
     t.train(2)

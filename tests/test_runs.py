@@ -16,11 +16,11 @@ from safetensors.torch import load_file
 from conftest import REPO, cached_demo, pack_module
 from graph_runner import GraphRunner
 from test_nodes import tiny_prompt
-from trainer_core import checkpoint as ckpt
-from trainer_core import files
-from trainer_core import runs
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.errors import UserInputError
+from trainer_core.training import checkpoint as ckpt
+from trainer_core.core import files
+from trainer_core.runs import registry as runs
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.core.errors import UserInputError
 from trainer_core.models import build_tiny_components
 from trainer_core.training import Trainer
 
@@ -167,7 +167,7 @@ def test_the_lock_refuses_a_second_trainer_on_a_run_folder(tiny_run, demo_folder
 HOLD_LOCK = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from trainer_core.run_lock import RunLock
+from trainer_core.core.run_lock import RunLock
 lock = RunLock(sys.argv[2])
 lock.acquire(owner="holder")
 print("locked", flush=True)
@@ -206,7 +206,7 @@ def output_dirs(pack, tmp_path, monkeypatch):
     monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
     monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
     yield tmp_path
-    pack_module(pack, "trainer_core.runs").release_all()
+    pack_module(pack, "trainer_core.runs.registry").release_all()
 
 
 def lora_tensors(path):
@@ -217,7 +217,7 @@ def test_two_init_trainers_on_one_model_set_never_mix_adapters(pack, tmp_path, d
     """Both Init Trainer nodes run before either Train Steps (node "0" is visited first): the later run
     retires the earlier; the retired run's Train Steps raises the documented error, and the LoRA saved by
     the other run equals that run trained alone."""
-    UserInputError = pack_module(pack, "trainer_core.errors").UserInputError
+    UserInputError = pack_module(pack, "trainer_core.core.errors").UserInputError
     prompt = tiny_prompt(tmp_path, demo_folder, steps=2)
     prompt["6"]["inputs"]["run_name"] = "run_a"
     prompt["0"] = json.loads(json.dumps(prompt["6"]))
@@ -236,7 +236,7 @@ def test_two_init_trainers_on_one_model_set_never_mix_adapters(pack, tmp_path, d
     reference = lora_tensors(tmp_path / "loras" / "alone.safetensors")
     assert saved.keys() == reference.keys() and all(torch.equal(saved[k], reference[k]) for k in saved)
     # run_b's checkpoint holds its own LoRA tensors: it can be resumed later.
-    tensors, meta, _ = pack_module(pack, "trainer_core.checkpoint").load_latest(
+    tensors, meta, _ = pack_module(pack, "trainer_core.training.checkpoint").load_latest(
         tmp_path / "output" / "qwen_lora_training" / "runs" / "run_b")
     assert meta["step"] == 0 and sum(k.startswith("lora.") for k in tensors) == len(meta["param_names"])
 
@@ -249,7 +249,7 @@ def test_release_node_frees_the_run_and_the_next_queue_resumes_it(pack, tmp_path
     first = runner.run(prompt)
     name = prompt["6"]["inputs"]["run_name"]
     assert first["15"][0].startswith(f"released run '{name}' at step 2")
-    assert pack_module(pack, "trainer_core.runs").live_runs() == []
+    assert pack_module(pack, "trainer_core.runs.registry").live_runs() == []
     again = runner.run(prompt)  # Init Trainer runs again (its IS_CHANGED moved) and resumes
     assert "6" in runner.executed and again["6"][1].startswith(f"resumed run '{name}' from its checkpoint at step 2")
     assert again["7"][0].step == 4
@@ -257,7 +257,7 @@ def test_release_node_frees_the_run_and_the_next_queue_resumes_it(pack, tmp_path
 
 def test_a_run_on_a_new_model_set_releases_the_run_on_the_old_one(pack, tmp_path, demo_folder, output_dirs):
     """The Load node re-ran (other settings): its old model set must not keep a trainer, and memory, alive."""
-    runs_ = pack_module(pack, "trainer_core.runs")
+    runs_ = pack_module(pack, "trainer_core.runs.registry")
     first = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(tiny_prompt(tmp_path / "a", demo_folder, steps=1))["7"][0]
     old_models = first.components
     second = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(tiny_prompt(tmp_path / "b", demo_folder, steps=1))["7"][0]
@@ -288,8 +288,8 @@ def test_a_retirement_whose_checkpoint_fails_keeps_the_run_live(tiny_run, monkey
 RACE_FOR_LOCK = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from trainer_core.errors import UserInputError
-from trainer_core.run_lock import RunLock
+from trainer_core.core.errors import UserInputError
+from trainer_core.core.run_lock import RunLock
 lock = RunLock(sys.argv[2])
 while time.time() < float(sys.argv[3]):  # start together
     pass

@@ -1,4 +1,4 @@
-"""One source for every setting: each widget of each node is its config field (trainer_core/config.py).
+"""One source for every setting: each widget of each node is its config field (trainer_core/core/config.py).
 
 The tooltip is the field's help, and default, min/max/step, choices and multiline are the field's. A
 tooltip, range or choice list written inline in nodes/ fails here. Sockets (linked inputs of our custom
@@ -54,14 +54,14 @@ def is_socket(spec) -> bool:
 
 
 def config_class(pack, name: str) -> type:
-    """A config class by name: in trainer_core.config, or 'families.qwen_image_edit.config.X' in that module of trainer_core."""
+    """A config class by name: in trainer_core.core.config, or 'families.qwen_image_edit.config.X' in that module of trainer_core."""
     module, _, cls = name.rpartition(".")
     return getattr(pack_module(pack, f"trainer_core.{module or 'config'}"), cls)
 
 
 def widget_fields(pack):
     """(node, input name, spec, config class, field) for every widget input of every node."""
-    config = pack_module(pack, "trainer_core.config")
+    config = pack_module(pack, "trainer_core.core.config")
     renamed = {widget: name for name, widget in pack_module(pack, "nodes.train_nodes").WIDGET_NAMES.items()}
     assert set(NODE_SETTINGS) == set(pack.NODE_CLASS_MAPPINGS), "a node without its config classes listed here"
     for node, cls in pack.NODE_CLASS_MAPPINGS.items():
@@ -154,14 +154,14 @@ def test_an_inline_tooltip_is_caught(pack, monkeypatch):
 
 
 def config_classes():
-    from trainer_core import config
+    from trainer_core.core import config
 
     return [c for c in vars(config).values() if dataclasses.is_dataclass(c) and c.__module__ == config.__name__]
 
 
 @pytest.mark.parametrize("cls", config_classes(), ids=lambda c: c.__name__)
 def test_every_config_field_has_help_and_a_default_it_allows(cls):
-    from trainer_core.config import check_value
+    from trainer_core.core.config import check_value
 
     for f in dataclasses.fields(cls):
         assert len(f.metadata.get("help", "")) > 10, f"{cls.__name__}.{f.name} has no help"
@@ -171,7 +171,9 @@ def test_every_config_field_has_help_and_a_default_it_allows(cls):
 
 def test_engine_constants_are_the_config_choices():
     """One list per set of allowed values: the engine modules use the config's."""
-    from trainer_core import config, lora_files, models
+    from trainer_core import models
+    from trainer_core.core import config
+    from trainer_core.adapters import lora_files
 
     assert models.STORAGE_MODES is config.STORAGE_MODES is config.LoadConfig.__dataclass_fields__[
         "storage"].metadata["choices"]

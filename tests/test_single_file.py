@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import cached_demo
 from trainer_core.devtools.export import public_config, write_part_file
-from trainer_core.errors import UserInputError
+from trainer_core.core.errors import UserInputError
 from trainer_core.models import build_tiny_components, load_single_files
 from trainer_core.models.float8 import FLOAT8, dequantized_state_dict, frozen_block_linears
 from trainer_core.models.latents import decode_latents, encode_images
@@ -298,7 +298,7 @@ def test_parts_swapped_or_mismatched_are_refused_before_loading(tiny_files, tmp_
 
 
 def test_components_from_single_files_train_and_reload_their_encoder(tiny_files, demo_folder, tmp_path):
-    from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
     from trainer_core.training import Trainer
 
     components = load_single_files(tiny_files["transformer_fp8_e4m3fn"], tiny_files["text_encoder_fp8_scaled"],

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from trainer_core.config import LoraConfig
+from trainer_core.core.config import LoraConfig
 from trainer_core.devtools.random_weights import random_transformer
-from trainer_core.lora import inject_lora
-from trainer_core.objective import flow_loss
+from trainer_core.adapters.lora import inject_lora
+from trainer_core.training.objective import flow_loss
 from trainer_core.streaming.runner import BlockRunner
 from trainer_core.planner import PlanInputs, arch_from_transformer
 from trainer_core.planner.arch import real_arch
@@ -107,7 +107,7 @@ def test_plan_gpu_prints_overheads_within_the_goals_on_a_4090(capsys, budget, go
     needs 8.2 GiB, so `plan` exits 1 there; the timeline is for the training that does fit.)"""
     import re
 
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     status = main(["plan", "--resolution", "1024", "--rank", "32", "--budget-gb", budget, "--gpu", "rtx4090"])
     assert status == (1 if budget == "8" else 0)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import adapter_snapshot, cached_demo
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.models import build_tiny_components
 from trainer_core.training import Trainer
 
@@ -103,7 +103,7 @@ def test_loss_falls_on_the_demo_dataset(demo_folder, tmp_path):
 
 
 def test_adapter_starts_as_a_no_op(demo_folder, tmp_path):
-    from trainer_core.lora import adapter_weights
+    from trainer_core.adapters.lora import adapter_weights
 
     t = make_trainer(tmp_path, demo_folder)
     assert all(torch.count_nonzero(b) == 0 for _, b in adapter_weights(t.transformer).values())
@@ -122,7 +122,7 @@ def test_close_returns_the_model_unchanged(demo_folder, tmp_path):
 
 
 def test_learning_rate_schedule():
-    from trainer_core.optim import lr_factor
+    from trainer_core.training.optim import lr_factor
 
     cfg = OptimizerConfig(warmup_steps=4, schedule="cosine", schedule_steps=14, min_lr_ratio=0.1)
     factors = [lr_factor(s, cfg) for s in range(16)]

@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> None:
     import torch
 
-    from trainer_core.config import LoraConfig
+    from trainer_core.core.config import LoraConfig
     from trainer_core.devtools.memprobe import probe_block
     from trainer_core.devtools.random_weights import random_transformer
-    from trainer_core.lora import inject_lora, remove_lora
+    from trainer_core.adapters.lora import inject_lora, remove_lora
     from trainer_core.models.qwen_arch import LORA_TARGET_PRESETS
     from trainer_core.planner.activations import ActivationSettings, block_saved_bytes
     from trainer_core.planner.arch import arch_from_transformer

@@ -30,10 +30,10 @@ def block_forward_peak(heads: int, grid: int, text: int, preset: str, dtype: str
     """(peak bytes, F) of one block's no-grad forward with a LoRA, eval mode, bf16."""
     import torch
 
-    from trainer_core.config import LoraConfig
+    from trainer_core.core.config import LoraConfig
     from trainer_core.devtools.memprobe import LiveBytes
     from trainer_core.devtools.random_weights import random_transformer
-    from trainer_core.lora import inject_lora
+    from trainer_core.adapters.lora import inject_lora
     from trainer_core.planner.arch import arch_from_transformer
 
     model = random_transformer(dict(num_layers=2, num_attention_heads=heads), storage="bfloat16")
@@ -96,7 +96,7 @@ def text_encoder_peak(hidden: int, layers: int, tokens: int) -> tuple[int, int]:
 
 
 def main() -> None:
-    from trainer_core.cli import _quiet_libraries
+    from trainer_core.runs.cli import _quiet_libraries
     from trainer_core.models.qwen_arch import LORA_TARGET_PRESETS
 
     _quiet_libraries()

@@ -102,10 +102,10 @@ def measure_loras(tmp: Path) -> None:
     from conftest import cached_demo
     from diffusers import QwenImagePipeline
 
-    from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-    from trainer_core.demo import make_demo_dataset
-    from trainer_core.lora import adapter_weights
-    from trainer_core.lora_files import LORA_LAYOUTS
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.runs.demo import make_demo_dataset
+    from trainer_core.adapters.lora import adapter_weights
+    from trainer_core.adapters.lora_files import LORA_LAYOUTS
     from trainer_core.training import Trainer
 
     folder = make_demo_dataset(tmp / "dataset")

@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     modules = ensure_playwright()
 
-    from trainer_core.demo import make_demo_dataset
+    from trainer_core.runs.demo import make_demo_dataset
     from trainer_core.devtools.export import export_tiny
 
     tmp = Path(tempfile.mkdtemp(prefix="qwen_lora_screens_"))

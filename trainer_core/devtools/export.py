@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..files import write_bytes_atomic, write_safetensors_atomic
+from ..core.files import write_bytes_atomic, write_safetensors_atomic
 from ..models.components import QwenImageComponents
 from ..models.diffusers_dir import save_diffusers_dir
 from ..models.text_encoder_file import text_encoder_file_tensors

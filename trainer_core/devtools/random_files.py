@@ -158,7 +158,7 @@ def write_vae(path: str | Path, config: dict | None = None, device: str | torch.
     initialisation, in ComfyUI's Wan 2.1 layout, bf16."""
     from diffusers import AutoencoderKLQwenImage
 
-    from ..files import write_safetensors_atomic
+    from ..core.files import write_safetensors_atomic
     from ..models.vae_file import vae_file_tensors
     from .export import public_config
 

@@ -18,7 +18,7 @@ architecture (planner/arch.py) and the LoRA file layouts (lora_files.py).
 
 from __future__ import annotations
 
-from ..errors import UserInputError
+from ..core.errors import UserInputError
 from .base import ModelFamily
 from .qwen_image import QWEN_IMAGE
 from .qwen_image_edit.family import EDIT_FAMILIES

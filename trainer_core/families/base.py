@@ -28,7 +28,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UserInputError
+from ..core.errors import UserInputError
 
 # write(tensors, kind, key, what): the shared cache builder's atomic write of one entry
 # (kind "latents" or "text"; `what` names the input in an error).

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ..errors import UserInputError
+from ..core.errors import UserInputError
 from .base import CacheConditioning, DemoSpec, ModelFamily
 
 # The built-in demo data: one coloured shape per image, the caption names colour and shape (learnable in
@@ -25,7 +25,7 @@ PREVIEW_PROMPT = "a red circle on a white background"
 
 def text_key(prompt: str, text_fingerprint: str) -> str:
     """Cache key of a prompt embedding: the text, the encoder's identity (tokenizer included), the template."""
-    from ..cache import CACHE_VERSION
+    from ..data.cache import CACHE_VERSION
     from ..models.text import pipeline_prompt_constants
 
     template, max_tokens = pipeline_prompt_constants()
@@ -70,8 +70,8 @@ def make_demo_dataset(folder: str | Path, size: int = 64) -> Path:
 
 
 def _demo_samples(folder: Path):
-    from ..config import DatasetConfig
-    from ..data import discover
+    from ..core.config import DatasetConfig
+    from ..data.images import discover
 
     folder = make_demo_dataset(folder)
     return discover(DatasetConfig(folder=str(folder), resolution=64, min_bucket_side=32, max_bucket_side=128)), None
@@ -92,7 +92,7 @@ class QwenImage(ModelFamily):
         return _PromptsOnly(components)
 
     def preview_inputs(self, components, dataset, prompts, condition_images):
-        from ..sampling import prompt_embedding
+        from .sampling import prompt_embedding
 
         if condition_images:
             raise UserInputError("control images were connected to Preview, but the model is a text-to-image "

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..host_memory import give_back_freed_memory
+from ..core.host_memory import give_back_freed_memory
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserInputError
+from ..core.errors import UserInputError
 from .components import QwenImageComponents
 from .float8 import dequantized_weight, frozen_block_linears
 from .safetensors_file import SafetensorsFile

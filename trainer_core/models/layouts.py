@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..errors import UserInputError
+from ..core.errors import UserInputError
 
 SCALED_FP8_MARKER = "scaled_fp8"
 # ComfyUI 0.33's marker of a Qwen-Image-Edit-2511 transformer (an empty buffer; families/qwen_image_edit/variants.py reads it).
@@ -125,7 +125,7 @@ def split_scaled_fp8(names: dict[str, str], file=None) -> tuple[dict[str, str], 
 def refuse_nonfinite_scales(file, scales: dict) -> None:
     """Refuse a scaled-fp8 file whose weight scales (file key -> tensor) hold NaN or inf: every weight they
     scale would be NaN, and training would only ever skip steps."""
-    from ..finite import nonfinite_names
+    from ..core.finite import nonfinite_names
 
     bad = nonfinite_names(scales)
     if bad:

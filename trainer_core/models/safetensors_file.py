@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserInputError
+from ..core.errors import UserInputError
 
 # Bytes of tensor data read so far, by resolved file path (headers and identity samples not included).
 TENSOR_BYTES_READ: Counter[str] = Counter()

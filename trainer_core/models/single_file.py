@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserInputError
+from ..core.errors import UserInputError
 from .components import QwenImageComponents, vocabulary_bytes
 from .file_identity import combined_identity, file_identity
 from .layouts import detect_layout, split_scaled_fp8, strip_prefix

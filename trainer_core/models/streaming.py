@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from ..errors import UserInputError
+from ..core.errors import UserInputError
 from .float8 import FLOAT8, SCALE_BUFFER, install_frozen_compute, quantize_weight
 from .qwen_arch import BLOCKS
 

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import TEXT_ENCODER_FP8_MODES
-from ..errors import UserInputError
+from ..core.config import TEXT_ENCODER_FP8_MODES
+from ..core.errors import UserInputError
 from .float8 import dequantized_state_dict, quantize_per_tensor
 from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, refuse_nonfinite_scales, split_scaled_fp8, strip_prefix
 from .qwen_arch import QWEN25_VL_7B_CONFIG

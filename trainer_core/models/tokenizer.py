@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UserInputError
+from ..core.errors import UserInputError
 
 # The chat template's markers: a folder without them is not a Qwen2.5 tokenizer.
 REQUIRED_TOKENS = ("<|im_start|>", "<|im_end|>")

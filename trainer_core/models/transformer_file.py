@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import UserInputError
+from ..core.errors import UserInputError
 from .float8 import FLOAT8, FLOAT8_MAX, STORAGE_MODES, dequantized_state_dict, frozen_linears, quantize_per_tensor
 from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, refuse_nonfinite_scales, split_scaled_fp8, strip_prefix
 from .qwen_arch import AXES_DIMS_ROPE as QWEN_IMAGE_AXES_DIMS_ROPE

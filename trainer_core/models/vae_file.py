@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import UserInputError
+from ..core.errors import UserInputError
 from .float8 import dequantized_state_dict
 from .layouts import detect_layout, strip_prefix
 from .qwen_arch import LATENTS_MEAN as QWEN_IMAGE_LATENTS_MEAN

@@ -77,7 +77,7 @@ class QwenImageArch:
 def arch_from_transformer(transformer: nn.Module, vae_scale_factor: int | None = None) -> QwenImageArch:
     """Read the planner's numbers from a `QwenImageTransformer2DModel` (meta, CPU or GPU; with or without
     a LoRA injected). Parameter counts come from shapes only, so float8 storage does not change them."""
-    from ..lora import target_module_names
+    from ..adapters.lora import target_module_names
 
     cfg = transformer.config
     block = transformer.transformer_blocks[0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..config import LoraConfig, OptimizerConfig, TrainConfig
+from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
 from ..streaming.placement import MIN_RING
 from .arch import QwenImageArch
 from .device import detect_budget

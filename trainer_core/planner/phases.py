@@ -405,7 +405,7 @@ def _peaks(plan: PhasePlan) -> str:
 def refuse_if_unfit(plan: PhasePlan, phases: tuple[str, ...] = PHASES, where: str = "") -> None:
     """Raise a UserInputError when a phase of `phases` does not fit: it names each such phase, the bytes it
     needs and what is available, and the changes that would fit (`plan.suggestions`)."""
-    from ..errors import UserInputError
+    from ..core.errors import UserInputError
 
     short = plan.shortfalls(phases)
     if not short:
@@ -441,7 +441,7 @@ def host_ram_bytes() -> int | None:
     has, when it is shared); the container's memory limit when that is lower; None when unknown."""
     override = os.environ.get("QWEN_LORA_HOST_RAM_GB", "").strip()
     if override:
-        from ..errors import UserInputError
+        from ..core.errors import UserInputError
 
         try:
             value = float(override)

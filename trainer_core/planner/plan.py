@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import LoraConfig, OptimizerConfig, TrainConfig
+from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
 from ..models.qwen_arch import IMG_STREAM, MODULATION_LINEARS
 from ..streaming.arena import blob_arena_layout
 from ..streaming.placement import MODULATION_WINDOW, NUM_SLOTS, BlobLayout, blob_layout, ring_for
@@ -106,8 +106,8 @@ class PlanInputs:
     def validate(self, arch: QwenImageArch) -> None:
         # Allowed values come from the settings' config metadata (one list per setting, shared with the
         # nodes and the CLI); only the planner's own `device` is listed here.
-        from ..config import PlanConfig, choices
-        from ..errors import UserInputError
+        from ..core.config import PlanConfig, choices
+        from ..core.errors import UserInputError
 
         if self.compute_dtype != "bfloat16":
             raise UserInputError("the planner models bf16 compute only (the activation terms were measured in bf16)")
@@ -124,7 +124,7 @@ class PlanInputs:
             raise UserInputError("width, height, batch, rank and grad_accum_steps must be positive")
         if min(self.preview_width, self.preview_height) < 1 or self.staging_bytes < 0:
             raise UserInputError("preview_width and preview_height must be positive, staging_bytes not negative")
-        from ..config import SAVE_DTYPES
+        from ..core.config import SAVE_DTYPES
 
         if self.save_dtype not in SAVE_DTYPES:
             raise UserInputError(f"save_dtype={self.save_dtype!r}: expected one of {list(SAVE_DTYPES)}")

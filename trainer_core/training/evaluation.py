@@ -12,7 +12,7 @@ import math
 import torch
 
 from ..models.qwen_arch import PATCH_SIZE
-from ..objective import resolution_mu, time_shift
+from .objective import resolution_mu, time_shift
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.

@@ -9,8 +9,8 @@
 
 from __future__ import annotations
 
-from ..errors import TrainingStopped
-from ..finite import nonfinite_names
+from ..core.errors import TrainingStopped
+from ..core.finite import nonfinite_names
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.

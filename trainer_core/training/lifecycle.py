@@ -12,12 +12,12 @@ from __future__ import annotations
 import weakref
 import torch
 
-from .. import checkpoint as ckpt
-from ..errors import RunFolderLost, UserInputError
-from ..files import write_error
-from ..lora import remove_lora
+from . import checkpoint as ckpt
+from ..core.errors import RunFolderLost, UserInputError
+from ..core.files import write_error
+from ..adapters.lora import remove_lora
 from ..streaming.runner import uninstall_leftover_runner
-from ..run_lock import RunLock
+from ..core.run_lock import RunLock
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.

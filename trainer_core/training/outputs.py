@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from ..errors import TrainingStopped
-from ..files import remove_leftovers, write_error, write_safetensors_atomic
-from ..live import PreviewSettings, StepPreview, keep_preview
-from ..lora import target_module_names
-from ..lora_files import layout_metadata, lora_file_tensors, lora_metadata as file_metadata
-from ..sampling import sample_image
+from ..core.errors import TrainingStopped
+from ..core.files import remove_leftovers, write_error, write_safetensors_atomic
+from .live import PreviewSettings, StepPreview, keep_preview
+from ..adapters.lora import target_module_names
+from ..adapters.lora_files import layout_metadata, lora_file_tensors, lora_metadata as file_metadata
+from ..families.sampling import sample_image
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.

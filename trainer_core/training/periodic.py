@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..live import PreviewSettings
+from .live import PreviewSettings
 from .reports import StepReport, TrainReport
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is

@@ -29,15 +29,15 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from ..cache import CachedDataset
-from ..config import LoraConfig, OptimizerConfig, TrainConfig
-from ..distributed import ONE_PROCESS, Replicas
-from ..errors import TrainingStopped, UserInputError
-from ..finite import all_finite
-from ..live import PreviewSettings, StepPreview
-from ..lora_files import LoraFile
+from ..data.cache import CachedDataset
+from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
+from .distributed import ONE_PROCESS, Replicas
+from ..core.errors import TrainingStopped, UserInputError
+from ..core.finite import all_finite
+from .live import PreviewSettings, StepPreview
+from ..adapters.lora_files import LoraFile
 from ..models.components import QwenImageComponents
-from ..optim import set_learning_rate
+from .optim import set_learning_rate
 from ..streaming.placement import MODULATION_WINDOW
 from . import evaluation, guards, lifecycle, outputs, periodic, randomness, setup, state
 from .reports import StepReport, TrainReport

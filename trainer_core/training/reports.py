@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..live import StepPreview
+from .live import StepPreview
 
 
 @dataclass

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..batching import DataOrder
-from ..errors import UserInputError
-from ..finite import all_finite
-from ..lora import compute_in_input_dtype, inject_lora, matching_preset, target_module_names
-from ..lora_files import check_targets, load_into_adapter, read_lora_file
+from ..data.order import DataOrder
+from ..core.errors import UserInputError
+from ..core.finite import all_finite
+from ..adapters.lora import compute_in_input_dtype, inject_lora, matching_preset, target_module_names
+from ..adapters.lora_files import check_targets, load_into_adapter, read_lora_file
 from ..models.components import module_fingerprint
-from ..optim import build_optimizer
+from .optim import build_optimizer
 from ..planner.for_run import plan_run
 from ..streaming.placement import default_placement
 from ..streaming.runner import BlockRunner, swapped_blocks

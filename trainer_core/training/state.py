@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 import torch
 
-from .. import checkpoint as ckpt
-from ..config import to_dict
-from ..distributed import world_size_note
-from ..errors import RunFolderLost, TrainingStopped, UserInputError
-from ..files import write_error
-from ..finite import all_finite, nonfinite_names
+from . import checkpoint as ckpt
+from ..core.config import to_dict
+from .distributed import world_size_note
+from ..core.errors import RunFolderLost, TrainingStopped, UserInputError
+from ..core.files import write_error
+from ..core.finite import all_finite, nonfinite_names
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.

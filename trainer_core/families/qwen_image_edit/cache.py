@@ -20,9 +20,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ...cache import CACHE_VERSION
-from ...data import open_image
-from ...errors import UserInputError
+from ...data.cache import CACHE_VERSION
+from ...data.images import open_image
+from ...core.errors import UserInputError
 from ..base import CacheConditioning
 from .data import ControlImage, EditSample
 from .pipelines import (

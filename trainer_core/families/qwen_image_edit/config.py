@@ -1,12 +1,12 @@
 """Settings of edit training that text-to-image has not, with help text (widgets and flags come from here,
-as from `trainer_core/config.py`)."""
+as from `trainer_core/core/config.py`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import NOT_USED, LoadConfig, _check_range, _f
-from ...errors import UserInputError
+from ...core.config import NOT_USED, LoadConfig, _check_range, _f
+from ...core.errors import UserInputError
 from .variants import VARIANT_CHOICES
 
 

@@ -22,9 +22,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...config import DatasetConfig
-from ...data import IMAGE_EXTENSIONS, Dataset, Sample, decode_image, discover, read_file, validation_indices
-from ...errors import UserInputError
+from ...core.config import DatasetConfig
+from ...data.images import IMAGE_EXTENSIONS, Dataset, Sample, decode_image, discover, read_file, validation_indices
+from ...core.errors import UserInputError
 from .config import EditDataConfig
 
 MAX_CONTROLS = 3

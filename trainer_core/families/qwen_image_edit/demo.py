@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from ...config import DatasetConfig
+from ...core.config import DatasetConfig
 from ..qwen_image import COLOURS, SHAPES
 from .config import EditDataConfig
 from .data import load_edit_dataset

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...errors import UserInputError
+from ...core.errors import UserInputError
 from ..base import CacheConditioning, DemoSpec, ModelFamily
 from .variants import EDIT_VARIANTS, EditVariant
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from ...errors import UserInputError
+from ...core.errors import UserInputError
 from .variants import EditVariant
 
 # An image whose sized aspect ratio is off from its own by more than this factor cannot be matched on the

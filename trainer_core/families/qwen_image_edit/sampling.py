@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from PIL import Image
 
-from ...errors import UserInputError
-from ...sampling import prompt_embedding
+from ...core.errors import UserInputError
+from ..sampling import prompt_embedding
 from .objective import append_controls
 from .pipelines import edit_pipeline, encode_control_latents, encode_edit_prompt, prepare_control
 

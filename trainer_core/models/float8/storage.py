@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...config import STORAGE_MODES  # re-exported: the allowed modes live in the config
+from ...core.config import STORAGE_MODES  # re-exported: the allowed modes live in the config
 from ..qwen_arch import BLOCKS
 
 FLOAT8 = torch.float8_e4m3fn

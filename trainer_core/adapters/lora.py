@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import LoraConfig
-from .models.qwen_arch import DEAD_IN_LAST_BLOCK, LORA_TARGET_PRESETS, block_module
+from ..core.config import LoraConfig
+from ..models.qwen_arch import DEAD_IN_LAST_BLOCK, LORA_TARGET_PRESETS, block_module
 
 ADAPTER = "default"
 

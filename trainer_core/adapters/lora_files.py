@@ -33,13 +33,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .config import LORA_LAYOUTS, LoraConfig
-from .errors import UserInputError
-from .files import inside
-from .finite import nonfinite_names
+from ..core.config import LORA_LAYOUTS, LoraConfig
+from ..core.errors import UserInputError
+from ..core.files import inside
+from ..core.finite import nonfinite_names
 from .lora import ADAPTER, adapter_weights, lora_layers
-from .models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
-from .names import fill_template
+from ..models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
+from ..core.names import fill_template
 
 COMFY_PREFIX = "diffusion_model."
 DIFFUSERS_PREFIX = "transformer."

@@ -27,11 +27,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from .data import Sample, load_cropped
-from .errors import UserInputError
-from .files import os_error, remove_leftovers, write_error, write_safetensors_atomic
-from .models.components import QwenImageComponents
-from .models.latents import encode_images
+from .images import Sample, load_cropped
+from ..core.errors import UserInputError
+from ..core.files import os_error, remove_leftovers, write_error, write_safetensors_atomic
+from ..models.components import QwenImageComponents
+from ..models.latents import encode_images
 
 # Bump when the way latents or embeddings are produced changes: old entries then miss.
 # 2: every image and prompt encoded alone (1 encoded them in batches, so entries depended on their companions).

@@ -5,7 +5,7 @@ says what to do about it. Nodes let these propagate so ComfyUI shows the message
 
 ComfyUI names an error's type `klass.__module__ + "." + klass.__qualname__` (`full_type_name` in its
 execution.py, 0.3.64 and 0.33.0 alike). A custom node's modules are imported under their file path, so the
-real module name would show as `...custom_nodes.qwen_image_lora_trainer.trainer_core.errors.UserInputError`.
+real module name would show as `...custom_nodes.qwen_image_lora_trainer.trainer_core.core.errors.UserInputError`.
 Our error classes therefore carry the short module name `qwen_lora` (shown as `qwen_lora.UserInputError`),
 and pickle through `_rebuild`, a function of this module, since `qwen_lora` is no importable module.
 """

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import UserInputError
+from ..core.errors import UserInputError
 
 # Gradients are summed in buckets of at most this many bytes (DDP's default bucket size): each bucket is one
 # all-reduce, and all buckets are in flight at once.

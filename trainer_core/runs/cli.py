@@ -33,7 +33,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import torch
 
     from .demo import run_demo
-    from .errors import UserInputError
+    from ..core.errors import UserInputError
 
     files = (args.transformer, args.text_encoder, args.vae)
     components = None
@@ -42,8 +42,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_writable_folder(args.out, "--out")
     edit = args.model != "qwen-image"  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
     if any(files):
-        from .models import load_single_files
-        from .families.qwen_image_edit.files import load_edit_single_files
+        from ..models import load_single_files
+        from ..families.qwen_image_edit.files import load_edit_single_files
 
         # As the built-in demo: float8 block weights, fp32 compute (the CPU has no fast bf16 matmul).
         loader = (lambda *a, **k: load_edit_single_files(*a, variant=args.model, **k)) if edit else load_single_files
@@ -53,7 +53,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if components is not None:
         num_blocks = components.num_blocks
     else:
-        from .models.tiny import TINY_TRANSFORMER
+        from ..models.tiny import TINY_TRANSFORMER
 
         num_blocks = TINY_TRANSFORMER["num_layers"]
     if args.blocks_to_swap > num_blocks - 1:
@@ -75,8 +75,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import distributed
-    from .errors import TrainingStopped
+    from ..training import distributed
+    from ..core.errors import TrainingStopped
     from .headless import train_run
     from .run_file import help_config, parse_run_tables, read_run_file
 
@@ -92,7 +92,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif args.config:
         run, text = read_run_file(args.config)
     else:
-        from .errors import UserInputError
+        from ..core.errors import UserInputError
 
         raise UserInputError("train needs --config RUN.toml (or --from-diffusion-pipe CONFIG.toml); "
                              "--help-config lists every setting of a run file.")
@@ -114,16 +114,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_export_tiny(args: argparse.Namespace) -> int:
-    from .devtools.export import export_tiny
+    from ..devtools.export import export_tiny
 
     from safetensors import SafetensorError
 
-    from .files import os_error, write_error
+    from ..core.files import os_error, write_error
 
     check_writable_folder(args.dir, "dir")
     try:
         if args.model != "qwen-image":  # a tiny Qwen-Image-Edit of that variant
-            from .devtools.export import export_tiny_edit
+            from ..devtools.export import export_tiny_edit
 
             written = export_tiny_edit(args.dir, variant=args.model, layout=args.layout, seed=args.seed)
         else:
@@ -140,12 +140,12 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from .config import AUTO_SWAP, PlanConfig, field_default
-    from .errors import UserInputError
-    from .planner import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
-    from .planner.arch import real_arch
-    from .planner.phases import plan_phases
-    from .planner.render import render_phases
+    from ..core.config import AUTO_SWAP, PlanConfig, field_default
+    from ..core.errors import UserInputError
+    from ..planner import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
+    from ..planner.arch import real_arch
+    from ..planner.phases import plan_phases
+    from ..planner.render import render_phases
 
     num_blocks = real_arch().num_blocks
     if args.blocks_to_swap > num_blocks - 1:
@@ -186,7 +186,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _print_timeline(args: argparse.Namespace, inputs) -> None:
     if args.gpu is None:
         return
-    from .planner.timeline import GPUS, render_timeline
+    from ..planner.timeline import GPUS, render_timeline
 
     print()
     print(render_timeline(inputs, GPUS[args.gpu]))
@@ -200,7 +200,7 @@ class _Parser(argparse.ArgumentParser):
     `error: ...`, naming the flag, and returns 2."""
 
     def error(self, message: str):
-        from .errors import UserInputError
+        from ..core.errors import UserInputError
 
         raise UserInputError(f"{message} (see: {self.prog} --help)")
 
@@ -210,7 +210,7 @@ def config_arg(cls: type, name: str, shown_default=None, **override) -> dict:
     and a type that refuses values outside its range or step. `override` replaces any of them (a flag
     whose default differs from the canvas', or a help that says what the flag means in its command);
     `shown_default` is the default the help names when the command, not argparse, fills it in."""
-    from .config import check_value, field_default, field_meta
+    from ..core.config import check_value, field_default, field_meta
 
     meta = field_meta(cls, name)
     default = field_default(cls, name)
@@ -246,7 +246,7 @@ def _checked(cls: type, name: str, kind: type, check_value, parse=None):
 
 def blocks_to_swap_arg(**override) -> dict:
     """--blocks-to-swap: 'auto' or a number (config.parse_blocks_to_swap), within TrainConfig's range."""
-    from .config import TrainConfig, check_value, parse_blocks_to_swap
+    from ..core.config import TrainConfig, check_value, parse_blocks_to_swap
 
     kwargs = config_arg(TrainConfig, "blocks_to_swap", **override)  # a default of -1 means auto
     kwargs["type"] = _checked(TrainConfig, "blocks_to_swap", int, check_value, parse=parse_blocks_to_swap)
@@ -273,7 +273,7 @@ def check_writable_folder(folder: str, flag: str) -> None:
     import tempfile
     from pathlib import Path
 
-    from .errors import UserInputError
+    from ..core.errors import UserInputError
 
     try:
         path = Path(folder).expanduser()
@@ -286,7 +286,7 @@ def check_writable_folder(folder: str, flag: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import (
+    from ..core.config import (
         DatasetConfig, HeadlessConfig, LoadConfig, LoraConfig, OptimizerConfig, PlanConfig, TrainConfig,
         TrainStepsConfig, help_text,
     )
@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export-tiny", help="write the tiny test model as ComfyUI single files (every format, "
                                                 "with config JSONs and the tokenizer) or as a diffusers folder")
     export.add_argument("dir", help="output folder")
-    from .devtools.export import EXPORT_LAYOUTS
+    from ..devtools.export import EXPORT_LAYOUTS
 
     export.add_argument("--layout", choices=EXPORT_LAYOUTS, default=EXPORT_LAYOUTS[0],
                         help=f"ComfyUI single files or a diffusers folder (default: {EXPORT_LAYOUTS[0]})")
@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--text-tokens", **config_arg(PlanConfig, "text_tokens"))
     plan.add_argument("--images", **config_arg(PlanConfig, "dataset_images"))
     plan.add_argument("--text-encoder-storage", **config_arg(PlanConfig, "text_encoder_storage"))
-    from .planner.timeline import GPUS
+    from ..planner.timeline import GPUS
 
     plan.add_argument("--gpu", choices=list(GPUS), default=None,
                       help="also predict seconds per step on this GPU and what streaming the swapped blocks costs "
@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .errors import UserInputError
+    from ..core.errors import UserInputError
 
     try:
         args = build_parser().parse_args(argv)

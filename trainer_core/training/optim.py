@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .config import OptimizerConfig
+from ..core.config import OptimizerConfig
 
 
 def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimizerConfig) -> torch.optim.Optimizer:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import CacheConfig, OptimizerConfig, field_default, field_meta
-from .errors import UserInputError
+from ..core.config import CacheConfig, OptimizerConfig, field_default, field_meta
+from ..core.errors import UserInputError
 from .run_file import KEYS, render, toml_value
 
 # Optimizers of diffusion-pipe (lower-case `type`) -> (ours, why / what differs). Their AdamW family keeps lr,
@@ -517,8 +517,8 @@ def _aspect_range(settings: dict) -> tuple[float, float, str]:
 
 
 def _shift_text() -> str:
-    from .models.scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
-    from .objective import resolution_mu
+    from ..models.scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
+    from ..training.objective import resolution_mu
 
     shifts = [f"{math.exp(resolution_mu((side // 16) ** 2, QWEN_IMAGE_SCHEDULER_CONFIG)):.2f} at {side} px"
               for side in (512, 1024, 1328)]

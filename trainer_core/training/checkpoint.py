@@ -30,10 +30,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from . import files
-from .errors import UserInputError
-from .files import save_safetensors, write_bytes_atomic
-from .finite import nonfinite_names
+from ..core import files
+from ..core.errors import UserInputError
+from ..core.files import save_safetensors, write_bytes_atomic
+from ..core.finite import nonfinite_names
 
 # 2: randomness derived from counters (training/randomness.py): the micro-batch counter replaces format 1's
 # generator states and data-order position, which cannot be continued bit-exactly.

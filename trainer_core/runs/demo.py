@@ -17,15 +17,15 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from . import checkpoint
-from .cache import build_cache
-from .config import LoraConfig, OptimizerConfig, TrainConfig
-from .families import get_family
-from .families.qwen_image import COLOURS, PREVIEW_PROMPT, SHAPES, make_demo_dataset  # noqa: F401 (the demo's data)
-from .files import remove_leftovers, write_bytes_atomic, write_error
-from .models.components import QwenImageComponents
-from .plot import loss_plot
-from .runs import open_run, release
+from ..training import checkpoint
+from ..data.cache import build_cache
+from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
+from ..families import get_family
+from ..families.qwen_image import COLOURS, PREVIEW_PROMPT, SHAPES, make_demo_dataset  # noqa: F401 (the demo's data)
+from ..core.files import remove_leftovers, write_bytes_atomic, write_error
+from ..models.components import QwenImageComponents
+from ..training.plot import loss_plot
+from .registry import open_run, release
 
 # The cosine schedule's length is fixed (not --steps), so `demo --steps 3` resumed to 6 follows the very
 # same learning rates as `demo --steps 6`.

@@ -31,18 +31,18 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from .cache import CachedDataset, build_cache
-from .data import load_dataset
-from .distributed import Replicas
-from .errors import UserInputError
-from .files import inside, write_bytes_atomic, write_error
-from .live import StepPreview, keep_preview, step_grid
-from .lora_files import lora_output_path
-from .model_source import load_model_set
-from .plot import loss_plot
+from ..data.cache import CachedDataset, build_cache
+from ..data.images import load_dataset
+from ..training.distributed import Replicas
+from ..core.errors import UserInputError
+from ..core.files import inside, write_bytes_atomic, write_error
+from ..training.live import StepPreview, keep_preview, step_grid
+from ..adapters.lora_files import lora_output_path
+from ..models.source import load_model_set
+from ..training.plot import loss_plot
 from .run_file import RunFile
-from .runs import open_run, release
-from .training import Every, StepReport, Trainer, every
+from .registry import open_run, release
+from ..training import Every, StepReport, Trainer, every
 
 STOPPED = 130  # exit code after Ctrl-C / SIGTERM (128 + SIGINT, as shells report it)
 # A second Ctrl-C within this many seconds of the first is the same request: torchrun's launcher passes the

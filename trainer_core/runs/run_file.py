@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import (
+from ..core.config import (
     MODEL_SOURCES, NO_LORA, CacheConfig, DatasetConfig, HeadlessConfig, InitConfig, LoadConfig, LoraConfig,
     OptimizerConfig, PreviewConfig, SaveConfig, TrainConfig, TrainStepsConfig, check_value, field_default, field_meta,
     parse_blocks_to_swap,
 )
-from .errors import UserInputError
+from ..core.errors import UserInputError
 
 _FIELD_DEFAULT = object()  # Key.shown when the template shows the field's own default
 # [model] source: the Load node's choices, or a short name for each.

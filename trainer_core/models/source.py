@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from .config import MODEL_SOURCES
-from .errors import UserInputError
-from .models.components import QwenImageComponents
+from ..core.config import MODEL_SOURCES
+from ..core.errors import UserInputError
+from .components import QwenImageComponents
 
 FILES, DIFFUSERS, TINY = MODEL_SOURCES
 
@@ -28,7 +28,7 @@ def load_model_set(source: str, device: torch.device, storage: str = "float8", c
                    diffusers_folder: str | Path | None = None,
                    text_encoder_fp8: str = "dequantize") -> QwenImageComponents:
     """Load the parts of `source` (one of MODEL_SOURCES) for training on `device`."""
-    from .models import build_tiny_components, load_diffusers_dir, load_single_files
+    from . import build_tiny_components, load_diffusers_dir, load_single_files
 
     dtype = resolve_compute_dtype(compute_dtype, device)
     if source == TINY:

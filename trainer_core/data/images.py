@@ -32,8 +32,8 @@ from PIL import (
     WebPImagePlugin,
 )
 
-from .config import DatasetConfig, parse_colour
-from .errors import UserInputError
+from ..core.config import DatasetConfig, parse_colour
+from ..core.errors import UserInputError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
 BUCKET_STEP = 32

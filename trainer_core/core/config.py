@@ -17,7 +17,6 @@ from typing import Any
 
 from .errors import UserInputError
 from .names import check_component
-from .models.qwen_arch import LORA_TARGET_PRESETS
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -39,6 +38,10 @@ CUSTOM_FOLDER = "(custom path)"  # the dataset input_folder choice that uses the
 # The memory planner models these block storages (float32 blocks are a CPU/test mode it does not cover).
 PLAN_STORAGE_MODES = tuple(m for m in STORAGE_MODES if m != "float32")
 
+
+# The LoRA target presets by name (what each holds is an architecture fact: models/qwen_arch.LORA_TARGET_PRESETS,
+# which test_layout checks against these names). Named here so the settings import no model code.
+LORA_TARGET_PRESET_NAMES = ("attention", "attention+mlp", "all")
 
 @dataclass
 class DatasetConfig:
@@ -106,7 +109,7 @@ class LoraConfig:
     dropout: float = _f(0.0, "Dropout on the LoRA input during training (0 = off).", min=0.0, max=0.9, step=0.01)
     targets: str = _f(
         "attention+mlp", "Which Linear layers of each block get a LoRA: attention only, attention and MLPs, or all "
-        "14 (adds the modulation layers).", choices=tuple(LORA_TARGET_PRESETS),
+        "14 (adds the modulation layers).", choices=LORA_TARGET_PRESET_NAMES,
     )
     dtype: str = _f(
         "float32", "Precision of the trainable LoRA weights. float32 keeps every small update; bfloat16 halves "

@@ -13,10 +13,10 @@ from collections.abc import Callable
 import torch
 from PIL import Image
 
-from .cache import CachedDataset
-from .errors import UserInputError
-from .models.components import QwenImageComponents
-from .models.latents import pixel_multiple
+from ..data.cache import CachedDataset
+from ..core.errors import UserInputError
+from ..models.components import QwenImageComponents
+from ..models.latents import pixel_multiple
 
 
 def snap_size(size: int, multiple: int) -> int:

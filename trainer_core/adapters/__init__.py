@@ -1,0 +1,1 @@
+"""The LoRA: peft injection (lora.py) and every LoRA file layout in and out (lora_files.py)."""

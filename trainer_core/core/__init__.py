@@ -1,0 +1,1 @@
+"""The bottom layer: settings, errors, atomic files, names, finite checks, the run-folder lock."""
