@@ -1,0 +1,108 @@
+"""The small pretrained model shipped with the pack (models/pretrained.py), its training script
+(tools/train_shapes_model.py) and the shape measurement the quality checks count with (shapes.py)."""
+
+import hashlib
+import random
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO
+
+from trainer_core.models.pretrained import have_shipped_model
+
+# No weights ship yet (benchmarks/README.md, "Small pretrained model"): the tests of the shipped files wait for them.
+needs_weights = pytest.mark.skipif(not have_shipped_model(), reason="no small pretrained model files in pretrained/")
+
+
+def test_measure_reads_back_every_drawn_scene():
+    """Every shape (the star too) in every colour, place and background, at the sizes and jitters the script
+    draws: measured as what it is."""
+    from trainer_core.devtools import shapes
+
+    rng = random.Random(0)
+    for shape in (*shapes.TRAINED_SHAPES, shapes.NEW_SHAPE):
+        for colour in shapes.COLOURS:
+            for place in shapes.PLACES:
+                for background in shapes.BACKGROUNDS:
+                    scene = shapes.Scene(colour, shape, place, background, radius=rng.uniform(10, 14),
+                                         dx=rng.uniform(-2, 2), dy=rng.uniform(-2, 2))
+                    m = shapes.measure(shapes.draw(scene), background)
+                    assert (m.shape, m.colour, m.place) == (shape, colour, place), scene
+    blank = shapes.measure(shapes.draw(shapes.Scene("red", "circle", "in the centre", "white", radius=1.0)), "white")
+    assert blank.shape is None  # a dot is no shape
+
+
+def _short_run(out, seed=0):
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import train_shapes_model
+    finally:
+        sys.path.pop(0)
+    args = ["--out", str(out), "--seed", str(seed), "--vae-steps", "2", "--vae-batch", "2", "--images", "6",
+            "--steps", "3", "--batch", "4"]
+    assert train_shapes_model.main(args) == 0
+    files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != "training.json")
+    return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def test_training_script_reproduces_its_files_from_the_seed(tmp_path):
+    """Two short runs from one seed write the same bytes (every file of the model set); another seed differs."""
+    first = _short_run(tmp_path / "a")
+    assert _short_run(tmp_path / "b") == first
+    assert {"diffusion_models/qwen_image_shapes_bf16.safetensors", "vae/qwen_image_shapes_vae.safetensors",
+            "text_encoders/qwen_2.5_vl_shapes.safetensors", "tokenizer/tokenizer.json"} <= set(first)
+    other = _short_run(tmp_path / "c", seed=1)
+    transformer = "diffusion_models/qwen_image_shapes_bf16.safetensors"
+    text_encoder = "text_encoders/qwen_2.5_vl_shapes.safetensors"
+    assert other[transformer] != first[transformer]
+    assert other[text_encoder] == first[text_encoder]  # the frozen tiny encoder, whatever the seed
+
+
+def test_the_scripts_files_load_in_both_layouts(tmp_path):
+    """What the script writes loads through ComfyUI's single-file loader; written as a diffusers folder it loads
+    through the diffusers-folder loader to the same model: same prompt features, same transformer output, same
+    decoded picture. (A short run's files: the shipped ones are the same files of a longer run.)"""
+    from trainer_core.models import load_diffusers_dir, save_diffusers_dir
+    from trainer_core.models.latents import decode_latents
+    from trainer_core.models.pretrained import SHAPES_TRANSFORMER, load_shapes_model
+    from trainer_core.models.text import encode_prompts
+
+    _short_run(tmp_path / "m")
+    files = load_shapes_model(storage="float32", compute_dtype=torch.float32, root=tmp_path / "m")
+    files.ensure_text_encoder(), files.ensure_vae(), files.ensure_transformer()
+    assert files.num_blocks == SHAPES_TRANSFORMER["num_layers"]
+    folder = load_diffusers_dir(save_diffusers_dir(files, tmp_path / "shapes"), storage="float32",
+                                compute_dtype=torch.float32)
+    prompt = ["a blue triangle at the top right on a black background"]
+    text = [encode_prompts(m.text_encoder, m.tokenizer, prompt)[0] for m in (files, folder)]  # (L, 16) each
+    assert torch.equal(*text)
+    gen = torch.Generator().manual_seed(0)
+    latents = torch.randn(1, 4, 16, 16, generator=gen)  # (B, C, h, w): a 64x64 picture
+    hidden = latents.view(1, 4, 8, 2, 8, 2).permute(0, 2, 4, 1, 3, 5).reshape(1, 64, 16)  # packed 2x2
+    outs = [m.transformer(hidden_states=hidden, encoder_hidden_states=text[0][None], timestep=torch.tensor([0.5]),
+                          img_shapes=[[(1, 8, 8)]], return_dict=False)[0] for m in (files, folder)]
+    assert torch.equal(*outs)
+    assert torch.equal(decode_latents(files.vae, latents), decode_latents(folder.vae, latents))
+
+
+@pytest.fixture(scope="module")
+def shapes_pictures():  # the shipped model (tests that use it need its weights)
+    from trainer_core.models.pretrained import load_shapes_model
+    from trainer_core.devtools.shape_check import ShapePictures
+
+    return ShapePictures(load_shapes_model(storage="float32", compute_dtype=torch.float32), steps=20)
+
+
+@needs_weights
+def test_shipped_model_draws_what_its_prompts_name(shapes_pictures):
+    """One picture per trained shape and colour (15 prompts, seed 0): most show the named shape, colour and
+    place (the benchmark counts 30 prompts x 2 seeds; benchmarks/README.md)."""
+    from trainer_core.devtools import shapes
+    from trainer_core.devtools.shape_check import prior_scenes
+
+    scenes = prior_scenes()[::2]
+    right = [shapes.measure(shapes_pictures.picture(s.caption, 0), s.background) for s in scenes]
+    hits = sum((m.shape, m.colour, m.place) == (s.shape, s.colour, s.place) for s, m in zip(scenes, right))
+    assert hits >= 10, [(s.caption, m) for s, m in zip(scenes, right)]

@@ -1,0 +1,188 @@
+"""Coloured shapes on plain backgrounds: the pictures the shipped small model was trained on, the demo's new
+concept (a star, which that model never saw), and a measurement that says what a generated picture shows.
+
+A picture is 64x64 px: one shape (circle, square, triangle; star for the demo) of one colour, at one of five
+places, on a white or black background. Its caption names all four, e.g.
+"a red circle at the top left on a white background".
+
+`measure` reads a picture back without any learned part, from plain shape statistics of the foreground
+(the pixels far from the background colour):
+- solidity = foreground area / area of its convex hull: ~1 for the convex shapes, ~0.56 for a five-point
+  star (inner radius 0.45 of the outer one), so a star is told apart from every trained shape;
+- extent = foreground area / bounding box area: square 1, circle pi/4 = 0.79, triangle 0.5;
+- colour: the palette colour nearest the foreground's mean; place: where the foreground's centroid lies.
+The benchmark (benchmarks/shape_concept.py) and the tests count how often a prompt gets what it names.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+SIZE = 64
+COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 70, 220), "yellow": (235, 200, 30),
+           "purple": (150, 60, 200)}
+BACKGROUNDS = {"white": (255, 255, 255), "black": (0, 0, 0)}
+TRAINED_SHAPES = ("circle", "square", "triangle")
+NEW_SHAPE = "star"  # never in the small model's training set: what the demo LoRA teaches
+# Place name -> centre as a fraction of the side (x, y).
+PLACES = {"in the centre": (0.5, 0.5), "at the top left": (0.28, 0.28), "at the top right": (0.72, 0.28),
+          "at the bottom left": (0.28, 0.72), "at the bottom right": (0.72, 0.72)}
+STAR_INNER = 0.45  # inner / outer radius of the five-point star
+
+
+def caption(colour: str, shape: str, place: str, background: str) -> str:
+    return f"a {colour} {shape} {place} on a {background} background"
+
+
+@dataclass(frozen=True)
+class Scene:
+    colour: str
+    shape: str
+    place: str
+    background: str
+    radius: float = 12.0  # half the shape's width, px at SIZE
+    dx: float = 0.0  # jitter of the centre, px
+    dy: float = 0.0
+
+    @property
+    def caption(self) -> str:
+        return caption(self.colour, self.shape, self.place, self.background)
+
+
+def shape_outline(shape: str, cx: float, cy: float, r: float) -> list[tuple[float, float]] | None:
+    """Polygon points of `shape` centred at (cx, cy) with half-width r (None for a circle)."""
+    if shape == "square":
+        return [(cx - r, cy - r), (cx + r, cy - r), (cx + r, cy + r), (cx - r, cy + r)]
+    if shape == "triangle":  # pointing up, its base as wide as it is tall
+        return [(cx, cy - r), (cx + r, cy + r), (cx - r, cy + r)]
+    if shape == "star":
+        points = []
+        for k in range(10):
+            radius = r if k % 2 == 0 else r * STAR_INNER
+            angle = -math.pi / 2 + k * math.pi / 5
+            points.append((cx + radius * math.cos(angle), cy + radius * math.sin(angle)))
+        return points
+    if shape == "circle":
+        return None
+    raise ValueError(f"unknown shape {shape!r}")
+
+
+def draw(scene: Scene, size: int = SIZE) -> Image.Image:
+    """The scene as an RGB picture, drawn at 4x and reduced (smooth edges, as a real photo's)."""
+    scale = 4
+    big = Image.new("RGB", (size * scale, size * scale), BACKGROUNDS[scene.background])
+    pen = ImageDraw.Draw(big)
+    fx, fy = PLACES[scene.place]
+    cx, cy, r = (fx * size + scene.dx) * scale, (fy * size + scene.dy) * scale, scene.radius * scale
+    outline = shape_outline(scene.shape, cx, cy, r)
+    if outline is None:
+        pen.ellipse((cx - r, cy - r, cx + r, cy + r), fill=COLOURS[scene.colour])
+    else:
+        pen.polygon(outline, fill=COLOURS[scene.colour])
+    return big.resize((size, size), Image.Resampling.BOX)
+
+
+def random_scene(rng: random.Random, shapes=TRAINED_SHAPES) -> Scene:
+    return Scene(colour=rng.choice(list(COLOURS)), shape=rng.choice(list(shapes)), place=rng.choice(list(PLACES)),
+                 background=rng.choice(list(BACKGROUNDS)), radius=rng.uniform(10.0, 14.0),
+                 dx=rng.uniform(-2.0, 2.0), dy=rng.uniform(-2.0, 2.0))
+
+
+def all_captions(shapes=TRAINED_SHAPES) -> list[str]:
+    return [caption(c, s, p, b) for s in shapes for c in COLOURS for p in PLACES for b in BACKGROUNDS]
+
+
+# The demo LoRA's dataset: 8 stars, every colour and place, both backgrounds (fixed, so the files never change).
+STAR_SCENES = (
+    Scene("red", "star", "in the centre", "white", 14.0),
+    Scene("blue", "star", "at the top left", "white", 12.0),
+    Scene("green", "star", "at the bottom right", "black", 12.0),
+    Scene("yellow", "star", "in the centre", "black", 13.0),
+    Scene("purple", "star", "at the top right", "white", 12.0),
+    Scene("red", "star", "at the bottom left", "black", 12.0),
+    Scene("blue", "star", "in the centre", "black", 14.0),
+    Scene("green", "star", "at the top left", "white", 13.0),
+)
+
+
+def write_star_dataset(folder: str | Path) -> Path:
+    """The demo's 8 star pictures with same-name .txt captions in `folder` (example_dataset/stars holds them too)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for n, scene in enumerate(STAR_SCENES):
+        stem = f"{n:02d}_{scene.colour}_{scene.shape}"
+        draw(scene).save(folder / f"{stem}.png")
+        (folder / f"{stem}.txt").write_text(scene.caption + "\n")
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------------
+# measuring a picture
+
+
+@dataclass(frozen=True)
+class Measured:
+    shape: str | None  # None: no foreground found
+    colour: str | None
+    place: str | None
+    solidity: float
+    extent: float
+
+
+def _hull(points: np.ndarray) -> list[tuple[float, float]]:
+    """Convex hull (monotone chain) of (N, 2) points, counter-clockwise."""
+    pts = sorted(set(map(tuple, points.tolist())))
+    if len(pts) < 3:
+        return pts
+
+    def half(seq):
+        out = []
+        for p in seq:
+            while len(out) >= 2 and ((out[-1][0] - out[-2][0]) * (p[1] - out[-2][1])
+                                     - (out[-1][1] - out[-2][1]) * (p[0] - out[-2][0])) <= 0:
+                out.pop()
+            out.append(p)
+        return out
+
+    lower, upper = half(pts), half(reversed(pts))
+    return lower[:-1] + upper[:-1]
+
+
+def _area(polygon: list[tuple[float, float]]) -> float:
+    x = np.array([p[0] for p in polygon])
+    y = np.array([p[1] for p in polygon])
+    return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
+
+
+def measure(image: Image.Image, background: str) -> Measured:
+    """What `image` shows on the named `background` (see the module docstring)."""
+    rgb = np.asarray(image.convert("RGB").resize((SIZE, SIZE), Image.Resampling.BOX), dtype=np.float32)  # (H, W, 3)
+    distance = np.linalg.norm(rgb - np.array(BACKGROUNDS[background], dtype=np.float32), axis=2)  # (H, W)
+    mask = distance > 100.0  # every palette colour is > 180 away from both backgrounds
+    area = int(mask.sum())
+    if area < 12:
+        return Measured(None, None, None, 0.0, 0.0)
+    ys, xs = np.nonzero(mask)
+    # Each foreground pixel is a unit square: its four corners span the hull and the bounding box.
+    corners = np.concatenate([np.stack([xs + a, ys + b], 1) for a in (0, 1) for b in (0, 1)])
+    solidity = area / max(_area(_hull(corners)), 1.0)
+    extent = area / float((xs.max() + 1 - xs.min()) * (ys.max() + 1 - ys.min()))
+    if solidity < 0.78:
+        shape = NEW_SHAPE
+    elif extent >= 0.9:
+        shape = "square"
+    elif extent >= 0.66:
+        shape = "circle"
+    else:
+        shape = "triangle"
+    mean = rgb[mask].mean(0)
+    colour = min(COLOURS, key=lambda c: float(np.sum((mean - np.array(COLOURS[c])) ** 2)))
+    cx, cy = xs.mean() / SIZE, ys.mean() / SIZE
+    place = min(PLACES, key=lambda p: (PLACES[p][0] - cx) ** 2 + (PLACES[p][1] - cy) ** 2)
+    return Measured(shape, colour, place, float(solidity), float(extent))
