@@ -56,7 +56,7 @@ def is_socket(spec) -> bool:
 def config_class(pack, name: str) -> type:
     """A config class by name: in trainer_core.core.config, or 'families.qwen_image_edit.config.X' in that module of trainer_core."""
     module, _, cls = name.rpartition(".")
-    return getattr(pack_module(pack, f"trainer_core.{module or 'config'}"), cls)
+    return getattr(pack_module(pack, f"trainer_core.{module or 'core.config'}"), cls)
 
 
 def widget_fields(pack):
