@@ -51,7 +51,8 @@ from .models.qwen_arch import PATCH_SIZE
 from .models.text import pad_prompt_batch
 from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, time_shift, velocity_target
 from .offload import BlockRunner, swapped_blocks, uninstall_leftover_runner
-from .swap_placement import MODULATION_WINDOW, default_placement
+from .comparison import DEFAULT as DEFAULT_COMPARISON, Comparison
+from .swap_placement import MODULATION_WINDOW, default_placement, tail_placement
 from .live import StepExtras, StepPreview, keep_preview
 from .run_lock import RunLock
 from .sampling import sample_image
@@ -122,11 +123,13 @@ class Trainer:
         init_lora: str | Path | None = None,
         replicas: Replicas = ONE_PROCESS,
         preview_size: tuple[int, int] | None = None,
+        comparison: Comparison = DEFAULT_COMPARISON,
     ):
         """`run_dir`: where checkpoints go (None: no checkpoints). `replicas`: this process's place among
         data-parallel processes (distributed.py); only process 0 locks the run folder and writes checkpoints.
         `preview_size`: (width, height) of the previews this run will sample, for the memory plan (None: the
-        Preview node's default).
+        Preview node's default). `comparison`: a build that differs from the default in one respect, for
+        benchmarks (comparison.py); same training, other costs.
 
         `init_lora`: continue from this LoRA file (any layout `lora_files.read_lora_file` reads). The file
         decides rank, alpha and the adapted modules (it holds the weights for exactly those; anything else
@@ -134,6 +137,10 @@ class Trainer:
         optimizer, schedule and step count start fresh: a LoRA file carries no optimizer state."""
         lora.validate()
         optimizer.validate()
+        comparison.validate()
+        self.comparison = comparison
+        if not comparison.modulation_ahead:
+            self.modulation_window = 0
         train.validate(num_blocks=components.num_blocks)
         if not dataset.samples:
             raise UserInputError("the cached dataset has no samples: check the Dataset node's folder.")
@@ -213,7 +220,8 @@ class Trainer:
         if components.transformer_source is not None and self.run_dir is not None:
             self.accepted_base_fingerprints.add(module_fingerprint(self.transformer))
         self.params = inject_lora(self.transformer, lora, seed=train.seed, modules=self.lora_modules)
-        compute_in_input_dtype(self.transformer)  # LoRA matmuls in the compute dtype, fp32 weights and updates
+        # LoRA matmuls in the compute dtype, fp32 weights and updates
+        compute_in_input_dtype(self.transformer, enabled=self.comparison.lora_compute == "compute dtype")
         if self.init_lora is not None:
             load_into_adapter(self.transformer, self.init_lora.weights)
             if not all_finite(self.params):  # finite in the file, but not once cast (float64 beyond float32's range)
@@ -221,7 +229,8 @@ class Trainer:
                     f"LoRA file {self.init_lora.path} holds values too large for LoRA dtype {lora.dtype}: they become "
                     "inf. Choose another LoRA file.")
         self.param_names = [n for n, p in self.transformer.named_parameters() if p.requires_grad]
-        placement = default_placement(components.num_blocks, train.blocks_to_swap, swap.ring_depth)
+        place = tail_placement if self.comparison.placement == "tail" else default_placement
+        placement = place(components.num_blocks, train.blocks_to_swap, swap.ring_depth)
         self.runner = BlockRunner(self.transformer, self.device, checkpointing=train.gradient_checkpointing,
                                   placement=placement if train.blocks_to_swap else None,
                                   fp8_activations=train.fp8_activations, compile_float8=train.compile_float8)
