@@ -5,7 +5,7 @@ into one JSON and one Markdown report with a final `VERDICT:` line. Run through 
     bash benchmarks/device_check.sh             # CUDA; the report goes to $OUT (default benchmarks/device_out)
     bash benchmarks/device_check.sh --tiny      # CPU, tiny dims: the same phases, the same report schema
 
-Phases, each within its share of --seconds (default 510 s; a phase that would overrun is cut and reported):
+Phases, each within its share of --seconds (default 480 s; a phase that would overrun is cut and reported):
 1. versions  the libraries found (and where from) against requirements.txt's floors and the torch the GPU path
              was written for;
 2. memory    gpu_check.run_memory: random-weight files, load, cache, then init / train / preview / save for the
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None, help="where the model files go (default: a temporary folder)")
     parser.add_argument("--only", nargs="*", choices=["memory", "speed"], default=None, help="run only these phases")
     args = parser.parse_args(argv)
-    seconds = args.seconds if args.seconds is not None else (None if args.tiny else 510.0)
+    seconds = args.seconds if args.seconds is not None else (None if args.tiny else 480.0)
     clock = harness.Clock(seconds)
     env = harness.make_env(args, "device_check.py")
     report = Report(f"Device check ({'tiny, CPU' if env.tiny else 'real-size Qwen-Image'})", env,
