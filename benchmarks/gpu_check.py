@@ -49,7 +49,8 @@ CAPTION = ("a photograph of a red bicycle leaning against a weathered stone wall
 MEMORY_COLUMNS = ["setting", "blocks_to_swap", "phase", "gpu_measured", "gpu_planned", "allocated_measured",
                   "allocated_planned", "host_measured", "host_planned", "seconds"]
 # Streamed against all-resident after one step: the same kernels on the same values, so equal up to the
-# nondeterminism of some CUDA backward kernels (atomics), far below this share of the largest value.
+# nondeterminism of some CUDA backward kernels (atomics): the first loss within this share, the LoRA's B
+# matrices within this share of their norm.
 STREAMING_TOLERANCE = 1e-3
 
 
@@ -106,9 +107,14 @@ def _block_of(name: str) -> int | None:
 
 
 def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, bool]:
-    """Largest |a - b| over the largest |b|, tensor by tensor; and whether every tensor is equal bit for bit."""
-    worst = max(float((a[n] - b[n]).abs().max() / b[n].abs().max().clamp_min(1e-30)) for n in b)
-    return worst, all(torch.equal(a[n], b[n]) for n in b)
+    """||a - b|| / ||b|| over the LoRA B matrices (after one step from B = 0 the only ones changed; A's large
+    random values would hide a difference), and whether every tensor is equal bit for bit. A norm rather than
+    the largest element: Adam's first update is about +-lr per element whatever the gradient's size, so a
+    gradient element near zero whose sign a nondeterministic kernel flips moves one element by 2 lr."""
+    names = [n for n in b if "lora_B" in n] or list(b)
+    diff = sum(float((a[n] - b[n]).double().pow(2).sum()) for n in names) ** 0.5
+    norm = sum(float(b[n].double().pow(2).sum()) for n in names) ** 0.5
+    return diff / max(norm, 1e-30), all(torch.equal(a[n], b[n]) for n in b)
 
 
 def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, seconds: float | None = None) -> None:
@@ -290,11 +296,11 @@ def streaming_checks(report: Report, results: dict) -> None:
                          lora_after_one_step_relative_difference=f"{diff:.2e}", bit_for_bit=exact))
         same_loss = math.isfinite(losses[0]) and abs(losses[0] - losses0[0]) <= STREAMING_TOLERANCE * abs(losses0[0])
         report.check(f"{label}: one streamed step equals the all-resident step", same_loss and diff <= STREAMING_TOLERANCE,
-                     f"first loss {losses[0]:.6f} vs {losses0[0]:.6f}; LoRA after the step: largest difference "
-                     f"{diff:.2e} of its largest value ({'bit for bit' if exact else 'not bit for bit'}; tolerance "
+                     f"first loss {losses[0]:.6f} vs {losses0[0]:.6f}; LoRA B after the step: difference "
+                     f"{diff:.2e} of its norm ({'bit for bit' if exact else 'not bit for bit'}; tolerance "
                      f"{STREAMING_TOLERANCE:g})")
         end_diff, _ = relative_difference(end, end0)
-        report.note(f"{label}: LoRA after all steps differs from all-resident by {end_diff:.2e} of its largest value")
+        report.note(f"{label}: LoRA B after all steps differs from all-resident by {end_diff:.2e} of its norm")
 
 
 def main(argv: list[str] | None = None) -> int:
