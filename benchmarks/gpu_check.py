@@ -11,8 +11,8 @@ streaming's correctness (a streamed step against the all-resident one, same batc
            unless --keep-files. The load phase must read real files: that is what it measures.
 2. load    The Load node's call (`load_models`). 3. cache: `build_cache` (latents, captions, a preview prompt,
            the negative prompt).
-4. Per setting (the planner's choice for 24 GiB, for 16 GiB, all resident; tiny: two tiny budgets, all
-   resident): init (a `Trainer`, rank 32 attention+mlp, fp32 LoRA, AdamW8bit, checkpointing), train (--steps),
+4. Per setting (the planner's choice for 16 GiB, all resident, the choice for 24 GiB; tiny: the tiny budget's
+   choice, 2 swapped, all resident), each while its time slice holds one more: init (a `Trainer`, rank 32 attention+mlp, fp32 LoRA, AdamW8bit, checkpointing), train (--steps),
    preview (1024 x 1024, CFG 4, 2 steps), save (`save_lora`, read back).
 
 Measured per phase (harness.phase): GPU = max reserved + memory outside torch's allocator; max allocated;
@@ -199,7 +199,9 @@ def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, se
     settings += [("2 swapped", 2, None)] if env.tiny else []
     # The most swapped first: later settings only bring blocks back to the device (on the CPU, where device
     # bytes are counted tensor by tensor, a block once streamed computes from a view into the pinned arena).
-    settings = sorted(settings, key=lambda s: -s[1]) + [("all resident", 0, None)]
+    # On a GPU all resident comes second, so the streaming check has its pair before time may cut the rest.
+    settings = sorted(settings, key=lambda s: -s[1])
+    settings.insert(len(settings) if env.tiny else 1, ("all resident", 0, None))
 
     probe_blocks = {0, arch.num_blocks // 2, arch.num_blocks - 1}
     results = {}  # setting -> (losses, LoRA after one step, LoRA at the end)
@@ -284,8 +286,8 @@ def streaming_checks(report: Report, results: dict) -> None:
     """Every streamed setting against the all-resident one: the first loss, and the LoRA after one step."""
     rows = report.table("streaming correctness", ["setting", "first_loss", "resident_first_loss",
                                                   "lora_after_one_step_relative_difference", "bit_for_bit"])
-    if "all resident" not in results:
-        report.check("streaming equals all-resident after one step", False, "the all-resident setting did not run")
+    if "all resident" not in results or len(results) < 2:
+        report.cut_phase("streaming correctness", "the all-resident setting or every streamed one was cut for time")
         return
     losses0, one0, end0, _ = results["all resident"]
     for label, (losses, one, end, _) in results.items():
