@@ -60,7 +60,7 @@ def train_tiny(storage: str, fp8_activations: bool, steps: int, work: Path) -> t
     from trainer_core.data import discover
     from trainer_core.demo import make_demo_dataset
     from trainer_core.models import build_tiny_components
-    from trainer_core.trainer import Trainer
+    from trainer_core.training import Trainer
 
     components = build_tiny_components(seed=0, storage=storage, compute_dtype=torch.bfloat16)
     folder = make_demo_dataset(work / "dataset")

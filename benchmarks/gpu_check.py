@@ -131,7 +131,7 @@ def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, se
     from trainer_core.planner.inference import parts_for_components
     from trainer_core.planner.phases import gpu_peak_after_caching
     from trainer_core.sampling import sample_image
-    from trainer_core.trainer import Trainer
+    from trainer_core.training import Trainer
 
     phase_started = clock.elapsed()
 

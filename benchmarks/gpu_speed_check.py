@@ -58,7 +58,7 @@ def run_config(env: Env, config: Config, components, dataset, inputs: PlanInputs
     from trainer_core.devtools.memprobe import LiveBytes
     from trainer_core.planner.timeline import FP8_PATH, PATHS, RUNTIME, ComputePath, predict, profile_for_device
     from trainer_core.swap_placement import tail_placement
-    from trainer_core.trainer import Trainer
+    from trainer_core.training import Trainer
 
     k = config.blocks_to_swap
     harness.release_cached(env)

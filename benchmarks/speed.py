@@ -33,7 +33,7 @@ from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.lora import target_module_names
 from trainer_core.objective import resolution_mu
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 MODEL = dict(num_layers=2, num_attention_heads=4)  # D = 512, F = 2048: ~9M parameters per block
 LATENT_HW = (32, 32)  # a 256 x 256 image: 16 x 16 = 256 packed tokens

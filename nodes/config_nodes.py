@@ -20,9 +20,7 @@ class QwenLoRAConfig:
         return {"required": widgets(LoraConfig, "rank", "alpha", "dropout", "targets", "dtype")}
 
     def build(self, **settings):
-        cfg = LoraConfig(**settings)
-        cfg.validate()
-        return (cfg,)
+        return (LoraConfig(**settings),)  # checked as it is made
 
 
 class QwenLoRAOptimizer:
@@ -44,6 +42,4 @@ class QwenLoRAOptimizer:
         )}
 
     def build(self, **settings):
-        cfg = OptimizerConfig(**settings)
-        cfg.validate()
-        return (cfg,)
+        return (OptimizerConfig(**settings),)  # checked as it is made

@@ -9,9 +9,9 @@ from pathlib import Path
 from ..trainer_core import runs
 from ..trainer_core.config import NO_LORA, InitConfig, TrainConfig, TrainStepsConfig
 from ..trainer_core.errors import UserInputError
-from ..trainer_core.live import PreviewSettings, StepExtras, contain, side_by_side
+from ..trainer_core.live import PreviewSettings, contain, side_by_side
 from ..trainer_core.plot import loss_plot
-from ..trainer_core.trainer import Trainer
+from ..trainer_core.training import StepExtras, Trainer, every
 from . import host
 from .common import CACHED, CATEGORY, LORA_CONFIG, MODELS, OPTIMIZER_CONFIG, TRAINER, engine_mode
 from .output_nodes import lora_output_path
@@ -146,7 +146,6 @@ class QwenLoRATrain:
     def train(self, trainer: Trainer, steps: int, preview_every: int = 0, preview_size: int = 512,
               preview_sampling_steps: int = 20, snapshot_every: int = 0):
         cfg = TrainStepsConfig(steps, preview_every, preview_size, preview_sampling_steps, snapshot_every)
-        cfg.validate()
         trainer.require_live()
         extras = step_extras(trainer, cfg)
         progress = host.Progress(steps)
@@ -174,7 +173,7 @@ class QwenLoRATrain:
             progress.update(done, image)  # shown at its own size; raises ComfyUI's interrupt at this step boundary
 
         with engine_mode():
-            report = trainer.train(steps, on_step=on_step, extras=extras)
+            report = trainer.train(steps, work=[*extras.work(), every(1, on_step)])
         return (trainer, report.mean_loss, report_text(report, trainer.last_loss(), trainer.validation_history))
 
 

@@ -102,7 +102,7 @@ def trained_lora(tiny_cache, demo_folder):
     every trip through a file). Read it, do not train it further."""
     from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
     from trainer_core.models import build_tiny_components
-    from trainer_core.trainer import Trainer
+    from trainer_core.training import Trainer
 
     components = build_tiny_components(storage="float32")
     cached = cached_demo(components, demo_folder, tiny_cache)

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import cached_demo  # noqa: E402
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig  # noqa: E402
 from trainer_core.models import build_tiny_components  # noqa: E402
-from trainer_core.trainer import Trainer  # noqa: E402
+from trainer_core.training import Trainer  # noqa: E402
 
 
 def main(data: str, work: str, total_steps: int, resume: bool, out: str) -> None:

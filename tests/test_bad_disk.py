@@ -36,7 +36,7 @@ from trainer_core import files
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.errors import UserInputError
 from trainer_core.models import build_tiny_components
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="POSIX mounts, permissions and signals")

@@ -21,7 +21,7 @@ from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.errors import TrainingStopped, UserInputError
 from trainer_core.lora_files import read_lora_file
 from trainer_core.models import build_tiny_components, load_diffusers_dir, load_single_files, save_diffusers_dir
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 Q = "transformer_blocks.0.attn.to_q"  # a Linear of the tiny model: 32 -> 32
 K = "transformer_blocks.0.attn.to_k"

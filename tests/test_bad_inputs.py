@@ -110,7 +110,7 @@ def test_cache_written_by_another_model_or_version_is_not_used(demo_folder, tmp_
 
 def test_blocks_to_swap_larger_than_the_block_count():
     with pytest.raises(UserInputError, match="blocks_to_swap=60 is too large: the transformer has 2 blocks.*at most 1"):
-        TrainConfig(blocks_to_swap=60).validate(num_blocks=2)
+        TrainConfig(blocks_to_swap=60).check_model(num_blocks=2)
 
 
 @pytest.mark.parametrize("rank", [0, -4])

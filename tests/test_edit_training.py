@@ -20,7 +20,7 @@ from trainer_core.edit.variants import get_variant
 from trainer_core.errors import UserInputError
 from trainer_core.models.tiny import build_tiny_tokenizer
 from trainer_core.objective import resolution_mu, sample_noise_levels
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer, randomness
 
 
 def write_sample(folder: Path, name: str, caption: str, controls: list[Image.Image], subfolder: bool = False,
@@ -124,10 +124,11 @@ def reference_loss(components, variant, folder: Path, seed: int) -> float:
     _, image_latents = pipe.prepare_latents(vae_images if variant.multi_image else vae_images[0], 1, c, h, w,
                                             prompt.dtype, "cpu", None)
     x0 = pipe._encode_vae_image(load_cropped(sample.image_path, sample.bucket).unsqueeze(0).unsqueeze(2), None)[:, :, 0]
-    g = torch.Generator().manual_seed(seed)  # the trainer's draws: noise, then the noise level
-    noise = torch.randn(x0.shape, generator=g)
+    # The trainer's draws for its first micro-batch (training/randomness.py): noise, and the noise level.
+    noise = torch.randn(x0.shape, generator=randomness.generator(seed, 0, randomness.NOISE))
     n = (h // f // 2) * (w // f // 2)
-    s = sample_noise_levels(1, g, "logit_normal", 0.0, 1.0, resolution_mu(n, components.scheduler_config))
+    s = sample_noise_levels(1, randomness.generator(seed, 0, randomness.NOISE_LEVELS), "logit_normal", 0.0, 1.0,
+                            resolution_mu(n, components.scheduler_config))
     x_t = (1 - s) * x0 + s * noise
     img_shapes = [[(1, h // f // 2, w // f // 2), *[(1, vh // f // 2, vw // f // 2) for vw, vh in vae_sizes]]]
     with torch.no_grad():

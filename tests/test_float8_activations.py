@@ -12,7 +12,7 @@ from trainer_core.models import build_tiny_components
 from trainer_core.models import float8_activations as fa
 from trainer_core.models.float8 import FLOAT8, SCALE_BUFFER, install_frozen_compute, quantize_weight
 from trainer_core.offload import BlockRunner
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 BF16_ULP = 2.0 ** -7  # bf16's spacing relative to a value (8 significant bits)
 

@@ -107,7 +107,7 @@ def test_the_walk_sees_the_nodes_and_the_engine():
     """Guard against a walk that finds nothing (and so passes everything)."""
     reached, external = _closure(REPO / "__init__.py", module_level_only=False)
     names = _rel(reached)
-    for expected in ("nodes/train_nodes.py", "trainer_core/trainer.py", "trainer_core/planner/for_run.py",
+    for expected in ("nodes/train_nodes.py", "trainer_core/training/recipe.py", "trainer_core/planner/for_run.py",
                      "trainer_core/lora_files.py", "trainer_core/models/qwen_arch.py", "nodes/host.py"):
         assert expected in names
     assert "torch" in external

@@ -120,7 +120,7 @@ def test_training_from_a_lazy_set_equals_training_from_a_loaded_one(tiny_files, 
     """Streaming the transformer into its placement at Init (swapped block's weights to host memory) trains
     bit for bit like the transformer loaded whole beforehand."""
     from trainer_core.models.transformer_file import load_transformer_file
-    from trainer_core.trainer import Trainer
+    from trainer_core.training import Trainer
 
     losses = []
     for lazy in (True, False):
@@ -169,7 +169,7 @@ def test_a_checkpoint_named_by_the_weights_fingerprint_still_resumes(tiny_files,
     from trainer_core.checkpoint import LATEST, STATE_JSON, checkpoints_dir
     from trainer_core.models.components import module_fingerprint
     from trainer_core.models.transformer_file import load_transformer_file
-    from trainer_core.trainer import Trainer
+    from trainer_core.training import Trainer
 
     components = load(tiny_files)
     dataset = cached_demo(components, demo_folder, tmp_path / "cache")
@@ -194,7 +194,7 @@ def test_a_run_that_does_not_fit_the_ram_is_refused_before_the_transformer_is_re
     """Init Trainer plans every phase against the machine's RAM first: too little, and nothing of the
     transformer's weights has been read when it says so (and names what to change)."""
     from trainer_core.errors import UserInputError
-    from trainer_core.trainer import Trainer
+    from trainer_core.training import Trainer
 
     components = load_single_files(tiny_files["transformer_fp8_e4m3fn"], tiny_files["text_encoder_bf16"],
                                    tiny_files["vae"], storage="float8", compute_dtype=torch.bfloat16)

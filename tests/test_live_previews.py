@@ -142,7 +142,8 @@ def test_engine_previews_every_n_steps_change_nothing_and_stop_on_cancel(demo_fo
     leave the weights bit-identical; a cancel raised between two sampling steps of a preview stops training at
     that step boundary, and the trainer trains on afterwards."""
     from test_trainer import assert_same_adapter, make_trainer
-    from trainer_core.live import PreviewSettings, StepExtras
+    from trainer_core.live import PreviewSettings
+    from trainer_core.training import StepExtras
 
     settings = PreviewSettings("a red circle on a white background", size=32, steps=2, cfg=1.0)
     plain = make_trainer(tmp_path / "cache", demo_folder)
@@ -150,7 +151,7 @@ def test_engine_previews_every_n_steps_change_nothing_and_stop_on_cancel(demo_fo
     seen = []
     previewed = make_trainer(tmp_path / "cache", demo_folder)
     report = previewed.train(4, on_step=lambda r: seen.append((r.step, r.preview is not None)),
-                             extras=StepExtras(preview_every=2, preview=settings))
+                             work=StepExtras(preview_every=2, preview=settings).work())
     assert seen == [(1, False), (2, True), (3, False), (4, True)]
     assert [step for step, _ in report.previews] == [2, 4] and all(s >= 0 for _, s in report.previews)
     assert_same_adapter(plain, previewed)
@@ -167,7 +168,7 @@ def test_engine_previews_every_n_steps_change_nothing_and_stop_on_cancel(demo_fo
         raise Cancel()
 
     try:
-        previewed.train(4, extras=StepExtras(preview_every=2, preview=settings, on_sampling_step=cancel_in_preview))
+        previewed.train(4, work=StepExtras(preview_every=2, preview=settings, on_sampling_step=cancel_in_preview).work())
     except Cancel:
         pass
     else:
@@ -180,7 +181,7 @@ def test_engine_previews_every_n_steps_change_nothing_and_stop_on_cancel(demo_fo
 def test_a_long_report_sums_up_previews_and_snapshots(pack):
     from pathlib import Path
 
-    from trainer_core.trainer import TrainReport
+    from trainer_core.training import TrainReport
 
     train_nodes = pack_module(pack, "nodes.train_nodes")
 

@@ -12,7 +12,7 @@ from trainer_core.errors import UserInputError
 from trainer_core.lora import adapter_weights
 from trainer_core.lora_files import LORA_LAYOUTS, read_lora_file
 from trainer_core.models import build_tiny_components
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 
 def continued(path, demo_folder, cache_dir, lora=None):

@@ -246,7 +246,7 @@ def test_plan_for_loaded_components_while_training(demo_folder, tmp_path):
     from trainer_core.config import TrainConfig
     from trainer_core.planner import arch_for_components
     from trainer_core.models import build_tiny_components
-    from trainer_core.trainer import Trainer
+    from trainer_core.training import Trainer
 
     fresh = arch_for_components(build_tiny_components(storage="float8"))
     components = build_tiny_components(storage="float8")

@@ -16,7 +16,8 @@ from conftest import cached_demo
 from test_timeline import TINY
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.devtools.random_weights import random_transformer
-from trainer_core.live import PreviewSettings, StepExtras
+from trainer_core.live import PreviewSettings
+from trainer_core.training import StepExtras
 from trainer_core.lora import inject_lora
 from trainer_core.models import build_tiny_components
 from trainer_core.models.modulation import modulation_inputs, supports_modulation_ahead
@@ -26,7 +27,7 @@ from trainer_core.planner import arch_from_transformer
 from trainer_core.planner.plan import block_blob
 from trainer_core.planner.timeline import schedule
 from trainer_core.swap_placement import BACKWARD, FORWARD, spread_placement
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 GRID, TEXT = 4, 8  # image tokens per side, prompt tokens
 
@@ -137,7 +138,7 @@ def test_the_trainers_results_are_bit_identical_with_it_and_it_copies_less(tmp_p
         trainer = Trainer(components, cached, LoraConfig(rank=4, alpha=4.0), OptimizerConfig(optimizer="adamw"),
                           TrainConfig(seed=1, blocks_to_swap=1, grad_accum_steps=2))
         trainer.modulation_window = window
-        losses = [loss for n in chunks for loss in trainer.train(n, extras=extras).losses]
+        losses = [loss for n in chunks for loss in trainer.train(n, work=extras.work()).losses]
         runs[window, chunks] = (losses, [p.detach().clone() for p in trainer.params],
                                 trainer.runner.forwards_from_plan, [p.image for p in trainer.step_previews])
         trainer.close()

@@ -26,7 +26,7 @@ from trainer_core.lora_files import LORA_LAYOUTS, read_lora_file
 from trainer_core.models import build_tiny_components
 from trainer_core.models.scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
 from trainer_core.objective import resolution_mu, sample_noise_levels
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 FLOAT8 = torch.float8_e4m3fn
 

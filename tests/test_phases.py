@@ -218,7 +218,7 @@ def test_init_trainer_refuses_a_run_that_does_not_fit_the_ram_before_touching_th
     from conftest import cached_demo
     from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
     from trainer_core.models import build_tiny_components
-    from trainer_core.trainer import Trainer
+    from trainer_core.training import Trainer
 
     components = build_tiny_components(seed=0, storage="float8", compute_dtype=torch.bfloat16)
     cached = cached_demo(components, demo_folder, tmp_path / "cache")

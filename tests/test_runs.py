@@ -22,7 +22,7 @@ from trainer_core import runs
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.errors import UserInputError
 from trainer_core.models import build_tiny_components
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 LORA = LoraConfig(rank=4, alpha=4.0)
 OPTIM = OptimizerConfig(learning_rate=1e-3)

@@ -299,7 +299,7 @@ def test_parts_swapped_or_mismatched_are_refused_before_loading(tiny_files, tmp_
 
 def test_components_from_single_files_train_and_reload_their_encoder(tiny_files, demo_folder, tmp_path):
     from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-    from trainer_core.trainer import Trainer
+    from trainer_core.training import Trainer
 
     components = load_single_files(tiny_files["transformer_fp8_e4m3fn"], tiny_files["text_encoder_fp8_scaled"],
                                    tiny_files["vae"], storage="float8", compute_dtype=torch.float32,

@@ -6,7 +6,7 @@ import torch
 from conftest import adapter_snapshot, cached_demo
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.models import build_tiny_components
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 
 def make_trainer(cache_dir, folder, storage="float32", lora=None, optim=None, **train):
@@ -63,7 +63,7 @@ def test_block_swapping_on_a_deeper_model_all_but_one(demo_folder, tmp_path):
         grads = []
         for t in runs:
             t.train(3)
-            loss = t._micro_batch_loss([0, 1])
+            loss = t.flow.loss(t.flow.draw(t.micro_batches, indices=[0, 1]))
             loss.backward()
             grads.append({n: p.grad.clone() for n, p in t.transformer.named_parameters() if p.grad is not None})
             t.optimizer.zero_grad(set_to_none=True)

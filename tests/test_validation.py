@@ -12,7 +12,7 @@ from trainer_core.data import load_dataset, validation_indices
 from trainer_core.errors import UserInputError
 from trainer_core.models import build_tiny_components
 from trainer_core.plot import VALIDATION, loss_plot
-from trainer_core.trainer import Trainer
+from trainer_core.training import Trainer
 
 
 def make_trainer(folder, cache_dir, held_out=2, run_dir=None, **train):
@@ -37,7 +37,7 @@ def test_held_out_images_are_spread_named_and_never_trained_on(demo_folder, tiny
         load_dataset(tiny_dataset_config(demo_folder, validation_images=len(full.samples)))
 
     trainer = make_trainer(demo_folder, tiny_cache)
-    trained_on = {trainer.dataset.samples[i].image_path for _ in range(20) for i in trainer.order.next()}
+    trained_on = {trainer.dataset.samples[i].image_path for m in range(20) for i in trainer.order.batch(m)}
     assert not trained_on & held  # the data order only ever draws training samples
     for sample in trainer.dataset.validation:  # cached like the training samples: latents and embeddings
         assert (tiny_cache / "latents" / f"{sample.latent_key}.safetensors").is_file()

@@ -106,7 +106,7 @@ def measure_loras(tmp: Path) -> None:
     from trainer_core.demo import make_demo_dataset
     from trainer_core.lora import adapter_weights
     from trainer_core.lora_files import LORA_LAYOUTS
-    from trainer_core.trainer import Trainer
+    from trainer_core.training import Trainer
 
     folder = make_demo_dataset(tmp / "dataset")
     components = build_tiny_components(storage="float32")

@@ -1,7 +1,9 @@
 """Order of micro-batches: shuffled per epoch, one aspect bucket per micro-batch, fully reproducible.
 
-An epoch's order is a pure function of (seed, epoch), so the only state to keep (and checkpoint) is
-the position: (epoch, index of the next micro-batch in that epoch).
+An epoch's order is a pure function of (seed, epoch), and every epoch has the same number of micro-batches
+(each bucket's sample count is fixed), so micro-batch m of the run is a pure function of (seed, m): the
+only state to keep (and checkpoint) is the run's micro-batch counter, which the trainer keeps
+(training/randomness.py draws from the same counter).
 """
 
 from __future__ import annotations
@@ -19,9 +21,7 @@ class DataOrder:
         self.repeats = repeats
         self.batch_size = batch_size
         self.seed = seed
-        self.epoch = 0
-        self.position = 0
-        self._plan: list[list[int]] | None = None
+        self._plan: tuple[int, list[list[int]]] | None = None  # (epoch, its micro-batches)
 
     def epoch_plan(self, epoch: int) -> list[list[int]]:
         """The micro-batches (lists of sample indices, each within one bucket) of `epoch`."""
@@ -36,18 +36,22 @@ class DataOrder:
         ]
         return [batches[k] for k in torch.randperm(len(batches), generator=g).tolist()]
 
-    def next(self) -> list[int]:
-        if self._plan is None:
-            self._plan = self.epoch_plan(self.epoch)
-        if self.position >= len(self._plan):
-            self.epoch, self.position = self.epoch + 1, 0
-            self._plan = self.epoch_plan(self.epoch)
-        batch = self._plan[self.position]
-        self.position += 1
-        return batch
+    @property
+    def batches_per_epoch(self) -> int:
+        """The same in every epoch: each bucket's items split into ceil(count / batch_size) micro-batches."""
+        counts = [self.repeats] * len(self.buckets) if isinstance(self.repeats, int) else self.repeats
+        per_bucket: dict[tuple[int, int], int] = {}
+        for bucket, count in zip(self.buckets, counts):
+            per_bucket[bucket] = per_bucket.get(bucket, 0) + count
+        return sum(-(-n // self.batch_size) for n in per_bucket.values() if n)
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+    def batch(self, m: int) -> list[int]:
+        """The sample indices of micro-batch `m` (0-based, counted over the whole run)."""
+        per_epoch = self.batches_per_epoch
+        return self._epoch(m // per_epoch)[m % per_epoch]
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.position, self._plan = int(state["epoch"]), int(state["position"]), None
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        # One epoch's plan is kept: consecutive micro-batches are looked up in the same epoch.
+        if self._plan is None or self._plan[0] != epoch:
+            self._plan = (epoch, self.epoch_plan(epoch))
+        return self._plan[1]

@@ -2,8 +2,9 @@
 
 One folder per run; inside it, one folder per checkpoint and a pointer to the newest:
 
-    <run_dir>/checkpoints/step_000120/state.safetensors   every tensor (adapter, optimizer state, RNG states)
-    <run_dir>/checkpoints/step_000120/state.json          everything else (step, data order, configs, losses)
+    <run_dir>/checkpoints/step_000120/state.safetensors   every tensor (adapter, optimizer state)
+    <run_dir>/checkpoints/step_000120/state.json          everything else (format, step, micro-batch counter,
+                                                          configs, losses)
     <run_dir>/checkpoints/latest.json                     {"dir": "step_000120", "step": 120}
 
 A checkpoint folder is written under a temporary name, its files fsynced, then renamed into place, and
@@ -30,10 +31,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from . import files
+from .errors import UserInputError
 from .files import save_safetensors, write_bytes_atomic
 from .finite import nonfinite_names
 
-FORMAT_VERSION = 1
+# 2: randomness derived from counters (training/randomness.py): the micro-batch counter replaces format 1's
+# generator states and data-order position, which cannot be continued bit-exactly.
+FORMAT_VERSION = 2
 KEEP = 2
 STATE_TENSORS = "state.safetensors"
 STATE_JSON = "state.json"
@@ -151,9 +155,8 @@ def _readable(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | 
 def _unusable(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> str | None:
     """Why a readable checkpoint cannot be resumed (tensors missing, NaN/inf values), or None."""
     try:
-        needed = [f"lora.{n}" for n in meta["param_names"]] + ["rng.trainer"]
-        needed += _tensor_refs(meta["optimizer_state"])
-        meta["step"], meta["lora"], meta["train"], meta["order"]  # noqa: B018 (the keys resume reads)
+        needed = [f"lora.{n}" for n in meta["param_names"]] + _tensor_refs(meta["optimizer_state"])
+        meta["step"], meta["lora"], meta["train"], meta["micro_batches"]  # noqa: B018 (the keys resume reads)
     except (KeyError, TypeError):
         return "its state.json lacks entries a checkpoint has"
     missing = [k for k in needed if k not in tensors]
@@ -205,6 +208,7 @@ def load_latest(run_dir: str | Path, notes: list[str] | None = None
             if folder.is_dir() and notes is not None:
                 notes.append(f"checkpoint {folder} was skipped: it cannot be read (a damaged file).")
             continue
+        check_format(loaded[1], folder)
         reason = _unusable(*loaded)
         if reason is not None:
             if notes is not None:
@@ -212,6 +216,19 @@ def load_latest(run_dir: str | Path, notes: list[str] | None = None
             continue
         return loaded[0], loaded[1], folder
     return None
+
+
+def check_format(meta: dict[str, Any], folder: Path) -> None:
+    """Refuse a checkpoint of another format (rather than pass over it and start the run again from step 0)."""
+    found = meta.get("format")
+    if found == FORMAT_VERSION:
+        return
+    raise UserInputError(
+        f"checkpoint {folder} (step {meta.get('step', '?')}) is in checkpoint format {found}, written by an earlier "
+        f"version of this pack; this version reads and writes format {FORMAT_VERSION} (training's random draws are "
+        "now derived from counters, so the older format's generator states cannot continue the run bit-exactly). "
+        "To keep what that run learned, start a new run_name with continue_from_lora set to a LoRA file saved from "
+        f"it (Save LoRA or a snapshot); or delete {folder.parent} to start this run name again.")
 
 
 # -- optimizer state <-> (tensors, JSON) ------------------------------------------------------------

@@ -25,6 +25,9 @@ class Comparison:
     # peft's own cast of the inputs up to the fp32 LoRA weights.
     lora_compute: str = "compute dtype"
 
+    def __post_init__(self) -> None:
+        self.validate()  # checked once, where it is made, as the settings are
+
     def validate(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"Comparison.placement {self.placement!r}: choose one of {', '.join(PLACEMENTS)}.")

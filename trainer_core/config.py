@@ -79,6 +79,9 @@ class DatasetConfig:
         "typed above.", folder_list="input", extra_choices=(CUSTOM_FOLDER,),
     )
 
+    def __post_init__(self) -> None:
+        self.validate()  # settings are checked once, where they are made
+
     def validate(self) -> None:
         _check_range(self, "resolution", "repeats", "min_bucket_side", "max_bucket_side", "validation_images")
         _check_choice(self, "missing_caption")
@@ -109,6 +112,9 @@ class LoraConfig:
         "float32", "Precision of the trainable LoRA weights. float32 keeps every small update; bfloat16 halves "
         "their memory but rounds small updates away.", choices=("float32", "bfloat16"),
     )
+
+    def __post_init__(self) -> None:
+        self.validate()  # settings are checked once, where they are made
 
     def validate(self) -> None:
         if not isinstance(self.rank, int) or self.rank < 1:
@@ -145,6 +151,9 @@ class OptimizerConfig:
     )
     min_lr_ratio: float = _f(0.0, "Cosine schedule floor, as a fraction of the learning rate.", min=0.0, max=1.0, step=0.01)
     max_grad_norm: float = _f(1.0, "Clip the gradient norm to this value (0 = no clipping).", min=0.0, max=1000.0, step=0.1)
+
+    def __post_init__(self) -> None:
+        self.validate()  # settings are checked once, where they are made
 
     def validate(self) -> None:
         if not math.isfinite(self.learning_rate) or self.learning_rate <= 0:
@@ -215,24 +224,28 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.blocks_to_swap = parse_blocks_to_swap(self.blocks_to_swap)
+        self.validate()  # settings are checked once, where they are made
 
     @property
     def auto_swap(self) -> bool:
         return self.blocks_to_swap == AUTO_SWAP
 
-    def validate(self, num_blocks: int | None = None) -> None:
+    def validate(self) -> None:
         _check_range(self, "micro_batch_size", "grad_accum_steps", "seed", "caption_dropout", "checkpoint_every",
                      "max_nonfinite_steps", "blocks_to_swap", "validation_every")
         _check_choice(self, "timestep_sampling")
-        if num_blocks is not None and self.blocks_to_swap > num_blocks - 1:
-            raise UserInputError(
-                f"blocks_to_swap={self.blocks_to_swap} is too large: the transformer has {num_blocks} blocks and "
-                f"at least one must stay on the GPU. Use at most {num_blocks - 1}."
-            )
         check_run_name(self.run_name)
         if self.compile_float8 and self.fp8_activations:
             raise UserInputError(
                 "compile_float8 and fp8_activations are two ways to multiply the float8 weights: turn one of them off.")
+
+    def check_model(self, num_blocks: int) -> None:
+        """What the settings can only be checked against once the model is known."""
+        if self.blocks_to_swap > num_blocks - 1:
+            raise UserInputError(
+                f"blocks_to_swap={self.blocks_to_swap} is too large: the transformer has {num_blocks} blocks and "
+                f"at least one must stay on the GPU. Use at most {num_blocks - 1}."
+            )
 
 
 @dataclass
@@ -318,6 +331,9 @@ class TrainStepsConfig:
         0, "Every N steps, also save the LoRA into the loras folder as {run_name}_{step} (ComfyUI layout, bfloat16), "
         "so ComfyUI's own LoRA loaders can try it. 0 = off.", min=0, max=1_000_000,
     )
+
+    def __post_init__(self) -> None:
+        self.validate()  # settings are checked once, where they are made
 
     def validate(self) -> None:
         _check_range(self, "steps", "preview_every", "preview_size", "preview_sampling_steps", "snapshot_every")
@@ -421,6 +437,9 @@ class HeadlessConfig:
         "", "Qwen2.5 tokenizer folder for model files. Empty: a tokenizer/ folder beside the text encoder file (or "
         "its folder), as export-tiny writes.",
     )
+
+    def __post_init__(self) -> None:
+        self.validate()  # settings are checked once, where they are made
 
     def validate(self) -> None:
         _check_range(self, "steps", "epochs", "snapshot_every_epochs")

@@ -42,7 +42,7 @@ from .model_source import load_model_set
 from .plot import loss_plot
 from .run_file import RunFile
 from .runs import open_run, release
-from .trainer import StepReport, Trainer
+from .training import Every, StepReport, Trainer, every
 
 STOPPED = 130  # exit code after Ctrl-C / SIGTERM (128 + SIGINT, as shells report it)
 # A second Ctrl-C within this many seconds of the first is the same request: torchrun's launcher passes the
@@ -177,7 +177,7 @@ def run_length(trainer: Trainer, run: RunFile, steps: int | None) -> tuple[int, 
     """(the step the run ends at, steps per epoch). An epoch is every sample times its repeats, in micro-batches;
     a step takes grad_accum_steps of them on each process."""
     per_step = trainer.train_cfg.grad_accum_steps * trainer.replicas.size
-    steps_per_epoch = len(trainer.order.epoch_plan(0)) / per_step
+    steps_per_epoch = trainer.order.batches_per_epoch / per_step
     if steps is not None:
         return steps, steps_per_epoch
     ends = [run.headless.steps] if run.headless.steps else []
@@ -206,24 +206,23 @@ def _train(trainer: Trainer, run: RunFile, run_dir: Path, replicas: Replicas, co
         outputs.previews()  # the untrained model: what the LoRA changes shows against it
     progress = _Progress(trainer.step, end, say) if replicas.writes else None
 
-    def after_step(report: StepReport) -> None:
-        if progress is not None:
-            progress.update(report)
+    def stop_if_asked(report: StepReport) -> None:
         if replicas.any(stop.requested):  # every process stops after the same step
             raise StopRequested()
-        if outputs is not None:
-            every = run.steps_cfg.preview_every
-            if every and report.step % every == 0:
-                outputs.previews()
-            every = run.steps_cfg.snapshot_every
-            if (every and report.step % every == 0) or (snapshot_epoch_steps and report.step % snapshot_epoch_steps == 0):
-                outputs.lora()
-        if on_step is not None:
-            on_step(report)
+
+    work = [every(1, progress.update, "progress")] if progress is not None else []
+    work.append(every(1, stop_if_asked))
+    if outputs is not None:
+        work += [Every(run.steps_cfg.preview_every, lambda *_: outputs.previews(), "previews", extra=True),
+                 # both may be due at one step: Outputs.lora writes a step's file once
+                 Every(run.steps_cfg.snapshot_every, lambda *_: outputs.lora(), "snapshot", extra=True),
+                 Every(snapshot_epoch_steps, lambda *_: outputs.lora(), "epoch snapshot", extra=True)]
+    if on_step is not None:
+        work.append(every(1, on_step))
 
     with StopSignals(say) as stop:
         try:
-            trainer.train(end - trainer.step, on_step=after_step)
+            trainer.train(end - trainer.step, work=work)
         except StopRequested:
             if progress is not None:
                 progress.close()
@@ -261,16 +260,14 @@ class Outputs:
         return path
 
     def previews(self) -> None:
-        """Every preview prompt at the current step, as PNG files. Sampling leaves the training untouched: its own
-        generator, and torch's global RNG (LoRA dropout draws from it) put back afterwards."""
+        """Every preview prompt at the current step, as PNG files. Sampling leaves the training untouched: it has
+        its own generator, and training's draws come from counters (training/randomness.py)."""
         trainer, run = self.trainer, self.run
-        devices = [trainer.device] if trainer.device.type == "cuda" else []
         for i, prompt in enumerate(run.preview_prompts):
             started = time.perf_counter()
-            with torch.random.fork_rng(devices=devices):
-                image = trainer.sample_preview(prompt, run.cache.negative_prompt, run.steps_cfg.preview_size,
-                                               run.steps_cfg.preview_size, run.steps_cfg.preview_sampling_steps,
-                                               run.preview.cfg, run.preview.preview_seed)
+            image = trainer.sample_preview(prompt, run.cache.negative_prompt, run.steps_cfg.preview_size,
+                                           run.steps_cfg.preview_size, run.steps_cfg.preview_sampling_steps,
+                                           run.preview.cfg, run.preview.preview_seed)
             path = self.run_dir / "previews" / f"step_{trainer.step:06d}_{i}.png"
             self.write(_png(image), path, "preview image")
             if i == 0:

@@ -1,18 +1,13 @@
-"""What happens every N steps while training, besides checkpoints: preview images and LoRA snapshots.
+"""Live previews while training: their settings, the small copies a trainer keeps, and the images hosts show.
 
-`Trainer.train(n, on_step, extras=StepExtras(...))` decides when (every `preview_every` / `snapshot_every`
-optimizer steps, counted from the run's first step, like `checkpoint_every`), makes them, and hands them to
-`on_step` on its StepReport; a host (a ComfyUI node, the command line) only shows or reports them. The
-images here are PIL only: a side-by-side of the newest preview and the loss plot, and a grid of the
-previews kept so far, labelled by step.
+When previews are made is periodic work (training/periodic.py: StepExtras); this module is PIL only: a
+side-by-side of the newest preview and the loss plot, and a grid of the previews kept so far, labelled by step.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from PIL import Image, ImageDraw
 
@@ -39,25 +34,6 @@ class StepPreview:
     step: int
     image: Image.Image
     seconds: float  # what sampling it cost
-
-
-@dataclass
-class StepExtras:
-    """`preview_every` / `snapshot_every`: every N steps (0 = off). `snapshot_path(step)` is where the
-    LoRA snapshot of that step goes (the host decides the folder and name)."""
-
-    preview_every: int = 0
-    preview: PreviewSettings | None = None
-    snapshot_every: int = 0
-    snapshot_path: Callable[[int], Path] | None = None
-    # Called after each sampling step of a preview (step, of steps); may raise to stop (a host's Cancel).
-    on_sampling_step: Callable[[int, int], None] | None = None
-
-    def preview_due(self, step: int) -> bool:
-        return bool(self.preview_every) and self.preview is not None and step % self.preview_every == 0
-
-    def snapshot_due(self, step: int) -> bool:
-        return bool(self.snapshot_every) and self.snapshot_path is not None and step % self.snapshot_every == 0
 
 
 def keep_preview(kept: list[StepPreview], preview: StepPreview) -> None:

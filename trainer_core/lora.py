@@ -61,7 +61,6 @@ def inject_lora(transformer: nn.Module, cfg: LoraConfig, seed: int, modules: lis
     from peft import LoraConfig as PeftLoraConfig
     from peft import inject_adapter_in_model
 
-    cfg.validate()
     peft_cfg = PeftLoraConfig(
         r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
         target_modules=list(modules) if modules is not None else target_module_names(transformer, cfg.targets),

@@ -11,7 +11,6 @@ from .config import OptimizerConfig
 
 def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimizerConfig) -> torch.optim.Optimizer:
     """bitsandbytes AdamW8bit (state in 8 bits: 1/4 of AdamW's) or torch AdamW, decoupled weight decay."""
-    cfg.validate()
     kwargs = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adamw8bit":
         import bitsandbytes as bnb

@@ -220,8 +220,6 @@ def parse_run_tables(data: dict[str, Any], base: Path, where: str = "run file") 
             save=SaveConfig(**values.get(SaveConfig, {})),
             where=where,
         )
-        for cfg in (run.lora, run.optimizer, run.train, run.headless, run.steps_cfg):
-            cfg.validate()
     except UserInputError as e:
         raise UserInputError(f"{where}: {e}") from None
     if run.steps_cfg.preview_every and not run.preview_prompts:
@@ -352,12 +350,10 @@ def _datasets(entries: Any, base: Path, where: str) -> list[DatasetConfig]:
         settings = {name: _checked(_key("dataset", name, label), value, base, label) for name, value in entry.items()}
         if not settings.get("folder"):
             raise UserInputError(f"{label}: [[dataset]] needs folder = \"<folder of images with .txt captions>\".")
-        cfg = DatasetConfig(**settings)
         try:
-            cfg.validate()
+            datasets.append(DatasetConfig(**settings))  # checked as it is made
         except UserInputError as e:
             raise UserInputError(f"{label}: {e}") from None
-        datasets.append(cfg)
     return datasets
 
 

@@ -3,7 +3,7 @@
 Glue between the trainer and the pure planner: reads the plan inputs off live objects (largest
 bucket, longest caption, storage, device, the VAE's size), probes the device's budget and the machine's
 RAM, turns 'auto' swapping into a number, and refuses a run whose phases would not fit (`check_run`, pure,
-does the deciding). `trainer.py` calls `plan_run` before the adapter or the swapper touch the model.
+does the deciding). `training/setup.py` calls `plan_run` before the adapter or the swapper touch the model.
 """
 
 from __future__ import annotations

@@ -1,0 +1,53 @@
+"""The validation loss: how well the adapter predicts held-out images, the same number for the same LoRA.
+
+Each held-out sample is scored at the fixed noise levels VALIDATION_LEVELS (shifted by image size like
+training's when resolution_shift is on), with noise from a generator seeded per sample. Nothing of training's
+state is touched: no gradients, LoRA dropout off while it runs, and training's draws come from counters
+(randomness.py), which validation does not advance.
+"""
+
+from __future__ import annotations
+
+import math
+import torch
+
+from ..models.qwen_arch import PATCH_SIZE
+from ..objective import resolution_mu, time_shift
+from .step import conditions_of
+
+# `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
+# not imported here, so the recipe's components stay below the recipe.
+
+# The fixed noise levels (before the resolution shift), spread over (0, 1), and the seed of the fixed noise
+# (sample i draws from a generator seeded VALIDATION_SEED + i).
+VALIDATION_LEVELS = (0.1, 0.3, 0.5, 0.7, 0.9)
+VALIDATION_SEED = 20251130
+
+
+def validation_loss(trainer: "Trainer") -> float:
+    """Mean flow loss over the held-out samples (NaN without any)."""
+    samples = trainer.dataset.validation
+    if not samples:
+        return math.nan
+    transformer, dataset = trainer.transformer, trainer.dataset
+    was_training = transformer.training
+    transformer.eval()
+    total = 0.0
+    try:
+        with torch.no_grad():
+            for index, sample in enumerate(samples):
+                x0 = dataset.latents(sample.latent_key).float()  # (C, h, w)
+                k = len(VALIDATION_LEVELS)
+                generator = torch.Generator().manual_seed(VALIDATION_SEED + index)
+                noise = torch.randn((k, *x0.shape), generator=generator)  # (K, C, h, w)
+                levels = torch.tensor(VALIDATION_LEVELS, dtype=torch.float32)  # (K,)
+                if trainer.train_cfg.resolution_shift:
+                    tokens = (x0.shape[1] // PATCH_SIZE) * (x0.shape[2] // PATCH_SIZE)
+                    levels = time_shift(levels, resolution_mu(tokens, trainer.components.scheduler_config))
+                embeds = [dataset.embedding(sample.text_key)] * k
+                conditions = conditions_of(dataset, [sample])
+                total += float(trainer.flow.flow_loss(x0.expand(k, *x0.shape).contiguous(), noise, levels, embeds,
+                                                      None if conditions is None else conditions * k))
+    finally:
+        transformer.train(was_training)
+    return total / len(samples)

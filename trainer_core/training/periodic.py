@@ -1,0 +1,111 @@
+"""Periodic work: the one mechanism for what happens every N optimizer steps while training.
+
+    trainer.train(100, work=[
+        every(1, show_progress),                                   # a host's progress bar, Cancel checks
+        *StepExtras(preview_every=25, preview=settings).work(),    # live previews and LoRA snapshots
+    ])
+
+The recipe runs, after each finished (not skipped) optimizer step, first the trainer's own work (validation
+every `validation_every` steps, a checkpoint every `checkpoint_every`), then the caller's, in order. Steps are
+counted from the run's first step, so "every 50" means steps 50, 100, ... also across chunks and resumes. Work
+may raise (a host's Cancel) to stop at that step boundary: the recipe checkpoints and stays usable. Work whose
+time is not training (previews, snapshots) is marked `extra`: its seconds are left out of seconds per step.
+
+Periodic work leaves the training bit-identical: every training draw is a pure function of counters
+(randomness.py), so sampling a preview in between changes nothing that training draws.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..live import PreviewSettings
+from .reports import StepReport, TrainReport
+
+# `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
+# not imported here, so the recipe's components stay below the recipe.
+
+
+@dataclass(frozen=True)
+class Every:
+    """`do(trainer, step_report, train_report)` after every `steps`-th optimizer step of the run (0: never)."""
+
+    steps: int
+    do: Callable[["Trainer", StepReport, TrainReport], None]
+    name: str = ""
+    extra: bool = False  # not training: its seconds are left out of seconds per step
+
+    def due(self, step: int) -> bool:
+        return self.steps > 0 and step % self.steps == 0
+
+
+def every(steps: int, callback: Callable[[StepReport], None], name: str = "") -> Every:
+    """Work that only needs the step's report (progress, logging, a stop check)."""
+    return Every(steps, lambda trainer, step, report: callback(step), name or getattr(callback, "__name__", ""))
+
+
+def run_due(work: Sequence[Every], trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
+    for item in work:
+        if item.due(step.step):
+            started = time.perf_counter()
+            item.do(trainer, step, report)
+            if item.extra:
+                report.extra_seconds += time.perf_counter() - started
+
+
+# -- the trainer's own periodic work ----------------------------------------------------------------------
+
+
+def _validate(trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
+    trainer.validation_history.append((trainer.step, trainer.validation_loss()))
+
+
+def _checkpoint(trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
+    trainer.save_checkpoint()
+
+
+def training_work(trainer: "Trainer") -> list[Every]:
+    """Validation and checkpoints, from the trainer's settings (validation only with held-out images)."""
+    cfg = trainer.train_cfg
+    work = []
+    if cfg.validation_every and trainer.dataset.validation:
+        work.append(Every(cfg.validation_every, _validate, "validation"))
+    if cfg.checkpoint_every:
+        work.append(Every(cfg.checkpoint_every, _checkpoint, "checkpoint"))
+    return work
+
+
+# -- previews and LoRA snapshots (hosts choose them: Train Steps' widgets, a run file's [steps]) ---------------
+
+
+@dataclass
+class StepExtras:
+    """`preview_every` / `snapshot_every`: every N steps (0 = off). `snapshot_path(step)` is where the
+    LoRA snapshot of that step goes (the host decides the folder and name). The preview and the snapshot
+    are handed to later work on the step's report (`StepReport.preview`, `.snapshot`)."""
+
+    preview_every: int = 0
+    preview: PreviewSettings | None = None
+    snapshot_every: int = 0
+    snapshot_path: Callable[[int], Path] | None = None
+    # Called after each sampling step of a preview (step, of steps); may raise to stop (a host's Cancel).
+    on_sampling_step: Callable[[int, int], None] | None = None
+
+    def work(self) -> list[Every]:
+        work = []
+        if self.preview_every and self.preview is not None:
+            work.append(Every(self.preview_every, self._preview, "preview", extra=True))
+        if self.snapshot_every and self.snapshot_path is not None:
+            work.append(Every(self.snapshot_every, self._snapshot, "snapshot", extra=True))
+        return work
+
+    def _preview(self, trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
+        step.preview = trainer.preview_step(self.preview, progress=self.on_sampling_step)
+        report.previews.append((trainer.step, step.preview.seconds))
+
+    def _snapshot(self, trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
+        step.snapshot = trainer.save_lora(self.snapshot_path(trainer.step))
+        report.snapshots.append(step.snapshot)
