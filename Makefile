@@ -45,8 +45,14 @@ device-prepare:
 demo: $(STAMP)
 	$(PY) -m trainer_core demo --out demo_out
 
+# Every test, on two worker processes (pytest-xdist; tests/conftest.py gives each one OpenMP thread): the
+# tiny models use one core each, so a 2-core machine runs two tests at once. --dist loadfile keeps each test
+# file on one worker: a module's shared fixtures (a torchrun launch, real-width models) are built once.
+# TEST_WORKERS=0 runs them in this process; `-m "not slow"` (pytest directly) leaves out the longest ones.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # CPU memory and speed measurements; writes benchmarks/results_cpu.md and .json (a few minutes).
 bench: $(STAMP)

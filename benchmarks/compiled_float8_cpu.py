@@ -1,4 +1,4 @@
-"""The compiled float8 path (`models.float8_compiled`) against the eager one on the CPU: training steps of real-width
+"""The compiled float8 path (`models.float8.compiled`) against the eager one on the CPU: training steps of real-width
 blocks, and what compiling costs.
 
     .venv/bin/python benchmarks/compiled_float8_cpu.py compiled [--blocks 2] [--steps 6] [--json PATH]
@@ -6,8 +6,8 @@ blocks, and what compiling costs.
 
 Model: `--blocks` real Qwen-Image blocks (3072 wide, 24 heads, joint dim 3584; ~340 MB each in float8) with random
 float8_scaled block weights (`devtools.random_weights`), bf16 compute. Training: a rank-16 attention+mlp LoRA
-computed in bf16 (`lora.compute_in_input_dtype`, as the trainer does), AdamW, `offload.BlockRunner` with gradient
-checkpointing (modulation cache included), 8 x 8 packed latent tokens and 32 prompt tokens per step: few tokens on
+computed in bf16 (`lora.compute_in_input_dtype`, as the trainer does), AdamW, `streaming.runner.BlockRunner` with
+gradient checkpointing (modulation cache included), 8 x 8 packed latent tokens and 32 prompt tokens per step: few tokens on
 purpose, so the weight-sized work (what the two paths do differently) dominates. The same seeds give both modes
 the same weights and batches.
 
@@ -32,7 +32,7 @@ from trainer_core.config import LoraConfig
 from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.lora import compute_in_input_dtype, inject_lora, lora_parameters
 from trainer_core.objective import flow_loss
-from trainer_core.offload import BlockRunner
+from trainer_core.streaming.runner import BlockRunner
 
 GRID, TEXT = 8, 32  # packed latent tokens per side, prompt tokens
 

@@ -1,4 +1,4 @@
-"""Quality of float8 activations (`TrainConfig.fp8_activations`, `models.float8_activations`) against bf16 compute
+"""Quality of float8 activations (`TrainConfig.fp8_activations`, `models.float8.activations`) against bf16 compute
 on the same float8 weights: the issue-10 check "loss against bf16 compute on the same batches".
 
     .venv/bin/python benchmarks/fp8_activations_quality.py [--steps 100] [--tokens 256]   # CPU, ~6 min, 2.4 GB
@@ -113,7 +113,7 @@ def tiny_section(steps: int, log) -> None:
 
 def block_section(tokens: int, log) -> None:
     from trainer_core.devtools.random_weights import random_transformer
-    from trainer_core.models import float8_activations as fa
+    from trainer_core.models.float8 import activations as fa
     from trainer_core.models.float8 import frozen_block_linears, store_block_linears
 
     side = int(tokens ** 0.5)
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=256, help="image tokens of the real-width block (a square)")
     args = parser.parse_args(argv)
     from trainer_core.cli import _quiet_libraries
-    from trainer_core.models.float8_activations import scaling_for
+    from trainer_core.models.float8.activations import scaling_for
 
     _quiet_libraries()
     log = lambda line="": print(line, flush=True)  # noqa: E731

@@ -57,7 +57,7 @@ class Config:
 def run_config(env: Env, config: Config, components, dataset, inputs: PlanInputs, arch) -> dict:
     from trainer_core.devtools.memprobe import LiveBytes
     from trainer_core.planner.timeline import FP8_PATH, PATHS, RUNTIME, ComputePath, predict, profile_for_device
-    from trainer_core.swap_placement import tail_placement
+    from trainer_core.streaming.placement import tail_placement
     from trainer_core.training import Trainer
 
     k = config.blocks_to_swap
@@ -114,7 +114,7 @@ def run_config(env: Env, config: Config, components, dataset, inputs: PlanInputs
 def run_speed(env: Env, report: Report, clock: harness.Clock, seconds: float | None = None) -> None:
     """The configurations above into `report`: table 'seconds per step' and its checks."""
     from trainer_core.devtools.random_weights import random_transformer
-    from trainer_core.models.float8_compiled import available
+    from trainer_core.models.float8.compiled import available
 
     phase_started = clock.elapsed()
 

@@ -19,7 +19,7 @@ import common  # noqa: F401  (puts the repository on sys.path)
 from trainer_core.planner import GIB, PlanInputs, auto_blocks_to_swap
 from trainer_core.planner.arch import real_arch
 from trainer_core.planner.timeline import GPUS, PATHS, RUNTIME, predict
-from trainer_core.swap_placement import tail_placement
+from trainer_core.streaming.placement import tail_placement
 
 BUDGETS = (24, 16, 12, 8)
 

@@ -105,16 +105,11 @@ class QwenLoRACache:
         folder = inside(host.output_directory(), cache_folder.strip() or "qwen_lora_training/cache", "cache_folder",
                         "qwen_lora_training/cache")
         prompts = [line.strip() for line in preview_prompts.splitlines() if line.strip()]
-        progress = host.Progress(len(dataset.samples) + len(getattr(dataset, 'validation', ())) + len(prompts) + 1)
-        build, extra = build_cache, {}
-        if models.edit is not None or hasattr(dataset, "edit"):  # Qwen-Image-Edit: controls too (trainer_core/edit/)
-            from ..trainer_core.edit.cache import build_edit_cache
-
-            build = build_edit_cache
-            extra = {"control_resolution": dataset.edit.control_resolution if hasattr(dataset, "edit") else 0}
-        with engine_mode():
-            cached = build(models, list(dataset.samples), folder, preview_prompts=prompts, negative_prompt=negative_prompt,
-                           batch_size=caching_batch_size, repeats=dataset.config.repeats,
-                           validation=list(getattr(dataset, "validation", ())),
-                           progress=lambda done, todo: progress.update(done, total=todo), **extra)
+        progress = host.Progress(len(dataset.samples) + len(dataset.validation) + len(prompts) + 1)
+        with engine_mode():  # the model set's family keys and encodes the prompts and conditions (Edit: controls)
+            cached = build_cache(models, list(dataset.samples), folder, preview_prompts=prompts,
+                                 negative_prompt=negative_prompt, batch_size=caching_batch_size,
+                                 repeats=dataset.config.repeats, validation=list(dataset.validation),
+                                 progress=lambda done, todo: progress.update(done, total=todo),
+                                 settings=models.family.data_settings(dataset))
         return (cached, cached.report.summary())

@@ -1,4 +1,4 @@
-"""Qwen-Image-Edit: loading an Edit model set and finding an edit dataset (the engine: trainer_core/edit/).
+"""Qwen-Image-Edit: loading an Edit model set and finding an edit dataset (the engine: trainer_core/families/qwen_image_edit/).
 
 The other nodes (Cache, Init Trainer, Train Steps, Preview, Save, ...) take edit model sets and datasets as
 they are: Cache encodes controls and image-conditioned prompts for them, Preview edits the canvas' images.
@@ -7,12 +7,12 @@ they are: Cache encodes controls and image-conditioned prompts for them, Preview
 from __future__ import annotations
 
 from ..trainer_core.config import CUSTOM_FOLDER, DatasetConfig
-from ..trainer_core.edit.config import EditDataConfig, EditLoadConfig
-from ..trainer_core.edit.data import load_edit_dataset
-from ..trainer_core.edit.tiny import build_tiny_edit_components
-from ..trainer_core.edit.variants import AUTO
+from ..trainer_core.families.qwen_image_edit.config import EditDataConfig, EditLoadConfig
+from ..trainer_core.families.qwen_image_edit.data import load_edit_dataset
+from ..trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
+from ..trainer_core.families.qwen_image_edit.variants import AUTO
 from ..trainer_core.errors import UserInputError
-from ..trainer_core.models.edit_files import load_edit_diffusers_dir, load_edit_single_files
+from ..trainer_core.families.qwen_image_edit.files import load_edit_diffusers_dir, load_edit_single_files
 from ..trainer_core.models.tokenizer import tokenizer_candidates
 from . import host
 from .common import CATEGORY, DATASET, MODELS, engine_mode

@@ -43,9 +43,6 @@ class QwenLoRAPreview:
         negative = trainer.dataset.negative_prompt
         progress = host.Progress(steps)
         controls = [image_to_pil(control_images[k]) for k in sorted(control_images) if control_images[k] is not None]
-        if controls and trainer.components.edit is None:
-            raise UserInputError("control images were connected to Preview, but the model is a text-to-image Qwen-Image: "
-                                 "disconnect them, or train a Qwen-Image-Edit model.")
         with engine_mode():
             image = trainer.sample_preview(prompt, negative, width, height, steps, cfg, preview_seed,
                                            progress=lambda i, n: progress.update(i, total=n),

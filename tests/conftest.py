@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 # Tiny models gain nothing from several CPU threads, and on a busy 2-core machine OpenMP's waiting
-# threads make them many times slower (measured: the whole suite ~130 s with 2 threads under load,
-# ~36 s with 1). Set before torch is imported; a caller's own setting wins; new processes (test_resume) inherit it.
+# threads make them several times slower (measured: test_loss_falls_on_the_demo_dataset took 218 s with 2
+# threads and 55 s with 1, on 2 cores at a load average of ~8.5). Set before torch is imported; a caller's own
+# setting wins; new processes (test_resume, torchrun) inherit it, and each of `make test`'s two pytest-xdist
+# workers loads this file before torch too, so the two use one core each.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402

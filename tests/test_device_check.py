@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 TABLES = {
@@ -21,6 +23,7 @@ TABLES = {
 }
 
 
+@pytest.mark.slow  # a new process with the whole stack (30-160 s here, most of it imports under load)
 def test_device_check_tiny_writes_the_report_and_a_passing_verdict(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, OMP_NUM_THREADS="1")

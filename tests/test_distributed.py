@@ -27,6 +27,8 @@ from safetensors.torch import load_file
 from conftest import REPO
 from test_headless import tiny_run_file
 
+pytestmark = pytest.mark.slow  # two torchrun launches of 2 processes, each paying its imports
+
 TOLERANCE = 1e-6  # largest LoRA weight difference allowed between 2 processes and 1 with 2 x the accumulation
 STEPS = 8
 

@@ -10,9 +10,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from trainer_core.devtools.export import export_tiny_edit
-from trainer_core.edit.tiny import build_tiny_edit_components
+from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
 from trainer_core.errors import UserInputError
-from trainer_core.models.edit_files import load_edit_diffusers_dir, load_edit_single_files
+from trainer_core.families.qwen_image_edit.files import load_edit_diffusers_dir, load_edit_single_files
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def test_2511_file_carries_comfyuis_marker_and_loads_as_2511_with_its_vision_tow
         assert "__index_timestep_zero__" in f.keys()
     components = load_edit_single_files(files_2511["transformer_fp8_e4m3fn_scaled"], files_2511["text_encoder_bf16"],
                                         files_2511["vae"], storage="float32", compute_dtype=torch.float32)
-    assert components.edit.name == "edit-2511" and components.ensure_transformer().config.zero_cond_t
+    assert components.family.variant.name == "edit-2511" and components.ensure_transformer().config.zero_cond_t
     components.ensure_text_encoder()
     reference = build_tiny_edit_components("edit-2511")
     ours = dict(components.text_encoder.model.visual.named_parameters())
@@ -42,12 +42,13 @@ def test_variant_is_read_from_names_and_folders_and_a_wrong_choice_is_refused(fi
     plus = export_tiny_edit(tmp_path / "2509", "edit-2509")
     loaded = load_edit_single_files(plus["transformer_bf16"], plus["text_encoder_bf16"], plus["vae"],
                                     storage="float32", compute_dtype=torch.float32)
-    assert loaded.edit.name == "edit-2509" and not loaded.skeleton().config.zero_cond_t
+    assert loaded.family.variant.name == "edit-2509" and not loaded.skeleton().config.zero_cond_t
     folder = export_tiny_edit(tmp_path / "dir", "edit-2511", layout="diffusers")["diffusers_folder"]
     loaded = load_edit_diffusers_dir(folder, storage="float32", compute_dtype=torch.float32)
-    assert loaded.edit.name == "edit-2511" and loaded.transformer.config.zero_cond_t
+    assert loaded.family.variant.name == "edit-2511" and loaded.transformer.config.zero_cond_t
 
 
+@pytest.mark.slow
 def test_edit_demo_trains_from_exported_files_and_writes_a_comfyui_lora_preview_and_plot(files_2511, tmp_path, capsys):
     from trainer_core.cli import main
 
@@ -62,6 +63,7 @@ def test_edit_demo_trains_from_exported_files_and_writes_a_comfyui_lora_preview_
     assert Image.open(out / "preview.png").size == (256, 256) and Image.open(out / "loss.png").size == (768, 384)
 
 
+@pytest.mark.slow
 def test_edit_lora_loads_in_diffusers_edit_pipeline_on_every_module(files_2511, tmp_path):
     """diffusers' own loader (`QwenImageEditPlusPipeline.load_lora_weights`) takes our edit LoRA: every module
     of the file gets its adapter, with the file's weights."""

@@ -16,13 +16,14 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from trainer_core.edit.objective import append_controls
-from trainer_core.edit.pipelines import (
-    edit_pipeline, encode_control_latents, encode_edit_prompt, prepare_control, template_prefix_length,
+from trainer_core.families.qwen_image_edit.objective import append_controls
+from trainer_core.families.qwen_image_edit.pipelines import (
+    edit_pipeline, encode_control_latents, encode_edit_prompt, prepare_control,
 )
-from trainer_core.edit.tiny import build_tiny_edit_components
-from trainer_core.edit.variants import get_variant
+from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
+from trainer_core.families.qwen_image_edit.variants import get_variant
 from trainer_core.models.latents import pack_latents
+from trainer_core.models.text import template_prefix_length
 
 SMALL_VAE_AREA = 128 * 128
 SMALL_CONDITION_AREA = 48 * 48
@@ -67,7 +68,7 @@ def oracle_pipeline(components, variant):
         text_encoder=components.text_encoder, tokenizer=components.tokenizer,
         processor=ImageOnly(image_processor=Qwen2VLImageProcessorPil(), tokenizer=components.tokenizer),
         transformer=components.transformer)
-    pipe.prompt_template_encode_start_idx = template_prefix_length(pipe, components.tokenizer)
+    pipe.prompt_template_encode_start_idx = template_prefix_length(components.tokenizer, pipe.prompt_template_encode)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -131,4 +132,31 @@ def test_template_prefix_length_is_the_pipelines_own_with_the_real_tokenizer():
     components = build_tiny_edit_components("edit")
     for name in ("edit", "edit-2509"):
         pipe = edit_pipeline(get_variant(name), components, encoder=False)
-        assert template_prefix_length(pipe, tokenizer) == pipe.prompt_template_encode_start_idx == 64
+        assert template_prefix_length(tokenizer, pipe.prompt_template_encode) == pipe.prompt_template_encode_start_idx == 64
+
+
+@pytest.mark.parametrize("variant_name, count", [("edit", 1), ("edit-2511", 2)])
+def test_preview_of_canvas_controls_equals_the_variants_own_pipeline_sampling(small_pipeline_sizes, tmp_path,
+                                                                              variant_name, count):
+    """The shared sampler with the Edit family's hooks (controls encoded now, the text-to-image pipeline around a
+    transformer that appends them) gives the image the variant's own diffusers pipeline samples from the same
+    control images, prompt, noise and settings."""
+    from trainer_core.cache import CachedDataset
+    from trainer_core.sampling import sample_image
+
+    components = build_tiny_edit_components(variant_name)
+    variant = get_variant(variant_name)
+    images = control_images()[:count]
+    prompt, negative = "paint it red", "blurry"
+    pipe = oracle_pipeline(components, variant)
+    expected = pipe(image=images if variant.multi_image else images[0], prompt=prompt, negative_prompt=negative,
+                    true_cfg_scale=4.0, width=64, height=64, num_inference_steps=3,
+                    generator=torch.Generator("cpu").manual_seed(5), output_type="pil").images[0]
+    nothing_cached = CachedDataset(cache_dir=tmp_path, samples=[], prompt_keys={}, vae_fingerprint="",
+                                   text_fingerprint="", family=variant_name)
+    ours = sample_image(components, nothing_cached, prompt, negative, width=64, height=64, steps=3, cfg_scale=4.0,
+                        seed=5, condition_images=images)
+    assert ours.tobytes() == expected.tobytes()
+    flipped = [img.transpose(Image.Transpose.FLIP_LEFT_RIGHT) for img in images]  # the controls matter
+    assert sample_image(components, nothing_cached, prompt, negative, width=64, height=64, steps=3, cfg_scale=4.0,
+                        seed=5, condition_images=flipped).tobytes() != expected.tobytes()

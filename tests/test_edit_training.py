@@ -12,11 +12,11 @@ from PIL import Image
 from test_edit_pipelines import control_images, oracle_pipeline, small_pipeline_sizes  # noqa: F401 (fixture)
 from trainer_core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.data import load_cropped
-from trainer_core.edit.cache import build_edit_cache
-from trainer_core.edit.config import EditDataConfig
-from trainer_core.edit.data import discover_edit, load_edit_dataset
-from trainer_core.edit.tiny import build_tiny_edit_components
-from trainer_core.edit.variants import get_variant
+from trainer_core.cache import build_cache
+from trainer_core.families.qwen_image_edit.config import EditDataConfig
+from trainer_core.families.qwen_image_edit.data import discover_edit, load_edit_dataset
+from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
+from trainer_core.families.qwen_image_edit.variants import get_variant
 from trainer_core.errors import UserInputError
 from trainer_core.models.tiny import build_tiny_tokenizer
 from trainer_core.objective import resolution_mu, sample_noise_levels
@@ -34,6 +34,9 @@ def write_sample(folder: Path, name: str, caption: str, controls: list[Image.Ima
             img.save(folder / "control" / (f"{name}.png" if i == 1 else f"{name}_{i}.png"))
         else:
             img.save(folder / (f"{name}_control.png" if i == 1 else f"{name}_control_{i}.png"))
+
+
+SMALL = EditDataConfig(control_resolution=128)  # controls a CPU can afford (the model's rule is ~1024 px)
 
 
 def cfg(folder: Path) -> DatasetConfig:
@@ -68,28 +71,28 @@ def test_missing_extra_or_misnumbered_controls_are_refused_by_name(tmp_path, bre
 def test_control_count_and_aspect_the_variant_cannot_take_are_refused_by_name(tmp_path):
     write_sample(tmp_path / "two", "a", "edit", control_images()[:2])
     with pytest.raises(UserInputError, match="a.png has 2 control images, but edit takes 1"):
-        build_edit_cache(build_tiny_edit_components("edit"), list(discover_edit(cfg(tmp_path / "two"))),
-                         tmp_path / "cache", control_resolution=128)
+        build_cache(build_tiny_edit_components("edit"), list(discover_edit(cfg(tmp_path / "two"))),
+                    tmp_path / "cache", settings=SMALL)
     write_sample(tmp_path / "thin", "a", "edit", [Image.new("RGB", (400, 20), "red")])
     with pytest.raises(UserInputError, match=r"control image .*a_control.png is 400x20 px.*cannot keep its aspect"):
-        build_edit_cache(build_tiny_edit_components("edit-2511"), list(discover_edit(cfg(tmp_path / "thin"))),
-                         tmp_path / "cache", control_resolution=128)
+        build_cache(build_tiny_edit_components("edit-2511"), list(discover_edit(cfg(tmp_path / "thin"))),
+                    tmp_path / "cache", settings=SMALL)
 
 
 def test_cache_is_keyed_by_prompt_controls_and_models(tmp_path):
     write_sample(tmp_path / "d", "a", "make it blue", control_images()[:2])
     components = build_tiny_edit_components("edit-2509")
-    first = build_edit_cache(components, list(discover_edit(cfg(tmp_path / "d"))), tmp_path / "c", control_resolution=128)
+    first = build_cache(components, list(discover_edit(cfg(tmp_path / "d"))), tmp_path / "c", settings=SMALL)
     assert first.report.latents_encoded == 3 and first.report.prompts_encoded == 2  # target + 2 controls; caption, ""
-    again = build_edit_cache(components, list(discover_edit(cfg(tmp_path / "d"))), tmp_path / "c", control_resolution=128)
+    again = build_cache(components, list(discover_edit(cfg(tmp_path / "d"))), tmp_path / "c", settings=SMALL)
     assert (again.report.latents_encoded, again.report.prompts_encoded) == (0, 0)
     control_images()[2].save(tmp_path / "d" / "a_control_2.png")  # another control 2: its latent and the prompts
-    changed = build_edit_cache(components, list(discover_edit(cfg(tmp_path / "d"))), tmp_path / "c", control_resolution=128)
+    changed = build_cache(components, list(discover_edit(cfg(tmp_path / "d"))), tmp_path / "c", settings=SMALL)
     assert (changed.report.latents_encoded, changed.report.prompts_encoded) == (1, 2)
     assert changed.samples[0].text_key != first.samples[0].text_key
-    assert changed.samples[0].control_keys[0] == first.samples[0].control_keys[0]
+    assert changed.samples[0].condition_keys[0] == first.samples[0].condition_keys[0]
     other = build_tiny_edit_components("edit-2509", seed=1)  # other weights: nothing matches
-    fresh = build_edit_cache(other, list(discover_edit(cfg(tmp_path / "d"))), tmp_path / "c", control_resolution=128)
+    fresh = build_cache(other, list(discover_edit(cfg(tmp_path / "d"))), tmp_path / "c", settings=SMALL)
     assert (fresh.report.latents_encoded, fresh.report.prompts_encoded) == (3, 2)
     # The prompt embedding holds the image tokens: longer than the caption alone encodes.
     assert first.embedding(first.samples[0].text_key).shape[0] > len(build_tiny_tokenizer()("make it blue").input_ids)
@@ -149,7 +152,7 @@ def test_one_training_step_loss_equals_the_reference_from_the_pipelines_pieces(s
     expected = reference_loss(components, variant, tmp_path / "d", seed=7)
 
     dataset = load_edit_dataset(cfg(tmp_path / "d"), EditDataConfig(control_resolution=0))  # the model's own rule
-    cached = build_edit_cache(components, list(dataset.samples), tmp_path / "cache")
+    cached = build_cache(components, list(dataset.samples), tmp_path / "cache", settings=dataset.edit)
     trainer = Trainer(components, cached, LoraConfig(rank=4, alpha=4.0), OptimizerConfig(optimizer="adamw"),
                       TrainConfig(run_name="ref", seed=7, blocks_to_swap=0, gradient_checkpointing=False))
     try:
@@ -160,13 +163,13 @@ def test_one_training_step_loss_equals_the_reference_from_the_pipelines_pieces(s
 
 
 def test_memory_plan_counts_the_control_tokens(tmp_path):
-    from trainer_core.edit.objective import planned_image_size
+    from trainer_core.families.qwen_image_edit.objective import planned_image_size  # the Edit family's term
     from trainer_core.planner.for_run import inputs_for_run
 
     write_sample(tmp_path / "d", "a", "edit", control_images()[:2])
-    cached = build_edit_cache(build_tiny_edit_components("edit-2509"), list(discover_edit(cfg(tmp_path / "d"))),
-                              tmp_path / "c", control_resolution=128)
-    sizes = cached.samples[0].control_sizes  # (160, 96) and (128, 128): 15360 + 16384 px beside the 64x64 target
+    cached = build_cache(build_tiny_edit_components("edit-2509"), list(discover_edit(cfg(tmp_path / "d"))),
+                         tmp_path / "c", settings=SMALL)
+    sizes = cached.samples[0].condition_sizes  # (160, 96) and (128, 128): 15360 + 16384 px beside the 64x64 target
     assert planned_image_size(cached) == (64, -(-(64 * 64 + sum(w * h for w, h in sizes)) // (64 * 32)) * 32)
     inputs = inputs_for_run(build_tiny_edit_components("edit-2509"), cached, LoraConfig(), OptimizerConfig(),
                             TrainConfig())

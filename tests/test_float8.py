@@ -110,10 +110,10 @@ def test_scaled_float8_scales_the_output_as_scaling_the_weight_would():
 
 @pytest.mark.parametrize("mode", ["float8", "float8_scaled"])
 def test_the_compiled_paths_expression_equals_the_eager_function(mode):
-    """What `float8_compiled` hands torch.compile, run eagerly here, computes the same output and input gradient
+    """What `models.float8.compiled` hands torch.compile, run eagerly here, computes the same output and input gradient
     as `FrozenLinearFunction`, bit for bit in fp32 (compiled, see test_float8_compiled.py). The CPU is opt-in."""
     from trainer_core.models.float8 import SCALE_BUFFER, quantize_weight
-    from trainer_core.models.float8_compiled import available, frozen_linear_expression
+    from trainer_core.models.float8.compiled import available, frozen_linear_expression
 
     assert not available(torch.device("cpu"))
     torch.manual_seed(0)

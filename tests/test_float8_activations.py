@@ -1,4 +1,4 @@
-"""float8 activations (`models.float8_activations`, TrainConfig.fp8_activations): the exact relation of the
+"""float8 activations (`models.float8.activations`, TrainConfig.fp8_activations): the exact relation of the
 float8 product, its bf16 input gradient, the Linears that keep the eager path, the flag off or uninstalled
 leaving the eager path bit for bit, and chunked training with it on staying bit-identical."""
 
@@ -9,9 +9,9 @@ from torch import nn
 from conftest import cached_demo
 from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.models import build_tiny_components
-from trainer_core.models import float8_activations as fa
+from trainer_core.models.float8 import activations as fa
 from trainer_core.models.float8 import FLOAT8, SCALE_BUFFER, install_frozen_compute, quantize_weight
-from trainer_core.offload import BlockRunner
+from trainer_core.streaming.runner import BlockRunner
 from trainer_core.training import Trainer
 
 BF16_ULP = 2.0 ** -7  # bf16's spacing relative to a value (8 significant bits)

@@ -1,4 +1,4 @@
-"""The compiled float8 path (`models.float8_compiled`) run for real, on the CPU (Inductor's C++ backend): the
+"""The compiled float8 path (`models.float8.compiled`) run for real, on the CPU (Inductor's C++ backend): the
 same block outputs, loss and LoRA gradients as the eager `FrozenLinearFunction`, also with block streaming
 (with and without checkpointing); the same LoRA after a few training steps; every graph compiled in the first
 step, none after, though the caption length changes from step to step.
@@ -19,10 +19,10 @@ from trainer_core.config import LoraConfig
 from trainer_core.devtools.memprobe import SavedTensors
 from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.lora import compute_in_input_dtype, inject_lora, lora_parameters
-from trainer_core.models import float8_compiled
+from trainer_core.models.float8 import compiled as float8_compiled
 from trainer_core.objective import flow_loss
-from trainer_core.offload import BlockRunner
-from trainer_core.swap_placement import spread_placement
+from trainer_core.streaming.runner import BlockRunner
+from trainer_core.streaming.placement import spread_placement
 
 # A real Qwen-Image layout (16 latent channels, 2x2 patches) at toy width, 4 blocks.
 TINY = dict(num_layers=4, num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(8, 4, 4),

@@ -56,6 +56,7 @@ def same_tensors(a: Path, b: Path) -> bool:
     return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
 
 
+@pytest.mark.slow
 def test_the_shipped_tiny_example_trains_and_running_it_again_resumes(tmp_path, capsys):
     """run_files/tiny_run.toml as shipped (the README's first headless command), into another output folder."""
     from trainer_core.cli import main
@@ -83,6 +84,7 @@ def test_the_shipped_tiny_example_trains_and_running_it_again_resumes(tmp_path, 
     assert (run / "tiny_first_run_000053.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_at_a_step_boundary_and_the_same_command_continues_bit_exactly(tmp_path, demo_folder, capsys):
     """SIGINT during training: the run stops after the step it is in, with a checkpoint and the LoRA of that step
     (exit code 130); the same command then trains on, to the LoRA an uninterrupted run makes."""

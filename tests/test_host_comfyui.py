@@ -315,7 +315,7 @@ def comfy_edit(tmp_path):
     """A ComfyUI with the tiny Edit-2511 as ComfyUI single files, the built-in edit dataset in its input folder
     and a picture to edit there (for a Load Image)."""
     from trainer_core.devtools.export import export_tiny_edit
-    from trainer_core.edit.demo import make_edit_demo_dataset
+    from trainer_core.families.qwen_image_edit.demo import make_edit_demo_dataset
 
     base = tmp_path / "comfy_edit_base"
     (base / "custom_nodes").mkdir(parents=True)

@@ -36,6 +36,7 @@ def reference_adapter(pack, tmp_path, demo_folder, chunks):
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("base_exception", [False, True], ids=["exception-0.3.64", "baseexception-0.33"])
 def test_cancel_stops_at_a_step_boundary_checkpoints_and_continues(pack, tmp_path, demo_folder, output_dirs,
                                                                    monkeypatch, base_exception):
@@ -60,6 +61,7 @@ def test_cancel_stops_at_a_step_boundary_checkpoints_and_continues(pack, tmp_pat
     runs.release(run_name)
 
 
+@pytest.mark.slow
 def test_restart_rebuilds_the_trainer_from_its_checkpoint(pack, tmp_path, demo_folder, output_dirs):
     prompt = tiny_prompt(tmp_path, demo_folder, steps=3)
     GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)

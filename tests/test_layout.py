@@ -128,3 +128,19 @@ def test_the_config_and_the_architecture_facts_import_no_heavy_library():
     for start in ("trainer_core/config.py", "trainer_core/models/qwen_arch.py"):
         reached, external = _closure(REPO / start, module_level_only=True)
         assert not set(HEAVY) & external, (start, sorted(set(HEAVY) & external), _rel(reached))
+
+
+def test_streaming_imports_only_downward_and_its_placement_policy_no_torch():
+    """streaming/ may use models/ and its own modules, never the trainer, the planner or anything above them;
+    models/ never uses streaming/; the placement policy stays pure (the planner reads it without the engine).
+    What importing runs (module level): a function's lazy import elsewhere in models/ reaches further."""
+    above = {"trainer_core/trainer.py", "trainer_core/runs.py", "trainer_core/headless.py", "trainer_core/cli.py"}
+    for start in sorted((REPO / "trainer_core/streaming").glob("*.py")):
+        reached, _ = _closure(start, module_level_only=True)
+        names = _rel(reached)
+        assert not [n for n in names if n in above or n.startswith(("nodes/", "trainer_core/planner/"))], (start, names)
+    for start in sorted((REPO / "trainer_core/models").rglob("*.py")):
+        reached, _ = _closure(start, module_level_only=True)
+        assert not [n for n in _rel(reached) if n.startswith("trainer_core/streaming/")], start
+    _, external = _closure(REPO / "trainer_core/streaming/placement.py", module_level_only=True)
+    assert not set(HEAVY) & external

@@ -147,7 +147,7 @@ def test_whole_model_step_peak_matches_the_plan(checkpointing):
     measured by `LiveBytes`, against the planner's activation, gradient and upcast terms. Tolerance 3%:
     the working term is fitted (see above), the rest is exact or a direct count."""
     from trainer_core.objective import flow_loss
-    from trainer_core.offload import BlockRunner
+    from trainer_core.streaming.runner import BlockRunner
 
     model = random_transformer(dict(NARROW, num_layers=4), storage="float8")
     with_lora(model, targets="attention+mlp")
@@ -185,7 +185,7 @@ def test_more_swapping_means_less_gpu_and_more_host_ram():
         assert plans[k].term("frozen block Linears") + plans[k].term("swap slots") == plans[0].term("frozen block Linears")
     assert all(a > b for a, b in zip(gpu[2:], gpu[3:]))
     # Host RAM grows by whole power-of-two chunks of the pinned arena, each holding whole block blobs of 324 MiB
-    # (offload.blob_chunks), so neighbouring counts may need the same; the chunks' unused room stays under 1 GiB
+    # (streaming.arena.blob_chunks), so neighbouring counts may need the same; the chunks' unused room stays under 1 GiB
     # (pinning tensor by tensor would round 29 blocks up by 5.3 GiB).
     assert all(a <= b for a, b in zip(host, host[1:])) and host[0] < host[3] < host[6] < host[-1]
     assert all(p.term("pinned arena slack") < GIB for p in plans)

@@ -1,6 +1,6 @@
 """Modulation ahead: with streamed blocks, the first training forward of a window computes the streamed blocks'
 modulation outputs for the whole window (their weights are on the GPU then), and the window's other forwards
-copy those blocks without the modulation weights (offload.BlockRunner.plan_modulation, swap_placement).
+copy those blocks without the modulation weights (streaming.runner.BlockRunner.plan_modulation, streaming.placement).
 
 Checked here: the modulation inputs computed apart are the forward's own, bit for bit (Qwen-Image and
 Edit-2511's zero_cond_t); a planned run computes exactly what an unplanned one does while copying fewer bytes,
@@ -22,11 +22,11 @@ from trainer_core.lora import inject_lora
 from trainer_core.models import build_tiny_components
 from trainer_core.models.modulation import modulation_inputs, supports_modulation_ahead
 from trainer_core.objective import flow_loss
-from trainer_core.offload import BlockRunner
+from trainer_core.streaming.runner import BlockRunner
 from trainer_core.planner import arch_from_transformer
 from trainer_core.planner.plan import block_blob
 from trainer_core.planner.timeline import schedule
-from trainer_core.swap_placement import BACKWARD, FORWARD, spread_placement
+from trainer_core.streaming.placement import BACKWARD, FORWARD, spread_placement
 from trainer_core.training import Trainer
 
 GRID, TEXT = 4, 8  # image tokens per side, prompt tokens

@@ -2,7 +2,7 @@
 
 import torch
 
-from trainer_core.offload import ARENA_ALIGN, MIB, PinnedArena, arena_layout
+from trainer_core.streaming.arena import ARENA_ALIGN, MIB, PinnedArena, arena_layout
 
 
 def test_layout_uses_power_of_two_chunks_without_overlap():
@@ -35,7 +35,7 @@ def test_unpin_moves_the_masters_out_of_the_arena_and_frees_it():
     import weakref
 
     from trainer_core.models import build_tiny_components
-    from trainer_core.offload import BlockRunner
+    from trainer_core.streaming.runner import BlockRunner
 
     components = build_tiny_components(seed=0, storage="float32")
     blocks = components.transformer.transformer_blocks

@@ -16,6 +16,7 @@ import re
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from conftest import cached_demo
@@ -26,7 +27,7 @@ from trainer_core.lora_files import LORA_LAYOUTS, read_lora_file
 from trainer_core.models import build_tiny_components
 from trainer_core.models.scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
 from trainer_core.objective import resolution_mu, sample_noise_levels
-from trainer_core.training import Trainer
+from trainer_core.training import Trainer, randomness
 
 FLOAT8 = torch.float8_e4m3fn
 
@@ -224,6 +225,112 @@ def test_trainer_steps_shift_their_noise_levels_as_the_pipeline_would(demo_folde
         assert tokens == tokens_off and shifted.dtype == torch.float32
         assert not torch.equal(shifted, unshifted)
         assert torch.equal(shifted, scheduler.time_shift(pipeline_mu(tokens, scheduler), 1.0, unshifted))
+
+
+# ====================================================================================================
+# one training step's loss against the text-to-image pipeline's own pieces
+
+
+def text_to_image_reference(components, sample, seed: int):
+    """One training step's loss from `QwenImagePipeline`'s own pieces: `encode_prompt` (embeddings and the mask
+    it drops when nothing is padded), `prepare_latents` (the noise, drawn as the pipeline draws it, and packed),
+    `_pack_latents`, mu from `calculate_shift` at the packed token count, the scheduler's `time_shift`, and
+    `img_shapes` and the transformer's keyword arguments as `__call__` makes them. The target's latents are
+    the VAE's distribution mode normalised by its config (diffusers' `_encode_vae_image` of the Edit pipeline;
+    the text-to-image pipeline encodes no images). Returns (loss, what the transformer was handed, the level
+    before its shift)."""
+    from types import SimpleNamespace
+
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline, QwenImagePipeline
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+    from trainer_core.data import load_cropped
+    from trainer_core.models.text import template_prefix_length
+
+    pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_config(components.scheduler_config),
+                             vae=components.vae, text_encoder=components.text_encoder,
+                             tokenizer=components.tokenizer, transformer=components.transformer)
+    # The pipeline hard-codes the real tokenizer's 34 template tokens; test_models checks ours counts them.
+    pipe.prompt_template_encode_start_idx = template_prefix_length(components.tokenizer)
+    w, h = sample.bucket
+    f = pipe.vae_scale_factor
+    c = components.transformer.config.in_channels // 4  # as __call__ computes num_channels_latents
+    prompt, mask = pipe.encode_prompt(sample.caption, device=torch.device("cpu"))
+    pixels = load_cropped(sample.image_path, sample.bucket).unsqueeze(0).unsqueeze(2)  # (1, 3, 1, H, W)
+    encoder = SimpleNamespace(vae=components.vae, latent_channels=c)  # the two attributes the method reads
+    with torch.no_grad():
+        x0 = pipe._pack_latents(QwenImageEditPipeline._encode_vae_image(encoder, pixels, None), 1, c, h // f, w // f)
+    # The trainer's draws for its first micro-batch (training/randomness.py): the noise, and the noise level.
+    noise = pipe.prepare_latents(1, c, h, w, torch.float32, torch.device("cpu"),
+                                 randomness.generator(seed, 0, randomness.NOISE))  # (1, N, 4C), packed
+    level = randomness.generator(seed, 0, randomness.NOISE_LEVELS)
+    unshifted = torch.sigmoid(torch.randn(1, generator=level))  # logit-normal, mean 0, std 1 (the defaults)
+    mu = calculate_shift(noise.shape[1], pipe.scheduler.config.get("base_image_seq_len", 256),
+                         pipe.scheduler.config.get("max_image_seq_len", 4096),
+                         pipe.scheduler.config.get("base_shift", 0.5), pipe.scheduler.config.get("max_shift", 1.15))
+    s = pipe.scheduler.time_shift(mu, 1.0, unshifted)
+    x_t = (1 - s) * x0 + s * noise
+    inputs = dict(hidden_states=x_t, timestep=s, guidance=None, encoder_hidden_states_mask=mask,
+                  encoder_hidden_states=prompt, img_shapes=[[(1, h // f // 2, w // f // 2)]], attention_kwargs={},
+                  return_dict=False)
+    with torch.no_grad():
+        prediction = components.transformer(**inputs)[0]
+    return float(torch.nn.functional.mse_loss(prediction.float(), (noise - x0).float())), inputs, unshifted
+
+
+def test_one_training_step_loss_equals_the_reference_from_the_text_to_image_pipelines_pieces(tmp_path):
+    """The trainer's first loss equals, bit for bit, the loss made above from the pipeline's pieces; and the
+    pipeline's `__call__` itself, run for that one noise level, hands its transformer the same inputs (its
+    timestep goes through the scheduler's numpy schedule and t * 1000 / 1000: equal up to float32 rounding)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
+    from conftest import tiny_dataset_config
+    from trainer_core.cache import build_cache
+    from trainer_core.data import discover
+    from trainer_core.models.text import template_prefix_length
+
+    Image.new("RGB", (192, 64), (200, 60, 40)).save(tmp_path / "a.png")
+    (tmp_path / "a.txt").write_text("a red square on white")
+    components = build_tiny_components(storage="float32")
+    (sample,) = discover(tiny_dataset_config(tmp_path))
+    assert sample.bucket == (96, 32)  # not square: a width and height mixed up would show
+    expected, inputs, unshifted = text_to_image_reference(components, sample, seed=7)
+
+    # __call__ with the reference's noisy latents as its starting latents and its unshifted level as its one
+    # sigma (a schedule without the terminal stretch, an inference-only step that would move a lone sigma).
+    config = {**components.scheduler_config, "shift_terminal": None}
+    pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_config(config), vae=components.vae,
+                             text_encoder=components.text_encoder, tokenizer=components.tokenizer,
+                             transformer=components.transformer)
+    pipe.prompt_template_encode_start_idx = template_prefix_length(components.tokenizer)
+    pipe.set_progress_bar_config(disable=True)
+    seen = {}
+
+    def first_call(_module, _args, kwargs):
+        seen.setdefault("kw", kwargs)
+
+    handle = components.transformer.register_forward_pre_hook(first_call, with_kwargs=True)
+    try:
+        w, h = sample.bucket
+        pipe(prompt=sample.caption, width=w, height=h, sigmas=[float(unshifted)], latents=inputs["hidden_states"],
+             true_cfg_scale=1.0, output_type="latent")
+    finally:
+        handle.remove()
+    called = seen["kw"]
+    assert torch.equal(called["hidden_states"], inputs["hidden_states"])
+    assert torch.equal(called["encoder_hidden_states"], inputs["encoder_hidden_states"])
+    assert called["encoder_hidden_states_mask"] is None and inputs["encoder_hidden_states_mask"] is None
+    assert called["img_shapes"] == inputs["img_shapes"] and called["guidance"] is None
+    assert torch.allclose(called["timestep"], inputs["timestep"], rtol=1e-6, atol=0)
+
+    trainer = Trainer(components, build_cache(components, [sample], tmp_path / "cache"), LoraConfig(rank=4),
+                      OptimizerConfig(optimizer="adamw"),
+                      TrainConfig(run_name="t2i", seed=7, blocks_to_swap=0, gradient_checkpointing=False))
+    try:
+        loss = trainer.train(1).losses[0]
+    finally:
+        trainer.close()
+    assert loss == expected  # the same operations on the same numbers (the adapter starts as a no-op)
 
 
 # ====================================================================================================

@@ -28,6 +28,7 @@ def assert_same_tensors(a: Path, b: Path):
         assert torch.equal(ta[k], tb[k]), k
 
 
+@pytest.mark.slow
 def test_resume_in_a_new_process_is_bit_exact(demo_folder, tmp_path):
     """k steps and a checkpoint, then a new process resumes and trains to k + m: the LoRA equals k + m steps
     in one go, bit for bit. Twice: a Trainer with every stateful feature (resume_worker.py: float8, swapping,

@@ -28,8 +28,8 @@ NODE_SETTINGS = {
     "QwenLoRACompareSteps": ("CompareStepsConfig",),
     "QwenLoRASave": ("SaveConfig",),
     "QwenLoRARelease": (),  # a trainer socket only
-    "QwenLoRALoadEditModels": ("edit.config.EditLoadConfig",),
-    "QwenLoRAEditDataset": ("DatasetConfig", "edit.config.EditDataConfig"),
+    "QwenLoRALoadEditModels": ("families.qwen_image_edit.config.EditLoadConfig",),
+    "QwenLoRAEditDataset": ("DatasetConfig", "families.qwen_image_edit.config.EditDataConfig"),
 }
 WIDGET_TYPES = {"INT": int, "FLOAT": float, "BOOLEAN": bool, "STRING": str}
 OPTION_KEYS = {"default", "tooltip", "min", "max", "step", "round", "multiline"}
@@ -54,7 +54,7 @@ def is_socket(spec) -> bool:
 
 
 def config_class(pack, name: str) -> type:
-    """A config class by name: in trainer_core.config, or 'edit.config.X' in that module of trainer_core."""
+    """A config class by name: in trainer_core.config, or 'families.qwen_image_edit.config.X' in that module of trainer_core."""
     module, _, cls = name.rpartition(".")
     return getattr(pack_module(pack, f"trainer_core.{module or 'config'}"), cls)
 

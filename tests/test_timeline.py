@@ -1,4 +1,4 @@
-"""The timeline model against a real step: the copies, waits and block computes that `offload.BlockRunner`
+"""The timeline model against a real step: the copies, waits and block computes that `streaming.runner.BlockRunner`
 issues while a tiny model trains equal, event for event and byte for byte, the schedule
 `planner.timeline.schedule` predicts; and the model's predictions behave as the hardware figures say."""
 
@@ -11,12 +11,12 @@ from trainer_core.config import LoraConfig
 from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.lora import inject_lora
 from trainer_core.objective import flow_loss
-from trainer_core.offload import BlockRunner
+from trainer_core.streaming.runner import BlockRunner
 from trainer_core.planner import PlanInputs, arch_from_transformer
 from trainer_core.planner.arch import real_arch
 from trainer_core.planner.plan import block_blob
 from trainer_core.planner.timeline import FP8_PATH, GPUS, ComputePath, predict, schedule
-from trainer_core.swap_placement import BACKWARD, FORWARD, spread_placement, tail_placement
+from trainer_core.streaming.placement import BACKWARD, FORWARD, spread_placement, tail_placement
 
 # A real Qwen-Image layout (16 latent channels, 2x2 patches) at toy width, 6 blocks.
 TINY = dict(num_layers=6, num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(8, 4, 4), joint_attention_dim=32)

@@ -1,7 +1,9 @@
-"""Latent and prompt-embedding cache on disk, addressed by content.
+"""Latent and prompt-embedding cache on disk, addressed by content, for every model family.
 
 A latent's key hashes the image bytes, its bucket, the crop recipe and the VAE's fingerprint; a prompt
-embedding's key hashes the text, the text encoder's fingerprint (tokenizer included) and the template.
+embedding's key is the family's (families/base.CacheConditioning: text-to-image hashes the text, the text
+encoder's fingerprint, tokenizer included, and the template; Edit adds the control images the prompt is
+seen with), and so are the keys and encoding of a sample's condition latents (Edit: its control images).
 So a second run over the same data encodes nothing, a changed image is re-encoded alone, and a cache
 written by another model simply misses. Files are safetensors written atomically (temp + rename); the
 temporary files of a killed run are removed when the cache is next built.
@@ -30,7 +32,6 @@ from .errors import UserInputError
 from .files import os_error, remove_leftovers, write_error, write_safetensors_atomic
 from .models.components import QwenImageComponents
 from .models.latents import encode_images
-from .models.text import encode_prompts, pipeline_prompt_constants
 
 # Bump when the way latents or embeddings are produced changes: old entries then miss.
 # 2: every image and prompt encoded alone (1 encoded them in batches, so entries depended on their companions).
@@ -44,11 +45,18 @@ CROP_RECIPE = "cover-lanczos-centre-crop"
 
 @dataclass(frozen=True)
 class CachedSample:
+    """One sample's cache entries. Every family's samples have these fields (the step never probes); the
+    condition fields are empty for a family without conditions."""
+
     latent_key: str
     text_key: str
     bucket: tuple[int, int]  # (width, height) in pixels
     caption: str
     image_path: str
+    empty_text_key: str = ""  # the empty caption as the sample's conditions see it (caption dropout)
+    condition_keys: tuple[str, ...] = ()  # latent keys of its conditions, in order (Edit: the control images)
+    condition_sizes: tuple[tuple[int, int], ...] = ()  # (width, height) px of each condition's VAE image
+    condition_paths: tuple[str, ...] = ()  # their files (for status text)
 
 
 @dataclass
@@ -78,6 +86,10 @@ class CachedDataset:
     # Held out of training (never in the data order): the validation loss is measured on these.
     validation: list[CachedSample] = field(default_factory=list)
     report: CacheReport = field(default_factory=CacheReport)
+    family: str = "qwen-image"  # the name of the family whose conditioning made the entries
+    # Whose conditions the preview and negative prompts were encoded with (the first training sample).
+    preview_sample: CachedSample | None = None
+    settings: object = None  # the family's data settings the cache was built with (Edit: EditDataConfig)
     _memory: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def latents(self, key: str) -> torch.Tensor:
@@ -117,12 +129,6 @@ def latent_key(sample: Sample, vae_fingerprint: str) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
-def text_key(prompt: str, text_fingerprint: str) -> str:
-    template, max_tokens = pipeline_prompt_constants()
-    parts = (CACHE_VERSION, template, str(max_tokens), text_fingerprint, prompt)
-    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
-
-
 def _entry_ok(path: Path, tensor_name: str) -> bool:
     """An entry counts only if it is complete: a cut-short file (full disk, crash) is re-encoded."""
     if not path.is_file():
@@ -144,75 +150,85 @@ def build_cache(
     repeats: int | tuple[int, ...] = 1,
     progress: Callable[[int, int], None] | None = None,
     validation: list[Sample] = (),
+    settings=None,
 ) -> CachedDataset:
     """Encode what is not cached yet, then release the text encoder and park the VAE on the CPU.
 
-    The preview prompts and the negative prompt are encoded in the same pass; the empty prompt always
-    is (caption dropout uses it). `validation` samples (held out of training) are cached the same way.
+    The model set's family (`components.family`) says how prompts and conditions are keyed and encoded;
+    `settings` are its data settings (`family.data_settings(dataset)`; None: its defaults). Per sample its
+    caption and the empty caption (caption dropout) are encoded, and the preview prompts, the negative
+    prompt and the empty prompt as the first training sample's conditions see them. `validation` samples
+    (held out of training) are cached the same way.
     """
+    family = components.family
     cache_dir = Path(cache_dir)
     training, validation = list(samples), list(validation)
-    samples = training + validation
-    report = CacheReport()
+    everything = training + validation
     vae_fp = components.fingerprint("vae")
-    text_fp = components.fingerprint("text_encoder")
+    conditioning = family.cache_conditioning(components, everything, settings)  # refuses what it cannot take
     for kind in ("latents", "text"):  # what killed runs left (only we write these folders)
         remove_leftovers(cache_dir / kind, names=ENTRY_NAME, library_temps_older_than=LIBRARY_TEMP_AGE)
 
-    todo_latents = [s for s in samples if not _entry_ok(cache_dir / "latents" / f"{latent_key(s, vae_fp)}.safetensors", "latents")]
-    prompts = list(dict.fromkeys([s.caption for s in samples] + list(preview_prompts) + [negative_prompt, ""]))
-    todo_prompts = [p for p in prompts if not _entry_ok(cache_dir / "text" / f"{text_key(p, text_fp)}.safetensors", "embedding")]
-    total = len(todo_latents) + len(todo_prompts)
-    done = 0
+    preview = training[0] if training else None
+    prompt_jobs: dict[str, tuple[str, Sample]] = {}  # key -> (prompt, the sample whose conditions it sees)
+    for s in everything:
+        for prompt in (s.caption, ""):
+            prompt_jobs.setdefault(conditioning.text_key(prompt, s), (prompt, s))
+    # Prompts a preview can use without the text encoder: those cached as the preview sample sees them.
+    prompt_keys: dict[str, str] = {}
+    fixed = (*preview_prompts, negative_prompt, "")
+    for prompt in dict.fromkeys([*(s.caption for s in everything), *fixed]):
+        key = conditioning.text_key(prompt, preview)
+        if prompt in fixed or key in prompt_jobs:
+            prompt_jobs.setdefault(key, (prompt, preview))
+            prompt_keys[prompt] = key
+    condition_jobs = {k: v for s in everything for k, v in conditioning.condition_jobs(s).items()}
+
+    def exists(kind: str, key: str, name: str) -> bool:
+        return _entry_ok(cache_dir / kind / f"{key}.safetensors", name)
+
+    todo_targets = [s for s in everything if not exists("latents", latent_key(s, vae_fp), "latents")]
+    todo_conditions = {k: v for k, v in condition_jobs.items() if not exists("latents", k, "latents")}
+    todo_prompts = {k: v for k, v in prompt_jobs.items() if not exists("text", k, "embedding")}
+    total, done = len(todo_targets) + len(todo_conditions) + len(todo_prompts), 0
 
     def write(tensors: dict[str, torch.Tensor], kind: str, key: str, what: str, metadata=None) -> None:
+        nonlocal done
         try:
             write_safetensors_atomic(tensors, cache_dir / kind / f"{key}.safetensors", metadata)
         except OSError as e:
             raise write_error(e, f"cache entry of {what}", cache_dir / kind,
                               f"The {done} entries encoded before it are kept: the next run encodes only the rest."
                               ) from None
+        done += 1
+        if progress and (done % batch_size == 0 or done == total):
+            progress(done, total)
 
-    if todo_latents:
+    if todo_targets or todo_conditions:
         vae = components.ensure_vae()
-        by_bucket: dict[tuple[int, int], list[Sample]] = {}
-        for s in todo_latents:
-            by_bucket.setdefault(s.bucket, []).append(s)
-        for bucket_samples in by_bucket.values():
-            for start in range(0, len(bucket_samples), batch_size):
-                chunk = bucket_samples[start:start + batch_size]
-                for s in chunk:  # alone: see the module docstring
-                    pixels = load_cropped(s.image_path, s.bucket, s.background, s.allow_large_images).unsqueeze(0)  # (1, 3, H, W)
-                    latent = encode_images(vae, pixels)[0]  # (C, h, w)
-                    write({"latents": latent}, "latents", latent_key(s, vae_fp), f"image {Path(s.image_path).name}",
-                          {"image": Path(s.image_path).name, "bucket": f"{s.bucket[0]}x{s.bucket[1]}"})
-                    done += 1
-                if progress:
-                    progress(done, total)
-    report.latents_encoded = len(todo_latents)
-    report.latents_reused = len(samples) - len(todo_latents)
-
+        for s in todo_targets:  # alone: see the module docstring
+            pixels = load_cropped(s.image_path, s.bucket, s.background, s.allow_large_images).unsqueeze(0)  # (1, 3, H, W)
+            latent = encode_images(vae, pixels)[0]  # (C, h, w)
+            write({"latents": latent}, "latents", latent_key(s, vae_fp), f"image {Path(s.image_path).name}",
+                  {"image": Path(s.image_path).name, "bucket": f"{s.bucket[0]}x{s.bucket[1]}"})
+        conditioning.encode_conditions(todo_conditions, write)
     if todo_prompts:
         components.ensure_text_encoder()
-        for start in range(0, len(todo_prompts), batch_size):
-            chunk = todo_prompts[start:start + batch_size]
-            for prompt in chunk:  # alone: see the module docstring
-                emb = encode_prompts(components.text_encoder, components.tokenizer, [prompt])[0]
-                write({"embedding": emb}, "text", text_key(prompt, text_fp), f"prompt {prompt[:40]!r}")
-                done += 1
-            if progress:
-                progress(done, total)
-    report.prompts_encoded = len(todo_prompts)
-    report.prompts_reused = len(prompts) - len(todo_prompts)
-
+        conditioning.encode_prompts(todo_prompts, write)
     components.release_text_encoder()
     components.release_vae()
-    def entry(s: Sample) -> CachedSample:
-        return CachedSample(latent_key=latent_key(s, vae_fp), text_key=text_key(s.caption, text_fp), bucket=s.bucket,
-                            caption=s.caption, image_path=s.image_path)
 
+    def entry(s: Sample) -> CachedSample:
+        return CachedSample(latent_key=latent_key(s, vae_fp), text_key=conditioning.text_key(s.caption, s),
+                            bucket=s.bucket, caption=s.caption, image_path=s.image_path,
+                            empty_text_key=conditioning.text_key("", s), **conditioning.entry_fields(s))
+
+    report = CacheReport(
+        latents_encoded=len(todo_targets) + len(todo_conditions),
+        latents_reused=len(everything) + len(condition_jobs) - len(todo_targets) - len(todo_conditions),
+        prompts_encoded=len(todo_prompts), prompts_reused=len(prompt_jobs) - len(todo_prompts))
     return CachedDataset(
-        cache_dir=cache_dir, samples=[entry(s) for s in training], validation=[entry(s) for s in validation], prompt_keys={p: text_key(p, text_fp) for p in prompts},
-        vae_fingerprint=vae_fp, text_fingerprint=text_fp, repeats=repeats, preview_prompts=list(preview_prompts),
-        negative_prompt=negative_prompt, report=report,
-    )
+        cache_dir=cache_dir, samples=[entry(s) for s in training], validation=[entry(s) for s in validation],
+        prompt_keys=prompt_keys, vae_fingerprint=vae_fp, text_fingerprint=components.fingerprint("text_encoder"),
+        repeats=repeats, preview_prompts=list(preview_prompts), negative_prompt=negative_prompt, report=report,
+        family=family.name, preview_sample=entry(preview) if preview is not None else None, settings=settings)

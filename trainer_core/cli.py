@@ -40,10 +40,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if any(files) and not all(files):
         raise UserInputError("demo from files needs all three of --transformer, --text-encoder and --vae.")
     check_writable_folder(args.out, "--out")
-    edit = args.model != "qwen-image"  # Qwen-Image-Edit (trainer_core/edit/)
+    edit = args.model != "qwen-image"  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
     if any(files):
         from .models import load_single_files
-        from .models.edit_files import load_edit_single_files
+        from .families.qwen_image_edit.files import load_edit_single_files
 
         # As the built-in demo: float8 block weights, fp32 compute (the CPU has no fast bf16 matmul).
         loader = (lambda *a, **k: load_edit_single_files(*a, variant=args.model, **k)) if edit else load_single_files
@@ -61,15 +61,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"--blocks-to-swap {args.blocks_to_swap}: the transformer has {num_blocks} blocks and at least one must "
             f"stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' to let the memory planner choose."
         )
-    if edit:
-        from .edit.demo import run_edit_demo
-
-        variant = args.model if args.model != "edit-auto" else "edit-2511"
-        result = run_edit_demo(args.out, variant=variant, steps=args.steps, seed=args.seed, components=components,
-                               resume=args.resume, blocks_to_swap=args.blocks_to_swap)
-    else:
-        result = run_demo(args.out, steps=args.steps, seed=args.seed, components=components,
-                          resume=args.resume, blocks_to_swap=args.blocks_to_swap)
+    # edit-auto without files: the tiny Edit-2511 (with files, the model set's own family decides).
+    model = "edit-2511" if args.model == "edit-auto" else args.model
+    result = run_demo(args.out, steps=args.steps, seed=args.seed, components=components, resume=args.resume,
+                      blocks_to_swap=args.blocks_to_swap, model=model)
     print(f"loss: first step {result.first_loss:.4f}, last step {result.last_loss:.4f} ({result.steps} steps)")
     print(f"lora:      {result.lora}")
     print(f"preview:   {result.preview}")

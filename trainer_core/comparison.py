@@ -16,7 +16,7 @@ LORA_COMPUTES = ("compute dtype", "float32")
 
 @dataclass(frozen=True)
 class Comparison:
-    # "spread": the streamed blocks spread over the depth (swap_placement.default_placement); "tail": the last
+    # "spread": the streamed blocks spread over the depth (streaming.placement.default_placement); "tail": the last
     # blocks_to_swap blocks, the layout before the timeline model.
     placement: str = "spread"
     # False: every training forward copies its streamed blocks whole (no modulation outputs planned ahead).

@@ -340,7 +340,7 @@ def _grey_to_8bit(raw: np.ndarray, mode: str, rawmode: str | None) -> np.ndarray
 def discover(cfg: DatasetConfig, exclude=None) -> list[Sample]:
     """Find every image with its caption and bucket; the list is sorted by file name.
 
-    `exclude(path)`: images that are not training targets (an edit dataset's control images, edit/data.py)."""
+    `exclude(path)`: images that are not training targets (an edit dataset's control images, families/qwen_image_edit/data.py)."""
     if not cfg.folder.strip():
         raise UserInputError("no dataset folder given. Point it at a folder of images with .txt captions.")
     folder = Path(cfg.folder).expanduser().absolute()  # errors name the folder looked in, in full

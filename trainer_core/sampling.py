@@ -1,8 +1,9 @@
-"""Preview images from the adapter as it is now, with the diffusers Qwen-Image pipeline.
+"""Preview images from the adapter as it is now, with the model family's pinned diffusers pipeline.
 
-The pipeline runs on cached prompt embeddings (the text encoder is gone by now) and calls the same
-transformer the trainer trains, so block swapping and the live LoRA apply as they are. LoRA dropout
-is off (eval mode) while sampling.
+The pipeline (`family.preview_pipeline`) runs on prompt embeddings (cached, or encoded now with images
+given for a family with conditions: `family.preview_inputs`) and calls the same transformer the trainer
+trains, so block swapping and the live LoRA apply as they are. LoRA dropout is off (eval mode) while
+sampling.
 """
 
 from __future__ import annotations
@@ -45,22 +46,23 @@ def sample_image(
     cfg_scale: float = 4.0,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    condition_images: list[Image.Image] | None = None,
 ) -> Image.Image:
-    """One image for `prompt` (true CFG against `negative_prompt` when cfg_scale > 1)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
-
+    """One image for `prompt` (true CFG against `negative_prompt` when cfg_scale > 1). `condition_images`:
+    for a family with conditions (Edit: 1 to 3 control images to edit), else its default (Edit: the cached
+    preview sample's controls)."""
+    family = components.family
+    use_cfg = cfg_scale > 1.0
+    conditions, embeds = family.preview_inputs(components, dataset, [prompt, negative_prompt] if use_cfg else [prompt],
+                                               condition_images)
     transformer, vae = components.transformer, components.ensure_vae()
     multiple = pixel_multiple(vae)
     width, height = snap_size(width, multiple), snap_size(height, multiple)
     device, dtype = components.device, components.compute_dtype
-    positive = prompt_embedding(dataset, prompt).unsqueeze(0)  # (1, L, D)
-    use_cfg = cfg_scale > 1.0
-    negative = prompt_embedding(dataset, negative_prompt).unsqueeze(0) if use_cfg else None
+    positive = embeds[prompt].unsqueeze(0)  # (1, L, D)
+    negative = embeds[negative_prompt].unsqueeze(0) if use_cfg else None
 
-    pipe = QwenImagePipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler.from_config(components.scheduler_config),
-        vae=vae, text_encoder=None, tokenizer=None, transformer=transformer,
-    )
+    pipe = family.preview_pipeline(components, conditions)
     pipe.set_progress_bar_config(disable=True)
 
     def on_step_end(_pipe, i, _t, kwargs):
@@ -72,9 +74,9 @@ def sample_image(
     transformer.eval()
     try:
         image = pipe(
-            prompt_embeds=positive.to(device, dtype), prompt_embeds_mask=_all_valid(positive),
+            prompt_embeds=positive.to(device, dtype), prompt_embeds_mask=_all_valid(positive, device),
             negative_prompt_embeds=None if negative is None else negative.to(device, dtype),
-            negative_prompt_embeds_mask=None if negative is None else _all_valid(negative),
+            negative_prompt_embeds_mask=None if negative is None else _all_valid(negative, device),
             true_cfg_scale=cfg_scale, width=width, height=height, num_inference_steps=steps,
             generator=torch.Generator("cpu").manual_seed(seed), output_type="pil",
             callback_on_step_end=on_step_end,
@@ -85,6 +87,6 @@ def sample_image(
     return image
 
 
-def _all_valid(embeds: torch.Tensor) -> torch.Tensor:
+def _all_valid(embeds: torch.Tensor, device) -> torch.Tensor:
     """A (1, L) mask of ones: one unpadded prompt (the pipeline drops an all-ones mask itself)."""
-    return torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+    return torch.ones(embeds.shape[:2], dtype=torch.long, device=device)

@@ -79,16 +79,16 @@ def export_tiny(folder: str | Path, layout: str = "comfyui", seed: int = 0) -> d
 
 def edit_file_stem(variant: str) -> str:
     """'edit_2511_tiny' etc.: the files read `qwen_image_edit_2511_tiny_bf16.safetensors`, and '2509' in a name
-    is how a file tells Edit-2509 from Edit (edit/variants.py)."""
+    is how a file tells Edit-2509 from Edit (families/qwen_image_edit/variants.py)."""
     return {"edit": "edit_tiny"}.get(variant, f"{variant.replace('-', '_')}_tiny")
 
 
 def export_tiny_edit(folder: str | Path, variant: str = "edit-2511", layout: str = "comfyui", seed: int = 0) -> dict[str, Path]:
-    """A tiny Qwen-Image-Edit (`edit.tiny.build_tiny_edit_components`) as ComfyUI single files (an Edit-2511
+    """A tiny Qwen-Image-Edit (`families.qwen_image_edit.tiny`) as ComfyUI single files (an Edit-2511
     transformer file carries ComfyUI's marker key, as ComfyUI's own 2511 files do) or a diffusers folder whose
     model_index.json names the variant's pipeline."""
-    from ..edit.tiny import build_tiny_edit_components
-    from ..edit.variants import ZERO_COND_MARKER
+    from ..families.qwen_image_edit.tiny import build_tiny_edit_components
+    from ..families.qwen_image_edit.variants import ZERO_COND_MARKER
     from ..models.safetensors_file import SafetensorsFile
 
     if layout not in EXPORT_LAYOUTS:
@@ -97,11 +97,11 @@ def export_tiny_edit(folder: str | Path, variant: str = "edit-2511", layout: str
     if layout == "diffusers":
         root = save_diffusers_dir(components, folder)
         index = json.loads((root / "model_index.json").read_text())
-        write_bytes_atomic(json.dumps({**index, "_class_name": components.edit.pipeline}, indent=2).encode(),
+        write_bytes_atomic(json.dumps({**index, "_class_name": components.family.variant.pipeline}, indent=2).encode(),
                            root / "model_index.json")
         return {"diffusers_folder": root}
     written = export_comfyui_files(components, folder, stem=edit_file_stem(variant))
-    if components.edit.zero_cond_t:
+    if components.family.variant.zero_cond_t:
         for name, path in written.items():
             if name.startswith("transformer_"):
                 file = SafetensorsFile(path, "transformer")

@@ -29,11 +29,18 @@ def _storage_key(t: torch.Tensor) -> tuple[str, int, int]:
 
 
 class SavedTensors:
-    """Bytes of the tensors autograd saves inside the context, one count per storage, parameters excluded."""
+    """Bytes of the tensors autograd saves inside the context, one count per storage, parameters excluded.
+
+    A storage is known by its address while it lives, and forgotten when it is freed: a saved tensor may go
+    before the context ends (a graph branch that nothing reaches any more, e.g. the last block's text stream,
+    which the runner detaches), and the allocator may hand its address, at the same size, to a tensor saved
+    later. Counted by address alone, that later tensor was taken for the first and left out: which addresses
+    the allocator reuses depends on its threads' timing, so a busy machine counted 64 bytes fewer now and then
+    (issue 25: `test_float8_compiled`'s 644992 == 644928)."""
 
     def __init__(self, exclude: list[torch.Tensor] | tuple = ()):
         self._excluded = {_storage_key(p) for p in exclude if p.numel()}
-        self._seen: set[tuple[str, int, int]] = set()
+        self._seen: dict[tuple[str, int, int], weakref.ref] = {}  # key -> the storage counted under it
         self.by_shape: list[tuple[tuple[int, ...], torch.dtype, int]] = []  # (shape, dtype, bytes) per storage
         self.bytes = 0
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
@@ -42,10 +49,15 @@ class SavedTensors:
         if t.numel():
             key = _storage_key(t)
             if key not in self._excluded and key not in self._seen:
-                self._seen.add(key)
+                # torch keeps one Python object per live storage, so the reference dies with the storage.
+                self._seen[key] = weakref.ref(t.untyped_storage(), lambda _ref, key=key: self._forget(key, _ref))
                 self.bytes += key[2]
                 self.by_shape.append((tuple(t.shape), t.dtype, key[2]))
         return t
+
+    def _forget(self, key: tuple[str, int, int], ref: weakref.ref) -> None:
+        if self._seen.get(key) is ref:  # the address may already belong to a newer storage
+            del self._seen[key]
 
     def __enter__(self) -> SavedTensors:
         self._hooks.__enter__()

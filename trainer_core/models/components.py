@@ -17,7 +17,7 @@ from ..host_memory import give_back_freed_memory
 class QwenImageComponents:
     """Transformer + VAE + text encoder + tokenizer + scheduler settings.
 
-    The transformer's block Linears may be stored in float8 (see `float8.py`); everything else is in
+    The transformer's block Linears may be stored in float8 (see `models/float8/`); everything else is in
     `compute_dtype`.
 
     A model set read from files is lazy, one part per phase of a run (`single_file.load_single_files`):
@@ -41,8 +41,9 @@ class QwenImageComponents:
     device: torch.device
     name: str = "qwen-image"
     storage: str = "float8"
-    # Qwen-Image-Edit (trainer_core/edit/): the model set's `edit.variants.EditVariant`; None for text-to-image.
-    edit: Any | None = None
+    # What the model set is (families/base.ModelFamily): the engine asks it what differs between families.
+    # The loaders of this package read Qwen-Image text-to-image; a family's own loader sets its family.
+    family: Any = field(default_factory=lambda: _text_to_image())
     # Re-creates (text_encoder, tokenizer) after `release_text_encoder`, for a later cache run that
     # meets a new caption; None when the source cannot be read again.
     text_encoder_loader: Callable[[], tuple[nn.Module, Any]] | None = field(default=None, repr=False)
@@ -166,6 +167,13 @@ class QwenImageComponents:
         give_back_freed_memory()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _text_to_image():
+    # Imported here, not at the top: the families sit above the model parts (they use the loaders).
+    from ..families.qwen_image import QWEN_IMAGE
+
+    return QWEN_IMAGE
 
 
 def vocabulary_bytes(tokenizer) -> bytes:

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from ..errors import UserInputError
 
 SCALED_FP8_MARKER = "scaled_fp8"
-# ComfyUI 0.33's marker of a Qwen-Image-Edit-2511 transformer (an empty buffer; edit/variants.py reads it).
+# ComfyUI 0.33's marker of a Qwen-Image-Edit-2511 transformer (an empty buffer; families/qwen_image_edit/variants.py reads it).
 EDIT_2511_MARKER = "__index_timestep_zero__"
 SCALE_WEIGHT = ".scale_weight"
 SCALE_INPUT = ".scale_input"

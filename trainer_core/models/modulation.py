@@ -5,7 +5,7 @@ Every block of diffusers' `QwenImageTransformer2DModel` modulates its two stream
 the Linears' inputs are silu(temb), the same in every block, a function of the timestep alone. Knowing the
 timesteps of the next training forwards ahead, the block runner computes their modulation outputs while a
 streamed block's modulation weights are on the GPU, and those forwards copy the block without them
-(`offload.BlockRunner`, `swap_placement.MODULATION_WINDOW`).
+(`streaming.modulation_outputs`, `streaming.placement.MODULATION_WINDOW`).
 
 The expressions below are the transformer's own for `temb` (its forward: `timestep.to(dtype)`, for
 Qwen-Image-Edit-2511 (`zero_cond_t`) the timesteps followed by zeros for the control tokens, then
@@ -20,7 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .qwen_arch import IMG_STREAM, TXT_STREAM
+from .qwen_arch import IMG_STREAM, MODULATION_LINEARS, TXT_STREAM
+
+
+def is_modulation_linear(name: str) -> bool:
+    """Whether a frozen Linear's name inside a block (peft's wrapper adds `.base_layer`) is a modulation Linear's."""
+    return name.removesuffix(".base_layer") in MODULATION_LINEARS
 
 
 def supports_modulation_ahead(transformer: nn.Module) -> bool:

@@ -40,7 +40,7 @@ TXT_STREAM = dict(mod="txt_mod.1", q="attn.add_q_proj", k="attn.add_k_proj", v="
 
 # The modulation Linears (D -> 6 D, applied to silu(timestep embedding), one row per sample). Their input never
 # requires grad (the timestep embedders are frozen), so they never run a backward; with their outputs kept
-# from the forward (offload.BlockRunner) the checkpoint recompute needs them neither: a swapped block's
+# from the forward (streaming.runner.BlockRunner) the checkpoint recompute needs them neither: a swapped block's
 # backward copies its other 12 Linears only.
 MODULATION_LINEARS: tuple[str, ...] = (IMG_STREAM["mod"], TXT_STREAM["mod"])
 

@@ -87,7 +87,7 @@ def load_single_files(
     training placement (see `QwenImageComponents`). Block Linears are stored as `storage`; the VAE and text
     encoder run on `device`. `text_encoder_fp8` says what to do with a scaled-fp8 text encoder: "dequantize"
     while loading, "keep" its float8 weights, or "auto": keep them when the dequantized encoder would not fit
-    the device (text_encoder_file.py, `resolve_text_encoder_fp8`; decided here, as the cache keys name it). For Qwen-Image-Edit (edit_files.py):
+    the device (text_encoder_file.py, `resolve_text_encoder_fp8`; decided here, as the cache keys name it). For Qwen-Image-Edit (families/qwen_image_edit/files.py):
     `vision` loads the encoder's vision tower, `extra_config` adds transformer config values no tensor tells.
     """
     vocab_rows = check_files_fit(transformer, text_encoder, vae)

@@ -40,7 +40,8 @@ def assign_parameter(module: nn.Module, leaf: str, tensor: torch.Tensor) -> None
 
 
 def assign_frozen_linear_weight(linear: nn.Module, weight: torch.Tensor, scale: torch.Tensor | None) -> None:
-    """Store `weight` as is (e.g. float8) with an optional scale buffer; compute through float8.py's path."""
+    """Store `weight` as is (e.g. float8) with an optional scale buffer; compute through the eager path of
+    float8/storage.py."""
     assign_parameter(linear, "weight", weight)
     if scale is not None:
         linear.register_buffer(SCALE_BUFFER, scale.float())

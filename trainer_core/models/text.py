@@ -22,10 +22,14 @@ def pipeline_prompt_constants() -> tuple[str, int]:
     return pipe.prompt_template_encode, pipe.tokenizer_max_length
 
 
-def template_prefix_length(tokenizer) -> int:
-    template, _ = pipeline_prompt_constants()
-    prefix = template.split("{}")[0]
-    return len(tokenizer(prefix).input_ids)
+def template_prefix_length(tokenizer, template: str | None = None) -> int:
+    """Tokens of a prompt template before the user's text or images: what the pipelines drop from the
+    encoder's output. `template`: a pipeline's `prompt_template_encode` (default: the text-to-image one;
+    the edit pipelines' put the images' vision tokens before the text)."""
+    if template is None:
+        template, _ = pipeline_prompt_constants()
+    cut = min(i for i in (template.find("{}"), template.find("<|vision_start|>")) if i >= 0)
+    return len(tokenizer(template[:cut]).input_ids)
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ Nothing stays on the meta device, so `.to(device)` works.
 
 fp8 files, two ways (`fp8`): "dequantize" multiplies each weight by its scale while loading, one tensor
 at a time, into `compute_dtype`; "keep" keeps the float8 weights (half of bf16's memory) with their
-scale as `weight_scale` and computes through float8.py's `FrozenLinearFunction` (upcast per call).
+scale as `weight_scale` and computes through float8/storage.py's `FrozenLinearFunction` (upcast per call).
 "auto" is decided by `resolve_text_encoder_fp8` for the device the encoder will run on (here, without a
 device, it dequantizes).
 

@@ -83,7 +83,7 @@ class TransformerFile:
 
     def __init__(self, path: str | Path, storage: str = "float8", compute_dtype: torch.dtype = torch.bfloat16,
                  extra_config: dict | None = None):
-        """`extra_config`: config values no tensor tells (Edit-2511's `zero_cond_t`, models/edit_files.py)."""
+        """`extra_config`: config values no tensor tells (Edit-2511's `zero_cond_t`, families/qwen_image_edit/files.py)."""
         if storage not in STORAGE_MODES:
             raise UserInputError(f"storage={storage!r} is not one of {list(STORAGE_MODES)}.")
         self.storage, self.compute_dtype = storage, compute_dtype
@@ -141,8 +141,8 @@ def load_transformer_file(
 ) -> nn.Module:
     """The diffusers `QwenImageTransformer2DModel` from one file, on the CPU, frozen, in eval mode.
 
-    Block Linear weights are stored per `storage` (see float8.py); everything else in `compute_dtype`.
-    `extra_config`: config values no tensor tells (Edit-2511's `zero_cond_t`, models/edit_files.py).
+    Block Linear weights are stored per `storage` (see models/float8/); everything else in `compute_dtype`.
+    `extra_config`: config values no tensor tells (Edit-2511's `zero_cond_t`, families/qwen_image_edit/files.py).
     """
     return TransformerFile(path, storage, compute_dtype, extra_config).load()
 

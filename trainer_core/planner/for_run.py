@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..swap_placement import MIN_RING
 from ..config import LoraConfig, OptimizerConfig, TrainConfig
+from ..streaming.placement import MIN_RING
 from .arch import QwenImageArch
 from .device import detect_budget
 from .inference import PartSizes
@@ -25,11 +25,9 @@ from .timeline import RUNTIME, GpuProfile, deeper_ring, predict, profile_for_dev
 
 def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
                    blocks_to_swap: int = 0) -> PlanInputs:
-    """Plan inputs for training `components` on a cached dataset: its largest bucket and longest caption."""
-    width, height = max((s.bucket for s in dataset.samples), key=lambda b: b[0] * b[1])
-    from ..edit.objective import planned_image_size  # Qwen-Image-Edit: control tokens lengthen the sequence
-
-    width, height = planned_image_size(dataset) or (width, height)
+    """Plan inputs for training `components` on a cached dataset: its largest image sequence (the family's
+    term: the largest bucket, with Edit's control tokens) and its longest caption."""
+    width, height = components.family.planned_image_size(dataset)  # Edit: with its control tokens' rows
     text_tokens = max(dataset.embedding(s.text_key).shape[0] for s in dataset.samples)
     return PlanInputs.from_configs(
         lora, optimizer, dataclasses.replace(train, blocks_to_swap=blocks_to_swap), width, height,

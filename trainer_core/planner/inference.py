@@ -78,10 +78,10 @@ def parts_for_components(components) -> PartSizes:
     from torch import nn
 
     fields: dict = {}
-    vae = getattr(components, "vae", None)
+    vae = components.vae
     if vae is not None:
         fields.update(vae_params=sum(p.numel() for p in vae.parameters()), vae_base_dim=vae.config.base_dim)
-    encoder = getattr(components, "text_encoder", None)
+    encoder = components.text_encoder
     if encoder is not None:
         text = encoder.config.get_text_config() if hasattr(encoder.config, "get_text_config") else encoder.config
         params = dict(encoder.named_parameters())

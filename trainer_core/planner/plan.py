@@ -10,9 +10,9 @@ Where the numbers come from:
 - Parameter counts: the real transformer built on the meta device (`arch.real_arch`).
 - Weights: float8 1 byte per parameter, float8_scaled adds one fp32 scale per output row, bf16 2 bytes;
   everything outside the block Linears (biases, norms, embedders, final layers) in the compute dtype.
-- Block swapping (`offload.BlockSwapper`): `blocks_to_swap` blocks' frozen Linear weights live in a pinned
-  CPU master, one blob per block (`offload.blob_arena_layout`); the GPU holds a ring of `ring_depth` slots
-  (`swap_placement.ring_for`) of one block's weights each. Which blocks are streamed changes no byte here.
+- Block swapping (`streaming.swapper.BlockSwapper`): `blocks_to_swap` blocks' frozen Linear weights live in a pinned
+  CPU master, one blob per block (`streaming.arena.blob_arena_layout`); the GPU holds a ring of `ring_depth` slots
+  (`streaming.placement.ring_for`) of one block's weights each. Which blocks are streamed changes no byte here.
 - LoRA: shapes of `lora.target_module_names` (the last block's dead text-stream modules left out);
   gradients in the LoRA dtype; optimizer state exactly as bitsandbytes / torch allocate it.
 - Activations: `activations.py` (exact saved-tensor formula, measured working memory).
@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import LoraConfig, OptimizerConfig, TrainConfig
-from ..offload import NUM_SLOTS, blob_arena_layout
-from ..swap_placement import MODULATION_WINDOW, BlobLayout, blob_layout, ring_for
 from ..models.qwen_arch import IMG_STREAM, MODULATION_LINEARS
+from ..streaming.arena import blob_arena_layout
+from ..streaming.placement import MODULATION_WINDOW, NUM_SLOTS, BlobLayout, blob_layout, ring_for
 from .activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
 )
@@ -70,7 +70,7 @@ class PlanInputs:
     checkpointing: bool = True
     blocks_to_swap: int = 0
     ring_depth: int = NUM_SLOTS  # GPU slots for streamed blocks (at most blocks_to_swap of them)
-    # Streamed blocks' modulation outputs computed a window ahead (swap_placement.MODULATION_WINDOW), as the
+    # Streamed blocks' modulation outputs computed a window ahead (streaming.placement.MODULATION_WINDOW), as the
     # trainer does whenever it streams under checkpointing: fewer bytes copied, a small table on the GPU.
     modulation_ahead: bool = True
     fp8_activations: bool = False  # TrainConfig.fp8_activations: its quantised inputs are a transient of their own
@@ -239,7 +239,7 @@ def _outside_activation_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int, ac
 # the plan
 
 
-# fp8 activations (models.float8_activations) quantise a Linear's input x: x / scale in fp32 (4 bytes per value)
+# fp8 activations (models.float8.activations) quantise a Linear's input x: x / scale in fp32 (4 bytes per value)
 # and its float8 copy (1), alive together for a moment.
 FP8_QUANTISED_BYTES_PER_VALUE = 5
 
@@ -270,7 +270,8 @@ def modulation_window_steps(inputs: PlanInputs) -> int:
 
 def modulation_ahead_bytes(arch: QwenImageArch, p: PlanInputs) -> int:
     """The streamed blocks' modulation outputs a window's first forward computes for the window's other
-    forwards (offload.BlockRunner): per forward and streamed block, one row per sample of each modulation Linear."""
+    forwards (streaming.runner.BlockRunner): per forward and streamed block, one row per sample of each modulation
+    Linear."""
     forwards = modulation_window_steps(p) * p.grad_accum_steps
     if forwards <= 1:
         return 0
@@ -368,7 +369,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
 
     # Host RAM while training: what stays on the CPU once the blocks are placed.
     masters = K * block_w
-    # The swapper packs the masters, a blob per block, into power-of-two chunks (offload.blob_arena_layout):
+    # The swapper packs the masters, a blob per block, into power-of-two chunks (streaming.arena.blob_arena_layout):
     # what is left unused.
     blob = block_blob(arch, p.storage)
     rounding = sum(blob_arena_layout(blob, list(blob.offsets), K)[0]) - K * block_w if K else 0

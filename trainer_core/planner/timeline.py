@@ -5,8 +5,8 @@
 
 Three parts, each checkable on its own:
 - `schedule`: the order of copies, waits and block computes a step issues, from the ring policy the swapper
-  runs (`swap_placement.Ring`). `tests/test_timeline.py` records a real step of a tiny model through
-  `offload.BlockRunner` and finds the same events, byte for byte.
+  runs (`streaming.placement.Ring`). `tests/test_timeline.py` records a real step of a tiny model through
+  `streaming.runner.BlockRunner` and finds the same events, byte for byte.
 - `block_work`: what one block costs in each pass, from the architecture: matmul FLOPs (tensor cores in the
   compute dtype, or fp32 for a LoRA computed in fp32, or float8 tensor cores for the frozen Linears with
   fp8 activations) and the memory traffic the eager float8 path (or the activations' quantisation) adds.
@@ -30,7 +30,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..swap_placement import BACKWARD, FORWARD, MIN_RING, Placement, Ring, default_placement, ring_for, spread_placement
+from ..streaming.placement import (
+    BACKWARD, FORWARD, MIN_RING, Placement, Ring, default_placement, ring_for, spread_placement,
+)
 from .arch import QwenImageArch, real_arch
 from .plan import PlanInputs, block_blob, lora_shapes, lora_tensor_sizes, modulation_window_steps
 
@@ -121,7 +123,7 @@ class Work:
 # bf16 copy (2), then the matmul reads 2 bytes where a fused kernel would read 1 (+1); float8_scaled also
 # multiplies by its scales (read 2, write 2).
 UPCAST_BYTES = {"float8": 4, "float8_scaled": 8, "bfloat16": 0}
-# Extra bytes per input value of a frozen Linear with fp8 activations (`models.float8_activations`, eager ops):
+# Extra bytes per input value of a frozen Linear with fp8 activations (`models.float8.activations`, eager ops):
 # the row maxima read it (2), the division reads it and writes fp32 (2 + 4), the cast to float8 reads that and
 # writes 1 byte (4 + 1). The weight is not copied; float8_scaled's row scales ride in the matmul (rowwise scaling).
 QUANTIZE_BYTES = 13
@@ -217,7 +219,7 @@ def schedule(num_blocks: int, placement: Placement | None, passes: list[str], bl
              modulation_window: int = 0) -> list[tuple]:
     """The events a run of `passes` (FORWARD ascending, BACKWARD descending over the blocks) issues, in order:
     ("copy", block, bytes), ("wait", block), ("compute", block, pass). `blob_bytes`: a `BlobLayout`.
-    `modulation_window`: training forwards per modulation window (swap_placement; 0: none planned), the
+    `modulation_window`: training forwards per modulation window (streaming.placement; 0: none planned), the
     forwards counted from the first of a window."""
     ring = Ring(placement) if placement is not None and placement.streamed else None
     streamed = set(placement.streamed) if ring else set()
@@ -345,7 +347,7 @@ def deeper_ring(inputs: PlanInputs, gpu: GpuProfile, arch: QwenImageArch | None 
     `inputs.blocks_to_swap` streamed with a ring of `inputs.ring_depth` (a slot costs what a resident block
     costs: one more slot, one more block streamed), when the model predicts it faster by more than `min_gain`
     of the step; else None. Only the spread placement: it is the one the loader reads host blocks for
-    (`offload.swapped_blocks`), whatever the ring."""
+    (`streaming.runner.swapped_blocks`), whatever the ring."""
     arch = arch or real_arch()
     n, k = arch.num_blocks, inputs.blocks_to_swap
     if k <= MIN_RING:

@@ -13,7 +13,6 @@ import torch
 
 from ..models.qwen_arch import PATCH_SIZE
 from ..objective import resolution_mu, time_shift
-from .step import conditions_of
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.
@@ -45,9 +44,9 @@ def validation_loss(trainer: "Trainer") -> float:
                     tokens = (x0.shape[1] // PATCH_SIZE) * (x0.shape[2] // PATCH_SIZE)
                     levels = time_shift(levels, resolution_mu(tokens, trainer.components.scheduler_config))
                 embeds = [dataset.embedding(sample.text_key)] * k
-                conditions = conditions_of(dataset, [sample])
+                conditions = trainer.components.family.conditions(dataset, [sample] * k)
                 total += float(trainer.flow.flow_loss(x0.expand(k, *x0.shape).contiguous(), noise, levels, embeds,
-                                                      None if conditions is None else conditions * k))
+                                                      conditions))
     finally:
         transformer.train(was_training)
     return total / len(samples)

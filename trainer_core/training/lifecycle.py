@@ -16,7 +16,7 @@ from .. import checkpoint as ckpt
 from ..errors import RunFolderLost, UserInputError
 from ..files import write_error
 from ..lora import remove_lora
-from ..offload import uninstall_leftover_runner
+from ..streaming.runner import uninstall_leftover_runner
 from ..run_lock import RunLock
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is

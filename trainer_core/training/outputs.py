@@ -60,15 +60,10 @@ def sample_preview(trainer: "Trainer", prompt: str, negative_prompt: str = "", w
                    progress: Callable[[int, int], None] | None = None,
                    control_images: list[Image.Image] | None = None) -> Image.Image:
     """An image from the adapter as it is now (`sampling.sample_image`; the prompts must be cached). An edit
-    model edits `control_images`, or else a training sample's controls (edit/sampling.py)."""
+    model edits `control_images`, or else a training sample's controls (the family's preview hooks)."""
     trainer.require_live()
-    if trainer.components.edit is not None:  # Qwen-Image-Edit
-        from ..edit.sampling import sample_edit_image
-
-        return sample_edit_image(trainer.components, trainer.dataset, prompt, negative_prompt, width, height, steps,
-                                 cfg_scale, seed, progress=progress, control_images=control_images)
     return sample_image(trainer.components, trainer.dataset, prompt, negative_prompt, width, height, steps, cfg_scale,
-                        seed, progress=progress)
+                        seed, progress=progress, condition_images=control_images)
 
 
 def preview_step(trainer: "Trainer", settings: PreviewSettings,

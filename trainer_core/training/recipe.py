@@ -39,13 +39,13 @@ from ..lora_files import LoraFile
 from ..models.components import QwenImageComponents
 from ..optim import set_learning_rate
 from ..comparison import DEFAULT as DEFAULT_COMPARISON, Comparison
-from ..swap_placement import MODULATION_WINDOW
+from ..streaming.placement import MODULATION_WINDOW
 from . import evaluation, guards, lifecycle, outputs, periodic, randomness, setup, state
 from .reports import StepReport, TrainReport
 
 
 class Trainer:
-    # Training forwards per modulation window when blocks are streamed (offload.BlockRunner.plan_modulation);
+    # Training forwards per modulation window when blocks are streamed (streaming.runner.BlockRunner.plan_modulation);
     # 0 switches modulation ahead off (same results, more bytes copied: for comparisons).
     modulation_window = MODULATION_WINDOW
 
@@ -177,7 +177,7 @@ class Trainer:
     def _plan_modulation_ahead(self, steps_left: int) -> None:
         """With streamed blocks, hand the block runner the timesteps of this process's next training forwards
         (at most a modulation window's, within this call's steps) once it has none left: their streamed blocks
-        are then copied without the modulation weights (offload.BlockRunner.plan_modulation). The timesteps are
+        are then copied without the modulation weights (streaming.runner.BlockRunner.plan_modulation). The timesteps are
         pure functions of the micro-batch counter, so nothing is drawn twice or replayed."""
         if self.runner.swapper is None or self.runner.planned_forwards or not self.modulation_window:
             return

@@ -15,11 +15,11 @@ from ..finite import all_finite
 from ..lora import compute_in_input_dtype, inject_lora, matching_preset, target_module_names
 from ..lora_files import check_targets, load_into_adapter, read_lora_file
 from ..models.components import module_fingerprint
-from ..offload import BlockRunner, swapped_blocks
 from ..optim import build_optimizer
 from ..planner.for_run import plan_run
-from ..swap_placement import default_placement, tail_placement
-from .step import FlowMatchingStep, batch_group
+from ..streaming.placement import default_placement, tail_placement
+from ..streaming.runner import BlockRunner, swapped_blocks
+from .step import FlowMatchingStep
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.
@@ -27,6 +27,7 @@ from .step import FlowMatchingStep, batch_group
 
 def build(trainer: "Trainer", init_lora, preview_size) -> None:
     components, dataset = trainer.components, trainer.dataset
+    components.family.check_cached(dataset)  # a cache another kind of family made: refused before anything loads
     lora, train = trainer.lora_cfg, trainer.train_cfg
     trainer.base_fingerprint = components.fingerprint("transformer")  # before the adapter joins the model
     modules = None
@@ -80,7 +81,8 @@ def build(trainer: "Trainer", init_lora, preview_size) -> None:
     trainer.memory_plan = "\n".join([trainer.memory_plan, *(n for n in notes if n is not None)])
 
     trainer.optimizer = build_optimizer(trainer.params, trainer.optim_cfg)
-    trainer.order = DataOrder([batch_group(s) for s in dataset.samples], repeats=dataset.repeats,
+    # Samples of one micro-batch share the family's grouping key (the bucket; Edit: and the control sizes).
+    trainer.order = DataOrder([components.family.batch_group(s) for s in dataset.samples], repeats=dataset.repeats,
                               batch_size=train.micro_batch_size, seed=train.seed)
     trainer.flow = FlowMatchingStep(transformer, dataset, trainer.order, train, components.scheduler_config,
-                                    trainer.device, trainer.compute_dtype)
+                                    trainer.device, trainer.compute_dtype, components.family)

@@ -8,8 +8,10 @@ bucket (the data order's grouping). The transformer sees the packed noisy latent
 (2 = PATCH_SIZE), the prompt embeddings padded to (B, L, D) with their mask (B, L), the noise levels (B,) as
 its timestep and one `img_shapes` entry list per sample; the loss covers the target's N tokens.
 
-What differs for Qwen-Image-Edit (control latents after the target's tokens, the empty caption seen with
-the sample's own controls) enters through the hooks at the bottom of this file.
+What differs between model families (Edit: control latents after the target's tokens, the empty caption
+seen with the sample's own controls) is asked of the model set's family (families/base.ModelFamily):
+`dropped_text_key`, `conditions`, `transformer_inputs`, `loss_tokens`; the data order groups by its
+`batch_group` (setup.py).
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ import torch
 from ..cache import CachedDataset, CachedSample
 from ..batching import DataOrder
 from ..config import TrainConfig
-from ..edit.cache import sample_controls  # Qwen-Image-Edit's conditions (trainer_core/edit/)
-from ..edit.objective import append_controls
 from ..models.latents import pack_latents
 from ..models.qwen_arch import PATCH_SIZE
 from ..models.text import pad_prompt_batch
@@ -46,8 +46,9 @@ class FlowMatchingStep:
     """Draws micro-batches and computes their loss for one trainer (its transformer, dataset and settings)."""
 
     def __init__(self, transformer: torch.nn.Module, dataset: CachedDataset, order: DataOrder, train: TrainConfig,
-                 scheduler_config: dict, device: torch.device, compute_dtype: torch.dtype):
+                 scheduler_config: dict, device: torch.device, compute_dtype: torch.dtype, family):
         self.transformer, self.dataset, self.order, self.cfg = transformer, dataset, order, train
+        self.family = family  # the model set's (families/base.ModelFamily)
         self.scheduler_config = scheduler_config
         self.device, self.compute_dtype = device, compute_dtype
 
@@ -84,19 +85,20 @@ class FlowMatchingStep:
     # -- the loss ----------------------------------------------------------------------------------
 
     def loss(self, batch: MicroBatch) -> torch.Tensor:
-        embeds = [self.dataset.embedding(_dropped_text_key(self.dataset, s) if drop else s.text_key)
+        family = self.family
+        embeds = [self.dataset.embedding(family.dropped_text_key(self.dataset, s) if drop else s.text_key)
                   for s, drop in zip(batch.samples, batch.dropped.tolist())]
-        return self.flow_loss(batch.x0, batch.noise, batch.levels, embeds, conditions_of(self.dataset, batch.samples))
+        return self.flow_loss(batch.x0, batch.noise, batch.levels, embeds, family.conditions(self.dataset, batch.samples))
 
     def flow_loss(self, x0: torch.Tensor, noise: torch.Tensor, levels: torch.Tensor, embeds: list[torch.Tensor],
                   conditions: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
         """The flow-matching loss of latents x0 (B, C, h, w) at noise levels (B,) with this noise and these
         prompt embeddings [(L_i, D)], one per latent. `conditions`: per latent its condition latents, or None."""
-        b, _, h, w = x0.shape
+        h, w = x0.shape[-2:]
         grid = (h // PATCH_SIZE, w // PATCH_SIZE)
         text, text_mask = pad_prompt_batch(embeds)  # (B, L, D), (B, L) or None
         hidden = pack_latents(noisy_latents(x0, noise, levels)).to(self.device, self.compute_dtype)  # (B, N, 4C)
-        hidden, img_shapes = _transformer_inputs(hidden, grid, conditions)
+        hidden, img_shapes = self.family.transformer_inputs(hidden, grid, conditions)  # (B, N + M, 4C): M condition tokens
         prediction = self.transformer(
             hidden_states=hidden,
             encoder_hidden_states=text.to(self.device, self.compute_dtype),
@@ -104,30 +106,6 @@ class FlowMatchingStep:
             timestep=levels.to(self.device, self.compute_dtype),
             img_shapes=img_shapes,
             return_dict=False,
-        )[0][:, : grid[0] * grid[1]]  # (B, N, 4C): the loss covers the target's tokens only
+        )[0][:, : self.family.loss_tokens(grid)]  # (B, N, 4C): the loss covers the target's tokens only
         target = pack_latents(velocity_target(x0, noise)).to(self.device)
         return flow_loss(prediction, target)
-
-
-# -- what differs between model families: one place for the step's hooks -------------------------------
-
-
-def batch_group(sample: CachedSample):
-    """Samples of one micro-batch are stacked: they share this key (the bucket; Edit: also the controls' sizes)."""
-    return getattr(sample, "batch_group", sample.bucket)
-
-
-def _dropped_text_key(dataset: CachedDataset, sample: CachedSample) -> str:
-    # An edit sample drops to the empty caption seen with its own control images (edit/cache.py).
-    return getattr(sample, "empty_text_key", "") or dataset.prompt_keys[""]
-
-
-def conditions_of(dataset: CachedDataset, samples: list[CachedSample]) -> list[list[torch.Tensor]] | None:
-    return sample_controls(dataset, samples)
-
-
-def _transformer_inputs(hidden: torch.Tensor, grid: tuple[int, int], conditions) -> tuple[torch.Tensor, list]:
-    """(B, N, 4C) target tokens -> (hidden states, img_shapes): Edit appends its control tokens."""
-    if conditions is None:
-        return hidden, [[(1, *grid)]] * hidden.shape[0]
-    return append_controls(hidden, grid, conditions)  # (B, N + M, 4C)

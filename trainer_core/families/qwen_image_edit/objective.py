@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from ..models.latents import pack_latents
-from ..models.qwen_arch import PATCH_SIZE
+from ...models.latents import pack_latents
+from ...models.qwen_arch import PATCH_SIZE
 
 
 def control_shapes(controls: list[torch.Tensor]) -> list[tuple[int, int, int]]:
@@ -38,15 +38,12 @@ def append_controls(target_tokens: torch.Tensor, grid: tuple[int, int],
     return torch.cat([target_tokens, tokens], dim=1), img_shapes
 
 
-def planned_image_size(dataset) -> tuple[int, int] | None:
+def planned_image_size(dataset) -> tuple[int, int]:
     """(width, height) in px the memory planner should plan an edit dataset at: the largest sample's target
     with its controls' pixels added as extra rows (a taller target of the same token count), since control
-    tokens lengthen the image sequence as much as target tokens do. None for a text-to-image dataset."""
-    edit_samples = [s for s in dataset.samples if getattr(s, "control_sizes", ())]
-    if not edit_samples:
-        return None
+    tokens lengthen the image sequence as much as target tokens do."""
     def area(s):
-        return s.bucket[0] * s.bucket[1] + sum(w * h for w, h in s.control_sizes)
-    largest = max(edit_samples, key=area)
+        return s.bucket[0] * s.bucket[1] + sum(w * h for w, h in s.condition_sizes)
+    largest = max(dataset.samples, key=area)
     width = largest.bucket[0]
     return width, -(-area(largest) // (width * 32)) * 32  # rows rounded up to the 32 px bucket grid

@@ -1,6 +1,6 @@
 """float8 block Linears without a bf16 weight copy: the frozen Linear's forward and input gradient compiled.
 
-The eager path (`float8.FrozenLinearFunction`) upcasts each float8 weight to a bf16 copy per call: ~4 bytes
+The eager path (`storage.FrozenLinearFunction`) upcasts each float8 weight to a bf16 copy per call: ~4 bytes
 of memory traffic per weight value and call (planner.timeline.UPCAST_BYTES). Here the same autograd function
 has compiled bodies (`CompiledFrozenLinearFunction`): forward y = (x W8^T) s + b (`frozen_linear_expression`),
 backward grad_x = (grad_y s) W8 (`input_grad_expression`), each one graph in which the upcast is part of the
@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .float8 import SCALE_BUFFER, restore_forwards
+from .storage import SCALE_BUFFER, restore_forwards
 
 # Graphs per compiled expression: one per weight shape (4 in Qwen-Image's blocks), again for single rows, for
 # another compute dtype, for inference mode (previews). Dynamo's default limit (8 per code object) would send
@@ -109,7 +109,7 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 class CompiledFrozenLinearFunction(torch.autograd.Function):
-    """`float8.FrozenLinearFunction` with compiled bodies: the forward and the input gradient are each one
+    """`storage.FrozenLinearFunction` with compiled bodies: the forward and the input gradient are each one
     compiled graph (no autograd inside them), and like the eager function it saves nothing but the module and
     reads the weight from it again in backward. So the float8 weight is all backward keeps (AOTAutograd's own
     partitioner, given the forward to differentiate, saved the bf16 upcast instead: measured on the CPU), and

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from ..models.components import QwenImageComponents
-from ..models.float8 import store_block_linears
-from ..models.tiny import TINY_TRANSFORMER, build_tiny_components
+from ...models.components import QwenImageComponents
+from ...models.float8 import store_block_linears
+from ...models.tiny import TINY_TRANSFORMER, build_tiny_components
+from .family import edit_family
 from .variants import get_variant
 
 
@@ -40,6 +41,6 @@ def build_tiny_edit_components(
         components.transformer = transformer.requires_grad_(False).eval()
     store_block_linears(components.transformer, storage)
     components.storage = storage
-    components.edit = edit
+    components.family = edit_family(edit)
     components.name = f"tiny-qwen-image-{variant}-seed{seed}"
     return components

@@ -19,8 +19,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserInputError
-from ..models.layouts import EDIT_2511_MARKER as ZERO_COND_MARKER  # a registered empty buffer, saved with the weights
+from ...errors import UserInputError
+from ...models.layouts import EDIT_2511_MARKER as ZERO_COND_MARKER  # a registered empty buffer, saved with the weights
 
 
 @dataclass(frozen=True)

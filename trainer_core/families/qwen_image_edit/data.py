@@ -10,7 +10,7 @@ Folder convention (either form; one per sample, never both):
     control/name_2.png, control/name_3.png  controls 2 and 3
 
 Any image extension works for a control. The target decides the bucket (as in text-to-image); each control
-keeps its own aspect ratio and is sized by the edit model's rule when cached (edit/pipelines.py), as the
+keeps its own aspect ratio and is sized by the edit model's rule when cached (pipelines.py), as the
 pipelines do at inference. Errors name the file: a target without a control, a control without a target,
 a control number beyond 3 or after a gap, both forms for one target.
 """
@@ -22,9 +22,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import DatasetConfig
-from ..data import IMAGE_EXTENSIONS, Dataset, Sample, decode_image, discover, read_file, validation_indices
-from ..errors import UserInputError
+from ...config import DatasetConfig
+from ...data import IMAGE_EXTENSIONS, Dataset, Sample, decode_image, discover, read_file, validation_indices
+from ...errors import UserInputError
 from .config import EditDataConfig
 
 MAX_CONTROLS = 3

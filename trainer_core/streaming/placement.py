@@ -1,6 +1,6 @@
 """Which blocks are streamed, how deep the ring of GPU slots is, and when each copy is issued: pure policy.
 
-`offload.BlockSwapper` executes this policy with real tensors; `planner.timeline` runs the same policy on
+`swapper.BlockSwapper` executes this policy with real tensors; `planner.timeline` runs the same policy on
 paper to predict a step's copies, waits and computes (and their times). One policy, two users: the test
 that records a real step's events and compares them with the timeline's schedule checks that autograd
 really visits the blocks in the order the model assumes and that the bytes moved are the ones planned.
@@ -13,7 +13,7 @@ descending. A streamed block's frozen Linear weights are one contiguous blob in 
 (`models.qwen_arch.MODULATION_LINEARS`). So a copy is always one contiguous range: the backward part, the
 whole blob, or the tail alone (when a slot already holds the block's backward part).
 
-Modulation ahead (training under checkpointing, `offload.BlockRunner.plan_modulation`): a block's modulation
+Modulation ahead (training under checkpointing, `runner.BlockRunner.plan_modulation`): a block's modulation
 outputs depend on the timestep alone, so the forward that has a streamed block's whole blob on the GPU (the
 first of a window of up to MODULATION_WINDOW training forwards) computes them for the whole window, and every
 other training forward of the window copies the backward part alone, like the backward. The runner tells the
@@ -35,6 +35,7 @@ FORWARD, BACKWARD = "forward", "backward"
 # What of a block's weights a slot holds: its whole blob, or the backward part only.
 WHOLE, BACKWARD_PART = "whole", "backward part"
 MIN_RING = 2  # one slot computes while the next one fills
+NUM_SLOTS = MIN_RING  # the default ring depth (the planner's and the swapper's)
 # Training forwards per modulation window: the first copies whole blocks and computes the modulation outputs of
 # all of them; the others copy backward parts only. Longer windows copy fewer modulation weights (113 MB per
 # real block per window) and keep more outputs on the GPU (74 KB per streamed block, forward and sample).

@@ -9,8 +9,9 @@ the pipeline at a small size (by setting those constants) runs us at the same si
 
 Two facts the pipelines hard-code for the real tokenizer and model are derived instead:
 - the count of template tokens dropped from the encoder's output (`prompt_template_encode_start_idx`, 64
-  with the real tokenizer): the tokens of the template up to the user's turn, counted with our tokenizer
-  (a tiny test tokenizer gives another number; tests check 64 with ComfyUI's real tokenizer);
+  with the real tokenizer): the tokens of the template up to the user's turn, counted with our tokenizer by
+  `models.text.template_prefix_length`, the one text-to-image uses too (a tiny test tokenizer gives another
+  number; tests check 64 with ComfyUI's real tokenizer);
 - Edit (v1) sizes its control to 1024 * 1024 px of area written as a literal in its `__call__`: the same
   number the Edit-Plus module names `VAE_IMAGE_SIZE`, which is read here for both.
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from ..errors import UserInputError
+from ...errors import UserInputError
 from .variants import EditVariant
 
 # An image whose sized aspect ratio is off from its own by more than this factor cannot be matched on the
@@ -49,17 +50,11 @@ def pipeline_class(variant: EditVariant):
     return getattr(diffusers, variant.pipeline)
 
 
-def template_prefix_length(pipe, tokenizer) -> int:
-    """Tokens of the pipeline's prompt template before the user's text and images (see the module docstring)."""
-    template = pipe.prompt_template_encode
-    cut = min(i for i in (template.find("{}"), template.find("<|vision_start|>")) if i >= 0)
-    return len(tokenizer(template[:cut]).input_ids)
-
-
 def edit_pipeline(variant: EditVariant, components, transformer=None, scheduler=None, encoder: bool = True):
     """The variant's diffusers pipeline around our VAE (and text encoder, tokenizer and processor when
     `encoder`; they must be loaded then)."""
-    from ..models.edit_processor import build_processor
+    from ...models.text import template_prefix_length
+    from .processor import build_processor
 
     text_encoder = tokenizer = processor = None
     if encoder:
@@ -74,7 +69,7 @@ def edit_pipeline(variant: EditVariant, components, transformer=None, scheduler=
     pipe = pipeline_class(variant)(scheduler=scheduler, vae=components.vae, text_encoder=text_encoder,
                                    tokenizer=tokenizer, processor=processor, transformer=transformer)
     if tokenizer is not None:
-        pipe.prompt_template_encode_start_idx = template_prefix_length(pipe, tokenizer)
+        pipe.prompt_template_encode_start_idx = template_prefix_length(tokenizer, pipe.prompt_template_encode)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

@@ -1,7 +1,7 @@
 """float8 activations: frozen float8 block Linears multiplied in float8 by `torch._scaled_mm` (the
 `fp8_activations` training option, off by default).
 
-The eager path (`float8.FrozenLinearFunction`) upcasts the float8 weight to a bf16 copy on every call and
+The eager path (`storage.FrozenLinearFunction`) upcasts the float8 weight to a bf16 copy on every call and
 multiplies in bf16. Here the activation is quantised instead and both operands enter the matmul in float8
 (twice the tensor-core rate of bf16 on Ada, Hopper and Blackwell; no weight-sized copy). For x (..., K)
 in bfloat16 and a stored weight W8 (N, K) float8_e4m3fn, with M = x.numel() / K rows:
@@ -48,7 +48,7 @@ import functools
 import torch
 from torch import nn
 
-from .float8 import FLOAT8, FLOAT8_MAX, SCALE_BUFFER, FrozenLinearFunction, restore_forwards
+from .storage import FLOAT8, FLOAT8_MAX, SCALE_BUFFER, FrozenLinearFunction, restore_forwards
 
 ROWWISE, TENSORWISE = "rowwise", "tensorwise"
 SCALINGS = (ROWWISE, TENSORWISE)  # in order of preference

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import NOT_USED, LoadConfig, _check_range, _f
-from ..errors import UserInputError
+from ...config import NOT_USED, LoadConfig, _check_range, _f
+from ...errors import UserInputError
 from .variants import VARIANT_CHOICES
 
 

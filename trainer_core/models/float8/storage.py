@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import STORAGE_MODES  # re-exported: the allowed modes live in the config
-from .qwen_arch import BLOCKS
+from ...config import STORAGE_MODES  # re-exported: the allowed modes live in the config
+from ..qwen_arch import BLOCKS
 
 FLOAT8 = torch.float8_e4m3fn
 FLOAT8_MAX = float(torch.finfo(FLOAT8).max)  # 448.0

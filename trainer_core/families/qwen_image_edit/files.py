@@ -1,9 +1,10 @@
-"""Qwen-Image-Edit from ComfyUI's single files or a diffusers folder: the variant, the transformer (Edit-2511's
-with `zero_cond_t`) and the text encoder with its vision tower.
+"""The Edit family's loaders: Qwen-Image-Edit from ComfyUI's single files or a diffusers folder (the variant,
+the transformer, Edit-2511's with `zero_cond_t`, and the text encoder with its vision tower); the model set
+they return carries the variant's family.
 
-The files are the text-to-image ones' layouts (transformer_file.py, text_encoder_file.py, vae_file.py) with two
+The files are the text-to-image ones' layouts (models/transformer_file.py, text_encoder_file.py, vae_file.py) with two
 differences: an Edit-2511 transformer file carries ComfyUI's marker key `__index_timestep_zero__` (read by
-edit/variants.py, skipped as a tensor), and the text encoder is loaded with `visual.*` (ComfyUI's
+variants.py, skipped as a tensor), and the text encoder is loaded with `visual.*` (ComfyUI's
 qwen_2.5_vl_7b_fp8_scaled file has it). A diffusers Edit folder loads as a text-to-image one does (its
 text_encoder/ has the vision tower and its transformer config says `zero_cond_t`); its variant comes from
 that config and model_index.json.
@@ -15,10 +16,11 @@ from pathlib import Path
 
 import torch
 
-from ..edit.variants import AUTO, resolve_variant, variant_from_diffusers_dir, variant_from_file
-from .components import QwenImageComponents
-from .safetensors_file import SafetensorsFile
-from .single_file import load_single_files
+from .family import edit_family
+from .variants import AUTO, resolve_variant, variant_from_diffusers_dir, variant_from_file
+from ...models.components import QwenImageComponents
+from ...models.safetensors_file import SafetensorsFile
+from ...models.single_file import load_single_files
 
 
 def _choice(variant: str) -> str:
@@ -37,20 +39,20 @@ def load_edit_single_files(
     variant: str = AUTO,
 ) -> QwenImageComponents:
     """A lazy edit model set from three files and a tokenizer folder (as single_file.load_single_files).
-    `variant`: 'auto' (read from the transformer file) or one of edit/variants.EDIT_VARIANTS."""
+    `variant`: 'auto' (read from the transformer file) or one of variants.EDIT_VARIANTS."""
     edit = resolve_variant(_choice(variant), variant_from_file(transformer, SafetensorsFile(transformer, "transformer").keys))
     components = load_single_files(transformer, text_encoder, vae, tokenizer_dir, storage, compute_dtype, device,
                                    text_encoder_fp8, vision=True, extra_config={"zero_cond_t": edit.zero_cond_t})
-    components.edit = edit
+    components.family = edit_family(edit)
     return components
 
 
 def load_edit_diffusers_dir(path: str | Path, storage: str = "float8", compute_dtype: torch.dtype = torch.bfloat16,
                             device: str | torch.device = "cpu", variant: str = AUTO) -> QwenImageComponents:
     """An edit model set from a diffusers Qwen-Image-Edit folder (as diffusers_dir.load_diffusers_dir)."""
-    from .diffusers_dir import load_diffusers_dir
+    from ...models.diffusers_dir import load_diffusers_dir
 
     edit = resolve_variant(_choice(variant), variant_from_diffusers_dir(path))
     components = load_diffusers_dir(path, storage, compute_dtype, device)
-    components.edit = edit
+    components.family = edit_family(edit)
     return components

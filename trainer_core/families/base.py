@@ -1,0 +1,168 @@
+"""The model-family seam: what differs between model families and tasks, behind one small protocol.
+
+A family is what a model set *is* (`QwenImageComponents.family`): Qwen-Image text-to-image (qwen_image.py)
+or a Qwen-Image-Edit variant (qwen_image_edit/). The shared engine (cache, training step, memory plan,
+previews, demo) is written once and asks the family at these hooks, never the samples or the model set
+what they happen to carry:
+
+    data and cache   check_samples, cache_conditioning (keys and encoding of prompts and conditions),
+                     data_settings, check_cached
+    training step    batch_group, dropped_text_key, conditions, transformer_inputs, loss_tokens
+    memory plan      planned_image_size
+    previews         preview_inputs, preview_pipeline
+    built-ins        tiny_components, demo
+
+Tensor shapes (text-to-image Qwen-Image; another family documents its own):
+    latents      (C, h, w) per sample, normalised; a micro-batch stacks them to (B, C, h, w)
+    hidden       (B, N, D_in) packed noisy target tokens, N = grid[0] * grid[1]
+    conditions   per sample a list of condition latents [(C, h_i, w_i)] (Edit: the control images), or None
+    embedding    (L, D) prompt embedding per prompt
+
+Everything here is cheap to import (no torch at module level): the config and the CLI's parser read
+family names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UserInputError
+
+# write(tensors, kind, key, what): the shared cache builder's atomic write of one entry
+# (kind "latents" or "text"; `what` names the input in an error).
+Write = Callable[[dict, str, str, str], None]
+
+
+class CacheConditioning:
+    """A family's part of one cache build (`cache.build_cache`), made by `ModelFamily.cache_conditioning`
+    for one model set, sample list and data settings. The target latents are the shared builder's own."""
+
+    def text_key(self, prompt: str, sample) -> str:
+        """Cache key of `prompt` as the text encoder sees it beside `sample`'s conditions (`sample` is a
+        data.Sample; a family without conditions ignores it)."""
+        raise NotImplementedError
+
+    def condition_jobs(self, sample) -> dict[str, Any]:
+        """Cache key -> what `encode_conditions` needs, for each condition latent of `sample` ({}: none)."""
+        return {}
+
+    def entry_fields(self, sample) -> dict[str, Any]:
+        """The condition fields of `sample`'s cache entry (`CachedSample.condition_keys`, `condition_sizes`,
+        `condition_paths`); {} leaves them empty."""
+        return {}
+
+    def encode_conditions(self, jobs: dict[str, Any], write: Write) -> None:
+        """Encode each job's condition latent (C, h_i, w_i) fp32 (the VAE is loaded) and `write` it as
+        {"latents": ...}, alone (cache.py: a batch of one)."""
+        if jobs:
+            raise NotImplementedError
+
+    def encode_prompts(self, jobs: dict[str, tuple[str, Any]], write: Write) -> None:
+        """Encode each key's (prompt, sample whose conditions it sees) to an (L, D) embedding (the text
+        encoder is loaded) and `write` it as {"embedding": ...}, alone."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class DemoSpec:
+    """What `demo.run_demo` trains on for a family: its built-in data and the names of its outputs."""
+
+    run_name: str
+    lora_name: str  # file name of the LoRA in the demo's folder
+    preview_prompt: str
+    plot_title: str
+    # (folder) -> (training samples, the family's data settings) for the built-in dataset written into folder
+    make_dataset: Callable[[Any], tuple[list, Any]]
+
+
+class ModelFamily:
+    """The hooks (module docstring). Subclasses override what differs; defaults are the plain
+    text-to-image behaviour (no conditions, the loss over every image token)."""
+
+    name: str = ""  # what the CLI's --model and a model set's family are called ("qwen-image", "edit-2511")
+
+    # ----------------------------------------------------------------------------------------------
+    # data and cache
+
+    def check_samples(self, samples: list) -> None:
+        """Refuse, by file name, samples this family cannot train on (UserInputError)."""
+
+    def data_settings(self, dataset) -> Any:
+        """The family's data settings of a loaded `data.Dataset` (for `cache.build_cache`), or None."""
+        return None
+
+    def cache_conditioning(self, components, samples: list, settings: Any) -> CacheConditioning:
+        """The family's part of caching `samples` (training and validation) for `components`."""
+        raise NotImplementedError
+
+    def check_cached(self, dataset) -> None:
+        """Refuse a cached dataset that another kind of family made (its prompts were encoded without, or
+        with, the conditions this family trains on). Variants of one kind share their caches' meaning."""
+        from . import get_family
+
+        made_by = get_family(dataset.family)
+        if type(made_by) is not type(self):
+            raise UserInputError(
+                f"the dataset was cached for the model family {made_by.name}, but the model trained is {self.name}: run "
+                "the Cache node with the model set you train (only what is missing is encoded).")
+
+    # ----------------------------------------------------------------------------------------------
+    # training step (the trainer calls these; `dataset` is a cache.CachedDataset, samples its CachedSamples)
+
+    def batch_group(self, sample) -> Hashable:
+        """The data order's grouping key: samples of one micro-batch share it (their tensors are stacked)."""
+        return sample.bucket
+
+    def dropped_text_key(self, dataset, sample) -> str:
+        """The prompt key a sample trains with when its caption is dropped (caption dropout)."""
+        return dataset.prompt_keys[""]
+
+    def conditions(self, dataset, samples: list) -> list[list] | None:
+        """Per sample its condition latents [(C, h_i, w_i)] fp32, or None when the family has none."""
+        return None
+
+    def transformer_inputs(self, hidden, grid: tuple[int, int], conditions: list[list] | None):
+        """(hidden (B, N, D_in) noisy target tokens, the target's token grid, `conditions`) ->
+        (hidden_states (B, N + M, D_in), img_shapes) as the transformer takes them."""
+        return hidden, [[(1, *grid)]] * hidden.shape[0]
+
+    def loss_tokens(self, grid: tuple[int, int]) -> int:
+        """How many leading output tokens the loss covers (the target's; conditions are inputs only)."""
+        return grid[0] * grid[1]
+
+    # ----------------------------------------------------------------------------------------------
+    # memory plan
+
+    def planned_image_size(self, dataset) -> tuple[int, int]:
+        """(width, height) px the memory plan plans the image sequence at: the largest bucket."""
+        return max((s.bucket for s in dataset.samples), key=lambda b: b[0] * b[1])
+
+    # ----------------------------------------------------------------------------------------------
+    # previews (sampling.sample_image)
+
+    def preview_inputs(self, components, dataset, prompts: list[str], condition_images: list | None
+                       ) -> tuple[Any, dict[str, Any]]:
+        """(the conditions a preview samples with, {prompt: (L, D) embedding} for each of `prompts`).
+        `condition_images`: PIL images given now (the canvas), or None for the family's default."""
+        raise NotImplementedError
+
+    def preview_pipeline(self, components, conditions: Any):
+        """The pinned diffusers pipeline that samples a preview around our transformer and VAE, taking
+        prompt embeddings (no text encoder) and `conditions` from `preview_inputs`."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------------------------------------
+    # built-ins
+
+    def tiny_components(self, seed: int = 0, storage: str = "float32", compute_dtype=None, device="cpu"):
+        """The family's tiny model set with random weights (tests, the demo)."""
+        raise NotImplementedError
+
+    def demo(self) -> DemoSpec:
+        """The built-in demo's data and names (`python -m trainer_core demo --model <name>`)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<model family {self.name}>"

@@ -1,0 +1,15 @@
+"""float8 block Linears: how their weights are stored, and the paths that compute with them.
+
+    storage.py      float8 / float8_scaled storage of the frozen block Linears, and the eager compute path
+                    (`FrozenLinearFunction`: upcast per call, nothing saved for backward but the module)
+    activations.py  fp8 activations: float8 x float8 matmuls with torch._scaled_mm (TrainConfig.fp8_activations)
+    compiled.py     the upcast compiled into the matmul (TrainConfig.compile_float8)
+    paths.py        the one interface over the three: compute_path(name).install(linears, device) -> Installed
+"""
+
+from .paths import COMPILED, EAGER, FP8_ACTIVATIONS, Installed, compute_path, path_name  # noqa: F401
+from .storage import (  # noqa: F401  (the storage names every loader and writer uses)
+    FLOAT8, FLOAT8_MAX, SCALE_BUFFER, STORAGE_MODES, FrozenLinearFunction, block_linear_bytes, dequantized_state_dict,
+    dequantized_weight, frozen_block_linears, frozen_linears, install_frozen_compute, quantize_per_tensor,
+    quantize_weight, restore_forwards, store_block_linears,
+)
