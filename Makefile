@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench realsize realsize-clean install clean
+.PHONY: demo test test-floor device-prepare bench realsize realsize-clean install clean
 
 $(STAMP): requirements.txt requirements-test.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,30 @@ $(STAMP): requirements.txt requirements-test.txt constraints.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The oldest libraries the pack claims (requirements.txt's floors, each ">=" installed as "=="), beside the
+# same CPU torch, in a venv of their own; then the tests that cover loading, caching, training, saving and
+# the nodes, and the device check's CPU dry run (a few minutes).
+FLOOR_VENV ?= .venv-floor
+FLOOR_PY := $(FLOOR_VENV)/bin/python
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
+FLOOR_TESTS := tests/test_models.py tests/test_single_file.py tests/test_cache.py tests/test_trainer.py \
+	tests/test_lora_files.py tests/test_nodes.py tests/test_device_check.py
+
+$(FLOOR_STAMP): requirements.txt requirements-test.txt
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -c "import torch" 2>/dev/null || $(FLOOR_PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	sed -n 's/^\([A-Za-z0-9_.-]*\)>=\(.*\)$$/\1==\2/p' requirements.txt > $(FLOOR_VENV)/floors.txt
+	$(FLOOR_PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt -c $(FLOOR_VENV)/floors.txt
+	touch $(FLOOR_STAMP)
+
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_PY) -m pytest -q $(FLOOR_TESTS)
+
+# The wheels the GPU machine lacks, into benchmarks/.wheels (ignored); prints what will travel (refused over
+# 60 MiB). On that machine: `bash benchmarks/device_check.sh` (benchmarks/README.md).
+device-prepare:
+	PYTHON=$(PYTHON) bash benchmarks/device_check.sh prepare
 
 demo: $(STAMP)
 	$(PY) -m trainer_core demo --out demo_out
@@ -43,4 +67,4 @@ realsize-clean: $(STAMP)
 	$(PY) benchmarks/realsize_cpu.py --clean-only
 
 clean:
-	rm -rf $(VENV) demo_out
+	rm -rf $(VENV) $(FLOOR_VENV) demo_out

@@ -1,41 +1,24 @@
-"""GPU check of the memory plan, phase by phase, over the whole life of a real-size Qwen-Image run.
+"""GPU check of the memory plan, phase by phase, over the whole life of a real-size Qwen-Image run, and of
+streaming's correctness (a streamed step against the all-resident one, same batches).
 
-    python benchmarks/gpu_check.py [--out benchmarks/gpu_check_results.md] [--workdir DIR]   # CUDA, <= 8 min (H200)
-    python benchmarks/gpu_check.py --tiny                                                    # CPU, tiny dims
+    python benchmarks/gpu_check.py [--out DIR] [--workdir DIR]   # CUDA (part of benchmarks/device_check.sh)
+    python benchmarks/gpu_check.py --tiny                        # CPU, tiny dims, the same code path
 
-1. files   Real-layout model files with random weights, written tensor by tensor to --workdir
-           (`devtools.random_files`): the transformer as ComfyUI's fp8_e4m3fn file (19 GiB), the text
-           encoder as its fp8_scaled file (the language model: 7.1 GiB), the VAE (bf16), a tokenizer folder
-           (the tiny tokenizer: its token ids all have rows in the real embedding table) and 4 random images
-           of 1024 x 1024 with captions. About 27 GiB of disk; removed at the end unless --keep-files.
-2. load    The Load node's call (`load_models`, the one place to change when loading changes).
-3. cache   `build_cache`: the images' latents, their captions, a preview prompt and the negative prompt.
-4. Per swap setting, the planner's choice for --budget-gb first (the most swapped blocks), then 16, 8 and 0:
-   init    a `Trainer` (rank 32, attention+mlp, fp32 LoRA, AdamW8bit, checkpointing, the swap count given);
-   train   --steps steps;
-   preview `sample_image` at 1024 x 1024, CFG 4, 2 sampling steps;
-   save    `save_lora` (bf16, ComfyUI's layout), read back; then the trainer is closed.
+1. files   Real-layout model files with random weights, made on the device tensor by tensor and streamed to
+           --workdir (`devtools.random_files`; one tensor of host RAM at a time): the transformer as ComfyUI's
+           fp8_e4m3fn file (19 GiB), the text encoder's language model as its fp8_scaled file (7.1 GiB), the
+           VAE (bf16), the tiny tokenizer and 4 random 1024 x 1024 images with captions. Removed at the end
+           unless --keep-files. The load phase must read real files: that is what it measures.
+2. load    The Load node's call (`load_models`). 3. cache: `build_cache` (latents, captions, a preview prompt,
+           the negative prompt).
+4. Per setting (the planner's choice for 16 GiB, all resident, the choice for 24 GiB; tiny: the tiny budget's
+   choice, 2 swapped, all resident), each while its time slice holds one more: init (a `Trainer`, rank 32 attention+mlp, fp32 LoRA, AdamW8bit, checkpointing), train (--steps),
+   preview (1024 x 1024, CFG 4, 2 steps), save (`save_lora`, read back).
 
-Measured per phase, after emptying torch's cache and resetting its peak statistics at the phase's start:
-GPU = max_memory_reserved + the memory outside torch's allocator at the phase's end (CUDA context, cuBLAS);
-max_memory_allocated; host RAM = the peak of the process's resident anonymous + shared memory (pinned memory
-included, the OS's file cache not), sampled every 20 ms. Planned: `planner.plan_phases` for the run as built
-(its largest bucket and longest caption, the text encoder precision used), with the CUDA context measured at
-the start instead of the assumed 0.5 GiB. The process baseline the planner assumes (1 GiB) stays in its
-host figures; the one measured after the imports is printed beside them.
-
-Checks (each a row of the last table; the script ends with one line `VERDICT: PASS` or `VERDICT: FAIL ...`
-and exits 1 on a failure):
-- every phase's measured GPU and host RAM within the plan (the plan must be on the safe side);
-- the training phase's plan within 15% of the measurement (allocated bytes: the plan must also be useful);
-- the run chosen for --budget-gb stays within that budget in every phase;
-- the first step's loss and the trained LoRA (its A matrices in three blocks, within 1%) are the same for
-  every swap setting (one LoRA init, whatever device a block is on);
-- the saved LoRA reads back with every adapted module; the preview is finite and of the size asked.
-On the CPU (--tiny) the device is the host: the GPU columns are empty but for the training phase's device
-bytes (the model's resident tensors + the steps' peak of new ones, `memprobe.LiveBytes`), checked against
-the plan's training terms within 5%; host RAM is reported but not checked (a tiny model's bytes drown in
-the process's own); the other checks run as on the GPU.
+Measured per phase (harness.phase): GPU = max reserved + memory outside torch's allocator; max allocated;
+host RAM = peak resident anonymous + shared memory. Planned: `planner.plan_phases` for the run as built,
+with the measured CUDA context. On the CPU (--tiny) the GPU columns hold the training phase's device bytes
+only (resident tensors + the steps' peak of new ones, `memprobe.LiveBytes`), checked within 5% of the plan.
 """
 
 from __future__ import annotations
@@ -43,20 +26,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import gc
 import math
-import platform
+import re
 import shutil
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-import common  # puts the repository on sys.path; resident_bytes
+import common
+import harness
+from harness import Env, Report, gib
 
 import torch
 
-from trainer_core.planner import GIB, MIB
+from trainer_core.planner import GIB
 
 SIDE_REAL, SIDE_TINY = 1024, 128
 IMAGES = 4
@@ -64,88 +46,15 @@ PREVIEW_STEPS = 2
 CAPTION = ("a photograph of a red bicycle leaning against a weathered stone wall in a quiet village street, warm "
            "afternoon light, long shadows, potted geraniums on the window sills, a cat asleep on the doorstep, "
            "cobblestones wet from an earlier rain, a bakery sign in the distance, soft clouds over the roof tiles")
-
-
-# --------------------------------------------------------------------------------------------------
-# measuring
-
-
-class HostPeak:
-    """Peak resident anonymous + shared memory of this process (pinned buffers included, file cache not),
-    sampled by a thread every 20 ms; 0 where /proc is missing."""
-
-    def __init__(self):
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def now() -> int:
-        try:
-            fields = {}
-            with open("/proc/self/status") as f:
-                for line in f:
-                    key, _, value = line.partition(":")
-                    fields[key] = value
-            return sum(int(fields[k].split()[0]) * 1024 for k in ("RssAnon", "RssShmem") if k in fields)
-        except OSError:
-            return 0
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.now())
-            self._stop.wait(0.02)
-
-    def __enter__(self) -> HostPeak:
-        self.peak = self.now()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.now())
-
-
-@dataclasses.dataclass
-class Measured:
-    gpu_total: int = 0  # max reserved + outside torch's allocator
-    gpu_allocated: int = 0
-    gpu_outside: int = 0  # of gpu_total: outside torch's allocator (context, cuBLAS)
-    host: int = 0
-    seconds: float = 0.0
-
-
-@contextlib.contextmanager
-def phase(cuda: bool, device: torch.device):
-    """Measure the body as one phase (see the module docstring)."""
-    if cuda:
-        gc.collect()  # what an earlier phase dropped in reference cycles (0.4 s: not for the CPU's tiny run)
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()  # at the phase's start: what an earlier phase freed is not this phase's
-        torch.cuda.reset_peak_memory_stats(device)
-    result = Measured()
-    started = time.perf_counter()
-    with HostPeak() as host:
-        yield result
-        if cuda:
-            torch.cuda.synchronize(device)
-    result.seconds = time.perf_counter() - started
-    result.host = host.peak
-    if cuda:
-        free, total = torch.cuda.mem_get_info(device)
-        outside = total - free - torch.cuda.memory_reserved(device)
-        result.gpu_total = torch.cuda.max_memory_reserved(device) + outside
-        result.gpu_outside = outside
-        result.gpu_allocated = torch.cuda.max_memory_allocated(device)
-
-
-# --------------------------------------------------------------------------------------------------
-# the run
+MEMORY_COLUMNS = ["setting", "blocks_to_swap", "phase", "gpu_measured", "gpu_planned", "allocated_measured",
+                  "allocated_planned", "host_measured", "host_planned", "seconds"]
+# Streamed against all-resident after one step: the same kernels on the same values, so equal up to the
+# nondeterminism of some CUDA backward kernels (atomics): the first loss within this share, the LoRA's B
+# matrices within this share of their norm.
+STREAMING_TOLERANCE = 1e-3
 
 
 def write_files(workdir: Path, tiny: bool, device: torch.device) -> dict[str, Path]:
-    """Model files, a tokenizer folder and a dataset folder in --workdir (see the module docstring)."""
     import numpy as np
     from PIL import Image
 
@@ -186,101 +95,30 @@ def load_models(files: dict[str, Path], device: torch.device, storage: str = "fl
                              compute_dtype=torch.bfloat16, device=device, text_encoder_fp8="auto")
 
 
-@dataclasses.dataclass
-class Row:
-    config: str
-    blocks_to_swap: int | None
-    phase: str
-    measured: Measured
-    planned_gpu: int
-    planned_allocated: int
-    planned_host: int
+def probe_lora(trainer, blocks: set[int]) -> dict[str, torch.Tensor]:
+    """CPU copies of the LoRA tensors of `blocks` (resident in some settings, streamed in others)."""
+    return {n: p.detach().float().cpu() for n, p in trainer.transformer.named_parameters()
+            if p.requires_grad and _block_of(n) in blocks}
 
 
-@dataclasses.dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
+def _block_of(name: str) -> int | None:
+    found = re.search(r"transformer_blocks\.(\d+)\.", name)
+    return int(found.group(1)) if found else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiny", action="store_true", help="tiny dims on the CPU (exercises the same code path)")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "gpu_check_results.md"))
-    parser.add_argument("--workdir", default=None, help="where the model files go (default: a temporary folder)")
-    parser.add_argument("--keep-files", action="store_true", help="keep --workdir's files")
-    parser.add_argument("--steps", type=int, default=None, help="training steps per swap setting (default 5, tiny 3)")
-    parser.add_argument("--budget-gb", type=float, default=16.0, help="budget of the planner's choice (GiB)")
-    args = parser.parse_args(argv)
-
-    from trainer_core.runs.cli import _quiet_libraries
-
-    _quiet_libraries()
-    cuda = not args.tiny
-    if cuda and not torch.cuda.is_available():
-        raise SystemExit("gpu_check.py needs a CUDA device; run it with --tiny to exercise the code path on a CPU")
-    device = torch.device("cuda" if cuda else "cpu")
-    steps = args.steps or (5 if cuda else 3)
-    started = time.perf_counter()
-    lines: list[str] = []
-
-    def log(line: str = "") -> None:
-        print(line, flush=True)
-        lines.append(line)
-
-    from trainer_core.planner.plan import PROCESS_BASELINE_BYTES
-    import trainer_core.data.cache, trainer_core.models, trainer_core.families.sampling, trainer_core.training  # noqa: E401,F401
-    # (imported before the baseline is measured: the libraries' memory is the process's, not a phase's)
-
-    if cuda:
-        torch.cuda.init()
-        torch.empty(1, device=device)  # the context now exists
-        free0, total0 = torch.cuda.mem_get_info(device)
-        context = total0 - free0 - torch.cuda.memory_reserved(device)
-    else:
-        context = 0
-    baseline = HostPeak.now()
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="qwen_gpu_check_"))
-    rows: list[Row] = []
-    checks: list[Check] = []
-    try:
-        run_lifecycle(args, cuda, device, steps, context, workdir, rows, checks, log)
-    finally:
-        if not args.keep_files:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-    unit, u = (GIB, "GiB") if cuda else (MIB, "MiB")
-    log(f"| configuration | phase | GPU measured ({u}) | GPU planned ({u}) | allocated measured / planned ({u}) "
-        f"| host RAM measured ({u}) | host RAM planned ({u}) | seconds |")
-    log("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        m = r.measured
-        allocated = f"{m.gpu_allocated / unit:.2f} / {r.planned_allocated / unit:.2f}" if m.gpu_allocated else "-"
-        gpu = f"{m.gpu_total / unit:.2f} | {r.planned_gpu / unit:.2f} | {allocated}" if cuda else f"- | - | {allocated}"
-        log(f"| {r.config} | {r.phase} | {gpu} | {m.host / unit:.2f} | {r.planned_host / unit:.2f} | {m.seconds:.1f} |")
-    log("")
-    log(f"Process baseline measured after the imports (resident anonymous + shared): {baseline / GIB:.2f} GiB; the "
-        f"planner assumes {PROCESS_BASELINE_BYTES / GIB:.2f} GiB in every phase's host figure."
-        + (f" CUDA context and other memory outside torch's allocator at the start: {context / MIB:.0f} MiB "
-           "(the planner used it instead of its assumed 512 MiB)." if cuda else ""))
-    log("")
-    log("| check | result | detail |")
-    log("| --- | --- | --- |")
-    for c in checks:
-        log(f"| {c.name} | {'ok' if c.ok else 'FAILED'} | {c.detail} |")
-    log("")
-    failed = [c for c in checks if not c.ok]
-    log(f"Total time {time.perf_counter() - started:.0f} s.")
-    verdict = (f"VERDICT: PASS: all {len(checks)} checks" if not failed else
-               f"VERDICT: FAIL: {len(failed)} of {len(checks)} checks failed: {'; '.join(c.name for c in failed)}")
-    log(verdict)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}")
-    return 1 if failed else 0
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, bool]:
+    """||a - b|| / ||b|| over the LoRA B matrices (after one step from B = 0 the only ones changed; A's large
+    random values would hide a difference), and whether every tensor is equal bit for bit. A norm rather than
+    the largest element: Adam's first update is about +-lr per element whatever the gradient's size, so a
+    gradient element near zero whose sign a nondeterministic kernel flips moves one element by 2 lr."""
+    names = [n for n in b if "lora_B" in n] or list(b)
+    diff = sum(float((a[n] - b[n]).double().pow(2).sum()) for n in names) ** 0.5
+    norm = sum(float(b[n].double().pow(2).sum()) for n in names) ** 0.5
+    return diff / max(norm, 1e-30), all(torch.equal(a[n], b[n]) for n in b)
 
 
-def run_lifecycle(args, cuda, device, steps, context, workdir, rows, checks, log) -> None:
+def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, seconds: float | None = None) -> None:
+    """The lifecycle above into `report`: table 'memory per phase', its checks, and 'streaming correctness'."""
     import numpy as np
 
     from trainer_core.data.cache import build_cache
@@ -290,157 +128,199 @@ def run_lifecycle(args, cuda, device, steps, context, workdir, rows, checks, log
     from trainer_core.adapters.lora_files import read_lora_file
     from trainer_core.models.text_encoder_file import resolve_text_encoder_fp8
     from trainer_core.planner import arch_for_components, auto_blocks_to_swap, inputs_for_run, plan_memory, plan_phases
-    from trainer_core.planner.phases import gpu_peak_after_caching
     from trainer_core.planner.inference import parts_for_components
+    from trainer_core.planner.phases import gpu_peak_after_caching
     from trainer_core.families.sampling import sample_image
     from trainer_core.training import Trainer
 
-    side = SIDE_TINY if args.tiny else SIDE_REAL
-    t = time.perf_counter()
-    files = write_files(workdir, args.tiny, device)
-    size = sum(f.stat().st_size for f in workdir.rglob("*") if f.is_file())
-    log(f"# GPU check: {'real-size Qwen-Image' if cuda else 'tiny (--tiny)'} on {hardware_line(cuda, device)}")
-    log("")
-    log(f"`python benchmarks/gpu_check.py{' --tiny' if args.tiny else ''}`, torch {torch.__version__}, "
-        f"{time.strftime('%Y-%m-%d %H:%M')}. Files written in {time.perf_counter() - t:.0f} s "
-        f"({size / GIB:.2f} GiB, random weights). Training: {IMAGES} images at {side}x{side}, LoRA rank "
-        f"{4 if args.tiny else 32} attention+mlp fp32, AdamW8bit, gradient checkpointing, batch 1, {steps} steps per "
-        f"swap setting; previews {side}x{side}, CFG 4, {PREVIEW_STEPS} sampling steps.")
-    log("")
+    phase_started = clock.elapsed()
 
+    def left() -> float:  # of this phase's slice (`seconds`) and of the whole run
+        return min(clock.left(), float("inf") if seconds is None else seconds - (clock.elapsed() - phase_started))
+
+    cuda, device, side = env.cuda, env.device, SIDE_TINY if env.tiny else SIDE_REAL
+    rows = report.table("memory per phase", MEMORY_COLUMNS)
+    with harness.phase(env) as files_m:
+        files = write_files(workdir, env.tiny, device)
+    size = sum(f.stat().st_size for f in workdir.rglob("*") if f.is_file())
+    report.note(f"random-weight files: {size / GIB:.2f} GiB written in {files_m.seconds:.0f} s")
     te_mode = resolve_text_encoder_fp8("auto", device)
-    with phase(cuda, device) as load_m:
+    with harness.phase(env) as load_m:
         components = load_models(files, device)
     parts = parts_for_components(components)  # while the text encoder is loaded: its real sizes
     samples = discover(DatasetConfig(folder=str(files["dataset"]), resolution=side, min_bucket_side=32,
                                      max_bucket_side=2 * side))
-    with phase(cuda, device) as cache_m:
+    with harness.phase(env) as cache_m:
         cached = build_cache(components, samples, workdir / "cache", preview_prompts=["a red bicycle"],
                              negative_prompt="blurry")
     arch = arch_for_components(components)
-    lora = LoraConfig(rank=4 if args.tiny else 32, alpha=4.0 if args.tiny else 32.0, targets="attention+mlp")
+    lora = LoraConfig(rank=4 if env.tiny else 32, alpha=4.0 if env.tiny else 32.0, targets="attention+mlp")
     optimizer = OptimizerConfig(optimizer="adamw8bit", learning_rate=1e-4)
 
     def planned(k: int):
         train = TrainConfig(seed=0, gradient_checkpointing=True, blocks_to_swap=k, run_name=f"gpu-check-{k}")
         inputs = inputs_for_run(components, cached, lora, optimizer, train, k)
-        inputs = dataclasses.replace(inputs, cuda_context_bytes=context, preview_width=side, preview_height=side,
-                                     text_encoder_storage="float8" if te_mode == "keep" else "bfloat16")
+        inputs = dataclasses.replace(inputs, cuda_context_bytes=env.context_bytes, preview_width=side,
+                                     preview_height=side, text_encoder_storage="float8" if te_mode == "keep" else "bfloat16")
         return train, inputs, plan_phases(inputs, arch, parts=parts, suggest=False)
 
-    def row(config: str, k: int | None, name: str, m: Measured, plan) -> None:
+    def row(setting: str, k: int | None, name: str, m: harness.Measured, plan) -> None:
         p = plan.phases[name]
         alloc = sum(t.bytes for t in p.gpu if t.name not in ("allocator slack", "CUDA context"))
         if not cuda and name == "train":  # the device's share, which the CPU's host figure also holds
             alloc = plan.training.gpu_total
-        rows.append(Row(config, k, name, m, p.gpu_bytes, alloc, p.host_bytes))
+        rows.append(dict(setting=setting, blocks_to_swap=k, phase=name,
+                         gpu_measured=gib(m.gpu_total, env) if cuda else None, gpu_planned=gib(p.gpu_bytes, env),
+                         allocated_measured=gib(m.gpu_allocated, env) if m.gpu_allocated else None,
+                         allocated_planned=gib(alloc, env), host_measured=gib(m.host, env),
+                         host_planned=gib(p.host_bytes, env), seconds=round(m.seconds, 2),
+                         _raw=(m, p.gpu_bytes, alloc, p.host_bytes)))
 
     _, _, plan0 = planned(0)
     row("(all)", None, "load", load_m, plan0)
     row("(all)", None, "cache", cache_m, plan0)
 
-    # The planner's choice first: the most swapped blocks, so later settings only bring blocks back to the GPU.
-    budget = int(args.budget_gb * GIB)
-    if args.tiny:  # the CPU has no budget: the planner's GPU figures (no context, no slack) at 3 swapped blocks
+    if env.tiny:
+        # The CPU has no budget: the planner's GPU figures (no context, no slack) at 3 swapped blocks. A second
+        # budget would choose 3 or 0 (with 4 blocks, 0 to 2 swapped plan alike: up to 2 slots hold streamed
+        # blocks), so the tiny run's second streamed setting is a fixed 2.
         as_gpu = dataclasses.replace(planned(0)[1], device="cuda", cuda_context_bytes=0, allocator_slack=0.0)
         budget = gpu_peak_after_caching(plan_memory(dataclasses.replace(as_gpu, blocks_to_swap=3), arch), arch, parts)
-        choice = auto_blocks_to_swap(as_gpu, budget, arch, parts)
-        settings = [("auto (tiny budget)", choice.blocks_to_swap), ("2 swapped", 2), ("1 swapped", 1),
-                    ("no swapping", 0)]
+        budgets = [("auto (tiny budget)", budget, auto_blocks_to_swap(as_gpu, budget, arch, parts))]
     else:
-        choice = auto_blocks_to_swap(planned(0)[1], budget, arch, parts)
-        settings = [(f"auto for {args.budget_gb:g} GiB", choice.blocks_to_swap), ("16 swapped", 16),
-                    ("8 swapped", 8), ("no swapping", 0)]
-    if choice.blocks_to_swap is None:
-        raise SystemExit("\n".join(choice.advice))
+        budgets = [(f"auto for {g} GiB", g * GIB, auto_blocks_to_swap(planned(0)[1], g * GIB, arch, parts))
+                   for g in (24, 16)]
+    settings = []
+    for label, budget, choice in budgets:
+        if choice.blocks_to_swap is None:
+            report.check(f"{label}: the planner finds a swap count", False, " ".join(choice.advice))
+        else:
+            settings.append((f"{label} ({choice.blocks_to_swap} swapped)", choice.blocks_to_swap, budget))
+    settings += [("2 swapped", 2, None)] if env.tiny else []
+    # The most swapped first: later settings only bring blocks back to the device (on the CPU, where device
+    # bytes are counted tensor by tensor, a block once streamed computes from a view into the pinned arena).
+    # On a GPU all resident comes second, so the streaming check has its pair before time may cut the rest.
+    settings = sorted(settings, key=lambda s: -s[1])
+    settings.insert(len(settings) if env.tiny else 1, ("all resident", 0, None))
 
-    first_losses, lora_a, auto_peaks = {}, {}, []
-    probe_blocks = {0, arch.num_blocks // 2, arch.num_blocks - 1}  # resident in some settings, swapped in others
-    settings = [(f"{label} ({k} swapped)" if label.startswith("auto") else label, k) for label, k in settings]
+    probe_blocks = {0, arch.num_blocks // 2, arch.num_blocks - 1}
+    results = {}  # setting -> (losses, LoRA after one step, LoRA at the end)
     if not cuda:
         # The first step of the process fills diffusers' RoPE cache (kept for the process, not the run's); on the
         # tiny model it is a few percent of the device bytes, so one unmeasured step keeps it out of the first row.
         warm = Trainer(components, cached, lora, optimizer, planned(settings[0][1])[0])
         warm.train(1)
         warm.close()
-    for label, k in settings:
+    per_setting = None
+    for i, (label, k, budget) in enumerate(settings):
+        started = clock.elapsed()
+        if per_setting is not None and left() < per_setting:
+            report.cut_phase(f"memory: {label}", f"{left():.0f} s left of the memory slice, a setting took "
+                             f"{per_setting:.0f} s")
+            continue
         train_cfg, _, plan = planned(k)
-        with phase(cuda, device) as m:
+        with harness.phase(env) as m:
             # With a run folder each train() ends with a checkpoint (on the GPU: its CPU copy is host RAM). On
             # the CPU the steps' device bytes are measured tensor by tensor: a checkpoint there is not training.
-            run_dir = workdir / "runs" / f"k{k}" if cuda else None
-            trainer = Trainer(components, cached, lora, optimizer, train_cfg, run_dir=run_dir)
+            trainer = Trainer(components, cached, lora, optimizer, train_cfg,
+                              run_dir=workdir / "runs" / f"k{k}" if cuda else None)
         row(label, k, "init", m, plan)
-        with phase(cuda, device) as m:
-            if cuda:
-                report = trainer.train(1)
-                report2 = trainer.train(steps - 1)
-            else:  # no allocator statistics: the device's bytes are the resident tensors + the steps' new ones
-                resident = common.resident_bytes(trainer)
-                with LiveBytes() as live:
-                    report = trainer.train(1)
-                    report2 = trainer.train(steps - 1)
+        with harness.phase(env) as m:
+            resident = 0 if cuda else common.resident_bytes(trainer)
+            with LiveBytes() if not cuda else contextlib.nullcontext() as live:
+                first = trainer.train(1)
+                after_one = probe_lora(trainer, probe_blocks)
+                rest = trainer.train(env.steps - 1)
+            if not cuda:  # no allocator statistics: the device's bytes are the resident tensors + the steps' new ones
                 m.gpu_allocated = resident + live.peak
         row(label, k, "train", m, plan)
-        losses = report.losses + report2.losses
-        first_losses[label] = losses[0]
-        with phase(cuda, device) as m:
+        losses = first.losses + rest.losses
+        with harness.phase(env) as m:
             image = sample_image(components, cached, "a red bicycle", "blurry", side, side, steps=PREVIEW_STEPS,
                                  cfg_scale=4.0, seed=0)
         row(label, k, "preview", m, plan)
         pixels = np.asarray(image, dtype=np.float32)
-        checks.append(Check(f"{label}: preview", image.size == (side, side) and bool(np.isfinite(pixels).all()),
-                            f"{image.size[0]}x{image.size[1]}, mean {pixels.mean():.1f}"))
-        with phase(cuda, device) as m:
+        report.check(f"{label}: preview", image.size == (side, side) and bool(np.isfinite(pixels).all()),
+                     f"{image.size[0]}x{image.size[1]}, mean {pixels.mean():.1f}")
+        with harness.phase(env) as m:
             path = trainer.save_lora(workdir / f"lora_{k}.safetensors")
         row(label, k, "save", m, plan)
         saved = read_lora_file(path)
-        lora_a[label] = {m: a.float() for m, (a, _) in saved.weights.items() if int(m.split(".")[1]) in probe_blocks}
-        checks.append(Check(f"{label}: LoRA file", sorted(saved.targets) == sorted(trainer.lora_modules),
-                            f"{len(saved.targets)} modules, rank {saved.rank}; losses {losses[0]:.4f} -> "
-                            f"{losses[-1]:.4f}; {report2.step_seconds:.2f} s/step over steps 2..{steps}"
-                            + (" (a checkpoint included)" if cuda else "")))
+        results[label] = (losses, after_one, probe_lora(trainer, probe_blocks), rest.step_seconds)
+        report.check(f"{label}: LoRA file", sorted(saved.targets) == sorted(trainer.lora_modules),
+                     f"{len(saved.targets)} modules, rank {saved.rank}; losses {losses[0]:.4f} -> {losses[-1]:.4f}; "
+                     f"{rest.step_seconds:.2f} s/step over steps 2..{env.steps}")
         trainer.close()
         del trainer
-        if label.startswith("auto"):
-            auto_peaks = [r.measured.gpu_total for r in rows if r.config == label]
+        if budget is not None and cuda:
+            peak = max(r["_raw"][0].gpu_total for r in rows if r["setting"] == label)
+            report.check(f"{label} within its budget", peak <= budget,
+                         f"{peak / GIB:.2f} of {budget / GIB:.2f} GiB at its largest phase")
+        per_setting = clock.elapsed() - started
 
-    # The checks on the measurements.
+    memory_checks(env, report, rows)
+    streaming_checks(report, results)
     for r in rows:
-        m = r.measured
-        if cuda:
+        r.pop("_raw")
+
+
+def memory_checks(env: Env, report: Report, rows: list[dict]) -> None:
+    for r in rows:
+        m, planned_gpu, planned_alloc, planned_host = r["_raw"]
+        name = f"{r['setting']} {r['phase']}"
+        if env.cuda:
             # A phase that plans no GPU use (loading reads headers) plans no context either: torch's share counts.
-            used = m.gpu_total if r.planned_gpu else m.gpu_total - m.gpu_outside
-            checks.append(Check(f"{r.config} {r.phase}: GPU within plan", used <= r.planned_gpu,
-                                f"{used / GIB:.2f} of {r.planned_gpu / GIB:.2f} GiB"))
-            checks.append(Check(f"{r.config} {r.phase}: host RAM within plan", m.host <= r.planned_host,
-                                f"{m.host / GIB:.2f} of {r.planned_host / GIB:.2f} GiB"))
-        if r.phase == "train":  # on the CPU: the 4-block model's device bytes, measured tensor by tensor
-            ratio = r.planned_allocated / max(m.gpu_allocated, 1)
-            limit = 1.15 if cuda else 1.05
-            checks.append(Check(f"{r.config} train: plan within {limit - 1:.0%} of allocated", 1.0 <= ratio <= limit,
-                                f"planned / measured = {ratio:.3f}"))
-    if cuda:
-        peak = max(auto_peaks)
-        checks.append(Check(f"{settings[0][0]} ({settings[0][1]} blocks) within its budget", peak <= budget,
-                            f"{peak / GIB:.2f} of {budget / GIB:.2f} GiB at its largest phase"))
-    values = list(first_losses.values())
-    same = all(math.isfinite(v) and abs(v - values[0]) <= 1e-3 * abs(values[0]) for v in values)
-    checks.append(Check("first loss equal for every swap setting", same,
-                        ", ".join(f"{k}: {v:.5f}" for k, v in first_losses.items())))
-    # The LoRA's A matrices start random (B at zero, so the first loss cannot tell inits apart): after the
-    # same steps from one init they differ by the GPU's nondeterminism only; from different inits, by ~100%.
-    first = next(iter(lora_a.values()))
-    worst = max(float((a[m] - first[m]).abs().max() / first[m].abs().max()) for a in lora_a.values() for m in first)
-    checks.append(Check("same LoRA for every swap setting", worst <= 1e-2,
-                        f"largest difference of A (blocks {sorted(probe_blocks)}) to the first setting's: "
-                        f"{worst:.2e} of its largest value"))
+            used = m.gpu_total if planned_gpu else m.gpu_total - m.gpu_outside
+            report.check(f"{name}: GPU within plan", used <= planned_gpu,
+                         f"{used / GIB:.2f} of {planned_gpu / GIB:.2f} GiB")
+            report.check(f"{name}: host RAM within plan", m.host <= planned_host,
+                         f"{m.host / GIB:.2f} of {planned_host / GIB:.2f} GiB")
+        if r["phase"] == "train":  # on the CPU: the 4-block model's device bytes, measured tensor by tensor
+            ratio = planned_alloc / max(m.gpu_allocated, 1)
+            limit = 1.15 if env.cuda else 1.05
+            report.check(f"{r['setting']} train: plan within {limit - 1:.0%} of allocated", 1.0 <= ratio <= limit,
+                         f"planned / measured = {ratio:.3f}")
 
 
-def hardware_line(cuda: bool, device: torch.device) -> str:
-    if cuda:
-        return f"{torch.cuda.get_device_name(device)}, {torch.cuda.mem_get_info(device)[1] / GIB:.1f} GiB"
-    return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
+def streaming_checks(report: Report, results: dict) -> None:
+    """Every streamed setting against the all-resident one: the first loss, and the LoRA after one step."""
+    rows = report.table("streaming correctness", ["setting", "first_loss", "resident_first_loss",
+                                                  "lora_after_one_step_relative_difference", "bit_for_bit"])
+    if "all resident" not in results or len(results) < 2:
+        report.cut_phase("streaming correctness", "the all-resident setting or every streamed one was cut for time")
+        return
+    losses0, one0, end0, _ = results["all resident"]
+    for label, (losses, one, end, _) in results.items():
+        if label == "all resident":
+            continue
+        diff, exact = relative_difference(one, one0)
+        rows.append(dict(setting=label, first_loss=round(losses[0], 6), resident_first_loss=round(losses0[0], 6),
+                         lora_after_one_step_relative_difference=f"{diff:.2e}", bit_for_bit=exact))
+        same_loss = math.isfinite(losses[0]) and abs(losses[0] - losses0[0]) <= STREAMING_TOLERANCE * abs(losses0[0])
+        report.check(f"{label}: one streamed step equals the all-resident step", same_loss and diff <= STREAMING_TOLERANCE,
+                     f"first loss {losses[0]:.6f} vs {losses0[0]:.6f}; LoRA B after the step: difference "
+                     f"{diff:.2e} of its norm ({'bit for bit' if exact else 'not bit for bit'}; tolerance "
+                     f"{STREAMING_TOLERANCE:g})")
+        end_diff, _ = relative_difference(end, end0)
+        report.note(f"{label}: LoRA B after all steps differs from all-resident by {end_diff:.2e} of its norm")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    harness.add_common_args(parser, str(Path(__file__).resolve().parent / "gpu_check_out"))
+    parser.add_argument("--workdir", default=None, help="where the model files go (default: a temporary folder)")
+    parser.add_argument("--keep-files", action="store_true", help="keep --workdir's files")
+    args = parser.parse_args(argv)
+    env = harness.make_env(args, "gpu_check.py")
+    report = Report(f"GPU check: memory per phase ({'tiny, CPU' if env.tiny else 'real-size Qwen-Image'})", env,
+                    "python benchmarks/gpu_check.py" + (" --tiny" if env.tiny else ""))
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="qwen_gpu_check_"))
+    try:
+        run_memory(env, report, harness.Clock(args.seconds), workdir)
+    finally:
+        if not args.keep_files:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if report.write(args.out, "gpu_check").startswith("VERDICT: PASS") else 1
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ training loops (seeded generators, one torch thread), so a run writes the same b
 2. The VAE and the text encoder are rounded to bf16 (what the files hold), so the transformer trains on exactly
    the latents and prompt features the shipped files give; the VAE's per-channel latent mean and std over the
    training pictures go into its config (latents_mean / latents_std), as Qwen-Image's VAE config has them.
-3. Transformer: the flow-matching objective of the LoRA trainer (trainer_core/objective.py: logit-normal levels
+3. Transformer: the flow-matching objective of the LoRA trainer (trainer_core/training/objective.py: logit-normal levels
    shifted for 64 tokens, velocity target) on the latents of `--images` pictures of circles, squares and triangles
    and the embeddings of their captions (10% empty, so classifier-free guidance works); AdamW with warm-up and a
    cosine decay; an exponential moving average of the weights is what is written.

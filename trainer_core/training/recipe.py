@@ -37,6 +37,7 @@ from ..core.finite import all_finite
 from .live import PreviewSettings, StepPreview
 from ..adapters.lora_files import LoraFile
 from ..models.components import QwenImageComponents
+from .comparison import DEFAULT as DEFAULT_COMPARISON, Comparison
 from .optim import set_learning_rate
 from ..streaming.placement import MODULATION_WINDOW
 from . import evaluation, guards, lifecycle, outputs, periodic, randomness, setup, state
@@ -51,16 +52,20 @@ class Trainer:
     def __init__(self, components: QwenImageComponents, dataset: CachedDataset, lora: LoraConfig,
                  optimizer: OptimizerConfig, train: TrainConfig, run_dir: str | Path | None = None,
                  init_lora: str | Path | None = None, replicas: Replicas = ONE_PROCESS,
-                 preview_size: tuple[int, int] | None = None):
+                 preview_size: tuple[int, int] | None = None, comparison: Comparison = DEFAULT_COMPARISON):
         """`run_dir`: where checkpoints go (None: no checkpoints). `replicas`: this process's place among
         data-parallel processes (distributed.py); only process 0 locks the run folder and writes checkpoints.
         `preview_size`: (width, height) of the previews this run will sample, for the memory plan (None: the
         Preview node's default). `init_lora`: continue from this LoRA file (any layout lora_files reads): it
-        decides rank, alpha and the adapted modules; the optimizer, schedule and step count start fresh."""
+        decides rank, alpha and the adapted modules; the optimizer, schedule and step count start fresh.
+        `comparison`: a build that differs from the default in one respect, for benchmarks (comparison.py)."""
         train.check_model(num_blocks=components.num_blocks)  # the settings themselves are valid once made
         if not dataset.samples:
             raise UserInputError("the cached dataset has no samples: check the Dataset node's folder.")
         self.components, self.dataset = components, dataset
+        self.comparison = comparison
+        if not comparison.modulation_ahead:
+            self.modulation_window = 0
         self.lora_cfg, self.optim_cfg, self.train_cfg = lora, optimizer, train
         self.requested_lora_cfg = lora  # before a LoRA file to continue from replaces rank and alpha
         self.requested_train_cfg = train  # blocks_to_swap may say 'auto' here

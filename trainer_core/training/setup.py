@@ -17,7 +17,7 @@ from ..adapters.lora_files import check_targets, load_into_adapter, read_lora_fi
 from ..models.components import module_fingerprint
 from .optim import build_optimizer
 from ..planner.for_run import plan_run
-from ..streaming.placement import default_placement
+from ..streaming.placement import default_placement, tail_placement
 from ..streaming.runner import BlockRunner, swapped_blocks
 from .step import FlowMatchingStep
 
@@ -58,7 +58,8 @@ def build(trainer: "Trainer", init_lora, preview_size) -> None:
         trainer.accepted_base_fingerprints.add(module_fingerprint(transformer))
 
     trainer.params = inject_lora(transformer, lora, seed=train.seed, modules=trainer.lora_modules)
-    compute_in_input_dtype(transformer)  # LoRA matmuls in the compute dtype, fp32 weights and updates
+    # LoRA matmuls in the compute dtype, fp32 weights and updates (a comparison may ask for peft's fp32 cast)
+    compute_in_input_dtype(transformer, enabled=trainer.comparison.lora_compute == "compute dtype")
     if trainer.init_lora is not None:
         load_into_adapter(transformer, trainer.init_lora.weights)
         if not all_finite(trainer.params):  # finite in the file, but not once cast (float64 beyond float32's range)
@@ -67,7 +68,8 @@ def build(trainer: "Trainer", init_lora, preview_size) -> None:
                 "inf. Choose another LoRA file.")
     trainer.param_names = [n for n, p in transformer.named_parameters() if p.requires_grad]
 
-    placement = default_placement(components.num_blocks, train.blocks_to_swap, swap.ring_depth)
+    place = tail_placement if trainer.comparison.placement == "tail" else default_placement
+    placement = place(components.num_blocks, train.blocks_to_swap, swap.ring_depth)
     trainer.runner = runner = BlockRunner(
         transformer, trainer.device, checkpointing=train.gradient_checkpointing,
         placement=placement if train.blocks_to_swap else None,

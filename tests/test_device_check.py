@@ -1,0 +1,58 @@
+"""The one device command, `bash benchmarks/device_check.sh --tiny`, run on the CPU as the GPU machine runs it
+(its own process, the report in $OUT): every phase at tiny dims, so the script cannot rot between GPU loans.
+Checked: the report's schema (JSON and Markdown), the tables each phase writes, and the verdict line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+TABLES = {
+    "versions": ["library", "version", "floor", "from"],
+    "memory per phase": ["setting", "blocks_to_swap", "phase", "gpu_measured", "gpu_planned", "allocated_measured",
+                         "allocated_planned", "host_measured", "host_planned", "seconds"],
+    "streaming correctness": ["setting", "first_loss", "resident_first_loss", "lora_after_one_step_relative_difference",
+                              "bit_for_bit"],
+    "seconds per step": ["configuration", "blocks_to_swap", "allocated_measured", "allocated_planned",
+                         "planned_over_measured", "reserved_measured", "planned_total", "seconds_per_step",
+                         "predicted_seconds_per_step", "pinned_host", "first_loss", "last_loss", "loss_vs_eager", "status"],
+}
+
+
+@pytest.mark.slow  # a new process with the whole stack (30-160 s here, most of it imports under load)
+def test_device_check_tiny_writes_the_report_and_a_passing_verdict(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    result = subprocess.run(["bash", str(REPO / "benchmarks" / "device_check.sh"), "--tiny"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.rstrip().splitlines()[-1].startswith("VERDICT: PASS")
+    assert sorted(p.name for p in out.iterdir()) == ["device_check.json", "device_check.md"]
+    report = json.loads((out / "device_check.json").read_text())
+    assert set(report) == {"schema", "title", "command", "environment", "tables", "checks", "cut", "skipped", "notes",
+                           "seconds", "verdict"}
+    assert report["schema"] == 1 and report["verdict"].startswith("VERDICT: PASS")
+    assert {name: t["columns"] for name, t in report["tables"].items()} == TABLES
+    for table in report["tables"].values():
+        assert table["rows"] and all(set(r) == set(table["columns"]) or set(r) <= set(table["columns"])
+                                     for r in table["rows"])
+    memory = report["tables"]["memory per phase"]["rows"]
+    settings = ["auto (tiny budget) (3 swapped)", "2 swapped", "all resident"]
+    assert [(r["setting"], r["phase"]) for r in memory] == [("(all)", "load"), ("(all)", "cache")] + [
+        (s, p) for s in settings for p in ("init", "train", "preview", "save")]
+    # Streaming on the CPU computes the very values the resident blocks do.
+    assert all(r["bit_for_bit"] for r in report["tables"]["streaming correctness"]["rows"])
+    speed = [r["configuration"] for r in report["tables"]["seconds per step"]["rows"]]
+    assert speed == ["auto (tiny budget) (3 swapped)", "2 swapped", "all resident (eager float8)",
+                     "all resident, fp8 activations", "auto (tiny budget) (3 swapped), tail placement",
+                     "auto (tiny budget) (3 swapped), LoRA in float32",
+                     "auto (tiny budget) (3 swapped), no modulation ahead"]
+    assert report["cut"] == [] and [s["phase"] for s in report["skipped"]] == ["speed: all resident, compiled float8"]
+    assert all(c["ok"] for c in report["checks"]) and len(report["checks"]) > 20
+    text = (out / "device_check.md").read_text()
+    assert all(f"## {name}" in text for name in TABLES)
+    assert text.rstrip().splitlines()[-1] == report["verdict"]
