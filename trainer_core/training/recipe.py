@@ -8,8 +8,7 @@ order, and runs the loop over components that do one thing each:
         reduce over processes, clip, optimizer step . distributed.py, optim.py
         guard against NaN/inf ....................... guards.py
         periodic work (validation, checkpoints, previews, snapshots, progress)  periodic.py
-    checkpoint / resume ............................. state.py; validation ... evaluation.py
-    LoRA files and previews ......................... outputs.py
+    checkpoint / resume: state.py; validation: evaluation.py; LoRA files and previews: outputs.py
     close / retire .................................. lifecycle.py
 
 Training is step-chunked: `train(n)` runs n more optimizer steps and returns a report. Nothing is re-seeded or
@@ -45,10 +44,6 @@ from .reports import StepReport, TrainReport
 
 
 class Trainer:
-    # Training forwards per modulation window when blocks are streamed (streaming.runner.BlockRunner.plan_modulation);
-    # 0 switches modulation ahead off (same results, more bytes copied: for comparisons).
-    modulation_window = MODULATION_WINDOW
-
     def __init__(self, components: QwenImageComponents, dataset: CachedDataset, lora: LoraConfig,
                  optimizer: OptimizerConfig, train: TrainConfig, run_dir: str | Path | None = None,
                  init_lora: str | Path | None = None, replicas: Replicas = ONE_PROCESS,
@@ -62,10 +57,9 @@ class Trainer:
         train.check_model(num_blocks=components.num_blocks)  # the settings themselves are valid once made
         if not dataset.samples:
             raise UserInputError("the cached dataset has no samples: check the Dataset node's folder.")
-        self.components, self.dataset = components, dataset
-        self.comparison = comparison
-        if not comparison.modulation_ahead:
-            self.modulation_window = 0
+        self.components, self.dataset, self.comparison = components, dataset, comparison
+        # Forwards per modulation window; 0 (a comparison's "no modulation ahead"): off, same results.
+        self.modulation_window = MODULATION_WINDOW if comparison.modulation_ahead else 0
         self.lora_cfg, self.optim_cfg, self.train_cfg = lora, optimizer, train
         self.requested_lora_cfg = lora  # before a LoRA file to continue from replaces rank and alpha
         self.requested_train_cfg = train  # blocks_to_swap may say 'auto' here
