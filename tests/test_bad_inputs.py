@@ -11,7 +11,7 @@ from PIL import Image
 from conftest import cached_demo, pack_module, tiny_dataset_config
 from graph_runner import GraphRunner
 from test_nodes import tiny_prompt
-from trainer_core.data.images import cache as cache_module
+from trainer_core.data import cache as cache_module
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.data.images import discover
 from trainer_core.core.errors import UserInputError
