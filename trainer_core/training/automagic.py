@@ -26,7 +26,7 @@ BETA2, CLIP_THRESHOLD, EPS = 0.999, 1.0, 1e-30
 class Automagic(torch.optim.Optimizer):
     """State per parameter (all float32 whatever the weights' dtype, so the per-value rates keep their small
     bumps): `lr_mask` (one rate per value), `last_sign` (bool per value), `row`/`col` (matrices) or `v`
-    (vectors), `step` (an int)."""
+    (vectors), `step` (an int). Load it with `optim.load_state`, which keeps them float32."""
 
     def __init__(self, params, lr: float = 1e-6, min_lr: float = MIN_LR, max_lr: float = MAX_LR,
                  lr_bump: float = LR_BUMP, beta2: float = BETA2, clip_threshold: float = CLIP_THRESHOLD,
@@ -91,14 +91,3 @@ class Automagic(torch.optim.Optimizer):
             new.sub_(new * rate * group["weight_decay"])
         new.sub_(update * rate)
         p.copy_(new)
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """torch casts floating state to the parameter's dtype while loading; the float32 rates and moments of
-        a bfloat16 LoRA would lose their small bumps. Put the saved float32 tensors back."""
-        super().load_state_dict(state_dict)
-        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        for index, p in zip(saved_ids, params):
-            for key, value in state_dict["state"].get(index, {}).items():
-                if torch.is_tensor(value):
-                    self.state[p][key] = value.to(p.device, copy=True)

@@ -94,6 +94,20 @@ def evaluation_weights(optimizer: torch.optim.Optimizer | None) -> Iterator[None
             group["train_mode"] = True
 
 
+def load_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
+    """`optimizer.load_state_dict`, keeping each state tensor's saved dtype. torch casts floating state to its
+    parameter's dtype while loading; CAME's and automagic's float32 state of a bfloat16 LoRA would be rounded,
+    and the resumed run would differ from the uninterrupted one."""
+    optimizer.load_state_dict(state_dict)
+    saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, p in zip(saved_ids, params):
+        for key, value in state_dict["state"].get(index, {}).items():
+            loaded = optimizer.state[p].get(key)
+            if torch.is_tensor(value) and torch.is_tensor(loaded) and loaded.dtype != value.dtype:
+                optimizer.state[p][key] = value.to(loaded.device, copy=True)
+
+
 def lr_factor(step: int, cfg: OptimizerConfig) -> float:
     """Multiplier of the learning rate for optimizer step `step` (0-based)."""
     if step < cfg.warmup_steps:

@@ -17,6 +17,7 @@ from .distributed import world_size_note
 from ..core.errors import RunFolderLost, TrainingStopped, UserInputError
 from ..core.files import write_error
 from ..core.finite import all_finite, nonfinite_names
+from .optim import load_state
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.
@@ -91,7 +92,7 @@ def resume(trainer: "Trainer", notes: list[str]) -> bool:
     with torch.no_grad():
         for name, p in zip(trainer.param_names, trainer.params):
             p.copy_(tensors[f"lora.{name}"])
-    trainer.optimizer.load_state_dict(ckpt.unflatten_state(tensors, meta["optimizer_state"]))
+    load_state(trainer.optimizer, ckpt.unflatten_state(tensors, meta["optimizer_state"]))  # saved dtypes kept
     trainer.step = trainer.saved_step = meta["step"]
     trainer.micro_batches = meta["micro_batches"]
     trainer.restored_from = folder
