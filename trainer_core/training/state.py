@@ -28,6 +28,7 @@ MUST_MATCH_LORA = ("rank", "alpha", "targets", "dtype")
 
 def training_state(trainer: "Trainer") -> tuple[dict[str, torch.Tensor], dict]:
     """Everything needed to continue bit-exactly: (tensors, JSON-able metadata)."""
+    # The training weights (for schedule-free AdamW its y; with its z they give the averaged x a LoRA file holds).
     tensors = {f"lora.{n}": p.detach() for n, p in zip(trainer.param_names, trainer.params)}
     optim_tensors, optim_rest = ckpt.flatten_state(trainer.optimizer.state_dict())
     tensors.update(optim_tensors)
