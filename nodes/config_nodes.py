@@ -25,7 +25,8 @@ class QwenLoRAConfig:
 
 class QwenLoRAOptimizer:
     DESCRIPTION = (
-        "Optimizer and learning-rate schedule: 8-bit AdamW (bitsandbytes) or AdamW, warm-up, constant or cosine "
+        "Optimizer and learning-rate schedule: 8-bit AdamW (bitsandbytes), AdamW, AdamW with Kahan summation "
+        "(for bfloat16 LoRA weights), Prodigy, schedule-free AdamW, CAME or automagic; warm-up, constant or cosine "
         "schedule, gradient clipping."
     )
     CATEGORY = CATEGORY

@@ -254,8 +254,9 @@ def test_every_field_of_the_diffusion_pipe_example_is_mapped_or_ignored_with_a_r
                                 "min_bucket_side": 352, "max_bucket_side": 736, "repeats": 1,
                                 "missing_caption": "error", "upscale_small_images": True}]
     assert data["lora"] == {"rank": 32, "alpha": 32.0, "targets": "all", "dtype": "float32"}
-    assert data["optimizer"] == {"optimizer": "adamw8bit", "learning_rate": 1e-4, "weight_decay": 0.01,
-                                 "warmup_steps": 50, "max_grad_norm": 1.0}
+    # automagic runs as automagic, from its published starting rate; a float32 LoRA stands in for its Kahan sum
+    assert data["optimizer"] == {"optimizer": "automagic", "learning_rate": 1e-6, "weight_decay": 0.01,
+                                 "max_grad_norm": 1.0}
     assert data["train"] == {"run_name": "qwen_lora", "micro_batch_size": 1, "grad_accum_steps": 4,
                              "gradient_checkpointing": True, "blocks_to_swap": "auto",
                              "timestep_sampling": "logit_normal", "resolution_shift": False, "steps": 0, "epochs": 1000}
@@ -264,7 +265,7 @@ def test_every_field_of_the_diffusion_pipe_example_is_mapped_or_ignored_with_a_r
                               "dtype": "bfloat16", "layout": "comfyui", "snapshot_every_epochs": 5}
     ignored = {what.split(" = ")[0]: why for what, why in t.ignored}
     assert "torchrun --nproc-per-node" in ignored["pipeline_stages"]
-    assert "8-bit AdamW at 0.0001 is used instead" in ignored["optimizer.type"]
+    assert "automagic (automagic.py" in t.comments[("optimizer", "optimizer")]
     # Every field of both files is accounted for: mapped onto a key, checked, or ignored with its reason.
     main, dataset = tomllib.loads(config.read_text()), tomllib.loads((tmp_path / "dataset.toml").read_text())
     fields = {f"{table}.{k}" for table in ("model", "adapter", "optimizer") for k in main[table]}
@@ -292,10 +293,16 @@ def test_diffusion_pipe_model_files_other_optimizers_and_what_cannot_be_translat
     assert t.data["model"]["source"] == "files"
     assert t.data["model"]["transformer"] == str(tmp_path / "t.safetensors")  # relative: from the working directory
     assert t.data["model"]["tokenizer"] == str(tmp_path / "Qwen-Image" / "tokenizer")
-    assert t.data["optimizer"] == {"optimizer": "adamw8bit", "learning_rate": 2e-5, "beta1": 0.9, "beta2": 0.99,
+    assert t.data["optimizer"] == {"optimizer": "adamw_kahan", "learning_rate": 2e-5, "beta1": 0.9, "beta2": 0.99,
                                    "weight_decay": 0.01, "max_grad_norm": 1.0, "warmup_steps": 100,
                                    "schedule": "cosine", "schedule_steps": 500, "min_lr_ratio": 1e-6 / 2e-5}
-    assert t.data["lora"]["dtype"] == "float32"  # AdamW8bitKahan keeps bf16 weights exact: a float32 LoRA does
+    assert "Kahan summation" in t.comments[("optimizer", "optimizer")]
+    assert t.data["lora"]["dtype"] == "bfloat16"  # Kahan summation keeps the bf16 weights' small updates here too
+    for kind, ours, lr in (("adamw_optimi", "adamw_kahan", 2e-5), ("Prodigy", "prodigy", 1.0)):
+        edits = {"type = 'automagic'": f"type = '{kind}'" + ("\nlr = 2e-5" if lr != 1.0 else "")}
+        other = translate(diffusion_pipe_copy(tmp_path / kind, files, demo_folder, edits), cwd=tmp_path)
+        assert (other.data["optimizer"]["optimizer"], other.data["optimizer"]["learning_rate"]) == (ours, lr), kind
+        assert other.data["lora"]["dtype"] == "bfloat16", kind
     assert t.data["train"]["steps"] == 500 and "blocks_to_swap" not in t.data["train"]
 
     no_vae = {k: v for k, v in files.items() if k != "vae_path"}

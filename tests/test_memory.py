@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from trainer_core.core.config import LoraConfig, OptimizerConfig
+from trainer_core.core.config import LoraConfig, OptimizerConfig, choices
 from trainer_core.devtools.memprobe import LiveBytes, probe_block
 from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.adapters.lora import inject_lora, remove_lora
@@ -17,7 +17,7 @@ from trainer_core.planner import (
     GIB, PlanInputs, arch_from_transformer, auto_blocks_to_swap, plan_memory, real_arch, render_plan,
 )
 from trainer_core.planner.activations import ActivationSettings, block_saved_bytes, block_working_bytes
-from trainer_core.planner.plan import lora_tensor_sizes, optimizer_state_bytes
+from trainer_core.planner.plan import lora_tensor_shapes, lora_tensor_sizes, optimizer_state_bytes
 
 # A narrow but real Qwen-Image transformer: 2 heads x 128 (D = 256, F = 1024), the real joint dim and
 # channels. Two blocks, so block 0 is not the last one (whose text-stream modules get no LoRA).
@@ -88,26 +88,29 @@ def test_weight_terms_equal_the_stored_tensors(storage):
 
 
 @pytest.mark.parametrize("targets", list(LORA_TARGET_PRESETS))
-def test_lora_and_optimizer_bytes_are_exact(narrow, targets):
-    """LoRA sizes from the planner equal the injected adapter; optimizer state equals what one real step
-    allocates (bitsandbytes' shared quantisation maps counted once)."""
-    params = with_lora(narrow, rank=8, targets=targets)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lora_and_optimizer_bytes_are_exact(narrow, targets, dtype):
+    """LoRA sizes from the planner equal the injected adapter; every optimizer's state equals what one real
+    step allocates (bitsandbytes' shared quantisation maps counted once; optimi's Kahan buffer for bf16 only)."""
+    params = with_lora(narrow, rank=8, targets=targets, dtype=dtype)
     arch = arch_from_transformer(narrow)
     sizes = [numel for _, numel in lora_tensor_sizes(arch, targets, 8)]
-    assert sorted(sizes) == sorted(p.numel() for p in params)
+    shapes = lora_tensor_shapes(arch, targets, 8)
+    assert [r * c for r, c in shapes] == sizes
+    assert sorted(shapes) == sorted(tuple(p.shape) for p in params)
     if targets != "attention":  # the MLP's 1024-wide side puts tensors on both sides of bitsandbytes' 4096
         assert any(n >= 4096 for n in sizes) and any(n < 4096 for n in sizes)
-    for name in ("adamw8bit", "adamw"):
-        opt = build_optimizer(params, OptimizerConfig(optimizer=name))
+    for name in choices(OptimizerConfig, "optimizer"):
+        opt = build_optimizer(params, OptimizerConfig(optimizer=name, learning_rate=1.0 if name == "prodigy" else 1e-4))
         for p in params:
             p.grad = torch.ones_like(p)
         opt.step()
-        assert measured_state_bytes(opt) == optimizer_state_bytes(sizes, name, 4), name
+        assert measured_state_bytes(opt) == optimizer_state_bytes(shapes, name, p.element_size()), name
         for p in params:
             p.grad = None
     # 8-bit state is ~1/4 of AdamW's for large tensors (DESIGN §9: 522 KiB vs 2048 KiB for 4096 x 64).
-    assert optimizer_state_bytes([4096 * 64], "adamw8bit", 4) == 522 * 1024  # 512 + 8 absmax + 2 maps
-    assert optimizer_state_bytes([4096 * 64], "adamw", 4) == 2048 * 1024 + 4
+    assert optimizer_state_bytes([(4096, 64)], "adamw8bit", 4) == 522 * 1024  # 512 + 8 absmax + 2 maps
+    assert optimizer_state_bytes([(4096, 64)], "adamw", 4) == 2048 * 1024 + 4
 
 
 # ---------------------------------------------------------------------------------------------------

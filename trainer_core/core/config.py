@@ -133,8 +133,14 @@ class LoraConfig:
 @dataclass
 class OptimizerConfig:
     optimizer: str = _f(
-        "adamw8bit", "adamw8bit (bitsandbytes, 1/4 of AdamW's state memory) or adamw (torch).",
-        choices=("adamw8bit", "adamw"),
+        "adamw8bit", "adamw8bit (bitsandbytes): AdamW with 1/4 of its state memory, the safe default. adamw "
+        "(torch): full-precision states. adamw_kahan (optimi): AdamW with Kahan summation, so bfloat16 LoRA weights "
+        "keep small updates (pick it with LoRA dtype bfloat16). prodigy: estimates its own step size; set "
+        "learning_rate 1.0 (a multiplier). schedulefree_adamw: no schedule needed (keep it constant); previews and "
+        "saves use its averaged weights. came: Adafactor-like factored states, about half of AdamW's memory. "
+        "automagic: a learning rate per weight value that grows while updates agree and shrinks when they flip, "
+        "starting at learning_rate (try 1e-5; bounds 1e-7..1e-3).",
+        choices=("adamw8bit", "adamw", "adamw_kahan", "prodigy", "schedulefree_adamw", "came", "automagic"),
     )
     learning_rate: float = _f(1e-4, "Peak learning rate.", min=1e-8, max=1.0, step=1e-6)
     beta1: float = _f(0.9, "Adam beta1.", min=0.0, max=0.9999, step=0.001)
@@ -165,6 +171,11 @@ class OptimizerConfig:
         _check_range(self, "learning_rate", "beta1", "beta2", "eps", "weight_decay", "warmup_steps",
                      "schedule_steps", "min_lr_ratio", "max_grad_norm")
         _check_choice(self, "optimizer", "schedule")
+        if self.optimizer == "prodigy" and self.learning_rate < 0.01:
+            # Prodigy's step is learning_rate x its own estimate d: 1e-4 there would leave the LoRA almost unchanged.
+            raise UserInputError(
+                f"optimizer prodigy with learning_rate={self.learning_rate}: Prodigy estimates its own step size and "
+                "learning_rate multiplies it; set learning_rate to 1.0 (0.5 for a gentler run).")
 
 
 @dataclass

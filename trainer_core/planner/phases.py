@@ -353,7 +353,7 @@ def training_candidates(p: PlanInputs) -> list[tuple[str, dict]]:
         out.append(("micro-batch 1 (use gradient accumulation instead)", dict(batch=1)))
     if p.lora_dtype == "float32":
         out.append(("LoRA dtype bfloat16", dict(lora_dtype="bfloat16")))
-    if p.optimizer == "adamw":
+    if p.optimizer != "adamw8bit":  # every other optimizer keeps more state than 8-bit AdamW
         out.append(("optimizer adamw8bit", dict(optimizer="adamw8bit")))
     for rank in (16, 8, 4):
         if rank < p.rank:

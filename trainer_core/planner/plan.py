@@ -14,7 +14,8 @@ Where the numbers come from:
   CPU master, one blob per block (`streaming.arena.blob_arena_layout`); the GPU holds a ring of `ring_depth` slots
   (`streaming.placement.ring_for`) of one block's weights each. Which blocks are streamed changes no byte here.
 - LoRA: shapes of `lora.target_module_names` (the last block's dead text-stream modules left out);
-  gradients in the LoRA dtype; optimizer state exactly as bitsandbytes / torch allocate it.
+  gradients in the LoRA dtype; optimizer state exactly as each optimizer's library allocates it
+  (optimizer_state.py).
 - Activations: `activations.py` (exact saved-tensor formula, measured working memory).
 - Peak: during backward, block i's inputs (or saved activations) for blocks <= i are still alive while
   the LoRA gradients of blocks >= i already are; the planner takes the worst i. The optimizer step is
@@ -36,13 +37,11 @@ from .activations import (
     ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
 )
 from .arch import QwenImageArch, real_arch
+from .optimizer_state import optimizer_state_bytes, optimizer_step_temp_bytes
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "float8_scaled": 1}
-BNB_MIN_8BIT_SIZE = 4096  # bitsandbytes keeps 32-bit state for smaller tensors (its `min_8bit_size`)
-BNB_BLOCK = 256  # bitsandbytes' blockwise quantisation: one fp32 absmax per 256 values, per state
-BNB_QMAP_BYTES = 2 * 256 * 4  # the two 256-entry fp32 quantisation maps, one pair per optimizer
 # Assumptions (not measured here; benchmarks/gpu_check.py measures them on a GPU):
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + cuBLAS workspace: outside torch's allocator
 ALLOCATOR_SLACK = 0.05  # caching-allocator rounding and fragmentation, as a share of allocated bytes
@@ -187,23 +186,12 @@ def lora_tensor_sizes(arch: QwenImageArch, targets: str, rank: int) -> list[tupl
     return sizes
 
 
-def optimizer_state_bytes(numels: list[int], optimizer: str, param_bytes: int) -> int:
-    """Bytes of optimizer state for parameters of these sizes, as the optimizers allocate it.
-
-    bitsandbytes AdamW8bit: per tensor of >= 4096 values, two uint8 states (2 bytes/value) and two fp32
-    absmax vectors (one value per 256); smaller tensors get two fp32 states; the two quantisation maps
-    exist once per optimizer. torch AdamW: exp_avg and exp_avg_sq in the parameter's dtype, plus a
-    4-byte `step` tensor per parameter.
-    """
-    if optimizer == "adamw":
-        return sum(2 * n * param_bytes + 4 for n in numels)
-    total = 0
-    for n in numels:
-        if n >= BNB_MIN_8BIT_SIZE:
-            total += 2 * n + 2 * 4 * -(-n // BNB_BLOCK)
-        else:
-            total += 2 * 4 * n
-    return total + (BNB_QMAP_BYTES if any(n >= BNB_MIN_8BIT_SIZE for n in numels) else 0)
+def lora_tensor_shapes(arch: QwenImageArch, targets: str, rank: int) -> list[tuple[int, int]]:
+    """(rows, columns) of every LoRA tensor, in lora_tensor_sizes' order: A (rank, in) then B (out, rank)."""
+    shapes = []
+    for _, fan_in, fan_out in lora_shapes(arch, targets):
+        shapes += [(rank, fan_in), (fan_out, rank)]
+    return shapes
 
 
 def block_blob(arch: QwenImageArch, storage: str) -> BlobLayout:
@@ -303,7 +291,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     grads_per_block = [0] * n
     for block, numel in tensors:
         grads_per_block[block] += numel * lora_b
-    opt_state = optimizer_state_bytes([numel for _, numel in tensors], p.optimizer, lora_b)
+    opt_state = optimizer_state_bytes(lora_tensor_shapes(arch, p.targets, p.rank), p.optimizer, lora_b)
 
     # Activations: per-block amounts, then the worst moment of the backward pass.
     s = activation_settings(p)
@@ -329,7 +317,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     ahead = modulation_ahead_bytes(arch, p)
     persistent = (n - K) * block_w + n * scales + rest + slots + ahead + lora_params * lora_b + opt_state
     backward_peak = persistent + worst + recompute + working + upcast + outside
-    step_temp = lora_params * lora_b if p.optimizer == "adamw" else 0  # foreach AdamW: one sqrt(v) buffer
+    step_temp = optimizer_step_temp_bytes(lora_params, p.optimizer, lora_b)
     step_peak = persistent + sum(grads_per_block) + step_temp
     allocated = max(backward_peak, step_peak)
     phase = "backward" if backward_peak >= step_peak else "optimizer step"
@@ -360,7 +348,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         ]
     else:
         gpu += [Term("LoRA gradients", sum(grads_per_block), "all blocks"),
-                Term("optimizer step temporaries", step_temp, "torch AdamW (foreach)" if step_temp else "none")]
+                Term("optimizer step temporaries", step_temp, p.optimizer if step_temp else "none")]
     gpu += [
         Term("allocator slack", int(allocated * p.allocator_slack) if cuda else 0,
              f"assumed {p.allocator_slack:.0%} of allocated" if cuda else "CPU: none"),

@@ -11,8 +11,8 @@ What diffusion-pipe does and how it carries over (read from its train.py, models
 utils/dataset.py): relative paths are taken from the working directory; alpha is always the rank; without
 `shift` or `flux_shift` its noise levels are not shifted by image size; images of any size are resized to
 their bucket; an image without a caption is skipped (here: an error that names it); its Kahan-summing and
-stochastic-rounding optimizers keep bfloat16 LoRA weights from losing small updates, which a float32 LoRA
-does here.
+stochastic-rounding optimizers keep bfloat16 LoRA weights from losing small updates: its AdamW with Kahan
+summation maps to ours (adamw_kahan), automagic to ours with a float32 LoRA.
 """
 
 from __future__ import annotations
@@ -28,24 +28,25 @@ from ..core.config import CacheConfig, OptimizerConfig, field_default, field_met
 from ..core.errors import UserInputError
 from .run_file import KEYS, render, toml_value
 
-# Optimizers of diffusion-pipe (lower-case `type`) -> (ours, why / what differs). Their AdamW family keeps lr,
-# betas, weight_decay and eps; the rest run as 8-bit AdamW at its default learning rate.
+# Optimizers of diffusion-pipe (lower-case `type`) -> (ours, why / what differs). These keep lr, betas,
+# weight_decay and eps; automagic keeps lr and weight_decay; the rest run as 8-bit AdamW at its default rate.
 ADAMW_FAMILY = {
     "adamw": ("adamw", ""),
     "adamw8bit": ("adamw8bit", ""),
-    "adamw_optimi": ("adamw", "optimi's AdamW; its Kahan summation for bfloat16 weights: a float32 LoRA here"),
-    "adamw8bitkahan": ("adamw8bit", "8-bit AdamW; its Kahan summation for bfloat16 weights: a float32 LoRA here"),
+    "adamw_optimi": ("adamw_kahan", "optimi's AdamW, with its Kahan summation for bfloat16 LoRA weights, as there"),
+    "adamw8bitkahan": ("adamw_kahan", "AdamW with Kahan summation for bfloat16 LoRA weights (optimi's: its states "
+                                      "are 16-bit, not 8-bit; no 8-bit AdamW here sums with Kahan)"),
+    "prodigy": ("prodigy", "Prodigy (prodigyopt): lr multiplies the step size it estimates"),
     "stableadamw": ("adamw", "StableAdamW's update clipping is not offered: AdamW with gradient clipping"),
     "offload": ("adamw", "AdamW; its CPU offload is not needed: a LoRA's optimizer state is small"),
 }
-# Optimizers that keep bfloat16 LoRA weights exact (Kahan summation or stochastic rounding).
-COMPENSATING = ("adamw_optimi", "adamw8bitkahan", "automagic")
-AUTOMAGIC_WHY = (
-    "automagic (ai-toolkit's per-weight self-adjusting learning rate) is not offered: 8-bit AdamW at {lr} is "
-    "used instead, the optimizer and learning rate the Qwen-Image trainers publish for a LoRA (ai-toolkit's own "
-    "Qwen-Image example included), with a warm-up and gradient clipping against a jolting start; diffusion-pipe's "
-    "example itself expects a tuned AdamW to do better. Lower it to 5e-5 if previews overshoot"
-)
+# diffusion-pipe optimizers that keep bfloat16 LoRA weights exact (Kahan summation) where ours does not: a
+# float32 LoRA does that here. (automagic here computes in float32 but writes bf16 weights rounded.)
+COMPENSATING = ("automagic",)
+AUTOMAGIC_LR = 1e-6  # its published starting rate (ai-toolkit's and diffusion-pipe's default lr)
+AUTOMAGIC_WHY = ("automagic (automagic.py: ai-toolkit's per-value self-adjusting learning rate, written from its "
+                 "description); its other settings stay at the published defaults (min_lr 1e-7, max_lr 1e-3, "
+                 "lr_bump 1e-6, beta2 0.999, clip_threshold 1.0)")
 EVAL_WHY = ("validation here holds images out of the training folder: set [[dataset]] validation_images and "
             "[train] validation_every (there are no separate eval datasets)")
 PIPELINE_WHY = ("pipeline parallelism (one model split across GPUs) is not offered: every GPU holds the whole "
@@ -283,11 +284,19 @@ class _Translator:
                 path = path / "adapter_model.safetensors"
             self.set("lora", "continue_from_lora", str(path), "adapter.init_from_existing")
 
-        if kind in ADAMW_FAMILY:
+        if kind == "automagic":
+            self.set("optimizer", "optimizer", "automagic", f"optimizer.type = {optim.get('type')!r}: {AUTOMAGIC_WHY}")
+            self.set("optimizer", "learning_rate", float(self.take("optimizer.lr", AUTOMAGIC_LR)),
+                     "optimizer.lr" if self.has("optimizer.lr") else "automagic's starting rate when lr is not given")
+            for name in [n for n in sorted(self.pending) if n.startswith("optimizer.") and n != "optimizer.weight_decay"]:
+                self.ignore(name, self.take(name), "an automagic setting kept at its published default here")
+        elif kind in ADAMW_FAMILY:
             name, why = ADAMW_FAMILY[kind]
             self.set("optimizer", "optimizer", name, f"optimizer.type = {optim.get('type')!r}" + (f": {why}" if why else ""))
             if self.has("optimizer.lr"):
                 self.set("optimizer", "learning_rate", float(self.take("optimizer.lr")), "optimizer.lr")
+            elif name == "prodigy":
+                self.set("optimizer", "learning_rate", 1.0, "Prodigy's lr when not given (a multiplier)")
             betas = self.take("optimizer.betas")
             if betas:
                 self.set("optimizer", "beta1", float(betas[0]), "optimizer.betas[0]")
@@ -301,8 +310,7 @@ class _Translator:
                          f"optimizer.beta2_half_life = {half_life} at a global batch of {batch} (one process)")
         else:
             lr = field_default(OptimizerConfig, "learning_rate")
-            why = (AUTOMAGIC_WHY.format(lr=lr) if kind == "automagic" else
-                   f"{optim.get('type')} is not offered: 8-bit AdamW at {lr} (its own settings do not carry over)")
+            why = f"{optim.get('type')} is not offered: 8-bit AdamW at {lr} (its own settings do not carry over)"
             self.ignore("optimizer.type", optim.get("type"), why)
             self.set("optimizer", "optimizer", "adamw8bit", f"instead of optimizer.type = {optim.get('type')!r}")
             self.set("optimizer", "learning_rate", lr, "8-bit AdamW's learning rate for a LoRA")

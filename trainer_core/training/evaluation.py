@@ -13,6 +13,7 @@ import torch
 
 from ..models.qwen_arch import PATCH_SIZE
 from .objective import resolution_mu, time_shift
+from .optim import evaluation_weights
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.
@@ -33,7 +34,8 @@ def validation_loss(trainer: "Trainer") -> float:
     transformer.eval()
     total = 0.0
     try:
-        with torch.no_grad():
+        # schedule-free AdamW is scored at its averaged weights, the ones a saved LoRA holds
+        with torch.no_grad(), evaluation_weights(trainer.optimizer):
             for index, sample in enumerate(samples):
                 x0 = dataset.latents(sample.latent_key).float()  # (C, h, w)
                 k = len(VALIDATION_LEVELS)

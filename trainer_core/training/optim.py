@@ -1,22 +1,111 @@
-"""Optimizer and learning-rate schedule builders."""
+"""Optimizer and learning-rate schedule builders.
+
+Every optimizer comes from a kept library except automagic, which no kept library has (automagic.py). The
+memory plan's figure for each optimizer's state is in planner/optimizer_state.py; tests hold it to
+`optimizer_state_bytes` below, measured on the built optimizer.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 
 from ..core.config import OptimizerConfig
+from ..core.errors import UserInputError
+
+# optimizer name -> the pip package that provides it (all pure-Python wheels; requirements.txt lists them).
+PACKAGES = {"adamw8bit": "bitsandbytes", "prodigy": "prodigyopt", "schedulefree_adamw": "schedulefree",
+            "came": "came-pytorch", "adamw_kahan": "torch-optimi"}
+# CAME's two regularisers (its paper's values: Luo et al. 2023, CAME, §4) and its third beta, for the
+# confidence of the update; our `eps` is Adam's and does not apply to CAME.
+CAME_EPS = (1e-30, 1e-16)
+CAME_BETA3 = 0.9999
+
+
+def _library(optimizer: str, module: str):
+    try:
+        return __import__(module)
+    except ImportError:
+        raise UserInputError(
+            f"optimizer {optimizer!r} needs the package {PACKAGES[optimizer]!r}, which is not installed in this "
+            f"Python: run `pip install {PACKAGES[optimizer]}` (or `pip install -r requirements.txt` in this pack's "
+            "folder) with the Python that runs ComfyUI, or choose another optimizer.") from None
 
 
 def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """bitsandbytes AdamW8bit (state in 8 bits: 1/4 of AdamW's) or torch AdamW, decoupled weight decay."""
-    kwargs = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adamw8bit":
-        import bitsandbytes as bnb
+    """The optimizer `cfg.optimizer` names, over `params`, with decoupled weight decay (config.py's help text
+    says what each is for)."""
+    name, lr, betas, wd = cfg.optimizer, cfg.learning_rate, (cfg.beta1, cfg.beta2), cfg.weight_decay
+    if name == "adamw8bit":
+        return _library(name, "bitsandbytes").optim.AdamW8bit(params, lr=lr, betas=betas, eps=cfg.eps, weight_decay=wd)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=cfg.eps, weight_decay=wd)
+    if name == "adamw_kahan":
+        # kahan_sum=None: optimi turns Kahan summation on for bfloat16/float16 weights only (float32 weights
+        # keep small updates already, and the buffer would cost memory for nothing).
+        return _library(name, "optimi").AdamW(params, lr=lr, betas=betas, eps=cfg.eps, weight_decay=wd,
+                                               kahan_sum=None)
+    if name == "prodigy":
+        # Prodigy estimates the step size d itself; lr multiplies it (1.0 as its authors advise). With a
+        # warm-up, safeguard_warmup keeps the small warm-up rates from inflating the estimate (its README).
+        return _library(name, "prodigyopt").Prodigy(params, lr=lr, betas=betas, eps=cfg.eps, weight_decay=wd,
+                                                    decouple=True, safeguard_warmup=cfg.warmup_steps > 0)
+    if name == "schedulefree_adamw":
+        optimizer = _library(name, "schedulefree").AdamWScheduleFree(params, lr=lr, betas=betas, eps=cfg.eps,
+                                                                     weight_decay=wd, warmup_steps=0)
+        optimizer.train()  # it steps only in train mode; `evaluation_weights` switches around previews and saves
+        return optimizer
+    if name == "came":
+        return _library(name, "came_pytorch").CAME(params, lr=lr, betas=(*betas, CAME_BETA3), eps=CAME_EPS,
+                                                   weight_decay=wd)
+    if name == "automagic":
+        from .automagic import Automagic
 
-        return bnb.optim.AdamW8bit(params, **kwargs)
-    return torch.optim.AdamW(params, **kwargs)
+        return Automagic(params, lr=lr, weight_decay=wd)
+    raise UserInputError(f"optimizer {name!r} is not one of {sorted([*PACKAGES, 'adamw', 'automagic'])}.")
+
+
+def is_schedule_free(optimizer: torch.optim.Optimizer | None) -> bool:
+    return optimizer is not None and "train_mode" in optimizer.param_groups[0] and hasattr(optimizer, "eval")
+
+
+@contextlib.contextmanager
+def evaluation_weights(optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
+    """Inside: the LoRA weights are the ones the optimizer evaluates at. Only schedule-free AdamW differs:
+    it trains at an interpolation y of its average x and its iterate z, and a preview, validation or saved LoRA
+    must see x. On leaving, the training weights are put back exactly as they were, copied and not recomputed
+    (the library's train() recomputes y from x with a rounding), so a preview changes nothing later steps see."""
+    if not is_schedule_free(optimizer) or not optimizer.param_groups[0]["train_mode"]:
+        yield
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    kept = [p.detach().clone() for p in params]
+    optimizer.eval()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, k in zip(params, kept):
+                p.copy_(k)
+        for group in optimizer.param_groups:
+            group["train_mode"] = True
+
+
+def load_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
+    """`optimizer.load_state_dict`, keeping each state tensor's saved dtype. torch casts floating state to its
+    parameter's dtype while loading; CAME's and automagic's float32 state of a bfloat16 LoRA would be rounded,
+    and the resumed run would differ from the uninterrupted one."""
+    optimizer.load_state_dict(state_dict)
+    saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, p in zip(saved_ids, params):
+        for key, value in state_dict["state"].get(index, {}).items():
+            loaded = optimizer.state[p].get(key)
+            if torch.is_tensor(value) and torch.is_tensor(loaded) and loaded.dtype != value.dtype:
+                optimizer.state[p][key] = value.to(loaded.device, copy=True)
 
 
 def lr_factor(step: int, cfg: OptimizerConfig) -> float:
@@ -34,7 +123,8 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, st
     """Set the learning rate for optimizer step `step` (0-based) and return it.
 
     The schedule is a pure function of the step, so resuming needs no scheduler state and a changed
-    schedule applies from the resumed step on.
+    schedule applies from the resumed step on. (Prodigy multiplies its own step size by it; automagic its
+    per-value rates, by the ratio to the starting learning rate.)
     """
     lr = cfg.learning_rate * lr_factor(step, cfg)
     for group in optimizer.param_groups:

@@ -12,6 +12,7 @@ from PIL import Image
 from ..core.errors import TrainingStopped
 from ..core.files import remove_leftovers, write_error, write_safetensors_atomic
 from .live import PreviewSettings, StepPreview, keep_preview
+from .optim import evaluation_weights, is_schedule_free
 from ..adapters.lora import target_module_names
 from ..adapters.lora_files import layout_metadata, lora_file_tensors, lora_metadata as file_metadata
 from ..families.sampling import sample_image
@@ -25,7 +26,11 @@ def lora_state_dict(trainer: "Trainer", dtype: torch.dtype = torch.bfloat16,
     trainer.require_live()
     if trainer.broken_reason is not None:
         raise TrainingStopped(trainer.broken_reason)
-    return lora_file_tensors(trainer.transformer, trainer.lora_cfg.rank, trainer.lora_cfg.alpha, dtype, layout)
+    with evaluation_weights(trainer.optimizer):  # schedule-free AdamW: the averaged weights, not the training ones
+        tensors = lora_file_tensors(trainer.transformer, trainer.lora_cfg.rank, trainer.lora_cfg.alpha, dtype, layout)
+        if is_schedule_free(trainer.optimizer):  # float32 CPU tensors alias the weights, which go back to y next
+            tensors = {k: v.clone() for k, v in tensors.items()}
+    return tensors
 
 
 def lora_metadata(trainer: "Trainer", layout: str = "comfyui") -> dict[str, str]:
@@ -62,8 +67,9 @@ def sample_preview(trainer: "Trainer", prompt: str, negative_prompt: str = "", w
     """An image from the adapter as it is now (`sampling.sample_image`; the prompts must be cached). An edit
     model edits `control_images`, or else a training sample's controls (the family's preview hooks)."""
     trainer.require_live()
-    return sample_image(trainer.components, trainer.dataset, prompt, negative_prompt, width, height, steps, cfg_scale,
-                        seed, progress=progress, condition_images=control_images)
+    with evaluation_weights(trainer.optimizer):  # schedule-free AdamW samples at its averaged weights
+        return sample_image(trainer.components, trainer.dataset, prompt, negative_prompt, width, height, steps,
+                            cfg_scale, seed, progress=progress, condition_images=control_images)
 
 
 def preview_step(trainer: "Trainer", settings: PreviewSettings,

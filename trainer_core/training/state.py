@@ -17,6 +17,7 @@ from .distributed import world_size_note
 from ..core.errors import RunFolderLost, TrainingStopped, UserInputError
 from ..core.files import write_error
 from ..core.finite import all_finite, nonfinite_names
+from .optim import load_state
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.
@@ -27,6 +28,7 @@ MUST_MATCH_LORA = ("rank", "alpha", "targets", "dtype")
 
 def training_state(trainer: "Trainer") -> tuple[dict[str, torch.Tensor], dict]:
     """Everything needed to continue bit-exactly: (tensors, JSON-able metadata)."""
+    # The training weights (for schedule-free AdamW its y; with its z they give the averaged x a LoRA file holds).
     tensors = {f"lora.{n}": p.detach() for n, p in zip(trainer.param_names, trainer.params)}
     optim_tensors, optim_rest = ckpt.flatten_state(trainer.optimizer.state_dict())
     tensors.update(optim_tensors)
@@ -91,7 +93,7 @@ def resume(trainer: "Trainer", notes: list[str]) -> bool:
     with torch.no_grad():
         for name, p in zip(trainer.param_names, trainer.params):
             p.copy_(tensors[f"lora.{name}"])
-    trainer.optimizer.load_state_dict(ckpt.unflatten_state(tensors, meta["optimizer_state"]))
+    load_state(trainer.optimizer, ckpt.unflatten_state(tensors, meta["optimizer_state"]))  # saved dtypes kept
     trainer.step = trainer.saved_step = meta["step"]
     trainer.micro_batches = meta["micro_batches"]
     trainer.restored_from = folder
