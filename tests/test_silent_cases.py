@@ -1,0 +1,88 @@
+"""Cases that used to go on without a word and lose work or train nothing (issue 25): each now stops with a
+message naming the input, or says what it did."""
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from trainer_core.errors import UserInputError
+from trainer_core.finite import has_nonfinite
+from trainer_core.models.single_file import load_single_files
+
+
+def copies_of(tiny_files, tmp_path, names):
+    out = {}
+    for name in names:
+        out[name] = tmp_path / tiny_files[name].name
+        shutil.copy(tiny_files[name], out[name])
+        sidecar = tiny_files[name].with_suffix(".json")
+        if sidecar.is_file():
+            shutil.copy(sidecar, out[name].with_suffix(".json"))
+    return out
+
+
+def damage_one_weight(path, pick, value):
+    """Put `value` into one element of the first tensor (sorted by name) for which pick(name, tensor)."""
+    tensors = load_file(str(path))
+    name = sorted(k for k, t in tensors.items() if pick(k, t))[0]
+    tensor = tensors[name].clone()
+    if tensor.dtype == torch.float8_e4m3fn:
+        tensor.view(torch.uint8).view(-1)[1] = value  # a raw byte: 0x7F is +NaN, 0xFF is -NaN
+    else:
+        tensor.view(-1)[1] = value
+    tensors[name] = tensor
+    save_file(tensors, str(path))
+    return name
+
+
+def fp8_weight(name, tensor):
+    return tensor.dtype == torch.float8_e4m3fn
+
+
+def floating(name, tensor):  # (not the vision tower nor lm_head: a text-to-image model never reads them)
+    return tensor.is_floating_point() and tensor.numel() > 1 and not name.startswith(("visual.", "lm_head"))
+
+
+@pytest.mark.parametrize("transformer, part, pick, value", [
+    ("transformer_bf16", "transformer_bf16", floating, float("nan")),
+    ("transformer_bf16", "transformer_bf16", floating, float("-inf")),
+    ("transformer_fp8_e4m3fn", "transformer_fp8_e4m3fn", fp8_weight, 0x7F),
+    ("transformer_fp8_e4m3fn", "transformer_fp8_e4m3fn", fp8_weight, 0xFF),
+    ("transformer_bf16", "text_encoder_bf16", floating, float("inf")),
+    ("transformer_bf16", "vae", floating, float("nan")),
+], ids=["bf16 NaN", "bf16 -inf", "fp8 +NaN", "fp8 -NaN", "text encoder inf", "VAE NaN"])
+def test_a_model_file_with_a_nan_or_inf_weight_is_refused_naming_the_file_and_tensor(tiny_files, tmp_path, transformer,
+                                                                                    part, pick, value):
+    """Before: it loaded without a word; a base that computes NaN only ever skips steps."""
+    files = copies_of(tiny_files, tmp_path, (transformer, "text_encoder_bf16", "vae"))
+    bad = damage_one_weight(files[part], pick, value)
+    with pytest.raises(UserInputError) as refused:
+        components = load_single_files(files[transformer], files["text_encoder_bf16"], files["vae"],
+                                       tokenizer_dir=tiny_files["tokenizer"], storage="float32",
+                                       compute_dtype=torch.float32)
+        components.ensure_transformer(torch.device("cpu"))
+        components.ensure_text_encoder()
+        components.ensure_vae()
+    message = str(refused.value)
+    assert str(files[part]) in message and "tensor " in message
+    if part.startswith("transformer"):  # (the text encoder's and VAE's are named as the model names them)
+        assert f"tensor {bad} " in message
+    assert "holds NaN or inf values" in message and "Download or copy it again" in message
+
+
+def test_the_finite_check_sees_every_kind_of_bad_value_and_passes_good_ones():
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        good = torch.randn(64, dtype=torch.float32).to(dtype)
+        assert not has_nonfinite(good)
+        for value in (float("nan"), float("inf"), float("-inf")):
+            bad = good.clone()
+            bad[7] = value
+            assert has_nonfinite(bad), (dtype, value)
+    good8 = torch.tensor([-448.0, -1.0, 0.0, 1.0, 448.0]).to(torch.float8_e4m3fn)
+    assert not has_nonfinite(good8)
+    for byte in (0x7F, 0xFF):
+        bad8 = good8.clone()
+        bad8.view(torch.uint8)[2] = byte
+        assert has_nonfinite(bad8), hex(byte)
