@@ -86,3 +86,38 @@ def test_the_finite_check_sees_every_kind_of_bad_value_and_passes_good_ones():
         bad8 = good8.clone()
         bad8.view(torch.uint8)[2] = byte
         assert has_nonfinite(bad8), hex(byte)
+
+
+@pytest.mark.parametrize("output", [{"snapshot_every": 2, "filename": "{run_name}_final"},
+                                    {"snapshot_every": 2, "filename": "{run_name}_{{step}}"},  # a literal "{step}"
+                                    {"snapshot_every_epochs": 1, "filename": "mine"}])
+def test_snapshots_with_a_filename_without_step_are_refused_before_any_work(output, tmp_path, demo_folder, capsys):
+    """Before: each snapshot overwrote the one before, without a word."""
+    from test_headless import tiny_run_file
+
+    from trainer_core.cli import main
+
+    path = tiny_run_file(tmp_path, demo_folder, output=output)
+    assert main(["train", "--config", str(path), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "[output] filename" in err and "has no {step}" in err and "[output] snapshot_every" in err, err
+    assert "Put {step} in the name" in err
+    assert not (tmp_path / "out" / "t" / "checkpoints").exists()
+
+
+def test_validation_every_without_validation_images_says_so_in_the_status(tiny, demo_folder, tiny_cache):
+    """Before: it trained with no validation and no message."""
+    from conftest import cached_demo
+
+    from trainer_core import runs
+    from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+
+    cached = cached_demo(tiny, demo_folder, tiny_cache)
+    assert not cached.validation
+    opened = runs.open_run(tiny, cached, LoraConfig(rank=2, alpha=2.0), OptimizerConfig(),
+                           TrainConfig(run_name="no_validation", validation_every=2), run_dir=None)
+    try:
+        assert "validation_every=2, but the dataset holds no validation images" in opened.status
+        assert "validation_images" in opened.status
+    finally:
+        runs.release("no_validation")

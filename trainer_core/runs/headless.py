@@ -40,6 +40,7 @@ from ..training.live import StepPreview, keep_preview, step_grid
 from ..adapters.lora_files import lora_output_path
 from ..models.source import load_model_set
 from ..training.plot import loss_plot
+from ..core.names import require_step
 from .run_file import RunFile
 from .registry import open_run, release
 from ..training import Every, StepReport, Trainer, every
@@ -95,6 +96,8 @@ def train_run(run: RunFile, replicas: Replicas, config_text: str = "", steps: in
     say = log if replicas.writes else (lambda _text: None)
     run_dir = inside(run.output_folder, run.train.run_name, "[train] run_name", "my_lora")
     lora_output_path(run_dir, run.save.filename, run.train.run_name, 0)  # a bad name fails before any work
+    if run.steps_cfg.snapshot_every or run.headless.snapshot_every_epochs:  # named by filename: {step}, or overwritten
+        require_step(run.save.filename, f"{run.where}: [output] filename", "[output] snapshot_every(_epochs)")
     components = load_model_set(run.load.source, replicas.device, storage=run.load.storage,
                                 compute_dtype=run.load.compute_dtype, transformer=run.load.transformer,
                                 text_encoder=run.load.text_encoder, vae=run.load.vae,
