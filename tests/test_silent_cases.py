@@ -121,3 +121,68 @@ def test_validation_every_without_validation_images_says_so_in_the_status(tiny, 
         assert "validation_images" in opened.status
     finally:
         runs.release("no_validation")
+
+
+def edit_folder(tmp_path):
+    from trainer_core.edit.demo import make_edit_demo_dataset
+
+    return make_edit_demo_dataset(tmp_path / "edit", controls=1)
+
+
+def edit_discover(folder):
+    from trainer_core.edit.data import discover_edit
+
+    from conftest import tiny_dataset_config
+
+    return discover_edit(tiny_dataset_config(folder))
+
+
+@pytest.mark.parametrize("which", ["control", "target"])
+def test_a_fully_transparent_image_is_refused_by_name(tmp_path, which):
+    """Before: a fully transparent control (or target) became one flat background colour without a word."""
+    from PIL import Image
+
+    folder = edit_folder(tmp_path)
+    name = "00_red_circle_control.png" if which == "control" else "00_red_circle.png"
+    Image.new("RGBA", (64, 64), (200, 0, 0, 0)).save(folder / name)
+    with pytest.raises(UserInputError, match=rf"image {folder / name} is fully transparent: composited onto the "
+                                             r"background it is one flat colour"):
+        edit_discover(folder)
+    image = Image.new("RGBA", (64, 64), (200, 0, 0, 0))
+    image.putpixel((5, 5), (200, 0, 0, 1))  # one barely visible pixel: an image, composited as always
+    image.save(folder / name)
+    assert len(edit_discover(folder)) == 8
+
+
+def test_a_target_named_like_a_control_with_its_own_caption_is_a_training_image(tmp_path):
+    """Before: 'x_control.png' with its caption was taken as the control of a missing 'x', and a folder of only such
+    names was said to have no images."""
+    import shutil
+
+    folder = edit_folder(tmp_path)
+    shutil.copy(folder / "00_red_circle.png", folder / "sky_control.png")
+    (folder / "sky_control.txt").write_text("a sky\n")
+    shutil.copy(folder / "00_red_circle.png", folder / "sky_control_control.png")
+    samples = edit_discover(folder)
+    sky = [s for s in samples if s.image_path.endswith("sky_control.png")]
+    assert len(samples) == 9 and len(sky) == 1 and sky[0].controls[0].path.endswith("sky_control_control.png")
+    (folder / "sky_control_control.png").unlink()
+    with pytest.raises(UserInputError, match=r"image sky_control.png has no control image: add "
+                                             r"sky_control_control.png beside it"):
+        edit_discover(folder)
+    shutil.copy(folder / "00_red_circle.png", folder / "sky.png")  # sky.png beside the captioned sky_control.png
+    (folder / "sky.txt").write_text("a sky\n")
+    with pytest.raises(UserInputError, match=r"image sky.png has no control image.*sky_control.png has its own "
+                                             r"caption, so it is a training image: remove its caption"):
+        edit_discover(folder)
+
+
+def test_a_folder_of_only_control_names_says_so(tmp_path):
+    from PIL import Image
+
+    folder = tmp_path / "only_controls"
+    folder.mkdir()
+    Image.new("RGB", (64, 64), "red").save(folder / "a_control.png")
+    with pytest.raises(UserInputError, match=r"has no training images: its 1 images \(first: a_control.png\) are all "
+                                             r"named as control images"):
+        edit_discover(folder)
