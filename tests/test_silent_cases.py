@@ -2,6 +2,7 @@
 message naming the input, or says what it did."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -186,3 +187,31 @@ def test_a_folder_of_only_control_names_says_so(tmp_path):
     with pytest.raises(UserInputError, match=r"has no training images: its 1 images \(first: a_control.png\) are all "
                                              r"named as control images"):
         edit_discover(folder)
+
+
+@pytest.mark.parametrize("shape", ["one name over 255 bytes", "a path over the system's limit"])
+def test_a_cache_folder_path_too_long_is_refused_naming_the_cache_folder(shape, tiny, demo_folder, tmp_path):
+    """Before: a raw `OSError: [Errno 36] File name too long` (a run file's or script's cache folder)."""
+    import os
+
+    from conftest import cached_demo
+
+    if shape == "one name over 255 bytes":
+        folder, expected = tmp_path / ("a" * 300), "has a folder name of 300 bytes"
+    else:
+        free = os.pathconf(str(tmp_path), "PC_PATH_MAX") - 1 - len(os.fsencode(str(tmp_path))) - 20
+        parts = ["b" * 199] * (free // 200) + ["c" * (free % 200 - 1)]  # a path 20 bytes under the limit: the
+        folder, expected = Path(tmp_path, *parts), "is too long: the files written inside it"  # entries need more
+    with pytest.raises(UserInputError, match=f"cache folder .* {expected}"):
+        cached_demo(tiny, demo_folder, folder)
+
+
+def test_a_write_refused_for_a_too_long_path_is_said_so(tmp_path):
+    import errno
+
+    from trainer_core.files import write_error
+
+    error = write_error(OSError(errno.ENAMETOOLONG, "File name too long"), "LoRA file", tmp_path / "x",
+                        "Nothing was lost.")
+    assert str(error).startswith("the path is too long: the LoRA file could not be written to") and "Nothing was lost" \
+        in str(error)
