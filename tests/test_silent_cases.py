@@ -1,6 +1,7 @@
 """Cases that used to go on without a word and lose work or train nothing (issue 25): each now stops with a
 message naming the input, or says what it did."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -215,3 +216,50 @@ def test_a_write_refused_for_a_too_long_path_is_said_so(tmp_path):
                         "Nothing was lost.")
     assert str(error).startswith("the path is too long: the LoRA file could not be written to") and "Nothing was lost" \
         in str(error)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the diffusion-pipe importer on diffusion-pipe's own example (tests/data/diffusion_pipe)
+
+@pytest.mark.parametrize("line, expected", [
+    ("micro_batch_size_per_gpu = 1", ("micro_batch_size_per_gpu = 'two'", "micro_batch_size_per_gpu = 'two' must be a "
+                                      "whole number")),
+    ("micro_batch_size_per_gpu = 1", ("micro_batch_size_per_gpu = 1.5", "micro_batch_size_per_gpu = 1.5 must be a "
+                                      "whole number")),
+    ("micro_batch_size_per_gpu = 1", ("micro_batch_size_per_gpu = [[512, 1.5]]", "or a list of [resolution, batch size]")),
+    ("gradient_accumulation_steps = 4", ("gradient_accumulation_steps = '4'", "gradient_accumulation_steps = '4' must be "
+                                         "a whole number")),
+    ("rank = 32", ("rank = 32.5", "adapter.rank = 32.5 must be a whole number")),
+    ("weight_decay = 0.01", ("weight_decay = '0.01'", "optimizer.weight_decay = '0.01' must be a number (no quotes)")),
+], ids=["text", "fraction", "list of fractions", "grad accum as text", "rank fraction", "weight decay as text"])
+def test_a_diffusion_pipe_field_of_the_wrong_kind_is_refused_by_name(line, expected, tmp_path, demo_folder):
+    """Before: a raw conversion error naming no field, or 1.5 silently cut to 1."""
+    from test_headless import diffusion_pipe_copy
+
+    from trainer_core.diffusion_pipe import translate
+
+    replacement, message = expected
+    model = {"diffusers_path": str(tmp_path / "Qwen-Image")}
+    config = diffusion_pipe_copy(tmp_path, model, demo_folder, {re.escape(line): replacement})
+    with pytest.raises(UserInputError) as refused:
+        translate(config, cwd=tmp_path)
+    assert str(refused.value).startswith(f"diffusion-pipe config {config}: ") and message in str(refused.value)
+
+
+def test_print_only_prints_the_translation_when_the_model_folder_is_not_here_and_warns_once(tmp_path, demo_folder,
+                                                                                           capsys):
+    """Before: refused (a user preparing a run for another machine saw nothing), and the error said 'the
+    translation of X: ' twice."""
+    from test_headless import diffusion_pipe_copy
+
+    from trainer_core.cli import main
+
+    config = diffusion_pipe_copy(tmp_path, {"diffusers_path": "/elsewhere/Qwen-Image"}, demo_folder)
+    assert main(["train", "--from-diffusion-pipe", str(config), "--print-only"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("# Run file translated from diffusion-pipe's") and "diffusers_folder = " in out
+    assert err.startswith("warning: ") and "diffusers_folder = '/elsewhere/Qwen-Image' is not a folder" in err
+    assert err.count("the translation of") == 1
+    assert main(["train", "--from-diffusion-pipe", str(config)]) == 2  # to train, the folder must be here
+    err = capsys.readouterr().err
+    assert err.count("the translation of") == 1 and "is not a folder" in err, err
