@@ -263,3 +263,36 @@ def test_print_only_prints_the_translation_when_the_model_folder_is_not_here_and
     assert main(["train", "--from-diffusion-pipe", str(config)]) == 2  # to train, the folder must be here
     err = capsys.readouterr().err
     assert err.count("the translation of") == 1 and "is not a folder" in err, err
+
+
+# ------------------------------------------------------------------------------------------------------------
+# names and paths
+
+@pytest.mark.parametrize("filename, message", [
+    ("..", "names no file"), ("qwen/..", "names no file"), ("name.", "ends with a dot or a space"),
+    ("name .safetensors", "ends with a dot or a space"), ("name..safetensors", "ends with a dot or a space")])
+def test_lora_names_that_windows_drops_or_that_name_no_file_are_refused(filename, message, tmp_path):
+    """Before: '..' wrote the hidden file '...safetensors', 'name.' wrote 'name..safetensors'."""
+    from trainer_core.lora_files import lora_output_path
+
+    with pytest.raises(UserInputError, match=message):
+        lora_output_path(tmp_path, filename, "run", 1)
+    assert lora_output_path(tmp_path, "name ", "run", 1) == (tmp_path / "name.safetensors").resolve()  # stripped
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "sub/../../outside.safetensors", "/abs/outside.safetensors",
+                                  "..\\outside.safetensors"])
+def test_a_model_file_name_outside_its_folder_is_refused_standalone(pack, name, tmp_path, monkeypatch):
+    """Before: the standalone lookup (no ComfyUI) resolved a name with '..' or an absolute path outside the models
+    folder (ComfyUI's own lookup keeps names inside its folders)."""
+    from conftest import pack_module
+
+    host = pack_module(pack, "nodes.host")
+    errors = pack_module(pack, "trainer_core.errors")
+    (tmp_path / "models" / "loras").mkdir(parents=True)
+    (tmp_path / "outside.safetensors").write_bytes(b"x")
+    monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path / "models"))
+    with pytest.raises(errors.UserInputError, match="is not a name inside the loras folder"):
+        host.model_file_path("loras", name)
+    (tmp_path / "models" / "loras" / "mine.safetensors").write_bytes(b"x")
+    assert host.model_file_path("loras", "mine.safetensors") == tmp_path / "models" / "loras" / "mine.safetensors"
