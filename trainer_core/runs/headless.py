@@ -33,7 +33,7 @@ from PIL import Image
 
 from ..data.cache import CachedDataset, build_cache
 from ..data.images import load_dataset
-from ..training.distributed import Replicas
+from ..training.distributed import Replicas, lost_peer, lost_peer_message
 from ..core.errors import UserInputError
 from ..core.files import inside, write_bytes_atomic, write_error
 from ..training.live import StepPreview, keep_preview, step_grid
@@ -46,6 +46,7 @@ from .registry import open_run, release
 from ..training import Every, StepReport, Trainer, every
 
 STOPPED = 130  # exit code after Ctrl-C / SIGTERM (128 + SIGINT, as shells report it)
+PEER_LOST = 1  # exit code when another process of a torchrun run is gone
 # A second Ctrl-C within this many seconds of the first is the same request: torchrun's launcher passes the
 # signal it got from the terminal on to its processes, which got the terminal's own already.
 REPEAT_GRACE_SECONDS = 2.0
@@ -234,6 +235,11 @@ def _train(trainer: Trainer, run: RunFile, run_dir: Path, replicas: Replicas, co
             say(f"stopped at step {trainer.step}: its checkpoint and LoRA are written; run the same command to "
                 "continue.")
             return STOPPED
+        except RuntimeError as e:  # inside StopSignals: torchrun's SIGTERM to the survivors must not cut this short
+            if not lost_peer(e, replicas):
+                raise
+            print(f"error: {lost_peer_message(replicas, trainer)}", file=sys.stderr, flush=True)
+            os._exit(PEER_LOST)  # its collectives can never finish: nothing more to do here
         finally:
             if progress is not None:
                 progress.close()
