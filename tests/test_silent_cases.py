@@ -296,3 +296,59 @@ def test_a_model_file_name_outside_its_folder_is_refused_standalone(pack, name, 
         host.model_file_path("loras", name)
     (tmp_path / "models" / "loras" / "mine.safetensors").write_bytes(b"x")
     assert host.model_file_path("loras", "mine.safetensors") == tmp_path / "models" / "loras" / "mine.safetensors"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# small canvas confusions
+
+def test_compare_steps_says_when_the_first_preview_comes_when_preview_every_is_set(pack, tmp_path, demo_folder,
+                                                                                   monkeypatch):
+    """Before: 'no previews yet. Set Train Steps' preview_every above 0' although it was set (the queue ran fewer
+    steps than preview_every)."""
+    import host_standin
+    import numpy as np
+    from graph_runner import GraphRunner
+    from test_live_previews import with_compare
+    from test_nodes import tiny_prompt
+
+    from conftest import pack_module
+
+    monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
+    monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
+    host_standin.install(monkeypatch)
+    live = pack_module(pack, "trainer_core.live")
+    assert live.no_previews_text(5, 2) == ("no previews yet: Train Steps' preview_every\nis 5 and the run is at step "
+                                           "2:\nthe first comes at step 5. Queue\nTrain Steps again, or lower "
+                                           "preview_every.")
+    assert "Set Train Steps' preview_every above 0" in live.no_previews_text(0, 2)
+    outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(
+        with_compare(tiny_prompt(tmp_path, demo_folder, steps=2, **{"7": {"preview_every": 5}})))
+    trainer, (grid,) = outputs["7"][0], outputs["16"]
+    name = trainer.train_cfg.run_name
+    expected = np.asarray(live.step_grid([], 0, 64, title=name, preview_every=5, step=2))
+    assert np.array_equal((grid[0].numpy() * 255).round().astype(np.uint8), expected)
+    assert not np.array_equal(expected, np.asarray(live.step_grid([], 0, 64, title=name)))
+
+
+def test_the_first_8bit_adamw_step_logs_no_4bit_kernel_warning(tmp_path):
+    """Before: on a CPU with AVX512-BF16 bitsandbytes' import logged "Failed to load CPU gemm_4bit_forward from
+    kernels-community: No module named 'kernels'", which read like an error at the first step (its 4-bit matmul,
+    never used by 8-bit AdamW). A fresh process, as the first import is the one that logs. (On a CPU without
+    AVX512-BF16 bitsandbytes never logs it, and this passes either way.)"""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    script = (
+        "import logging, torch\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from trainer_core.config import OptimizerConfig\n"
+        "from trainer_core.optim import build_optimizer\n"
+        "p = torch.nn.Parameter(torch.ones(4096))\n"
+        "opt = build_optimizer([p], OptimizerConfig(optimizer='adamw8bit'))\n"
+        "p.grad = torch.ones_like(p); opt.step()\n"
+        "logging.getLogger('bitsandbytes.backends.cpu.ops').warning('another warning still shows')\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "gemm_4bit_forward" not in out.stderr and "another warning still shows" in out.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -13,10 +14,27 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimizerConfig) -> t
     """bitsandbytes AdamW8bit (state in 8 bits: 1/4 of AdamW's) or torch AdamW, decoupled weight decay."""
     kwargs = dict(lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adamw8bit":
-        import bitsandbytes as bnb
-
-        return bnb.optim.AdamW8bit(params, **kwargs)
+        return import_bitsandbytes().optim.AdamW8bit(params, **kwargs)
     return torch.optim.AdamW(params, **kwargs)
+
+
+class _Not4BitKernel(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "gemm_4bit_forward" not in record.getMessage()
+
+
+def import_bitsandbytes():
+    """bitsandbytes, without the warning its import logs on some CPUs when the optional `kernels` package is absent
+    ("Failed to load CPU gemm_4bit_forward from kernels-community"): that kernel is its 4-bit matmul, which 8-bit
+    AdamW never uses, and the warning read like an error at the first step. Every other message still shows."""
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    quiet = _Not4BitKernel()
+    logger.addFilter(quiet)
+    try:
+        import bitsandbytes
+    finally:
+        logger.removeFilter(quiet)
+    return bitsandbytes
 
 
 def lr_factor(step: int, cfg: OptimizerConfig) -> float:
