@@ -1,7 +1,8 @@
 """Loads a UI-format workflow into the real ComfyUI frontend in headless Chromium and prints what the
 canvas makes of it: the API prompt it would queue (app.graphToPrompt), any missing node types, and each
 node's position, size and the least size the canvas computes for it (LGraphNode.computeSize), and the nodes
-each group holds by the canvas' own rule (LGraphGroup.recomputeInsideNodes), and the page's uncaught exceptions.
+each group holds by the canvas' own rule (LGraphGroup.recomputeInsideNodes), and the page's uncaught exceptions (while
+it booted, and while it loaded the workflow).
 
 Run by test_host_comfyui.py with a Python that has aiohttp (ComfyUI's own):
     python canvas_check.py <comfyui url> <template path under /api/workflow_templates/> <chromium>
@@ -79,6 +80,11 @@ async def main(url: str, template: str, chromium: str) -> None:
                     break
                 await asyncio.sleep(0.2)
             await asyncio.sleep(2)
+            # What the page threw while booting is the frontend's own: ComfyUI 0.3.64 with its pinned 1.27.10 throws
+            # "Cannot read properties of undefined (reading 'id')" from its settings store with no custom node and no
+            # workflow at all. Only what loading the workflow throws is counted against it.
+            boot_errors = errors[:]
+            errors.clear()
             r = await call("Runtime.evaluate", expression=SCRIPT % json.dumps(template), awaitPromise=True,
                            returnByValue=True)
             result = r["result"]
@@ -86,7 +92,7 @@ async def main(url: str, template: str, chromium: str) -> None:
                 print(json.dumps({"error": r}))
             else:
                 value = json.loads(result["result"]["value"])
-                print(json.dumps({**value, "errors": errors}))
+                print(json.dumps({**value, "errors": errors, "boot_errors": boot_errors}))
     finally:
         browser.terminate()
 

@@ -214,7 +214,7 @@ def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy, stem):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert "error" not in result, json.dumps(result)[:3000]
     assert not [n for n in result["nodes"] if n["missing"]]
-    assert not result["errors"], result["errors"]  # the page threw nothing while loading it
+    assert not result["errors"], result["errors"]  # loading it threw nothing (boot_errors: the frontend's own)
     stored = {str(n["id"]): n for n in json.loads((REPO / "workflows" / f"{stem}.json").read_text())["nodes"]}
     changed = [(n["id"], n["type"], stored[str(n["id"])]["size"], n["size"], n["least"]) for n in result["nodes"]
                if n["size"] != stored[str(n["id"])]["size"] or n["pos"] != stored[str(n["id"])]["pos"]
