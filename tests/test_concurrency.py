@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from conftest import adapter_snapshot, cached_demo
-from trainer_core import runs
-from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.errors import UserInputError
+from trainer_core.runs import registry as runs
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.core.errors import UserInputError
 from trainer_core.models import build_tiny_components
 from trainer_core.training import Trainer
 

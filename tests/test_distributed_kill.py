@@ -54,7 +54,7 @@ def test_a_killed_process_leaves_a_message_naming_the_intact_checkpoint(tmp_path
     saved = int(message.split("The newest checkpoint, step ")[1].split(" ")[0])
     assert saved >= 4 and f"in {checkpoints}" in message
     # The checkpoint named is complete: one process resumes it (another world size: the documented note).
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     config.write_text(config.read_text().replace("steps = 100000", f"steps = {saved + 1}"))
     assert main(["train", "--config", str(config), "--output", str(output)]) == 0

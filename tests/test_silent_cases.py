@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trainer_core.errors import UserInputError
-from trainer_core.finite import has_nonfinite
+from trainer_core.core.errors import UserInputError
+from trainer_core.core.finite import has_nonfinite
 from trainer_core.models.single_file import load_single_files
 
 
@@ -97,7 +97,7 @@ def test_snapshots_with_a_filename_without_step_are_refused_before_any_work(outp
     """Before: each snapshot overwrote the one before, without a word."""
     from test_headless import tiny_run_file
 
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     path = tiny_run_file(tmp_path, demo_folder, output=output)
     assert main(["train", "--config", str(path), "--output", str(tmp_path / "out")]) == 2
@@ -111,8 +111,8 @@ def test_validation_every_without_validation_images_says_so_in_the_status(tiny, 
     """Before: it trained with no validation and no message."""
     from conftest import cached_demo
 
-    from trainer_core import runs
-    from trainer_core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.runs import registry as runs
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 
     cached = cached_demo(tiny, demo_folder, tiny_cache)
     assert not cached.validation
@@ -126,13 +126,13 @@ def test_validation_every_without_validation_images_says_so_in_the_status(tiny, 
 
 
 def edit_folder(tmp_path):
-    from trainer_core.edit.demo import make_edit_demo_dataset
+    from trainer_core.families.qwen_image_edit.demo import make_edit_demo_dataset
 
     return make_edit_demo_dataset(tmp_path / "edit", controls=1)
 
 
 def edit_discover(folder):
-    from trainer_core.edit.data import discover_edit
+    from trainer_core.families.qwen_image_edit.data import discover_edit
 
     from conftest import tiny_dataset_config
 
@@ -210,7 +210,7 @@ def test_a_cache_folder_path_too_long_is_refused_naming_the_cache_folder(shape, 
 def test_a_write_refused_for_a_too_long_path_is_said_so(tmp_path):
     import errno
 
-    from trainer_core.files import write_error
+    from trainer_core.core.files import write_error
 
     error = write_error(OSError(errno.ENAMETOOLONG, "File name too long"), "LoRA file", tmp_path / "x",
                         "Nothing was lost.")
@@ -236,7 +236,7 @@ def test_a_diffusion_pipe_field_of_the_wrong_kind_is_refused_by_name(line, expec
     """Before: a raw conversion error naming no field, or 1.5 silently cut to 1."""
     from test_headless import diffusion_pipe_copy
 
-    from trainer_core.diffusion_pipe import translate
+    from trainer_core.runs.diffusion_pipe import translate
 
     replacement, message = expected
     model = {"diffusers_path": str(tmp_path / "Qwen-Image")}
@@ -252,7 +252,7 @@ def test_print_only_prints_the_translation_when_the_model_folder_is_not_here_and
     translation of X: ' twice."""
     from test_headless import diffusion_pipe_copy
 
-    from trainer_core.cli import main
+    from trainer_core.runs.cli import main
 
     config = diffusion_pipe_copy(tmp_path, {"diffusers_path": "/elsewhere/Qwen-Image"}, demo_folder)
     assert main(["train", "--from-diffusion-pipe", str(config), "--print-only"]) == 0
@@ -273,7 +273,7 @@ def test_print_only_prints_the_translation_when_the_model_folder_is_not_here_and
     ("name .safetensors", "ends with a dot or a space"), ("name..safetensors", "ends with a dot or a space")])
 def test_lora_names_that_windows_drops_or_that_name_no_file_are_refused(filename, message, tmp_path):
     """Before: '..' wrote the hidden file '...safetensors', 'name.' wrote 'name..safetensors'."""
-    from trainer_core.lora_files import lora_output_path
+    from trainer_core.adapters.lora_files import lora_output_path
 
     with pytest.raises(UserInputError, match=message):
         lora_output_path(tmp_path, filename, "run", 1)
@@ -288,7 +288,7 @@ def test_a_model_file_name_outside_its_folder_is_refused_standalone(pack, name, 
     from conftest import pack_module
 
     host = pack_module(pack, "nodes.host")
-    errors = pack_module(pack, "trainer_core.errors")
+    errors = pack_module(pack, "trainer_core.core.errors")
     (tmp_path / "models" / "loras").mkdir(parents=True)
     (tmp_path / "outside.safetensors").write_bytes(b"x")
     monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path / "models"))
@@ -316,7 +316,7 @@ def test_compare_steps_says_when_the_first_preview_comes_when_preview_every_is_s
     monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
     monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
     host_standin.install(monkeypatch)
-    live = pack_module(pack, "trainer_core.live")
+    live = pack_module(pack, "trainer_core.training.live")
     assert live.no_previews_text(5, 2) == ("no previews yet: Train Steps' preview_every\nis 5 and the run is at step "
                                            "2:\nthe first comes at step 5. Queue\nTrain Steps again, or lower "
                                            "preview_every.")
@@ -343,8 +343,8 @@ def test_the_first_8bit_adamw_step_logs_no_4bit_kernel_warning(tmp_path):
     script = (
         "import logging, torch\n"
         "logging.basicConfig(level=logging.INFO)\n"
-        "from trainer_core.config import OptimizerConfig\n"
-        "from trainer_core.optim import build_optimizer\n"
+        "from trainer_core.core.config import OptimizerConfig\n"
+        "from trainer_core.training.optim import build_optimizer\n"
         "p = torch.nn.Parameter(torch.ones(4096))\n"
         "opt = build_optimizer([p], OptimizerConfig(optimizer='adamw8bit'))\n"
         "p.grad = torch.ones_like(p); opt.step()\n"

@@ -20,7 +20,7 @@ import functools
 import threading
 from contextlib import contextmanager
 
-from ..errors import UserInputError
+from ..core.errors import UserInputError
 
 
 class Busy:
