@@ -113,6 +113,11 @@ def model_file_path(kind: str, name: str) -> Path:
     from ..trainer_core.core.errors import UserInputError
 
     fp = _host("folder_paths")
+    if fp is None:  # (ComfyUI's get_full_path keeps a name inside its folders itself)
+        relative = Path(name.replace("\\", "/"))
+        if relative.is_absolute() or ".." in relative.parts or name.startswith("~"):
+            raise UserInputError(f"model file {name!r} is not a name inside the {kind} folder "
+                                 f"{_standalone_models_root() / kind}: choose one of the files listed there.")
     path = fp.get_full_path(kind, name) if fp is not None else _standalone_models_root() / kind / name
     if not path or not Path(path).is_file():
         raise UserInputError(f"model file {name!r} was not found in the {kind} folder. Put it in models/{kind}/ "

@@ -97,7 +97,8 @@ class QwenLoRACompareSteps:
         }}
 
     def compare(self, trainer, columns, tile_size):
-        grid = step_grid(trainer.step_previews, columns, tile_size, title=trainer.train_cfg.run_name)
+        grid = step_grid(trainer.step_previews, columns, tile_size, title=trainer.train_cfg.run_name,
+                         preview_every=getattr(trainer, "preview_every", 0), step=trainer.step)
         return (pil_to_image(grid),)
 
 

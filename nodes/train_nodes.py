@@ -147,6 +147,7 @@ class QwenLoRATrain:
               preview_sampling_steps: int = 20, snapshot_every: int = 0):
         cfg = TrainStepsConfig(steps, preview_every, preview_size, preview_sampling_steps, snapshot_every)
         trainer.require_live()
+        trainer.preview_every = cfg.preview_every  # Compare Steps says when its first preview comes
         extras = step_extras(trainer, cfg)
         progress = host.Progress(steps)
         first = trainer.step

@@ -75,13 +75,15 @@ def test_transparency_is_composited_onto_the_chosen_background(tmp_path, backgro
     """Why: 'Alpha and palette transparency become black, silently'. Every kind of transparency (alpha
     channel, palette transparency, a transparent colour key) lands on the background; half-transparent red
     is blended with it."""
-    clear = Image.new("RGBA", (64, 64), (0, 0, 0, 0))
+    # Each has one visible corner pixel (a fully transparent image is refused: test_silent_cases.py).
+    clear = visible_corner(Image.new("RGBA", (64, 64), (0, 0, 0, 0)), (0, 0, 0, 255))
     clear.save(tmp_path / "rgba.png")
     clear.convert("LA").save(tmp_path / "la.png")
-    Image.new("P", (64, 64), 0).save(tmp_path / "palette.png", transparency=0)
-    Image.new("RGB", (64, 64), (10, 20, 30)).save(tmp_path / "keyed.png", transparency=(10, 20, 30))
-    Image.new("L", (64, 64), 7).save(tmp_path / "greykey.png", transparency=7)
-    Image.new("RGBA", (64, 64), (0, 0, 0, 0)).save(tmp_path / "clear.webp", lossless=True)
+    visible_corner(Image.new("P", (64, 64), 0), 1).save(tmp_path / "palette.png", transparency=0)
+    visible_corner(Image.new("RGB", (64, 64), (10, 20, 30)), (1, 2, 3)).save(tmp_path / "keyed.png",
+                                                                            transparency=(10, 20, 30))
+    visible_corner(Image.new("L", (64, 64), 7), 8).save(tmp_path / "greykey.png", transparency=7)
+    clear.save(tmp_path / "clear.webp", lossless=True)
     half = Image.new("RGBA", (64, 64), (255, 0, 0, 128))
     half.save(tmp_path / "half.png")
     for stem in ("rgba", "la", "palette", "keyed", "greykey", "clear", "half"):
@@ -94,8 +96,13 @@ def test_transparency_is_composited_onto_the_chosen_background(tmp_path, backgro
     assert max(abs(a - b) for a, b in zip(red, want)) <= 1, (red, want)
 
 
+def visible_corner(image: Image.Image, value) -> Image.Image:
+    image.putpixel((0, 0), value)
+    return image
+
+
 def test_background_is_a_dataset_setting_said_in_the_summary(pack, tmp_path):
-    Image.new("RGBA", (64, 64), (0, 0, 0, 0)).save(tmp_path / "clear.png")
+    visible_corner(Image.new("RGBA", (64, 64), (0, 0, 0, 0)), (0, 0, 0, 255)).save(tmp_path / "clear.png")
     caption(tmp_path, "clear")
     Image.new("RGB", (64, 64), "red").save(tmp_path / "opaque.png")
     caption(tmp_path, "opaque")
@@ -119,7 +126,7 @@ def test_a_changed_background_is_encoded_again(tmp_path):
     with another background would be reused silently); an opaque image's key does not."""
     from trainer_core.data.cache import latent_key
 
-    Image.new("RGBA", (64, 64), (0, 0, 0, 0)).save(tmp_path / "clear.png")
+    visible_corner(Image.new("RGBA", (64, 64), (0, 0, 0, 0)), (0, 0, 0, 255)).save(tmp_path / "clear.png")
     Image.new("RGB", (64, 64), "red").save(tmp_path / "opaque.png")
     caption(tmp_path, "clear")
     caption(tmp_path, "opaque")
@@ -414,9 +421,10 @@ def test_run_names_with_trailing_dot_space_nul_or_too_long_are_refused(name):
 @pytest.mark.parametrize("where", ["{}", "sub/{}", "{}/file"])
 def test_bad_lora_filenames_are_refused_in_every_component(pack, lora_output_path, tmp_path, name, where):
     """Why: 'NUL bytes and over-long names give raw errors; Windows reserved names (CON, NUL, COM1, trailing dot or
-    space) are accepted'. Each component of the filename is checked, on every OS. (A trailing dot or space of the
-    file's own name is no problem: '.safetensors' follows it.)"""
-    if name.endswith((".", " ")) and where != "{}/file":
+    space) are accepted'. Each component of the filename is checked, on every OS, the file's own name before
+    '.safetensors' too ('name.' would write 'name..safetensors': issue 25). A trailing space of the whole filename is
+    stripped, as of every typed name."""
+    if name.endswith(" ") and where != "{}/file":
         assert lora_output_path(tmp_path, where.format(name), "myrun", 1).name.endswith(".safetensors")
         return
     with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError, match=r"filename[= ]"):

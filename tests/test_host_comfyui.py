@@ -25,6 +25,7 @@ from conftest import REPO
 from test_nodes import tiny_prompt
 
 COMFYUI = os.environ.get("COMFYUI_PATH")
+FRONTEND_ROOT = os.environ.get("COMFYUI_FRONTEND_ROOT")
 pytestmark = pytest.mark.skipif(
     not COMFYUI, reason="COMFYUI_PATH is not set: point it at a ComfyUI checkout (and COMFYUI_PYTHON at a Python "
                         "with ComfyUI's requirements) to run the workflow in a real ComfyUI")
@@ -44,7 +45,10 @@ class ComfyServer:
         python = os.environ.get("COMFYUI_PYTHON", sys.executable)
         self.proc = subprocess.Popen(
             [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
-             "--base-directory", str(base), "--disable-auto-launch"],
+             "--base-directory", str(base), "--disable-auto-launch",
+             # COMFYUI_FRONTEND_ROOT: a frontend's static folder (e.g. the comfyui-frontend-package that ComfyUI's
+             # requirements pin, installed with pip --target) instead of the one in COMFYUI_PYTHON
+             *(["--front-end-root", FRONTEND_ROOT] if FRONTEND_ROOT else [])],
             cwd=COMFYUI, stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT,
         )
 
@@ -210,6 +214,7 @@ def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy, stem):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert "error" not in result, json.dumps(result)[:3000]
     assert not [n for n in result["nodes"] if n["missing"]]
+    assert not result["errors"], result["errors"]  # loading it threw nothing (boot_errors: the frontend's own)
     stored = {str(n["id"]): n for n in json.loads((REPO / "workflows" / f"{stem}.json").read_text())["nodes"]}
     changed = [(n["id"], n["type"], stored[str(n["id"])]["size"], n["size"], n["least"]) for n in result["nodes"]
                if n["size"] != stored[str(n["id"])]["size"] or n["pos"] != stored[str(n["id"])]["pos"]

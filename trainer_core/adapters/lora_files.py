@@ -39,7 +39,7 @@ from ..core.files import inside
 from ..core.finite import nonfinite_names
 from .lora import ADAPTER, adapter_weights, lora_layers
 from ..models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
-from ..core.names import fill_template
+from ..core.names import check_component, fill_template
 
 COMFY_PREFIX = "diffusion_model."
 DIFFUSERS_PREFIX = "transformer."
@@ -367,10 +367,12 @@ def lora_output_path(loras_dir: Path, filename: str, run_name: str, step: int) -
     `loras_dir`: every folder and the file name portable, no link out of `loras_dir`."""
     name = fill_template(filename.strip(), "filename", run_name=run_name, step=f"{step:06d}").strip()
     stem = name.replace("\\", "/").rsplit("/", 1)[-1]
-    if stem in ("", ".", ".safetensors"):
+    stem = stem[: -len(".safetensors")] if stem.endswith(".safetensors") else stem
+    if stem in ("", ".", ".."):  # ('..' would become the hidden file '...safetensors')
         raise UserInputError(
             f"filename={filename!r} names no file: give the LoRA a name, for example 'qwen/{{run_name}}_{{step}}'."
         )
+    check_component(stem, "filename", filename)  # 'name.' or 'name ' before .safetensors: Windows drops those
     if not name.endswith(".safetensors"):
         name += ".safetensors"
     return inside(loras_dir, name, "filename", "qwen/{run_name}_{step}", suffix_room=TEMP_NAME_ROOM)

@@ -58,6 +58,24 @@ def inside(root: str | Path, relative: str, what: str, example: str, suffix_room
     return real
 
 
+def check_path_room(folder: str | Path, what: str, room: int) -> None:
+    """Refuse a folder given as a full path (a run file's, a script's) whose names or length leave no room for
+    the `room` bytes of the names written inside it: every write there would fail with a raw 'File name too
+    long', after the work of computing what to write."""
+    path = Path(folder).absolute()
+    for part in path.parts[1:]:
+        size = len(os.fsencode(part))
+        if size > MAX_COMPONENT_BYTES:
+            raise UserInputError(
+                f"{what} {shown(str(path))} has a folder name of {size} bytes ({part[:24]!r}...), over the "
+                f"{MAX_COMPONENT_BYTES} bytes a file or folder name may have. Choose a shorter folder name.")
+    size, limit = len(os.fsencode(str(path))) + room, _path_limit(path)
+    if size > limit:
+        raise UserInputError(
+            f"{what} {shown(str(path))} is too long: the files written inside it would have paths of {size} bytes, "
+            f"over the {limit} bytes this system allows. Use shorter or fewer folder names.")
+
+
 def _path_limit(root: Path) -> int:
     """The longest path (in bytes) this system opens: 259 characters on Windows without long paths, PATH_MAX
     (4096 with its NUL on Linux) elsewhere."""
@@ -185,6 +203,10 @@ def write_error(e: OSError, what: str, where: str | Path, kept: str) -> UserInpu
     if code == errno.EROFS:
         return UserInputError(f"the disk is read-only: the {what} could not be written to {where}. {kept}Choose a "
                               "folder on a writable disk, or mount it read-write.")
+    if code == errno.ENAMETOOLONG:
+        return UserInputError(f"the path is too long: the {what} could not be written to {where} (a name over "
+                              f"{MAX_COMPONENT_BYTES} bytes, or a path over the system's limit). {kept}Use shorter "
+                              "or fewer folder names.")
     if code in (errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
         blocker = f" ({e.filename})" if getattr(e, "filename", None) else ""
         return UserInputError(f"a file is in the way: the {what} could not be written to {where}, because a file "

@@ -56,3 +56,19 @@ def _total_norm_finite(tensors: list[torch.Tensor]) -> bool:
             norms = [torch.linalg.vector_norm(t) for t in group]
         totals.append(torch.stack([n.float() for n in norms]).sum().cpu())
     return bool(torch.isfinite(torch.stack(totals).sum()))
+
+
+@torch.no_grad()
+def has_nonfinite(tensor: torch.Tensor) -> bool:
+    """Whether one tensor holds a NaN or inf, in a single pass with no copy of it (for weights as they are read
+    from a model file, where a full-size temporary per tensor would cost as much as the reading): a min/max
+    reduction propagates NaN and shows inf, and float8_e4m3fn (no inf; NaN is S.1111.111) is read as bytes, whose
+    extremes are exactly those two patterns (+NaN 0x7F is int8's largest, -NaN 0xFF uint8's)."""
+    if not tensor.is_floating_point() or not tensor.numel():
+        return False
+    if tensor.dtype == torch.float8_e4m3fn:
+        return int(tensor.view(torch.int8).amax()) == 0x7F or int(tensor.view(torch.uint8).amax()) == 0xFF
+    if tensor.element_size() == 1:  # other float8 formats have no min/max kernels: look at them as float32
+        tensor = tensor.float()
+    low, high = torch.aminmax(tensor)
+    return not (bool(torch.isfinite(low)) and bool(torch.isfinite(high)))

@@ -80,3 +80,21 @@ def fill_template(template: str, what: str, **values: str) -> str:
             )
         out.append(values[field])
     return "".join(out)
+
+
+def template_fields(template: str) -> set[str]:
+    """The placeholders `template` names ({{ and }} are literal braces); an unparsable template names none (its
+    use through `fill_template` says what is wrong with it)."""
+    try:
+        return {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
+    except ValueError:
+        return set()
+
+
+def require_step(template: str, what: str, saves: str) -> None:
+    """Refuse a LoRA name template without {step} where `saves` (a setting, shown) writes one file per step."""
+    if "step" not in template_fields(template):
+        raise UserInputError(
+            f"{what} = {shown(template)} has no {{step}}, but {saves} saves a LoRA snapshot each time: each would "
+            "overwrite the one before. Put {step} in the name (for example '{run_name}_{step}'), or turn the "
+            "snapshots off.")

@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 
 from .images import Sample, load_cropped
 from ..core.errors import UserInputError
-from ..core.files import os_error, remove_leftovers, write_error, write_safetensors_atomic
+from ..core.files import check_path_room, os_error, remove_leftovers, write_error, write_safetensors_atomic
 from ..models.components import QwenImageComponents
 from ..models.latents import encode_images
 
@@ -140,6 +140,12 @@ def _entry_ok(path: Path, tensor_name: str) -> bool:
         return False
 
 
+# The most an entry's write adds to the cache folder's path: "/latents/", the temporary folder it is written in
+# (files._replacing: ".NAME.PID.tmp/"), the entry's name, and safetensors' own temporary suffix (".tmpXXXXXX").
+_ENTRY = len("0" * 32 + ".safetensors")
+ENTRY_ROOM = len("/latents/") + len(".") + _ENTRY + len(".4194304.tmp/") + _ENTRY + len(".tmpXXXXXX")
+
+
 def build_cache(
     components: QwenImageComponents,
     samples: list[Sample],
@@ -162,6 +168,7 @@ def build_cache(
     """
     family = components.family
     cache_dir = Path(cache_dir)
+    check_path_room(cache_dir, "cache folder", ENTRY_ROOM)  # (a Cache node's name is checked so by files.inside)
     training, validation = list(samples), list(validation)
     everything = training + validation
     vae_fp = components.fingerprint("vae")

@@ -253,6 +253,10 @@ def decode_image(data: bytes, path: Path, background: tuple[int, int, int] = WHI
             img.load()
             img = ImageOps.exif_transpose(img)
             tag = decode_tag(img, background)
+            if tag.startswith("alpha") and _fully_transparent(img):  # else one flat colour, trained without a word
+                raise UserInputError(
+                    f"image {path} is fully transparent: composited onto the background it is one flat colour, with "
+                    "nothing to learn from. Re-export it with its visible pixels, or remove it from the folder.")
             return to_rgb(img, background, rawmode), tag
     except UserInputError:
         raise
@@ -284,6 +288,13 @@ def _rawmode(img: Image.Image) -> str | None:
 
 def has_transparency(img: Image.Image) -> bool:
     return img.mode in ALPHA_MODES or "transparency" in img.info
+
+
+def _fully_transparent(img: Image.Image) -> bool:
+    if img.mode in GREY_HIGH_MODES:  # a colour key only
+        return bool(np.all(np.asarray(img) == img.info.get("transparency")))
+    alpha = img.getchannel("a") if img.mode == "La" else img.convert("RGBA").getchannel("A")
+    return alpha.getextrema()[1] == 0
 
 
 def decode_tag(img: Image.Image, background: tuple[int, int, int]) -> str:
@@ -362,6 +373,13 @@ def discover(cfg: DatasetConfig, exclude=None) -> list[Sample]:
     paths = [p for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
              and not (exclude is not None and exclude(p))]
     if not paths:
+        excluded = [p.name for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")]
+        if excluded:  # all of them named as control images (an edit dataset): say so, not "no images"
+            raise UserInputError(
+                f"dataset folder {folder} has no training images: its {len(excluded)} images (first: {excluded[0]}) "
+                f"are all named as control images (<name>_control). A training image is <name>.png with its caption "
+                f"<name>{cfg.caption_extension}; its control is <name>_control.png (an image with its own caption "
+                "is always a training image).")
         raise UserInputError(
             f"dataset folder {folder} has no images ({', '.join(IMAGE_EXTENSIONS)}). Add images with "
             "same-name .txt captions."

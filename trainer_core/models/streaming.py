@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..core.errors import UserInputError
+from ..core.finite import has_nonfinite
 from .float8 import FLOAT8, SCALE_BUFFER, install_frozen_compute, quantize_weight
 from .qwen_arch import BLOCKS
 
@@ -58,7 +59,7 @@ def fill_empty(
 ) -> None:
     """Assign every (name, tensor) to the parameter of that name in `model`, through `assign`.
 
-    Every parameter must arrive exactly once with the model's shape. Otherwise raise a `UserInputError`
+    Every parameter must arrive exactly once with the model's shape and finite values. Otherwise raise a `UserInputError`
     naming `source` and ending with `hint` (what to choose instead).
     """
     expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
@@ -77,6 +78,11 @@ def fill_empty(
             raise UserInputError(
                 f"{source}: tensor {name} has shape {tuple(tensor.shape)}, the model expects {expected[name]}. "
                 f"{hint}"
+            )
+        if has_nonfinite(tensor):  # a base that computes NaN trains nothing: every step would be skipped
+            raise UserInputError(
+                f"{source}: tensor {name} holds NaN or inf values, so the model would compute nothing but NaN: the "
+                f"file is damaged. Download or copy it again. {hint}"
             )
         module_name, _, leaf = name.rpartition(".")
         assign(model.get_submodule(module_name), leaf, name, tensor)

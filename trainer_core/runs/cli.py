@@ -76,7 +76,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..training import distributed
-    from ..core.errors import TrainingStopped
+    from ..core.errors import TrainingStopped, UserInputError
     from .headless import train_run
     from .run_file import help_config, parse_run_tables, read_run_file
 
@@ -88,12 +88,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         translation = translate(args.from_diffusion_pipe)
         text = translation.text
-        run = parse_run_tables(translation.data, Path.cwd(), where=f"the translation of {args.from_diffusion_pipe}")
+        where = f"the translation of {args.from_diffusion_pipe}"
+        if args.print_only:  # prepared for another machine, its paths need not exist here: print, then warn
+            print(text, end="", flush=True)
+            try:
+                parse_run_tables(translation.data, Path.cwd(), where=where)
+            except UserInputError as e:
+                print(f"warning: {e} The translation above is printed anyway (--print-only); it trains where that "
+                      "path exists.", file=sys.stderr)
+            return 0
+        run = parse_run_tables(translation.data, Path.cwd(), where=where)
     elif args.config:
         run, text = read_run_file(args.config)
     else:
-        from ..core.errors import UserInputError
-
         raise UserInputError("train needs --config RUN.toml (or --from-diffusion-pipe CONFIG.toml); "
                              "--help-config lists every setting of a run file.")
     if args.output:

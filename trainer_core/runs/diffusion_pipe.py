@@ -26,6 +26,7 @@ from typing import Any
 
 from ..core.config import CacheConfig, OptimizerConfig, field_default, field_meta
 from ..core.errors import UserInputError
+from .diffusion_pipe_kinds import check_kind
 from .run_file import KEYS, render, toml_value
 
 # Optimizers of diffusion-pipe (lower-case `type`) -> (ours, why / what differs). These keep lr, betas,
@@ -157,7 +158,9 @@ class _Translator:
             self.out.accounted.setdefault(name, "mapped")
         table, _, key = name.rpartition(".")
         source = self.main.get(table, {}) if table else self.main
-        return source.get(key, default) if isinstance(source, dict) else default
+        value = source.get(key, default) if isinstance(source, dict) else default
+        check_kind(f"diffusion-pipe config {self.path}", name, value)
+        return value
 
     def has(self, name: str) -> bool:
         table, _, key = name.rpartition(".")
@@ -455,6 +458,7 @@ class _Translator:
                 f"the shortest side that {why} gives at {side} px")
             put("max_bucket_side", max(side, math.ceil(side * math.sqrt(widest) / 32) * 32),
                 f"the longest side that {why} gives at {side} px")
+        check_kind(f"diffusion-pipe dataset file {self.out.dataset_file}, {where}", "num_repeats", settings.get("num_repeats"))
         put("repeats", int(settings.get("num_repeats", 1)), "num_repeats")
         skip = settings.get("skip_empty_caption", True)
         put("missing_caption", "error" if skip else "empty",

@@ -33,18 +33,20 @@ from PIL import Image
 
 from ..data.cache import CachedDataset, build_cache
 from ..data.images import load_dataset
-from ..training.distributed import Replicas
+from ..training.distributed import Replicas, lost_peer, lost_peer_message
 from ..core.errors import UserInputError
 from ..core.files import inside, write_bytes_atomic, write_error
 from ..training.live import StepPreview, keep_preview, step_grid
 from ..adapters.lora_files import lora_output_path
 from ..models.source import load_model_set
 from ..training.plot import loss_plot
+from ..core.names import require_step
 from .run_file import RunFile
 from .registry import open_run, release
 from ..training import Every, StepReport, Trainer, every
 
 STOPPED = 130  # exit code after Ctrl-C / SIGTERM (128 + SIGINT, as shells report it)
+PEER_LOST = 1  # exit code when another process of a torchrun run is gone
 # A second Ctrl-C within this many seconds of the first is the same request: torchrun's launcher passes the
 # signal it got from the terminal on to its processes, which got the terminal's own already.
 REPEAT_GRACE_SECONDS = 2.0
@@ -95,6 +97,8 @@ def train_run(run: RunFile, replicas: Replicas, config_text: str = "", steps: in
     say = log if replicas.writes else (lambda _text: None)
     run_dir = inside(run.output_folder, run.train.run_name, "[train] run_name", "my_lora")
     lora_output_path(run_dir, run.save.filename, run.train.run_name, 0)  # a bad name fails before any work
+    if run.steps_cfg.snapshot_every or run.headless.snapshot_every_epochs:  # named by filename: {step}, or overwritten
+        require_step(run.save.filename, f"{run.where}: [output] filename", "[output] snapshot_every(_epochs)")
     components = load_model_set(run.load.source, replicas.device, storage=run.load.storage,
                                 compute_dtype=run.load.compute_dtype, transformer=run.load.transformer,
                                 text_encoder=run.load.text_encoder, vae=run.load.vae,
@@ -231,6 +235,11 @@ def _train(trainer: Trainer, run: RunFile, run_dir: Path, replicas: Replicas, co
             say(f"stopped at step {trainer.step}: its checkpoint and LoRA are written; run the same command to "
                 "continue.")
             return STOPPED
+        except RuntimeError as e:  # inside StopSignals: torchrun's SIGTERM to the survivors must not cut this short
+            if not lost_peer(e, replicas):
+                raise
+            print(f"error: {lost_peer_message(replicas, trainer)}", file=sys.stderr, flush=True)
+            os._exit(PEER_LOST)  # its collectives can never finish: nothing more to do here
         finally:
             if progress is not None:
                 progress.close()

@@ -220,8 +220,8 @@ def parse_run_tables(data: dict[str, Any], base: Path, where: str = "run file") 
             save=SaveConfig(**values.get(SaveConfig, {})),
             where=where,
         )
-    except UserInputError as e:
-        raise UserInputError(f"{where}: {e}") from None
+    except UserInputError as e:  # (one that names `where` already, as [model]'s do, is not prefixed twice)
+        raise (e if str(e).startswith(f"{where}: ") else UserInputError(f"{where}: {e}")) from None
     if run.steps_cfg.preview_every and not run.preview_prompts:
         raise UserInputError(f"{where}: [previews] preview_every = {run.steps_cfg.preview_every} needs "
                              "preview_prompts: add a prompt, or set preview_every = 0.")

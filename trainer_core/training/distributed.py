@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..core.errors import UserInputError
+from ..core.errors import TrainingStopped, UserInputError
 
 # Gradients are summed in buckets of at most this many bytes (DDP's default bucket size): each bucket is one
 # all-reduce, and all buckets are in flight at once.
@@ -201,3 +201,26 @@ def world_size_note(meta: dict, processes: int, grad_accum_steps: int) -> str | 
             else "")
     return (f"{head} a step now takes {per_step} micro-batches instead of {per_step_before}{hint}; the data order "
             "goes on where it stopped.")
+
+
+def lost_peer(error: BaseException, replicas: Replicas) -> bool:
+    """Whether `error` is a collective's failure because another process of the run is gone (killed, or failed
+    on its own): gloo says so in a RuntimeError naming itself, NCCL in a `DistError`."""
+    if replicas.size == 1 or isinstance(error, (UserInputError, TrainingStopped)) or not isinstance(error, RuntimeError):
+        return False
+    text = str(error).lower()
+    return isinstance(error, dist.DistError) or "gloo" in text or "nccl" in text
+
+
+def lost_peer_message(replicas: Replicas, trainer) -> str:
+    """For a person, when another process is gone: what happened, where the run's newest checkpoint is, how to go
+    on. Process 0 writes checkpoints (also of its last finished step as it stops, Trainer.train), so it names it."""
+    head = (f"process {replicas.rank} of {replicas.size}: another process of this run stopped during step "
+            f"{trainer.step + 1} (killed, or failed: its own message above or torchrun's summary says which), so "
+            "this one stops too.")
+    if not replicas.writes:
+        return f"{head} Process 0 writes the checkpoints (its message names the newest). Run the same command to resume."
+    if trainer.saved_step is None:
+        return f"{head} No checkpoint was written yet: run the same command to start again."
+    return (f"{head} The newest checkpoint, step {trainer.saved_step} in {trainer.run_dir / 'checkpoints'}, is "
+            "complete: run the same command to resume from it.")

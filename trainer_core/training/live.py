@@ -65,13 +65,23 @@ def side_by_side(left: Image.Image, right: Image.Image, gap: int = 8) -> Image.I
 LABEL_HEIGHT = 20
 
 
-def step_grid(previews: list[StepPreview], columns: int = 0, tile: int = 256, title: str = "") -> Image.Image:
+def no_previews_text(preview_every: int, step: int) -> str:
+    if not preview_every:
+        return "no previews yet.\nSet Train Steps' preview_every above 0 and queue."
+    due = (step // preview_every + 1) * preview_every
+    return (f"no previews yet: Train Steps' preview_every\nis {preview_every} and the run is at step {step}:\n"
+            f"the first comes at step {due}. Queue\nTrain Steps again, or lower preview_every.")
+
+
+def step_grid(previews: list[StepPreview], columns: int = 0, tile: int = 256, title: str = "",
+              preview_every: int = 0, step: int = 0) -> Image.Image:
     """The previews as tiles of `tile` pixels (longest side), each with a 'step N' label under it, in rows of
-    `columns` (0: about square). With none, an image that says how to get some."""
+    `columns` (0: about square). With none, an image that says how to get some: `preview_every` (as Train Steps
+    last asked, 0 = off) and the run's `step` tell whether that is a setting or steps still to train."""
     if not previews:
-        img = Image.new("RGB", (max(tile, 320), tile), "white")
-        ImageDraw.Draw(img).text((8, 8), f"{title + ': ' if title else ''}no previews yet.\nSet Train Steps' "
-                                          "preview_every above 0 and queue.", fill="black")
+        img = Image.new("RGB", (max(tile, 400), tile), "white")
+        ImageDraw.Draw(img).text((8, 8), f"{title + ': ' if title else ''}{no_previews_text(preview_every, step)}",
+                                 fill="black")
         return img
     columns = columns or math.ceil(math.sqrt(len(previews)))
     columns = min(columns, len(previews))

@@ -8,6 +8,7 @@ memory plan's figure for each optimizer's state is in planner/optimizer_state.py
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Iterator
 
@@ -27,7 +28,7 @@ CAME_BETA3 = 0.9999
 
 def _library(optimizer: str, module: str):
     try:
-        return __import__(module)
+        return import_bitsandbytes() if module == "bitsandbytes" else __import__(module)
     except ImportError:
         raise UserInputError(
             f"optimizer {optimizer!r} needs the package {PACKAGES[optimizer]!r}, which is not installed in this "
@@ -106,6 +107,25 @@ def load_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
             loaded = optimizer.state[p].get(key)
             if torch.is_tensor(value) and torch.is_tensor(loaded) and loaded.dtype != value.dtype:
                 optimizer.state[p][key] = value.to(loaded.device, copy=True)
+
+
+class _Not4BitKernel(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "gemm_4bit_forward" not in record.getMessage()
+
+
+def import_bitsandbytes():
+    """bitsandbytes, without the warning its import logs on some CPUs when the optional `kernels` package is absent
+    ("Failed to load CPU gemm_4bit_forward from kernels-community"): that kernel is its 4-bit matmul, which 8-bit
+    AdamW never uses, and the warning read like an error at the first step. Every other message still shows."""
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    quiet = _Not4BitKernel()
+    logger.addFilter(quiet)
+    try:
+        import bitsandbytes
+    finally:
+        logger.removeFilter(quiet)
+    return bitsandbytes
 
 
 def lr_factor(step: int, cfg: OptimizerConfig) -> float:

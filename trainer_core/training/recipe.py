@@ -40,6 +40,7 @@ from .comparison import DEFAULT as DEFAULT_COMPARISON, Comparison
 from .optim import set_learning_rate
 from ..streaming.placement import MODULATION_WINDOW
 from . import evaluation, guards, lifecycle, outputs, periodic, randomness, setup, state
+from .busy import Busy, holds
 from .reports import StepReport, TrainReport
 
 
@@ -81,6 +82,7 @@ class Trainer:
         self.resume_notes: list[str] = []  # checkpoints `resume` passed over, one sentence each, for a person
         # Set when a step made the LoRA non-finite and no checkpoint could undo it (guards.py).
         self.broken_reason: str | None = None
+        self.busy = Busy(lambda: f"run '{self.train_cfg.run_name}' (at step {self.step})")  # one place at a time
         lifecycle.claim_model_set(self)
         try:
             lifecycle.lock_run_folder(self)  # before anything touches the model
@@ -91,6 +93,7 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------------------
 
+    @holds("Train Steps", nests=False)
     def train(self, n_steps: int, on_step: Callable[[StepReport], None] | None = None,
               work: Sequence[periodic.Every] = ()) -> TrainReport:
         """Run `n_steps` more optimizer steps. `work`: periodic work after the steps it is due at (periodic.py);
@@ -197,6 +200,7 @@ class Trainer:
     def training_state(self) -> tuple[dict[str, torch.Tensor], dict]:
         return state.training_state(self)
 
+    @holds("a checkpoint")
     def save_checkpoint(self) -> Path | None:
         return state.save_checkpoint(self)
 
@@ -206,19 +210,23 @@ class Trainer:
         if self.run_dir is not None and self.saved_step != self.step:
             self.save_checkpoint()
 
+    @holds("resuming from a checkpoint")
     def resume(self, notes: list[str] | None = None) -> bool:
         """Continue from the newest usable checkpoint in `run_dir`; False when there is none (state.py)."""
         return state.resume(self, self.resume_notes if notes is None else notes)
 
+    @holds("reading its LoRA")
     def lora_state_dict(self, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> dict[str, torch.Tensor]:
         return outputs.lora_state_dict(self, dtype, layout)
 
     def lora_metadata(self, layout: str = "comfyui") -> dict[str, str]:
         return outputs.lora_metadata(self, layout)
 
+    @holds("Save LoRA")
     def save_lora(self, path, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> Path:
         return outputs.save_lora(self, path, dtype, layout)
 
+    @holds("Preview")
     def sample_preview(self, prompt: str, negative_prompt: str = "", width: int = 1024, height: int = 1024,
                        steps: int = 20, cfg_scale: float = 4.0, seed: int = 0,
                        progress: Callable[[int, int], None] | None = None,
@@ -240,9 +248,11 @@ class Trainer:
         if self.retired_reason is not None:
             raise UserInputError(self.retired_reason)
 
+    @holds("retiring it (Release, or an Init Trainer that takes its model)", nests=False)
     def retire(self, reason: str, unpin: bool = False) -> None:
         lifecycle.retire(self, reason, unpin)
 
+    @holds("closing it")
     def close(self, unpin: bool = False) -> None:
         lifecycle.close(self, unpin)
 

@@ -81,7 +81,8 @@ def _numbered(paths: list[Path], pattern: re.Pattern, where: str, targets: set[s
 def find_controls(folder: Path, targets: list[Path]) -> dict[Path, list[Path]]:
     """target path -> its control paths in order, by the folder convention (module docstring)."""
     by_stem = {t.stem: t for t in targets}
-    same = _numbered([p for p in _images(folder) if is_control_file(p)], _SAME_FOLDER, f"{folder}/<name>_control_N")
+    same = _numbered([p for p in _images(folder) if is_control_file(p) and p.stem not in by_stem],  # (a target
+                     _SAME_FOLDER, f"{folder}/<name>_control_N")  # named x_control, with its caption, stays a target)
     sub_folder = folder / CONTROL_FOLDER
     sub = _numbered(_images(sub_folder), _SUBFOLDER, f"{sub_folder}/<name>_N", set(by_stem))
     for stem, controls in [*same.items(), *sub.items()]:
@@ -101,7 +102,9 @@ def find_controls(folder: Path, targets: list[Path]) -> dict[Path, list[Path]]:
         if not numbered:
             raise UserInputError(
                 f"image {target.name} has no control image: add {target.stem}_control.png beside it (or "
-                f"{CONTROL_FOLDER}/{target.stem}.png); every edit sample needs 1 to {MAX_CONTROLS} controls.")
+                f"{CONTROL_FOLDER}/{target.stem}.png); every edit sample needs 1 to {MAX_CONTROLS} controls."
+                + "".join(f" ({t.name} has its own caption, so it is a training image: remove its caption to make it "
+                          f"{target.name}'s control.)" for t in targets if t.stem == f"{target.stem}_control"))
         missing = [n for n in range(1, max(numbered) + 1) if n not in numbered]
         if missing:
             raise UserInputError(
@@ -120,7 +123,8 @@ def read_control(path: Path, background, allow_large_images: bool) -> ControlIma
 
 def discover_edit(cfg: DatasetConfig) -> list[EditSample]:
     """Every target with caption, bucket and controls, sorted by file name (errors name the file)."""
-    targets = discover(cfg, exclude=is_control_file)
+    # A name_control image with its own caption is a training image that happens to be named so, not a control.
+    targets = discover(cfg, exclude=lambda p: is_control_file(p) and not p.with_suffix(cfg.caption_extension).exists())
     folder = Path(cfg.folder).expanduser().absolute()
     controls = find_controls(folder, [Path(s.image_path) for s in targets])
     samples = []

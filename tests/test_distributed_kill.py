@@ -1,0 +1,61 @@
+"""A torchrun run where one process is killed mid-run (SIGKILL, as the kernel's OOM killer does): the process that
+survives says what happened and which checkpoint resumes the run, instead of leaving only torchrun's exit code;
+the checkpoint it names is complete and the same command resumes from it.
+
+One launch of 2 processes (~a minute on the 2-core machine: each process pays its imports)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO
+from test_headless import tiny_run_file
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+def rank_of(pid: int) -> int | None:
+    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        if entry.startswith(b"RANK="):
+            return int(entry[5:])
+    return None
+
+
+def test_a_killed_process_leaves_a_message_naming_the_intact_checkpoint(tmp_path, demo_folder):
+    config = tiny_run_file(tmp_path / "config", demo_folder, train={"steps": 100000, "checkpoint_every": 2})
+    output = tmp_path / "out"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "trainer_core",
+         "train", "--config", str(config), "--output", str(output)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoints = output / "t" / "checkpoints"
+    try:
+        while not (checkpoints / "step_000004").is_dir():  # training for a few steps (the run would take hours)
+            assert launcher.poll() is None, launcher.communicate()
+            time.sleep(0.2)
+        (victim,) = [pid for pid in children(launcher.pid) if rank_of(pid) == 1]
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode != 0
+    lines = [line for line in stderr.splitlines() if line.startswith("error: process 0 of 2:")]
+    assert len(lines) == 1, stderr[-3000:]
+    message = lines[0]
+    assert "another process of this run stopped during step" in message and "run the same command to resume" in message
+    saved = int(message.split("The newest checkpoint, step ")[1].split(" ")[0])
+    assert saved >= 4 and f"in {checkpoints}" in message
+    # The checkpoint named is complete: one process resumes it (another world size: the documented note).
+    from trainer_core.runs.cli import main
+
+    config.write_text(config.read_text().replace("steps = 100000", f"steps = {saved + 1}"))
+    assert main(["train", "--config", str(config), "--output", str(output)]) == 0
+    assert (checkpoints / f"step_{saved + 1:06d}").is_dir()
