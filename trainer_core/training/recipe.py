@@ -11,11 +11,9 @@ order, and runs the loop over components that do one thing each:
     checkpoint / resume: state.py; validation: evaluation.py; LoRA files and previews: outputs.py
     close / retire .................................. lifecycle.py
 
-Training is step-chunked: `train(n)` runs n more optimizer steps and returns a report. Nothing is re-seeded or
-rebuilt between calls, and every random draw is a pure function of (seed, micro-batch, purpose), so k chunks
-give bit-identical weights to one call of the same total length, also across a resume in a new process and
-over several processes. With a `run_dir` the whole state is checkpointed every `checkpoint_every` steps and
-whenever `train` returns or is interrupted.
+Training is step-chunked: `train(n)` runs n more optimizer steps. Nothing is re-seeded or rebuilt between
+calls and every random draw is a pure function of (seed, micro-batch, purpose), so k chunks equal one call
+of the same length bit for bit, also across a resume in a new process and over several processes.
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ class Trainer:
         self.lora_cfg, self.optim_cfg, self.train_cfg = lora, optimizer, train
         self.requested_lora_cfg = lora  # before a LoRA file to continue from replaces rank and alpha
         self.requested_train_cfg = train  # blocks_to_swap may say 'auto' here
-        self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.replicas = replicas
+        self.run_dir, self.replicas = (Path(run_dir) if run_dir is not None else None), replicas
         self.device, self.compute_dtype = components.device, components.compute_dtype
         self.transformer = components.transformer  # None until setup.build loads it (a lazy model set)
         self.params: list[torch.nn.Parameter] = []
@@ -80,8 +77,7 @@ class Trainer:
         self.validation_history: list[tuple[int, float]] = []  # (step, validation loss)
         self.step_previews: list[StepPreview] = []  # small copies of previews made while training (live.py caps them)
         self.resume_notes: list[str] = []  # checkpoints `resume` passed over, one sentence each, for a person
-        # Set when a step made the LoRA non-finite and no checkpoint could undo it (guards.py).
-        self.broken_reason: str | None = None
+        self.broken_reason: str | None = None  # a step made the LoRA non-finite, nothing could undo it (guards.py)
         self.busy = Busy(lambda: f"run '{self.train_cfg.run_name}' (at step {self.step})")  # one place at a time
         lifecycle.claim_model_set(self)
         try:
@@ -197,18 +193,12 @@ class Trainer:
     def validation_loss(self) -> float:
         return evaluation.validation_loss(self)
 
-    def training_state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        return state.training_state(self)
-
     @holds("a checkpoint")
     def save_checkpoint(self) -> Path | None:
         return state.save_checkpoint(self)
 
     def checkpoint_if_behind(self) -> None:
-        if self.broken_reason is not None:  # nothing finite to keep: the last good checkpoint stays the newest
-            return
-        if self.run_dir is not None and self.saved_step != self.step:
-            self.save_checkpoint()
+        state.checkpoint_if_behind(self)
 
     @holds("resuming from a checkpoint")
     def resume(self, notes: list[str] | None = None) -> bool:
@@ -234,7 +224,8 @@ class Trainer:
         return outputs.sample_preview(self, prompt, negative_prompt, width, height, steps, cfg_scale, seed,
                                       progress, control_images)
 
-    def preview_step(self, settings: PreviewSettings, progress: Callable[[int, int], None] | None = None) -> StepPreview:
+    def preview_step(self, settings: PreviewSettings, progress: Callable[[int, int], None] | None = None
+                     ) -> StepPreview:
         return outputs.preview_step(self, settings, progress)
 
     # -- lifetime -----------------------------------------------------------------------------------
@@ -243,8 +234,7 @@ class Trainer:
     def live(self) -> bool:
         return self.retired_reason is None
 
-    def require_live(self) -> None:
-        """Raise the reason this trainer was retired (another run took its model, or it was released)."""
+    def require_live(self) -> None:  # raise why this trainer was retired (its model taken, or released)
         if self.retired_reason is not None:
             raise UserInputError(self.retired_reason)
 

@@ -77,6 +77,13 @@ def save_checkpoint(trainer: "Trainer") -> Path | None:
     return folder
 
 
+def checkpoint_if_behind(trainer: "Trainer") -> None:
+    """A checkpoint of the current step unless the newest on disk is of it (or nothing finite is left to keep:
+    then the last good checkpoint stays the newest)."""
+    if trainer.broken_reason is None and trainer.run_dir is not None and trainer.saved_step != trainer.step:
+        trainer.save_checkpoint()
+
+
 def resume(trainer: "Trainer", notes: list[str]) -> bool:
     """Continue from the newest usable checkpoint in the run folder (complete, finite values); False when
     there is none. A sentence per checkpoint passed over goes to `notes`."""
