@@ -13,8 +13,8 @@ from trainer_core.planner.arch import real_arch
 from trainer_core.planner.inference import real_parts, vae_decode_bytes, vae_encode_bytes
 from trainer_core.planner.phases import (
     AFTER_CACHING, HOST_RESERVE_BYTES, PHASES, STATE_TERMS, choose_text_encoder_storage, fewest_swapped_fitting,
-    host_ram_bytes,
 )
+from trainer_core.core.host_memory import host_ram_bytes
 
 
 def allocated(phase) -> int:

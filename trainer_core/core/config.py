@@ -14,32 +14,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .choices import (  # noqa: F401 (re-exported)
+    COMPUTE_DTYPES, CUSTOM_FOLDER, LORA_LAYOUTS, LORA_TARGET_PRESET_NAMES, MODEL_SOURCES, NO_LORA, NOT_USED,
+    PLAN_STORAGE_MODES, SAVE_DTYPES, STORAGE_MODES, TEXT_ENCODER_FP8_MODES,
+)
 from .errors import UserInputError
 from .fields import (  # noqa: F401 (re-exported: the settings' users import them from here)
     AUTO_SWAP, _check_choice, _check_range, _f, check_run_name, check_value, choices, config_field, field_default,
     field_meta, from_dict, help_text, parse_blocks_to_swap, parse_colour, to_dict,
 )
 
-
-# Allowed values with one home each; the engine modules that act on them import them from here.
-STORAGE_MODES = ("float8", "float8_scaled", "bfloat16", "float32")  # block Linear weights (models.float8)
-TEXT_ENCODER_FP8_MODES = ("auto", "dequantize", "keep")  # an fp8-scaled text encoder file (models.text_encoder_file)
-LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")  # LoRA file key layouts (lora_files)
-SAVE_DTYPES = ("bfloat16", "float16", "float32")  # precision of a saved LoRA file (torch dtype names)
-COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
-# A model file choice for workflows that load no files (the tiny model, a diffusers folder): always listed,
-# so such a workflow validates in a ComfyUI without the Qwen-Image files.
-NOT_USED = "(not used)"
-MODEL_SOURCES = ("ComfyUI model files", "diffusers folder", "tiny test model (random weights)")
-NO_LORA = "(none: start from zero)"  # the continue_from_lora choice that starts a new adapter
-CUSTOM_FOLDER = "(custom path)"  # the dataset input_folder choice that uses the typed folder path
-# The memory planner models these block storages (float32 blocks are a CPU/test mode it does not cover).
-PLAN_STORAGE_MODES = tuple(m for m in STORAGE_MODES if m != "float32")
-
-
-# The LoRA target presets by name (what each holds is an architecture fact: models/qwen_arch.LORA_TARGET_PRESETS,
-# which test_layout checks against these names). Named here so the settings import no model code.
-LORA_TARGET_PRESET_NAMES = ("attention", "attention+mlp", "all")
 
 @dataclass
 class DatasetConfig:

@@ -1,4 +1,4 @@
-"""Give freed host memory back to the operating system.
+"""Host memory: how much this machine has (`host_ram_bytes`), and giving freed memory back to the operating system.
 
 Dropping a model frees its tensors, but on Linux glibc keeps freed blocks below its (adaptive, up to 32 MB)
 mmap threshold in the heap for reuse: after the 15 GB text encoder is dropped, a good part of it would stay
@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 import sys
 from functools import cache
 
@@ -33,3 +34,36 @@ def give_back_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def host_ram_bytes() -> int | None:
+    """This machine's RAM in bytes, or what $QWEN_LORA_HOST_RAM_GB says (GiB: plan for less than the machine
+    has, when it is shared); the container's memory limit when that is lower; None when unknown."""
+    override = os.environ.get("QWEN_LORA_HOST_RAM_GB", "").strip()
+    if override:
+        from .errors import UserInputError
+
+        try:
+            value = float(override)
+        except ValueError:
+            value = float("nan")
+        if not value > 0:
+            raise UserInputError(f"QWEN_LORA_HOST_RAM_GB={override!r} must be a positive number of GiB (e.g. 32), "
+                                 "or unset to use the machine's RAM.")
+        return int(value * (1 << 30))
+    total = None
+    try:
+        import psutil
+
+        total = psutil.virtual_memory().total
+    except ImportError:
+        if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:  # cgroup v2: "max" when unlimited
+            limit = f.read().strip()
+        if limit.isdigit() and (total is None or int(limit) < total):
+            total = int(limit)
+    except OSError:
+        pass
+    return total

@@ -23,7 +23,7 @@ from .arch import QwenImageArch, arch_for_components, arch_from_transformer, rea
 from .device import Budget, auto_for_device, detect_budget
 from .for_run import SwapDecision, check_run, inputs_for_run, plan_run
 from .phases import (
-    PHASES, PhasePlan, choose_text_encoder_storage, host_ram_bytes, plan_phases, refuse_if_unfit,
+    PHASES, PhasePlan, choose_text_encoder_storage, plan_phases, refuse_if_unfit,
 )
 from .plan import GIB, MIB, MemoryPlan, PlanInputs, Term, plan_memory
 from .render import render_budget_table, render_choice, render_phases, render_plan
@@ -33,6 +33,6 @@ __all__ = [
     "GIB", "MIB", "PHASES", "Budget", "MemoryPlan", "PhasePlan", "PlanInputs", "QwenImageArch", "SwapChoice", "SwapDecision",
     "Term",
     "arch_for_components", "arch_from_transformer", "auto_blocks_to_swap", "auto_for_device", "check_run",
-    "choose_text_encoder_storage", "detect_budget", "host_ram_bytes", "inputs_for_run", "plan_memory", "plan_phases",
+    "choose_text_encoder_storage", "detect_budget", "inputs_for_run", "plan_memory", "plan_phases",
     "plan_run", "real_arch", "refuse_if_unfit", "render_budget_table", "render_choice", "render_phases", "render_plan",
 ]

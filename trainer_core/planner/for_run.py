@@ -16,7 +16,8 @@ from ..streaming.placement import MIN_RING
 from .arch import QwenImageArch
 from .device import detect_budget
 from .inference import PartSizes
-from .phases import AFTER_CACHING, host_ram_bytes, plan_phases, refuse_if_unfit
+from ..core.host_memory import host_ram_bytes
+from .phases import AFTER_CACHING, plan_phases, refuse_if_unfit
 from .plan import GIB, PlanInputs
 from .render import render_phases, render_plan
 from .search import auto_blocks_to_swap
@@ -88,7 +89,7 @@ def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_
 def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
              preview_size: tuple[int, int] | None = None) -> SwapDecision:
     """How a run streams its blocks, and its plan as text: `check_run` against the device's free memory now
-    (CUDA; the ring depth from the timeline model where it knows the GPU by name) and this machine's RAM (`phases.host_ram_bytes`). On the CPU nothing is swapped under auto and the
+    (CUDA; the ring depth from the timeline model where it knows the GPU by name) and this machine's RAM (`core.host_memory.host_ram_bytes`). On the CPU nothing is swapped under auto and the
     GPU's share is host RAM. Compute in another dtype than bfloat16 is not planned (the activation terms are
     bf16's): the swap count is then taken as it is. `preview_size` (width, height): the previews this run will
     sample, when its caller knows (a script, the `train` command); None: the Preview node's default. Raises a

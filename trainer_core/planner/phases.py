@@ -31,14 +31,12 @@ For the loaders and nodes:
     plan_phases(inputs, arch=None, ram_bytes=None, gpu_budget_bytes=None, parts=None) -> PhasePlan
     refuse_if_unfit(plan, phases=PHASES, where="") -> None          raises UserInputError
     choose_text_encoder_storage(inputs, gpu_budget_bytes=None, ram_bytes=None, arch=None, parts=None) -> str
-    host_ram_bytes() -> int | None                                  this machine's RAM (or $QWEN_LORA_HOST_RAM_GB)
     gpu_peak_after_caching(plan: MemoryPlan, arch, parts=None) -> int   what automatic swapping must fit
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 
 from .arch import QwenImageArch, real_arch
@@ -434,36 +432,3 @@ def refuse_if_unfit(plan: PhasePlan, phases: tuple[str, ...] = PHASES, where: st
         message += (" No single change of the settings fits: combine a lower resolution with a lower rank, close "
                     "other programs, or use a machine with more RAM or a larger GPU.")
     raise UserInputError(message)
-
-
-def host_ram_bytes() -> int | None:
-    """This machine's RAM in bytes, or what $QWEN_LORA_HOST_RAM_GB says (GiB: plan for less than the machine
-    has, when it is shared); the container's memory limit when that is lower; None when unknown."""
-    override = os.environ.get("QWEN_LORA_HOST_RAM_GB", "").strip()
-    if override:
-        from ..core.errors import UserInputError
-
-        try:
-            value = float(override)
-        except ValueError:
-            value = float("nan")
-        if not value > 0:
-            raise UserInputError(f"QWEN_LORA_HOST_RAM_GB={override!r} must be a positive number of GiB (e.g. 32), "
-                                 "or unset to use the machine's RAM.")
-        return int(value * GIB)
-    total = None
-    try:
-        import psutil
-
-        total = psutil.virtual_memory().total
-    except ImportError:
-        if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:  # cgroup v2: "max" when unlimited
-            limit = f.read().strip()
-        if limit.isdigit() and (total is None or int(limit) < total):
-            total = int(limit)
-    except OSError:
-        pass
-    return total

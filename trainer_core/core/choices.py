@@ -1,0 +1,22 @@
+"""The allowed values of settings with a home of their own (the settings in config.py, and the engine's
+modules that act on them, name them from here or from config.py, which re-exports them)."""
+
+# Allowed values with one home each; the engine modules that act on them import them from here.
+STORAGE_MODES = ("float8", "float8_scaled", "bfloat16", "float32")  # block Linear weights (models.float8)
+TEXT_ENCODER_FP8_MODES = ("auto", "dequantize", "keep")  # an fp8-scaled text encoder file (models.text_encoder_file)
+LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")  # LoRA file key layouts (lora_files)
+SAVE_DTYPES = ("bfloat16", "float16", "float32")  # precision of a saved LoRA file (torch dtype names)
+COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
+# A model file choice for workflows that load no files (the tiny model, a diffusers folder): always listed,
+# so such a workflow validates in a ComfyUI without the Qwen-Image files.
+NOT_USED = "(not used)"
+MODEL_SOURCES = ("ComfyUI model files", "diffusers folder", "tiny test model (random weights)")
+NO_LORA = "(none: start from zero)"  # the continue_from_lora choice that starts a new adapter
+CUSTOM_FOLDER = "(custom path)"  # the dataset input_folder choice that uses the typed folder path
+# The memory planner models these block storages (float32 blocks are a CPU/test mode it does not cover).
+PLAN_STORAGE_MODES = tuple(m for m in STORAGE_MODES if m != "float32")
+
+
+# The LoRA target presets by name (what each holds is an architecture fact: models/qwen_arch.LORA_TARGET_PRESETS,
+# which test_layout checks against these names). Named here so the settings import no model code.
+LORA_TARGET_PRESET_NAMES = ("attention", "attention+mlp", "all")
