@@ -6,6 +6,7 @@ One launch of 2 processes (~a minute on the 2-core machine: each process pays it
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -28,6 +29,13 @@ def rank_of(pid: int) -> int | None:
     return None
 
 
+def newest_step(checkpoints: Path) -> int:
+    try:
+        return int(json.loads((checkpoints / "latest.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1  # none yet, or being replaced (atomically: the next poll reads it)
+
+
 def test_a_killed_process_leaves_a_message_naming_the_intact_checkpoint(tmp_path, demo_folder):
     config = tiny_run_file(tmp_path / "config", demo_folder, train={"steps": 100000, "checkpoint_every": 2})
     output = tmp_path / "out"
@@ -37,8 +45,12 @@ def test_a_killed_process_leaves_a_message_naming_the_intact_checkpoint(tmp_path
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     checkpoints = output / "t" / "checkpoints"
     try:
-        while not (checkpoints / "step_000004").is_dir():  # training for a few steps (the run would take hours)
+        # Training for a few steps (the run would take hours). The newest checkpoint's step, not a folder's name: only
+        # the newest two are kept, and on an idle machine step 4's folder is pruned before a poll can see it.
+        deadline = time.monotonic() + 600
+        while newest_step(checkpoints) < 4:
             assert launcher.poll() is None, launcher.communicate()
+            assert time.monotonic() < deadline, "the run wrote no checkpoint of step 4 or later in 600 s"
             time.sleep(0.2)
         (victim,) = [pid for pid in children(launcher.pid) if rank_of(pid) == 1]
         os.kill(victim, signal.SIGKILL)
