@@ -333,7 +333,8 @@ def test_compare_steps_says_when_the_first_preview_comes_when_preview_every_is_s
 def test_the_first_8bit_adamw_step_logs_no_4bit_kernel_warning(tmp_path):
     """Before: on a CPU with AVX512-BF16 bitsandbytes' import logged "Failed to load CPU gemm_4bit_forward from
     kernels-community: No module named 'kernels'", which read like an error at the first step (its 4-bit matmul,
-    never used by 8-bit AdamW). A fresh process, as the first import is the one that logs. (On a CPU without
+    never used by 8-bit AdamW; peft imports bitsandbytes before the optimizer does). A fresh process, as the first
+    import is the one that logs. (On a CPU without
     AVX512-BF16 bitsandbytes never logs it, and this passes either way.)"""
     import subprocess
     import sys
@@ -344,6 +345,7 @@ def test_the_first_8bit_adamw_step_logs_no_4bit_kernel_warning(tmp_path):
         "import logging, torch\n"
         "logging.basicConfig(level=logging.INFO)\n"
         "from trainer_core.core.config import OptimizerConfig\n"
+        "import peft  # the LoRA's library imports bitsandbytes first, as Init Trainer does\n"
         "from trainer_core.training.optim import build_optimizer\n"
         "p = torch.nn.Parameter(torch.ones(4096))\n"
         "opt = build_optimizer([p], OptimizerConfig(optimizer='adamw8bit'))\n"

@@ -8,7 +8,6 @@ memory plan's figure for each optimizer's state is in planner/optimizer_state.py
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 from collections.abc import Iterator
 
@@ -109,22 +108,10 @@ def load_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
                 optimizer.state[p][key] = value.to(loaded.device, copy=True)
 
 
-class _Not4BitKernel(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "gemm_4bit_forward" not in record.getMessage()
-
-
 def import_bitsandbytes():
-    """bitsandbytes, without the warning its import logs on some CPUs when the optional `kernels` package is absent
-    ("Failed to load CPU gemm_4bit_forward from kernels-community"): that kernel is its 4-bit matmul, which 8-bit
-    AdamW never uses, and the warning read like an error at the first step. Every other message still shows."""
-    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
-    quiet = _Not4BitKernel()
-    logger.addFilter(quiet)
-    try:
-        import bitsandbytes
-    finally:
-        logger.removeFilter(quiet)
+    """bitsandbytes (its one misleading import message is filtered by core/quiet.py, installed with the package)."""
+    import bitsandbytes
+
     return bitsandbytes
 
 
