@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..trainer_core.data.cache import build_cache
 from ..trainer_core.core.config import CUSTOM_FOLDER, CacheConfig, DatasetConfig
 from ..trainer_core.core.errors import UserInputError
-from ..trainer_core.data.images import folder_state, load_dataset
 from ..trainer_core.core.files import inside
+from ..trainer_core.data.cache import build_cache
+from ..trainer_core.data.images import folder_state, load_dataset
 from . import host
 from .common import CACHED, CATEGORY, DATASET, MODELS, engine_mode
 from .widgets import widgets

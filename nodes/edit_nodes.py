@@ -7,17 +7,17 @@ they are: Cache encodes controls and image-conditioned prompts for them, Preview
 from __future__ import annotations
 
 from ..trainer_core.core.config import CUSTOM_FOLDER, DatasetConfig
+from ..trainer_core.core.errors import UserInputError
 from ..trainer_core.families.qwen_image_edit.config import EditDataConfig, EditLoadConfig
 from ..trainer_core.families.qwen_image_edit.data import load_edit_dataset
+from ..trainer_core.families.qwen_image_edit.files import load_edit_diffusers_dir, load_edit_single_files
 from ..trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
 from ..trainer_core.families.qwen_image_edit.variants import AUTO
-from ..trainer_core.core.errors import UserInputError
-from ..trainer_core.families.qwen_image_edit.files import load_edit_diffusers_dir, load_edit_single_files
+from ..trainer_core.models.source import DIFFUSERS, TINY, resolve_compute_dtype
 from ..trainer_core.models.tokenizer import tokenizer_candidates
 from . import host
 from .common import CATEGORY, DATASET, MODELS, engine_mode
 from .data_nodes import QwenLoRADataset, dataset_folder
-from ..trainer_core.models.source import DIFFUSERS, TINY, resolve_compute_dtype
 from .widgets import widgets
 
 # The tiny test model's variant when the choice is auto (no file to read it from).

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..trainer_core.core.config import CompareStepsConfig, LossPlotConfig, PreviewConfig, SaveConfig
-from ..trainer_core.training.live import step_grid
-from ..trainer_core.core.errors import UserInputError
 from ..trainer_core.adapters.lora_files import lora_output_path
+from ..trainer_core.core.config import CompareStepsConfig, LossPlotConfig, PreviewConfig, SaveConfig
+from ..trainer_core.core.errors import UserInputError
+from ..trainer_core.training.live import step_grid
 from ..trainer_core.training.plot import loss_plot
 from . import host
 from .common import CATEGORY, TRAINER, engine_mode, image_to_pil, pil_to_image

@@ -6,12 +6,12 @@ import logging
 import time
 from pathlib import Path
 
-from ..trainer_core.runs import registry as runs
 from ..trainer_core.core.config import NO_LORA, InitConfig, TrainConfig, TrainStepsConfig
 from ..trainer_core.core.errors import UserInputError
+from ..trainer_core.runs import registry as runs
+from ..trainer_core.training import StepExtras, Trainer, every
 from ..trainer_core.training.live import PreviewSettings, contain, side_by_side
 from ..trainer_core.training.plot import loss_plot
-from ..trainer_core.training import StepExtras, Trainer, every
 from . import host
 from .common import CACHED, CATEGORY, LORA_CONFIG, MODELS, OPTIMIZER_CONFIG, TRAINER, engine_mode
 from .output_nodes import lora_output_path

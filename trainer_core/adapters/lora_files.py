@@ -37,9 +37,9 @@ from ..core.config import LORA_LAYOUTS, LoraConfig
 from ..core.errors import UserInputError
 from ..core.files import inside
 from ..core.finite import nonfinite_names
-from .lora import ADAPTER, adapter_weights, lora_layers
-from ..models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
 from ..core.names import check_component, fill_template
+from ..models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
+from .lora import ADAPTER, adapter_weights, lora_layers
 
 COMFY_PREFIX = "diffusion_model."
 DIFFUSERS_PREFIX = "transformer."

@@ -15,13 +15,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .choices import (  # noqa: F401 (re-exported)
-    COMPUTE_DTYPES, CUSTOM_FOLDER, LORA_LAYOUTS, LORA_TARGET_PRESET_NAMES, MODEL_SOURCES, NO_LORA, NOT_USED,
-    PLAN_STORAGE_MODES, SAVE_DTYPES, STORAGE_MODES, TEXT_ENCODER_FP8_MODES,
+    COMPUTE_DTYPES,
+    CUSTOM_FOLDER,
+    LORA_LAYOUTS,
+    LORA_TARGET_PRESET_NAMES,
+    MODEL_SOURCES,
+    NO_LORA,
+    NOT_USED,
+    PLAN_STORAGE_MODES,
+    SAVE_DTYPES,
+    STORAGE_MODES,
+    TEXT_ENCODER_FP8_MODES,
 )
 from .errors import UserInputError
 from .fields import (  # noqa: F401 (re-exported: the settings' users import them from here)
-    AUTO_SWAP, _check_choice, _check_range, _f, check_run_name, check_value, choices, config_field, field_default,
-    field_meta, from_dict, help_text, parse_blocks_to_swap, parse_colour, to_dict,
+    AUTO_SWAP,
+    _check_choice,
+    _check_range,
+    _f,
+    check_run_name,
+    check_value,
+    choices,
+    config_field,
+    field_default,
+    field_meta,
+    from_dict,
+    help_text,
+    parse_blocks_to_swap,
+    parse_colour,
+    to_dict,
 )
 
 

@@ -27,11 +27,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from .images import Sample, load_cropped
 from ..core.errors import UserInputError
 from ..core.files import check_path_room, os_error, remove_leftovers, write_error, write_safetensors_atomic
 from ..models.components import QwenImageComponents
 from ..models.latents import encode_images
+from .images import Sample, load_cropped
 
 # Bump when the way latents or embeddings are produced changes: old entries then miss.
 # 2: every image and prompt encoded alone (1 encoded them in batches, so entries depended on their companions).

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from . import shapes
 from ..models.text import encode_prompts
+from . import shapes
 
 
 def star_prompts() -> list[tuple[str, str]]:

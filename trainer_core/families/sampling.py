@@ -13,8 +13,8 @@ from collections.abc import Callable
 import torch
 from PIL import Image
 
-from ..data.cache import CachedDataset
 from ..core.errors import UserInputError
+from ..data.cache import CachedDataset
 from ..models.components import QwenImageComponents
 from ..models.latents import pixel_multiple
 

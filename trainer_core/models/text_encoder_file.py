@@ -33,7 +33,14 @@ from torch import nn
 from ..core.config import TEXT_ENCODER_FP8_MODES
 from ..core.errors import UserInputError
 from .float8 import dequantized_state_dict, quantize_per_tensor
-from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, refuse_nonfinite_scales, split_scaled_fp8, strip_prefix
+from .layouts import (
+    SCALE_WEIGHT,
+    SCALED_FP8_MARKER,
+    detect_layout,
+    refuse_nonfinite_scales,
+    split_scaled_fp8,
+    strip_prefix,
+)
 from .qwen_arch import QWEN25_VL_7B_CONFIG
 from .safetensors_file import SafetensorsFile
 from .streaming import assign_frozen_linear_weight, assign_parameter, dequantize, fill_empty

@@ -22,7 +22,14 @@ from torch import nn
 
 from ..core.errors import UserInputError
 from .float8 import FLOAT8, FLOAT8_MAX, STORAGE_MODES, dequantized_state_dict, frozen_linears, quantize_per_tensor
-from .layouts import SCALE_WEIGHT, SCALED_FP8_MARKER, detect_layout, refuse_nonfinite_scales, split_scaled_fp8, strip_prefix
+from .layouts import (
+    SCALE_WEIGHT,
+    SCALED_FP8_MARKER,
+    detect_layout,
+    refuse_nonfinite_scales,
+    split_scaled_fp8,
+    strip_prefix,
+)
 from .qwen_arch import AXES_DIMS_ROPE as QWEN_IMAGE_AXES_DIMS_ROPE
 from .qwen_arch import BLOCKS, PATCH_SIZE
 from .safetensors_file import SafetensorsFile

@@ -23,7 +23,11 @@ from .arch import QwenImageArch, arch_for_components, arch_from_transformer, rea
 from .device import Budget, auto_for_device, detect_budget
 from .for_run import SwapDecision, check_run, inputs_for_run, plan_run
 from .phases import (
-    PHASES, PhasePlan, choose_text_encoder_storage, plan_phases, refuse_if_unfit,
+    PHASES,
+    PhasePlan,
+    choose_text_encoder_storage,
+    plan_phases,
+    refuse_if_unfit,
 )
 from .plan import GIB, MIB, MemoryPlan, PlanInputs, Term, plan_memory
 from .render import render_budget_table, render_choice, render_phases, render_plan

@@ -12,11 +12,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
+from ..core.host_memory import host_ram_bytes
 from ..streaming.placement import MIN_RING
 from .arch import QwenImageArch
 from .device import detect_budget
 from .inference import PartSizes
-from ..core.host_memory import host_ram_bytes
 from .phases import AFTER_CACHING, plan_phases, refuse_if_unfit
 from .plan import GIB, PlanInputs
 from .render import render_phases, render_plan

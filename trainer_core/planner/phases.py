@@ -41,7 +41,12 @@ from dataclasses import dataclass, field
 
 from .arch import QwenImageArch, real_arch
 from .inference import (
-    PartSizes, preview_block_working_bytes, real_parts, text_encoder_working_bytes, vae_decode_bytes, vae_encode_bytes,
+    PartSizes,
+    preview_block_working_bytes,
+    real_parts,
+    text_encoder_working_bytes,
+    vae_decode_bytes,
+    vae_encode_bytes,
 )
 from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, baseline_note, fp8_input_bytes, plan_memory
 

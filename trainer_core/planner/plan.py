@@ -34,7 +34,10 @@ from ..models.qwen_arch import IMG_STREAM, MODULATION_LINEARS
 from ..streaming.arena import blob_arena_layout
 from ..streaming.placement import MODULATION_WINDOW, NUM_SLOTS, BlobLayout, blob_layout, ring_for
 from .activations import (
-    ActivationSettings, block_input_bytes, block_saved_bytes, block_working_bytes,
+    ActivationSettings,
+    block_input_bytes,
+    block_saved_bytes,
+    block_working_bytes,
 )
 from .arch import QwenImageArch, real_arch
 from .optimizer_state import optimizer_state_bytes, optimizer_step_temp_bytes

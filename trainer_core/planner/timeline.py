@@ -31,7 +31,14 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..streaming.placement import (
-    BACKWARD, FORWARD, MIN_RING, Placement, Ring, default_placement, ring_for, spread_placement,
+    BACKWARD,
+    FORWARD,
+    MIN_RING,
+    Placement,
+    Ring,
+    default_placement,
+    ring_for,
+    spread_placement,
 )
 from .arch import QwenImageArch, real_arch
 from .plan import PlanInputs, block_blob, lora_shapes, lora_tensor_sizes, modulation_window_steps

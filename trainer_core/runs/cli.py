@@ -32,8 +32,8 @@ DEMO_MODELS = ("qwen-image", "edit-2511", "edit-2509", "edit", "edit-auto")
 def cmd_demo(args: argparse.Namespace) -> int:
     import torch
 
-    from .demo import run_demo
     from ..core.errors import UserInputError
+    from .demo import run_demo
 
     files = (args.transformer, args.text_encoder, args.vae)
     components = None
@@ -42,8 +42,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_writable_folder(args.out, "--out")
     edit = args.model != "qwen-image"  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
     if any(files):
-        from ..models import load_single_files
         from ..families.qwen_image_edit.files import load_edit_single_files
+        from ..models import load_single_files
 
         # As the built-in demo: float8 block weights, fp32 compute (the CPU has no fast bf16 matmul).
         loader = (lambda *a, **k: load_edit_single_files(*a, variant=args.model, **k)) if edit else load_single_files
@@ -75,8 +75,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..training import distributed
     from ..core.errors import TrainingStopped, UserInputError
+    from ..training import distributed
     from .headless import train_run
     from .run_file import help_config, parse_run_tables, read_run_file
 
@@ -121,11 +121,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_export_tiny(args: argparse.Namespace) -> int:
-    from ..devtools.export import export_tiny
-
     from safetensors import SafetensorError
 
     from ..core.files import os_error, write_error
+    from ..devtools.export import export_tiny
 
     check_writable_folder(args.dir, "dir")
     try:
@@ -294,8 +293,15 @@ def check_writable_folder(folder: str, flag: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from ..core.config import (
-        DatasetConfig, HeadlessConfig, LoadConfig, LoraConfig, OptimizerConfig, PlanConfig, TrainConfig,
-        TrainStepsConfig, help_text,
+        DatasetConfig,
+        HeadlessConfig,
+        LoadConfig,
+        LoraConfig,
+        OptimizerConfig,
+        PlanConfig,
+        TrainConfig,
+        TrainStepsConfig,
+        help_text,
     )
 
     parser = _Parser(prog="python -m trainer_core", description="Qwen-Image LoRA trainer engine.")

@@ -17,13 +17,13 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from ..training import checkpoint
-from ..data.cache import build_cache
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
+from ..core.files import remove_leftovers, write_bytes_atomic, write_error
+from ..data.cache import build_cache
 from ..families import get_family
 from ..families.qwen_image import COLOURS, PREVIEW_PROMPT, SHAPES, make_demo_dataset  # noqa: F401 (the demo's data)
-from ..core.files import remove_leftovers, write_bytes_atomic, write_error
 from ..models.components import QwenImageComponents
+from ..training import checkpoint
 from ..training.plot import loss_plot
 from .registry import open_run, release
 

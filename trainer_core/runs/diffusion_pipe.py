@@ -27,11 +27,19 @@ from typing import Any
 from ..core.config import CacheConfig, OptimizerConfig, field_default, field_meta
 from ..core.errors import UserInputError
 from .diffusion_pipe_fields import (
-    ADAMW_FAMILY, AUTOMAGIC_LR, AUTOMAGIC_WHY, COMPENSATING, DATASET_IGNORED, GENERIC_IGNORED, MAPPED_DATASET_KEYS,
-    aspect_range, resolutions,
+    ADAMW_FAMILY,
+    AUTOMAGIC_LR,
+    AUTOMAGIC_WHY,
+    COMPENSATING,
+    DATASET_IGNORED,
+    GENERIC_IGNORED,
+    MAPPED_DATASET_KEYS,
+    aspect_range,
+    resolutions,
 )
 from .diffusion_pipe_kinds import check_kind
 from .run_file import KEYS, render, toml_value
+
 
 @dataclass
 class Translation:

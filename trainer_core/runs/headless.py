@@ -31,19 +31,19 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from ..data.cache import CachedDataset, build_cache
-from ..data.images import load_dataset
-from ..training.distributed import Replicas, lost_peer, lost_peer_message
+from ..adapters.lora_files import lora_output_path
 from ..core.errors import UserInputError
 from ..core.files import inside, write_bytes_atomic, write_error
-from ..training.live import StepPreview, keep_preview, step_grid
-from ..adapters.lora_files import lora_output_path
-from ..models.source import load_model_set
-from ..training.plot import loss_plot
 from ..core.names import require_step
-from .run_file import RunFile
-from .registry import open_run, release
+from ..data.cache import CachedDataset, build_cache
+from ..data.images import load_dataset
+from ..models.source import load_model_set
 from ..training import Every, StepReport, Trainer, every
+from ..training.distributed import Replicas, lost_peer, lost_peer_message
+from ..training.live import StepPreview, keep_preview, step_grid
+from ..training.plot import loss_plot
+from .registry import open_run, release
+from .run_file import RunFile
 
 STOPPED = 130  # exit code after Ctrl-C / SIGTERM (128 + SIGINT, as shells report it)
 PEER_LOST = 1  # exit code when another process of a torchrun run is gone

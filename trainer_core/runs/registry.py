@@ -32,13 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data.cache import CachedDataset
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig, check_run_name, to_dict
-from ..training.distributed import ONE_PROCESS, Replicas
 from ..core.errors import UserInputError
 from ..core.files import inside
+from ..data.cache import CachedDataset
 from ..models.components import QwenImageComponents
 from ..training import MUST_MATCH_LORA, Trainer
+from ..training.distributed import ONE_PROCESS, Replicas
 
 
 @dataclass

@@ -32,8 +32,22 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import (
-    MODEL_SOURCES, NO_LORA, CacheConfig, DatasetConfig, HeadlessConfig, InitConfig, LoadConfig, LoraConfig,
-    OptimizerConfig, PreviewConfig, SaveConfig, TrainConfig, TrainStepsConfig, check_value, field_default, field_meta,
+    MODEL_SOURCES,
+    NO_LORA,
+    CacheConfig,
+    DatasetConfig,
+    HeadlessConfig,
+    InitConfig,
+    LoadConfig,
+    LoraConfig,
+    OptimizerConfig,
+    PreviewConfig,
+    SaveConfig,
+    TrainConfig,
+    TrainStepsConfig,
+    check_value,
+    field_default,
+    field_meta,
     parse_blocks_to_swap,
 )
 from ..core.errors import UserInputError

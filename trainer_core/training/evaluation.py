@@ -9,6 +9,7 @@ state is touched: no gradients, LoRA dropout off while it runs, and training's d
 from __future__ import annotations
 
 import math
+
 import torch
 
 from ..models.qwen_arch import PATCH_SIZE

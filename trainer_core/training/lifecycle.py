@@ -10,14 +10,15 @@ as it was (no adapter, blocks' own forwards); `retire` checkpoints, closes and r
 from __future__ import annotations
 
 import weakref
+
 import torch
 
-from . import checkpoint as ckpt
+from ..adapters.lora import remove_lora
 from ..core.errors import RunFolderLost, UserInputError
 from ..core.files import write_error
-from ..adapters.lora import remove_lora
-from ..streaming.runner import uninstall_leftover_runner
 from ..core.run_lock import RunLock
+from ..streaming.runner import uninstall_leftover_runner
+from . import checkpoint as ckpt
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.

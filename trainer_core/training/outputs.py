@@ -6,16 +6,18 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+
 import torch
 from PIL import Image
 
+from ..adapters.lora import target_module_names
+from ..adapters.lora_files import layout_metadata, lora_file_tensors
+from ..adapters.lora_files import lora_metadata as file_metadata
 from ..core.errors import TrainingStopped
 from ..core.files import remove_leftovers, write_error, write_safetensors_atomic
+from ..families.sampling import sample_image
 from .live import PreviewSettings, StepPreview, keep_preview
 from .optim import evaluation_weights, is_schedule_free
-from ..adapters.lora import target_module_names
-from ..adapters.lora_files import layout_metadata, lora_file_tensors, lora_metadata as file_metadata
-from ..families.sampling import sample_image
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.

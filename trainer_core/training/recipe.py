@@ -26,19 +26,20 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from ..data.cache import CachedDataset
+from ..adapters.lora_files import LoraFile
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
-from .distributed import ONE_PROCESS, Replicas
 from ..core.errors import TrainingStopped, UserInputError
 from ..core.finite import all_finite
-from .live import PreviewSettings, StepPreview
-from ..adapters.lora_files import LoraFile
+from ..data.cache import CachedDataset
 from ..models.components import QwenImageComponents
-from .comparison import DEFAULT as DEFAULT_COMPARISON, Comparison
-from .optim import set_learning_rate
 from ..streaming.placement import MODULATION_WINDOW
 from . import evaluation, guards, lifecycle, outputs, periodic, randomness, setup, state
 from .busy import Busy, holds
+from .comparison import DEFAULT as DEFAULT_COMPARISON
+from .comparison import Comparison
+from .distributed import ONE_PROCESS, Replicas
+from .live import PreviewSettings, StepPreview
+from .optim import set_learning_rate
 from .reports import StepReport, TrainReport
 
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..data.order import DataOrder
-from ..core.errors import UserInputError
-from ..core.finite import all_finite
 from ..adapters.lora import compute_in_input_dtype, inject_lora, matching_preset, target_module_names
 from ..adapters.lora_files import check_targets, load_into_adapter, read_lora_file
+from ..core.errors import UserInputError
+from ..core.finite import all_finite
+from ..data.order import DataOrder
 from ..models.components import module_fingerprint
-from .optim import build_optimizer
 from ..planner.for_run import plan_run
 from ..streaming.placement import default_placement, tail_placement
 from ..streaming.runner import BlockRunner, swapped_blocks
+from .optim import build_optimizer
 from .step import FlowMatchingStep
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is

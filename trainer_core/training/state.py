@@ -9,14 +9,15 @@ needed to continue: the generator states of format 1 are gone with counter-based
 from __future__ import annotations
 
 from pathlib import Path
+
 import torch
 
-from . import checkpoint as ckpt
 from ..core.config import to_dict
-from .distributed import world_size_note
 from ..core.errors import RunFolderLost, TrainingStopped, UserInputError
 from ..core.files import write_error
 from ..core.finite import all_finite, nonfinite_names
+from . import checkpoint as ckpt
+from .distributed import world_size_note
 from .optim import load_state
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.config import TrainConfig
 from ..data.cache import CachedDataset, CachedSample
 from ..data.order import DataOrder
-from ..core.config import TrainConfig
 from ..models.latents import pack_latents
 from ..models.qwen_arch import PATCH_SIZE
 from ..models.text import pad_prompt_batch
-from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, velocity_target
 from . import randomness
+from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, velocity_target
 
 
 @dataclass

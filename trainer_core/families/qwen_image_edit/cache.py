@@ -20,13 +20,18 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from ...core.errors import UserInputError
 from ...data.cache import CACHE_VERSION
 from ...data.images import open_image
-from ...core.errors import UserInputError
 from ..base import CacheConditioning
 from .data import ControlImage, EditSample
 from .pipelines import (
-    ControlSize, check_control_aspect, control_size, edit_pipeline, encode_control_latents, encode_edit_prompt,
+    ControlSize,
+    check_control_aspect,
+    control_size,
+    edit_pipeline,
+    encode_control_latents,
+    encode_edit_prompt,
     prepare_control,
 )
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...core.config import DatasetConfig
-from ...data.images import IMAGE_EXTENSIONS, Dataset, Sample, decode_image, discover, read_file, validation_indices
 from ...core.errors import UserInputError
+from ...data.images import IMAGE_EXTENSIONS, Dataset, Sample, decode_image, discover, read_file, validation_indices
 from .config import EditDataConfig
 
 MAX_CONTROLS = 3

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from .family import edit_family
-from .variants import AUTO, resolve_variant, variant_from_diffusers_dir, variant_from_file
 from ...models.components import QwenImageComponents
 from ...models.safetensors_file import SafetensorsFile
 from ...models.single_file import load_single_files
+from .family import edit_family
+from .variants import AUTO, resolve_variant, variant_from_diffusers_dir, variant_from_file
 
 
 def _choice(variant: str) -> str:
