@@ -101,12 +101,13 @@ def preview_block_working_bytes(arch: QwenImageArch, targets: str, lora_dtype: s
     return int(PREVIEW_WORKING_PER_TOKEN[(targets, lora_dtype)] * arch.mlp_dim * (n_img + n_txt))
 
 
-def vae_encode_bytes(parts: PartSizes, width: int, height: int) -> int:
-    return int(VAE_ENCODE_BYTES_PER_PIXEL_CHANNEL * parts.vae_base_dim * width * height)
+def vae_encode_bytes(parts: PartSizes, width: int, height: int, element_bytes: int = 2) -> int:
+    """The encode's peak above its input; the per-pixel figure is bf16's, and every live tensor has the VAE's dtype."""
+    return int(VAE_ENCODE_BYTES_PER_PIXEL_CHANNEL * parts.vae_base_dim * width * height * element_bytes / 2)
 
 
-def vae_decode_bytes(parts: PartSizes, width: int, height: int) -> int:
-    return int(VAE_DECODE_BYTES_PER_PIXEL_CHANNEL * parts.vae_base_dim * width * height)
+def vae_decode_bytes(parts: PartSizes, width: int, height: int, element_bytes: int = 2) -> int:
+    return int(VAE_DECODE_BYTES_PER_PIXEL_CHANNEL * parts.vae_base_dim * width * height * element_bytes / 2)
 
 
 def text_encoder_working_bytes(parts: PartSizes, prompt_tokens: int, act_bytes: int = 2) -> int:

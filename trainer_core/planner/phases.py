@@ -138,6 +138,13 @@ def _on_device(p: PlanInputs, allocated: list[Term], host: list[Term], name: str
     return Phase(name, gpu, host, note)
 
 
+def vae_element_bytes(p: PlanInputs) -> int:
+    """The bytes per element the VAE computes in: on the CPU a bf16/fp16 VAE computes in float32
+    (`models.latents`: the CPU has no fast half-precision 3-D convolution)."""
+    act = DTYPE_BYTES[p.compute_dtype]
+    return 4 if p.device == "cpu" and act < 4 else act
+
+
 def _baseline(p: PlanInputs) -> Term:
     return Term("process baseline", p.process_baseline_bytes, baseline_note(p))
 
@@ -155,9 +162,11 @@ def _cache_steps(p: PlanInputs, parts: PartSizes) -> tuple[list[Term], list[Term
              f"one prompt of {p.text_tokens} tokens, every hidden state kept"),
         Term("largest weight upcast", upcast, "float8 -> bf16, transient"),
     ]
+    vae_b = vae_element_bytes(p)
     latents = [
-        Term("VAE weights", parts.vae_params * act, f"{parts.vae_params / 1e6:.0f}M params"),
-        Term("VAE encode", vae_encode_bytes(parts, p.width, p.height), f"one {p.width}x{p.height} image"),
+        Term("VAE weights", parts.vae_params * vae_b, f"{parts.vae_params / 1e6:.0f}M params"
+             + (", float32 on the CPU" if vae_b != act else "")),
+        Term("VAE encode", vae_encode_bytes(parts, p.width, p.height, vae_b), f"one {p.width}x{p.height} image"),
     ]
     return prompts, latents
 
@@ -213,7 +222,10 @@ def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes) -> Te
         + (n_img + n_txt) * arch.rope_complex_per_token * 8  # RoPE factors (complex64)
         + latents
     )
-    decode = vae_decode_bytes(parts, p.preview_width, p.preview_height) + latents
+    vae_b = vae_element_bytes(p)
+    # On the CPU a half-precision VAE is cast to float32 for the decode: its weights grow by the difference.
+    decode = (vae_decode_bytes(parts, p.preview_width, p.preview_height, vae_b) + latents
+              + parts.vae_params * (vae_b - act))
     size = f"{p.preview_width}x{p.preview_height}"
     detail = (f"denoising step {denoise / GIB:.2f} GiB (batch 1{', CFG: one more prediction' if p.preview_cfg else ''}),"
               f" VAE decode {decode / GIB:.2f} GiB")
