@@ -42,13 +42,14 @@ def test_text_to_image_preview_has_no_control_sockets_and_the_edit_preview_has_t
 
 @pytest.fixture(scope="module")
 def edit_run(pack, tmp_path_factory):
-    """The Edit workflow as shipped, on the built-in tiny Edit-2511 and two samples of its demo dataset (one tiny
-    control each), 2 steps:
-    (its outputs by node id, the images the core image nodes received, the control the dataset's first sample has)."""
+    """The Edit workflow as shipped, on the built-in tiny Edit-2511 and one sample of its demo dataset (one tiny
+    control), 2 steps: (its outputs by node id, the images the core image nodes received, another sample's control
+    to wire in)."""
     tmp = tmp_path_factory.mktemp("edit_run")
     folder = make_edit_demo_dataset(tmp / "edit_dataset", controls=1)
-    for path in folder.iterdir():  # two of its samples are enough (caching is the fixture's cost)
-        if not path.name.startswith(("00_", "01_")):
+    other_control = Image.open(folder / "01_red_square_control.png").convert("RGB")  # a picture to wire in
+    for path in folder.iterdir():  # one sample is enough (caching is the fixture's cost)
+        if not path.name.startswith("00_"):
             path.unlink()
     prompt = json.loads(EDIT_WORKFLOW.read_text())
     prompt["1"]["inputs"].update(source="tiny test model (random weights)", compute_dtype="float32",
@@ -66,14 +67,15 @@ def edit_run(pack, tmp_path_factory):
         RecordImages.received.clear()
         outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
         received = list(RecordImages.received)
-    yield outputs, received, Image.open(folder / "01_red_square_control.png")
+    yield outputs, received, other_control
     outputs["7"][0].close()
 
 
-def shared_sampler(trainer, control_images=None) -> torch.Tensor:
-    """The image `Trainer.sample_preview` gives for SETTINGS (the cached preview prompt and negative prompt)."""
-    image = trainer.sample_preview("paint the circle red", trainer.dataset.negative_prompt, SETTINGS["width"],
-                                   SETTINGS["height"], SETTINGS["steps"], SETTINGS["cfg"], SETTINGS["preview_seed"],
+def shared_sampler(trainer, settings: dict, control_images=None) -> torch.Tensor:
+    """The image `Trainer.sample_preview` gives for the node's `settings` (its empty prompt: the cached preview
+    prompt; the cached negative prompt)."""
+    image = trainer.sample_preview("paint the circle red", trainer.dataset.negative_prompt, settings["width"],
+                                   settings["height"], settings["steps"], settings["cfg"], settings["preview_seed"],
                                    control_images=control_images)
     return as_image(image)
 
@@ -84,7 +86,7 @@ def test_the_edit_workflow_previews_through_edit_preview_as_the_shared_sampler_d
     assert trainer.step == 2
     preview = received[0]  # Save Image's: the Edit Preview's image (its controls unwired: the first sample's)
     assert torch.equal(preview, outputs["8"][0]) and preview.shape == (1, 64, 64, 3)
-    assert torch.equal(preview, shared_sampler(trainer))
+    assert torch.equal(preview, shared_sampler(trainer, SETTINGS))
 
 
 def test_edit_preview_edits_the_wired_control_images_as_the_shared_sampler_does(pack, edit_run):
@@ -93,8 +95,8 @@ def test_edit_preview_edits_the_wired_control_images_as_the_shared_sampler_does(
     node = pack.NODE_CLASS_MAPPINGS["QwenLoRAEditPreview"]()
     with torch.inference_mode():  # as ComfyUI runs a node
         (wired,) = node.preview(trainer, **SETTINGS, control_image_1=as_image(control))
-    assert torch.equal(wired, shared_sampler(trainer, [control]))
-    assert not torch.equal(wired, outputs["8"][0])  # another picture than the first sample's controls
+    assert torch.equal(wired, shared_sampler(trainer, SETTINGS, [control]))
+    assert not torch.equal(wired, outputs["8"][0])  # another picture than the first sample's control
 
 
 def test_text_to_image_preview_refuses_an_edit_trainer_naming_the_edit_preview(pack, edit_run):
