@@ -1,7 +1,9 @@
-"""Qwen-Image-Edit: loading an Edit model set and finding an edit dataset (the engine: trainer_core/families/qwen_image_edit/).
+"""Qwen-Image-Edit: loading an Edit model set, finding an edit dataset and previewing an edit (the engine:
+trainer_core/families/qwen_image_edit/).
 
-The other nodes (Cache, Init Trainer, Train Steps, Preview, Save, ...) take edit model sets and datasets as
-they are: Cache encodes controls and image-conditioned prompts for them, Preview edits the canvas' images.
+The other nodes (Cache, Init Trainer, Train Steps, Loss Plot, Save, ...) take edit model sets and datasets as
+they are: Cache encodes controls and image-conditioned prompts for them. Previews have a node each, so the
+text-to-image Preview shows no control image sockets.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ..trainer_core.models.tokenizer import tokenizer_candidates
 from . import host
 from .common import CATEGORY, DATASET, MODELS, engine_mode
 from .data_nodes import QwenLoRADataset, dataset_folder
+from .output_nodes import EDIT_PREVIEW, PREVIEW, QwenLoRAPreview, preview_image, takes_control_images
 from .widgets import widgets
 
 # The tiny test model's variant when the choice is auto (no file to read it from).
@@ -86,3 +89,35 @@ class QwenLoRAEditDataset:
                             validation_images=validation_images, **settings)
         dataset = load_edit_dataset(cfg, EditDataConfig(control_resolution=control_resolution))
         return (dataset, dataset.summary())
+
+
+class QwenLoRAEditPreview:
+    DESCRIPTION = (
+        "Qwen-Image-Edit: edits control images with the LoRA as it is now (fixed seed, so previews compare across "
+        "steps): the images wired in, else the first training sample's controls. The prompt must be one of the "
+        "Cache node's preview prompts; empty uses the first."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "preview"
+    RETURN_TYPES = QwenLoRAPreview.RETURN_TYPES
+    RETURN_NAMES = QwenLoRAPreview.RETURN_NAMES
+    OUTPUT_TOOLTIPS = ("The edited image.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": QwenLoRAPreview.INPUT_TYPES()["required"], "optional": {
+            f"control_image_{i}": ("IMAGE", {"tooltip": f"Control image {i} (Picture {i}) to edit, e.g. from a Load "
+                                            "Image. Unconnected: the first training sample's controls. A prompt with "
+                                            "canvas images is encoded now (the text encoder is loaded for it)."})
+            for i in (1, 2, 3)
+        }}
+
+    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed, control_image_1=None,
+                control_image_2=None, control_image_3=None):
+        trainer.require_live()
+        if not takes_control_images(trainer):
+            raise UserInputError(f"{EDIT_PREVIEW} edits control images, but this trainer trains "
+                                 f"{trainer.components.family.name}, a text-to-image model: use {PREVIEW} "
+                                 "(QwenLoRAPreview) instead.")
+        controls = [c for c in (control_image_1, control_image_2, control_image_3) if c is not None]
+        return preview_image(trainer, prompt, width, height, steps, cfg, preview_seed, controls)

@@ -7,6 +7,7 @@ import torch
 from ..trainer_core.adapters.lora_files import lora_output_path
 from ..trainer_core.core.config import CompareStepsConfig, LossPlotConfig, PreviewConfig, SaveConfig
 from ..trainer_core.core.errors import UserInputError
+from ..trainer_core.families.qwen_image_edit.family import QwenImageEdit
 from ..trainer_core.training.live import step_grid
 from ..trainer_core.training.plot import loss_plot
 from . import host
@@ -14,10 +15,18 @@ from .common import CATEGORY, TRAINER, engine_mode, image_to_pil, pil_to_image
 from .widgets import widgets
 
 
+# The two Preview nodes by the names the canvas shows (errors name the node to use instead).
+PREVIEW = "Qwen LoRA Preview"
+EDIT_PREVIEW = "Qwen LoRA Preview (Edit)"
+USE_EDIT_PREVIEW = (f"Replace the node with {EDIT_PREVIEW} (QwenLoRAEditPreview) and wire the control images "
+                    "into it (unwired, it edits the first training sample's controls).")
+
+
 class QwenLoRAPreview:
     DESCRIPTION = (
         "Samples an image with the LoRA as it is now (fixed seed, so previews compare across steps). The "
-        "prompt must be one of the Cache node's preview prompts; empty uses the first."
+        "prompt must be one of the Cache node's preview prompts; empty uses the first. Text-to-image; for "
+        "Qwen-Image-Edit use Qwen LoRA Preview (Edit)."
     )
     CATEGORY = CATEGORY
     FUNCTION = "preview"
@@ -30,24 +39,41 @@ class QwenLoRAPreview:
         return {"required": {
             "trainer": (TRAINER, {"tooltip": "From Train Steps (so the preview follows training)."}),
             **widgets(PreviewConfig, "prompt", "width", "height", "steps", "cfg", "preview_seed"),
-        }, "optional": {  # Qwen-Image-Edit: the images to edit (else the first training sample's controls)
-            f"control_image_{i}": ("IMAGE", {"tooltip": f"Edit models: control image {i} (Picture {i}) to edit, from "
-                                            "the canvas. Unconnected: the first training sample's controls. A prompt "
-                                            "with canvas images is encoded now (the text encoder is loaded for it)."})
-            for i in (1, 2, 3)
         }}
 
-    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed, **control_images):
+    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed, **undeclared):
+        # ComfyUI passes every link a saved prompt holds, declared or not: an older Edit workflow's
+        # control_image_N links on this node arrive here and are refused by name rather than ignored.
+        if undeclared:
+            raise UserInputError(f"{', '.join(sorted(undeclared))}: {PREVIEW} no longer takes control images. "
+                                 f"{USE_EDIT_PREVIEW}")
         trainer.require_live()
-        prompt = prompt.strip() or first_preview_prompt(trainer)
-        negative = trainer.dataset.negative_prompt
-        progress = host.Progress(steps)
-        controls = [image_to_pil(control_images[k]) for k in sorted(control_images) if control_images[k] is not None]
-        with engine_mode():
-            image = trainer.sample_preview(prompt, negative, width, height, steps, cfg, preview_seed,
-                                           progress=lambda i, n: progress.update(i, total=n),
-                                           **({"control_images": controls} if controls else {}))
-        return (pil_to_image(image),)
+        if takes_control_images(trainer):
+            raise UserInputError(f"{PREVIEW} samples text-to-image models, but this trainer trains "
+                                 f"{trainer.components.family.name}. {USE_EDIT_PREVIEW}")
+        return preview_image(trainer, prompt, width, height, steps, cfg, preview_seed)
+
+
+def takes_control_images(trainer) -> bool:
+    """Whether the trainer's model edits control images (Qwen-Image-Edit) rather than sampling from text alone."""
+    return isinstance(trainer.components.family, QwenImageEdit)
+
+
+def preview_image(trainer, prompt: str, width: int, height: int, steps: int, cfg: float, seed: int,
+                  control_images: list[torch.Tensor] | None = None) -> tuple[torch.Tensor]:
+    """Both Preview nodes: sample `prompt` (empty: the first preview prompt) against the cached negative prompt
+    with ComfyUI's progress bar; `control_images` (ComfyUI IMAGEs, Edit only) are edited, else the family's
+    default controls."""
+    trainer.require_live()
+    prompt = prompt.strip() or first_preview_prompt(trainer)
+    negative = trainer.dataset.negative_prompt
+    progress = host.Progress(steps)
+    controls = [image_to_pil(image) for image in control_images or ()]
+    with engine_mode():
+        image = trainer.sample_preview(prompt, negative, width, height, steps, cfg, seed,
+                                       progress=lambda i, n: progress.update(i, total=n),
+                                       control_images=controls or None)
+    return (pil_to_image(image),)
 
 
 def first_preview_prompt(trainer) -> str:

@@ -339,7 +339,8 @@ def comfy_edit(tmp_path):
 def test_edit_workflow_trains_previews_a_canvas_image_and_its_lora_loads_on_the_edit_model_in_real_comfyui(
         comfy_edit, tmp_path):
     """The Edit workflow as shipped, pointed at the tiny Edit-2511 files (the variant read from the file) and the
-    edit dataset, trains in a real ComfyUI; Preview edits a Load Image from the canvas; ComfyUI's own model
+    edit dataset, trains in a real ComfyUI; Preview (Edit) edits a Load Image from the canvas (the text-to-image
+    Preview refuses an older workflow's control image link, naming it); ComfyUI's own model
     detection reads 2511 from the file, its transformer class has exactly the file's keys, and its LoRA code
     loads the saved LoRA on that model with 0 unmatched keys."""
     from comfy_probe import run_probe
@@ -361,6 +362,17 @@ def test_edit_workflow_trains_previews_a_canvas_image_and_its_lora_loads_on_the_
     assert lora_steps(base)[-1] == 4
     assert len(list((base / "output" / "qwen_lora").glob("preview*.png"))) == 1
     lora = sorted((base / "models" / "loras").glob("*.safetensors"))[-1]
+
+    # An older Edit workflow: the control image wired into the text-to-image Preview. ComfyUI still hands the
+    # node that link (it passes undeclared links); the node refuses it, naming the Edit Preview to use.
+    old = {k: v for k, v in prompt.items() if k != "10"}  # no second LoRA file (the probe reads the first)
+    old["8"] = {**prompt["8"], "class_type": "QwenLoRAPreview"}
+    failed = server.run(old)
+    assert failed["status"]["status_str"] == "error"
+    error = next(m[1] for m in failed["status"]["messages"] if m[0] == "execution_error")
+    assert error["exception_type"] == "qwen_lora.UserInputError" and error["node_type"] == "QwenLoRAPreview", error
+    assert "control_image_1: Qwen LoRA Preview no longer takes control images. Replace the node with Qwen LoRA " \
+           "Preview (Edit) (QwenLoRAEditPreview)" in error["exception_message"], error["exception_message"]
 
     request = tmp_path / "edit_probe.json"
     request.write_text(json.dumps({"transformer": str(files["transformer_bf16"]), "lora": str(lora)}))

@@ -119,17 +119,18 @@ TINY = {
     11: {"filename_prefix": "qwen_lora/tiny_preview"},
 }
 
-# Qwen-Image-Edit: the same graph with the Edit loader and the Edit dataset (same sockets, so the same links).
-# Preview edits the first training sample's controls; wire a Load Image into its control_image_1 to edit
-# another picture from the canvas.
+# Qwen-Image-Edit: the same graph with the Edit loader, the Edit dataset and the Edit Preview (same sockets, so
+# the same links). Edit Preview edits the first training sample's controls; wire a Load Image into its
+# control_image_1 to edit another picture from the canvas.
 EDIT_NOTE = """How to train a Qwen-Image-Edit LoRA (Edit, Edit-2509, Edit-2511)
 1. Models: an Edit transformer in models/diffusion_models (the variant is read from
    the file), qwen_2.5_vl_7b_fp8_scaled (it has the vision tower), qwen_image_vae.
 2. Data: per sample name.png + name.txt (the instruction) + name_control.png
    (name_control_2.png, name_control_3.png for 2509/2511), or control/name.png.
-3. Queue; queue again to continue. Preview edits the first sample's controls,
+3. Queue; queue again to continue. Preview (Edit) edits the first sample's controls,
    or a Load Image wired into its control_image_1; Save writes to models/loras."""
 
+EDIT_CLASSES = {"QwenLoRAPreview": "QwenLoRAEditPreview"}  # same widgets, plus the control image sockets
 EDIT_NODES = [
     (1, "QwenLoRALoadEditModels", {"source": "ComfyUI model files",
                                    "transformer": "qwen_image_edit_2511_fp8_e4m3fn.safetensors",
@@ -139,7 +140,7 @@ EDIT_NODES = [
                                    "edit_variant": "auto"}, ("models", 0)),
     (2, "QwenLoRAEditDataset", {**dict(NODES[1][2]), "folder": "my_edit_dataset", "control_resolution": 0},
      ("data", 0)),
-    *[(i, c, v, place) for i, c, v, place in NODES if i not in (1, 2)],
+    *[(i, EDIT_CLASSES.get(c, c), v, place) for i, c, v, place in NODES if i not in (1, 2)],
 ]
 EDIT = {3: {"preview_prompts": "turn the sky into a sunset"}, 6: {"run_name": "my_qwen_edit_lora"}}
 
@@ -292,7 +293,7 @@ def build(mappings, titles: dict[str, str], overrides: dict | None = None, note:
                 widgets_values.append(values[name])
             else:
                 link = next(((s, sl) for s, sl, d, n in LINKS if d == node_id and n == name), None)
-                if link is None:  # an optional socket left open (Preview's control images): the canvas lists it
+                if link is None:  # an optional socket left open (Edit Preview's control images): the canvas lists it
                     ui_inputs.append({"name": name, "type": spec[0], "link": None})
                     continue
                 api_inputs[name] = [str(link[0]), link[1]]
