@@ -18,10 +18,11 @@ from conftest import tiny_dataset_config
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import UserInputError
 from trainer_core.data.cache import build_cache
-from trainer_core.data.images import discover, load_cropped
+from trainer_core.data.images import discover, load_cropped, load_dataset
 from trainer_core.models import build_tiny_components
 from trainer_core.models.latents import pack_latents, unpack_latents
 from trainer_core.models.text import pad_prompt_batch
+from trainer_core.runs.registry import run_signature
 from trainer_core.training import Trainer
 from trainer_core.training.masked_loss import weighted_flow_loss
 from trainer_core.training.objective import flow_loss, noisy_latents, velocity_target
@@ -202,6 +203,10 @@ def test_the_cache_follows_the_mask_bytes_and_the_background_weight(plain, encod
     assert float(edited.mask_weights(key_after).sum()) == 16 * 4
     lifted = build_cache(components, discover(tiny_dataset_config(masked, mask_background_weight=0.5)), cache)
     assert lifted.report.masks_made == 1 and lifted.samples[0].mask_key not in (key_before, key_after)
+    # a live trainer is continued only on the same inputs: an edited mask rebuilds it (from its checkpoint)
+    settings = (LoraConfig(), OptimizerConfig(), TrainConfig(), tmp_path / "run", None)
+    assert run_signature(components, first, *settings) == run_signature(components, again, *settings)
+    assert run_signature(components, first, *settings) != run_signature(components, edited, *settings)
 
 
 def _write(path: Path, what) -> None:
@@ -232,6 +237,8 @@ def test_colour_masks_count_by_brightness_and_a_captioned_mask_name_is_an_image(
     (folder / "img3_mask.txt").write_text("a white square")  # its own caption: a training image, not a mask
     samples = {Path(s.image_path).name: s for s in discover(tiny_dataset_config(folder, mask_background_weight=0.0))}
     assert samples["img3_mask.png"].mask is None and samples["img3.png"].mask is None
+    summary = load_dataset(tiny_dataset_config(folder, mask_background_weight=0)).summary()
+    assert "1 with a loss mask (black weighs 0)" in summary
     cached = build_cache(encoder, [samples["img0.png"]], tmp_path / "c")
     torch.testing.assert_close(cached.mask_weights(cached.samples[0].mask_key), torch.full((16, 16), 76 / 255))
 

@@ -168,8 +168,8 @@ def loss_weights(mask: SampleMask, image_size: tuple[int, int], bucket: tuple[in
     weights = torch.lerp(torch.full_like(m, mask.background_weight), torch.ones_like(m), m)
     if not bool(weights.gt(0).any()):
         raise UserInputError(
-            f"mask {mask.path} keeps nothing of its image: the white part lies outside the {bucket[0]}x{bucket[1]} crop "
-            "its image is trained at, and mask_background_weight is 0. Move the white part towards the centre, or "
+            f"mask {mask.path} keeps nothing of its image: the white part lies outside the {bucket[0]}x{bucket[1]} "
+            "crop its image is trained at, and mask_background_weight is 0. Move the white part towards the centre, or "
             "raise mask_background_weight.")
     return weights
 
