@@ -292,3 +292,11 @@ def test_an_edit_target_takes_a_mask_and_validation_uses_it(tmp_path):
     ignored, ones = losses(trainer_for(0.0)), losses(trainer_for(1.0))
     assert torch.equal(ones[0], bare[0]) and ones[1] == bare[1]
     assert not torch.equal(ignored[0], bare[0]) and ignored[1] != bare[1]  # validation weighs by the masks too
+
+
+def test_the_dataset_node_sees_an_edited_mask_in_the_masks_folder(pack, plain, tmp_path):
+    node = pack.NODE_CLASS_MAPPINGS["QwenLoRADataset"]
+    folder = masked_copy(plain, tmp_path / "node", {"img0": mask_image()}, subfolder=True)
+    before = node.IS_CHANGED(folder=str(folder))
+    mask_image(split=16).save(folder / "masks" / "img0.png")
+    assert node.IS_CHANGED(folder=str(folder)) != before  # ComfyUI runs the Dataset node again
