@@ -9,6 +9,7 @@ from ..trainer_core.core.errors import UserInputError
 from ..trainer_core.core.files import inside
 from ..trainer_core.data.cache import build_cache
 from ..trainer_core.data.images import folder_state, load_dataset
+from ..trainer_core.data.masks import MASK_FOLDER
 from . import host
 from .common import CACHED, CATEGORY, DATASET, MODELS, engine_mode
 from .widgets import widgets
@@ -22,8 +23,9 @@ EXAMPLE_FOLDER = Path(__file__).resolve().parents[1] / "example_dataset" / "colo
 class QwenLoRADataset:
     DESCRIPTION = (
         "A folder of training images (png/jpg/webp) with same-name .txt captions, grouped into aspect-ratio "
-        "buckets. Transparent pixels are composited onto the background colour; 16-bit grey is scaled. Errors "
-        "name the file to fix."
+        "buckets. Transparent pixels are composited onto the background colour; 16-bit grey is scaled. A loss mask "
+        "per image (name_mask.png beside it, or masks/name.png: white trains, black weighs mask_background_weight) "
+        "is optional. Errors name the file to fix."
     )
     CATEGORY = CATEGORY
     FUNCTION = "discover"
@@ -39,13 +41,14 @@ class QwenLoRADataset:
             DatasetConfig, "folder", "resolution", "enable_buckets", "min_bucket_side", "max_bucket_side",
             "repeats", "caption_extension", "missing_caption", "upscale_small_images", "background",
             "allow_large_images",
-        ), "optional": widgets(DatasetConfig, "validation_images", "input_folder")}
+        ), "optional": widgets(DatasetConfig, "validation_images", "input_folder", "mask_background_weight")}
 
     @classmethod
     def IS_CHANGED(cls, folder, input_folder=CUSTOM_FOLDER, **_):
         # Widgets alone do not show that files in the folder changed: fold the folder's state in.
         try:
-            return folder_state(dataset_folder(folder, input_folder))
+            found = dataset_folder(folder, input_folder)
+            return folder_state(found) + "|" + folder_state(Path(found) / MASK_FOLDER)  # masks/ counts too
         except UserInputError as e:
             return str(e)
 

@@ -47,7 +47,7 @@ NODES = [
                             "caption_extension": ".txt", "missing_caption": "error",
                             "upscale_small_images": False, "background": "white",
                             "allow_large_images": False, "validation_images": 0,
-                            "input_folder": "(custom path)"}, ("data", 0)),
+                            "input_folder": "(custom path)", "mask_background_weight": 0.1}, ("data", 0)),
     (3, "QwenLoRACache", {"preview_prompts": "a photo of sks dog on a beach", "negative_prompt": "",
                           "caching_batch_size": 4, "cache_folder": ""}, ("data", 0)),
     (4, "QwenLoRAConfig", {"rank": 16, "alpha": 16.0, "dropout": 0.0, "targets": "attention+mlp",

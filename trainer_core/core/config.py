@@ -85,12 +85,20 @@ class DatasetConfig:
         CUSTOM_FOLDER, "A subfolder of ComfyUI's input folder to train on, or '(custom path)' to use the folder "
         "typed above.", folder_list="input", extra_choices=(CUSTOM_FOLDER,),
     )
+    mask_background_weight: float = _f(
+        0.1, "Loss masks: an image's mask is name_mask.png beside it or masks/name.png (white = train, black = "
+        "background, grey between; colour counts by brightness, transparent as black). This is what black weighs: 0 = "
+        "ignore the background, 1 = no masking, 0.1 (the default, as OneTrainer's unmasked_weight and ai-toolkit's "
+        "mask_min_value in its UI) keeps a little of it. Images without a mask train everywhere.",
+        min=0.0, max=1.0, step=0.01,
+    )
 
     def __post_init__(self) -> None:
         self.validate()  # settings are checked once, where they are made
 
     def validate(self) -> None:
-        _check_range(self, "resolution", "repeats", "min_bucket_side", "max_bucket_side", "validation_images")
+        _check_range(self, "resolution", "repeats", "min_bucket_side", "max_bucket_side", "validation_images",
+                     "mask_background_weight")
         _check_choice(self, "missing_caption")
         parse_colour(self.background)
         for name in ("resolution", "min_bucket_side", "max_bucket_side"):

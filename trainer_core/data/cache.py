@@ -14,6 +14,10 @@ written already. A cache built across a kill therefore equals, bit for bit, one 
 
 Layout: <cache_dir>/latents/<key>.safetensors  {"latents": (C, h, w) fp32}
         <cache_dir>/text/<key>.safetensors     {"embedding": (L, D)}
+        <cache_dir>/masks/<key>.safetensors    {"weights": (h, w) fp32}: a masked image's loss weights on its
+                                               latent grid (masks.py), keyed by the mask's bytes, its image's
+                                               size and bucket, the VAE and the background weight; an edited
+                                               mask makes a new entry (its image's latent stays cached)
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from ..core.files import check_path_room, os_error, remove_leftovers, write_erro
 from ..models.components import QwenImageComponents
 from ..models.latents import encode_images
 from .images import Sample, load_cropped
+from .masks import loss_weights, mask_key
 
 # Bump when the way latents or embeddings are produced changes: old entries then miss.
 # 2: every image and prompt encoded alone (1 encoded them in batches, so entries depended on their companions).
@@ -57,6 +62,7 @@ class CachedSample:
     condition_keys: tuple[str, ...] = ()  # latent keys of its conditions, in order (Edit: the control images)
     condition_sizes: tuple[tuple[int, int], ...] = ()  # (width, height) px of each condition's VAE image
     condition_paths: tuple[str, ...] = ()  # their files (for status text)
+    mask_key: str = ""  # key of its loss weights (masks/), or "": no mask, every latent position weighs 1
 
 
 @dataclass
@@ -65,10 +71,14 @@ class CacheReport:
     latents_reused: int = 0
     prompts_encoded: int = 0
     prompts_reused: int = 0
+    masks_made: int = 0
+    masks_reused: int = 0
 
     def summary(self) -> str:
+        masks = (f"; masks: {self.masks_made} made, {self.masks_reused} from cache"
+                 if self.masks_made or self.masks_reused else "")
         return (f"latents: {self.latents_encoded} encoded, {self.latents_reused} from cache; "
-                f"prompts: {self.prompts_encoded} encoded, {self.prompts_reused} from cache")
+                f"prompts: {self.prompts_encoded} encoded, {self.prompts_reused} from cache{masks}")
 
 
 @dataclass
@@ -99,6 +109,10 @@ class CachedDataset:
     def embedding(self, key: str) -> torch.Tensor:
         """(L, D) prompt embedding."""
         return self._read("text", key, "embedding")
+
+    def mask_weights(self, key: str) -> torch.Tensor:
+        """(h, w) fp32 loss weights of a masked sample (`CachedSample.mask_key`)."""
+        return self._read("masks", key, "weights")
 
     def prompt_embedding(self, prompt: str) -> torch.Tensor:
         if prompt not in self.prompt_keys:
@@ -173,7 +187,7 @@ def build_cache(
     everything = training + validation
     vae_fp = components.fingerprint("vae")
     conditioning = family.cache_conditioning(components, everything, settings)  # refuses what it cannot take
-    for kind in ("latents", "text"):  # what killed runs left (only we write these folders)
+    for kind in ("latents", "text", "masks"):  # what killed runs left (only we write these folders)
         remove_leftovers(cache_dir / kind, names=ENTRY_NAME, library_temps_older_than=LIBRARY_TEMP_AGE)
 
     preview = training[0] if training else None
@@ -190,6 +204,8 @@ def build_cache(
             prompt_jobs.setdefault(key, (prompt, preview))
             prompt_keys[prompt] = key
     condition_jobs = {k: v for s in everything for k, v in conditioning.condition_jobs(s).items()}
+    mask_keys = {s.image_path: mask_key(s.mask, (s.width, s.height), s.bucket, vae_fp, CACHE_VERSION)
+                 for s in everything if s.mask is not None}
 
     def exists(kind: str, key: str, name: str) -> bool:
         return _entry_ok(cache_dir / kind / f"{key}.safetensors", name)
@@ -197,7 +213,9 @@ def build_cache(
     todo_targets = [s for s in everything if not exists("latents", latent_key(s, vae_fp), "latents")]
     todo_conditions = {k: v for k, v in condition_jobs.items() if not exists("latents", k, "latents")}
     todo_prompts = {k: v for k, v in prompt_jobs.items() if not exists("text", k, "embedding")}
-    total, done = len(todo_targets) + len(todo_conditions) + len(todo_prompts), 0
+    todo_masks = {mask_keys[s.image_path]: s for s in everything
+                  if s.mask is not None and not exists("masks", mask_keys[s.image_path], "weights")}
+    total, done = len(todo_targets) + len(todo_conditions) + len(todo_prompts) + len(todo_masks), 0
 
     def write(tensors: dict[str, torch.Tensor], kind: str, key: str, what: str, metadata=None) -> None:
         nonlocal done
@@ -219,6 +237,11 @@ def build_cache(
             write({"latents": latent}, "latents", latent_key(s, vae_fp), f"image {Path(s.image_path).name}",
                   {"image": Path(s.image_path).name, "bucket": f"{s.bucket[0]}x{s.bucket[1]}"})
         conditioning.encode_conditions(todo_conditions, write)
+    for key, s in todo_masks.items():  # on the grid of the image's latent, cached by now (no VAE needed)
+        with safe_open(str(cache_dir / "latents" / f"{latent_key(s, vae_fp)}.safetensors"), framework="pt") as f:
+            grid = tuple(f.get_slice("latents").get_shape()[-2:])  # (h, w)
+        write({"weights": loss_weights(s.mask, (s.width, s.height), s.bucket, grid)}, "masks", key,
+              f"mask {Path(s.mask.path).name}", {"mask": Path(s.mask.path).name, "image": Path(s.image_path).name})
     if todo_prompts:
         components.ensure_text_encoder()
         conditioning.encode_prompts(todo_prompts, write)
@@ -228,12 +251,14 @@ def build_cache(
     def entry(s: Sample) -> CachedSample:
         return CachedSample(latent_key=latent_key(s, vae_fp), text_key=conditioning.text_key(s.caption, s),
                             bucket=s.bucket, caption=s.caption, image_path=s.image_path,
-                            empty_text_key=conditioning.text_key("", s), **conditioning.entry_fields(s))
+                            empty_text_key=conditioning.text_key("", s), mask_key=mask_keys.get(s.image_path, ""),
+                            **conditioning.entry_fields(s))
 
     report = CacheReport(
         latents_encoded=len(todo_targets) + len(todo_conditions),
         latents_reused=len(everything) + len(condition_jobs) - len(todo_targets) - len(todo_conditions),
-        prompts_encoded=len(todo_prompts), prompts_reused=len(prompt_jobs) - len(todo_prompts))
+        prompts_encoded=len(todo_prompts), prompts_reused=len(prompt_jobs) - len(todo_prompts),
+        masks_made=len(todo_masks), masks_reused=len(set(mask_keys.values())) - len(todo_masks))
     return CachedDataset(
         cache_dir=cache_dir, samples=[entry(s) for s in training], validation=[entry(s) for s in validation],
         prompt_keys=prompt_keys, vae_fingerprint=vae_fp, text_fingerprint=components.fingerprint("text_encoder"),

@@ -17,6 +17,7 @@ import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ from PIL import (
 
 from ..core.config import DatasetConfig, parse_colour
 from ..core.errors import UserInputError
+
+if TYPE_CHECKING:
+    from .masks import SampleMask
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
 BUCKET_STEP = 32
@@ -62,6 +66,7 @@ class Sample:
     decode: str = ""
     background: tuple[int, int, int] = WHITE  # what transparent pixels are composited onto
     allow_large_images: bool = False
+    mask: SampleMask | None = None  # its loss mask (masks.py), or None: trained everywhere
 
 
 @dataclass(frozen=True)
@@ -80,8 +85,10 @@ class Dataset:
         transparent = sum(1 for s in self.samples if s.decode.startswith("alpha"))
         held_out = (f"; {len(self.validation)} held out for validation: "
                     + ", ".join(Path(s.image_path).name for s in self.validation)) if self.validation else ""
+        masked = sum(1 for s in self.samples if s.mask is not None)
+        masks = f"; {masked} with a loss mask (black weighs {self.config.mask_background_weight:g})" if masked else ""
         return (f"{len(self.samples)} images x {self.config.repeats} repeats; buckets {listing}; "
-                f"{transparent} with transparency composited onto {self.config.background.strip()}{held_out}")
+                f"{transparent} with transparency composited onto {self.config.background.strip()}{masks}{held_out}")
 
 
 def folder_state(folder: str | Path) -> str:
@@ -370,8 +377,12 @@ def discover(cfg: DatasetConfig, exclude=None) -> list[Sample]:
         raise UserInputError(f"dataset folder {folder} cannot be listed ({e.strerror or e}). Check the disk.") from None
     # Every entry with an image extension is an image (a folder or broken link named so is an error, not
     # skipped), except hidden files: macOS leaves '._name.png' companions that are no images.
-    paths = [p for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
-             and not (exclude is not None and exclude(p))]
+    images = [p for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")]
+    not_targets = {p for p in images if exclude is not None and exclude(p)}
+    from .masks import MaskFiles  # (masks.py builds on this module)
+
+    masks = MaskFiles(folder, [p for p in images if p not in not_targets], sorted(not_targets), cfg)  # pairs them
+    paths = masks.images
     if not paths:
         excluded = [p.name for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")]
         if excluded:  # all of them named as control images (an edit dataset): say so, not "no images"
@@ -395,6 +406,7 @@ def discover(cfg: DatasetConfig, exclude=None) -> list[Sample]:
         samples.append(Sample(
             image_path=str(path), caption=read_caption(path, cfg), width=img.width, height=img.height,
             bucket=bucket, image_sha256=hashlib.sha256(data).hexdigest(), decode=decode, **options,
+            mask=masks.read(path, img.size, cfg.allow_large_images),
         ))
     return samples
 

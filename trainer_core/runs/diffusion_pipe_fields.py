@@ -68,7 +68,10 @@ DATASET_IGNORED = {
     "shuffle_metadata": "no effect here (the data order is shuffled per epoch from the seed)",
     "online_captions": "captions come from the .txt files beside the images",
     "subsample_ratio": "every image of a folder trains (use repeats to weigh folders)",
-    "mask_path": "masked loss is not offered", "default_mask_file": "masked loss is not offered",
+    "mask_path": "masks are read from the dataset folder: put them beside the images as <name>_mask.png or in its "
+                 "masks/ subfolder (README: Masked loss; set mask_background_weight 0 for diffusion-pipe's black = "
+                 "no loss)",
+    "default_mask_file": "one mask for every image is not offered: give each image its own mask",
     "control_path": "Edit training (control images) is not offered",
 }
 DEFAULT_AR = (0.5, 2.0)

@@ -13,6 +13,7 @@ import math
 import torch
 
 from ..models.qwen_arch import PATCH_SIZE
+from .masked_loss import batch_weights
 from .objective import resolution_mu, time_shift
 from .optim import evaluation_weights
 
@@ -48,8 +49,9 @@ def validation_loss(trainer: "Trainer") -> float:
                     levels = time_shift(levels, resolution_mu(tokens, trainer.components.scheduler_config))
                 embeds = [dataset.embedding(sample.text_key)] * k
                 conditions = trainer.components.family.conditions(dataset, [sample] * k)
+                weights = batch_weights(dataset, [sample] * k, tuple(x0.shape[-2:]))  # its loss mask, as in training
                 total += float(trainer.flow.flow_loss(x0.expand(k, *x0.shape).contiguous(), noise, levels, embeds,
-                                                      conditions))
+                                                      conditions, weights))
     finally:
         transformer.train(was_training)
     return total / len(samples)

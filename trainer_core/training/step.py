@@ -27,6 +27,7 @@ from ..models.latents import pack_latents
 from ..models.qwen_arch import PATCH_SIZE
 from ..models.text import pad_prompt_batch
 from . import randomness
+from .masked_loss import batch_weights, packed_weights, weighted_flow_loss
 from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, velocity_target
 
 
@@ -88,12 +89,15 @@ class FlowMatchingStep:
         family = self.family
         embeds = [self.dataset.embedding(family.dropped_text_key(self.dataset, s) if drop else s.text_key)
                   for s, drop in zip(batch.samples, batch.dropped.tolist())]
-        return self.flow_loss(batch.x0, batch.noise, batch.levels, embeds, family.conditions(self.dataset, batch.samples))
+        return self.flow_loss(batch.x0, batch.noise, batch.levels, embeds, family.conditions(self.dataset, batch.samples),
+                              batch_weights(self.dataset, batch.samples, tuple(batch.x0.shape[-2:])))
 
     def flow_loss(self, x0: torch.Tensor, noise: torch.Tensor, levels: torch.Tensor, embeds: list[torch.Tensor],
-                  conditions: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
+                  conditions: list[list[torch.Tensor]] | None = None, weights: torch.Tensor | None = None
+                  ) -> torch.Tensor:
         """The flow-matching loss of latents x0 (B, C, h, w) at noise levels (B,) with this noise and these
-        prompt embeddings [(L_i, D)], one per latent. `conditions`: per latent its condition latents, or None."""
+        prompt embeddings [(L_i, D)], one per latent. `conditions`: per latent its condition latents, or None.
+        `weights`: (B, h, w) loss weights per latent position (loss masks, masked_loss.py), or None: the mean."""
         h, w = x0.shape[-2:]
         grid = (h // PATCH_SIZE, w // PATCH_SIZE)
         text, text_mask = pad_prompt_batch(embeds)  # (B, L, D), (B, L) or None
@@ -108,4 +112,6 @@ class FlowMatchingStep:
             return_dict=False,
         )[0][:, : self.family.loss_tokens(grid)]  # (B, N, 4C): the loss covers the target's tokens only
         target = pack_latents(velocity_target(x0, noise)).to(self.device)
+        if weights is not None:
+            return weighted_flow_loss(prediction, target, packed_weights(weights, x0.shape[1]))
         return flow_loss(prediction, target)
