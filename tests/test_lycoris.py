@@ -170,7 +170,7 @@ def test_the_diffusers_layout_and_continuing_a_file_are_refused_for_lycoris(trai
                          ids=lambda c: f"{c.adapter}-{c.targets}-r{c.rank}-f{c.lokr_factor}-{c.lokr_decompose_both}")
 def test_the_memory_plan_counts_peft_s_parameters(lora, tiny):
     """The planner's adapter tensors (parameter count, and the shapes its optimizer-state formulas take) are
-    those of the peft model on the tiny transformer."""
+    those of the peft model on the tiny transformer; the model's own numbers are read the same with it."""
     from trainer_core.adapters.lora import inject_lora
     from trainer_core.planner.arch import arch_from_transformer
     from trainer_core.planner.plan import PlanInputs, adapter_settings, lora_tensor_shapes, lora_tensor_sizes
@@ -183,3 +183,4 @@ def test_the_memory_plan_counts_peft_s_parameters(lora, tiny):
     assert sum(n for _, n in planned) == sum(p.numel() for p in params)
     shapes = lora_tensor_shapes(arch, lora.targets, lora.rank, **adapter_settings(inputs))
     assert sorted(shapes) == sorted(tuple(p.shape) for p in params)
+    assert arch_from_transformer(transformer) == arch  # the adapter's tensors are not read as the model's own
