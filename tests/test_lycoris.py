@@ -184,3 +184,10 @@ def test_the_memory_plan_counts_peft_s_parameters(lora, tiny):
     shapes = lora_tensor_shapes(arch, lora.targets, lora.rank, **adapter_settings(inputs))
     assert sorted(shapes) == sorted(tuple(p.shape) for p in params)
     assert arch_from_transformer(transformer) == arch  # the adapter's tensors are not read as the model's own
+
+
+def test_the_plan_command_takes_the_adapter(capsys):
+    from trainer_core.runs.cli import main
+
+    assert main(["plan", "--adapter", "loha", "--rank", "8", "--blocks-to-swap", "0"]) == 0
+    assert "LoHa rank 8" in capsys.readouterr().out
