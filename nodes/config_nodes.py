@@ -8,7 +8,8 @@ from .widgets import widgets
 
 
 class QwenLoRAConfig:
-    DESCRIPTION = "LoRA settings: rank, alpha (free, the update is scaled by alpha / rank), dropout, target layers."
+    DESCRIPTION = ("LoRA settings: rank, alpha (free, the update is scaled by alpha / rank), dropout, target layers, "
+                   "and the adapter type: LoRA, or LyCORIS' LoKr or LoHa (with LoKr's factor settings).")
     CATEGORY = CATEGORY
     FUNCTION = "build"
     RETURN_TYPES = (LORA_CONFIG,)
@@ -17,7 +18,8 @@ class QwenLoRAConfig:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": widgets(LoraConfig, "rank", "alpha", "dropout", "targets", "dtype")}
+        return {"required": widgets(LoraConfig, "rank", "alpha", "dropout", "targets", "dtype", "adapter",
+                                     "lokr_factor", "lokr_decompose_both")}
 
     def build(self, **settings):
         return (LoraConfig(**settings),)  # checked as it is made

@@ -1,1 +1,2 @@
-"""The LoRA: peft injection (lora.py) and every LoRA file layout in and out (lora_files.py)."""
+"""The adapter: peft injection (lora.py; LoKr and LoHa in lycoris.py) and every LoRA file layout in and out
+(lora_files.py)."""

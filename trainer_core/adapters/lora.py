@@ -5,7 +5,8 @@ otherwise cast the adapter to the base layer's dtype, which is float8 here, and 
 
 Which modules get a LoRA comes from `models.qwen_arch` (presets, the last block's dead modules). How the
 adapter is written to and read from files, in every layout, is `lora_files.py`: this module knows
-nothing of files.
+nothing of files. `LoraConfig.adapter` lokr or loha puts a LyCORIS adapter on the same modules instead
+(`lycoris.py`); the functions here that are not about LoRA's A and B cover those too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 
 from ..core.config import LoraConfig
 from ..models.qwen_arch import DEAD_IN_LAST_BLOCK, LORA_TARGET_PRESETS, block_module
+from . import lycoris
 
 ADAPTER = "default"
 
@@ -61,11 +63,12 @@ def inject_lora(transformer: nn.Module, cfg: LoraConfig, seed: int, modules: lis
     from peft import LoraConfig as PeftLoraConfig
     from peft import inject_adapter_in_model
 
-    peft_cfg = PeftLoraConfig(
-        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-        target_modules=list(modules) if modules is not None else target_module_names(transformer, cfg.targets),
-        init_lora_weights=True,
-    )
+    targets = list(modules) if modules is not None else target_module_names(transformer, cfg.targets)
+    if cfg.adapter != "lora":
+        lycoris.inject_lycoris(transformer, cfg, targets, seed, device)
+        return _freeze_all_but_adapter(transformer)
+    peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
+                              init_lora_weights=True)
     inject_adapter_in_model(peft_cfg, transformer, adapter_name=ADAPTER, low_cpu_mem_usage=True)
     dtype = getattr(torch, cfg.dtype)
     with torch.random.fork_rng(devices=[]):  # the CPU generator is restored afterwards; no device's is touched
@@ -78,14 +81,26 @@ def inject_lora(transformer: nn.Module, cfg: LoraConfig, seed: int, modules: lis
             layer.reset_lora_parameters(ADAPTER, True)  # draws from the CPU generator: the tensors are there
             for part in parts:
                 part.to(home)
+    return _freeze_all_but_adapter(transformer)
+
+
+def _freeze_all_but_adapter(transformer: nn.Module) -> list[nn.Parameter]:
     for name, p in transformer.named_parameters():
-        p.requires_grad_(".lora_" in name)
+        p.requires_grad_(is_adapter_parameter(name))
     return lora_parameters(transformer)
 
 
+def is_adapter_parameter(name: str) -> bool:
+    """Whether a parameter name ('...to_q.lora_A.default.weight', '...to_q.lokr_w1.default') is the adapter's."""
+    return ".lora_" in name or any(part in name for part in lycoris.PARAMETER_PARTS)
+
+
 def remove_lora(transformer: nn.Module) -> None:
-    """Put every LoRA layer's base layer back in its place: the model is as before `inject_lora`."""
-    for name, layer in list(lora_layers(transformer).items()):
+    """Put every adapter layer's base layer back in its place: the model is as before `inject_lora`."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = {name: m for name, m in transformer.named_modules() if isinstance(m, BaseTunerLayer)}
+    for name, layer in layers.items():
         parent_name, _, child = name.rpartition(".")
         setattr(transformer.get_submodule(parent_name), child, layer.get_base_layer())
     # peft leaves its config on the model; a later `inject_lora` would then warn of "multiple adapters".
@@ -93,7 +108,8 @@ def remove_lora(transformer: nn.Module) -> None:
 
 
 def lora_parameters(transformer: nn.Module) -> list[nn.Parameter]:
-    return [p for name, p in transformer.named_parameters() if ".lora_" in name]
+    """The adapter's trainable tensors (LoRA's A and B, or a LyCORIS adapter's parts), in model order."""
+    return [p for name, p in transformer.named_parameters() if is_adapter_parameter(name)]
 
 
 def adapter_weights(transformer: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -112,7 +128,9 @@ def compute_in_input_dtype(transformer: nn.Module, enabled: bool = True) -> None
     tensor cores). Here the input stays as it is and the weights are cast down per call instead (r x in
     values); autograd casts their gradients back, so gradients, optimizer state and updates stay fp32 and a
     small update is not rounded away. Where the input already has the weights' dtype (fp32 compute on a CPU)
-    nothing changes, bit for bit. `enabled=False` puts peft's behaviour back."""
+    nothing changes, bit for bit. `enabled=False` puts peft's behaviour back. A LyCORIS adapter casts its
+    delta weight the same way (`lycoris.compute_in_input_dtype`)."""
+    lycoris.compute_in_input_dtype(transformer, enabled)
     for layer in lora_layers(transformer).values():
         layer.cast_input_dtype_enabled = not enabled
         for part in (*layer.lora_A.values(), *layer.lora_B.values()):

@@ -17,6 +17,9 @@ which then applies scale 1. With alpha / rank already inside B, every loader app
 strength at its default scale of 1. The trained alpha stays in the metadata (`qwen_lora.alpha`, with
 `qwen_lora.lora_B_scale` = alpha / rank) so that continuing from the file restores B and alpha.
 
+LoKr and LoHa (`lycoris.py`) are written in ComfyUI's LyCORIS keys, `diffusion_model.` (comfyui) or
+`lora_unet_` (kohya) before the module; diffusers' loaders read no LyCORIS file, so that layout is refused.
+
 Read (`read_lora_file`): those three, bare `<module>.lora_A/B` (peft), `transformer.` with `.alpha`, and
 diffusers' own `lora_adapter_metadata`. Alpha comes from `.alpha` keys, else our metadata, else diffusers'
 metadata, else it equals the rank (scale 1: what ComfyUI and diffusers apply to such a file).
@@ -39,6 +42,7 @@ from ..core.files import inside
 from ..core.finite import nonfinite_names
 from ..core.names import check_component, fill_template
 from ..models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
+from . import lycoris
 from .lora import ADAPTER, adapter_weights, lora_layers
 
 COMFY_PREFIX = "diffusion_model."
@@ -109,7 +113,13 @@ def lora_metadata(cfg: LoraConfig, steps: int, base_model: str, extra: dict[str,
         "ss_network_alpha": repr(float(cfg.alpha)),
         "ss_base_model_version": "qwen_image",
         "modelspec.architecture": "qwen-image/lora",
+        "qwen_lora.adapter": cfg.adapter,
     }
+    if cfg.adapter != "lora":  # what kohya-style tools write for a LyCORIS network
+        meta["ss_network_module"] = "lycoris.kohya"
+        args = {"algo": cfg.adapter} | ({"factor": cfg.lokr_factor, "decompose_both": cfg.lokr_decompose_both}
+                                        if cfg.adapter == "lokr" else {})
+        meta["ss_network_args"] = json.dumps(args)
     if extra:
         meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in extra.items()})
     return meta
@@ -120,6 +130,14 @@ def lora_file_tensors(transformer: nn.Module, rank: int, alpha: float, dtype: to
     """The live adapter as the tensors of a LoRA file in `layout` (detached, CPU, `dtype`; alpha fp32)."""
     if layout not in LORA_LAYOUTS:
         raise UserInputError(f"LoRA layout {layout!r} is not one of {list(LORA_LAYOUTS)}.")
+    if lycoris.lycoris_layers(transformer):
+        if layout == "diffusers":
+            raise UserInputError("LoRA layout diffusers holds plain LoRAs only: diffusers loads no LoKr or LoHa "
+                                 "file. Save this adapter in the comfyui layout (ComfyUI's LoRA loaders read it) or "
+                                 "kohya.")
+        stem = ((lambda m: COMFY_PREFIX + m) if layout == "comfyui"
+                else (lambda m: KOHYA_PREFIX + m.replace(".", "_")))
+        return lycoris.file_tensors(transformer, alpha, dtype, stem)
     if layout == "comfyui":
         return comfyui_state_dict(transformer, alpha, dtype)
     out = {}

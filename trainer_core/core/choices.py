@@ -5,6 +5,7 @@ modules that act on them, name them from here or from config.py, which re-export
 STORAGE_MODES = ("float8", "float8_scaled", "bfloat16", "float32")  # block Linear weights (models.float8)
 TEXT_ENCODER_FP8_MODES = ("auto", "dequantize", "keep")  # an fp8-scaled text encoder file (models.text_encoder_file)
 LORA_LAYOUTS = ("comfyui", "diffusers", "kohya")  # LoRA file key layouts (lora_files)
+ADAPTER_TYPES = ("lora", "lokr", "loha")  # the adapter kinds (adapters.lora, adapters.lycoris)
 SAVE_DTYPES = ("bfloat16", "float16", "float32")  # precision of a saved LoRA file (torch dtype names)
 COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
 # A model file choice for workflows that load no files (the tiny model, a diffusers folder): always listed,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .choices import (  # noqa: F401 (re-exported)
+    ADAPTER_TYPES,
     COMPUTE_DTYPES,
     CUSTOM_FOLDER,
     LORA_LAYOUTS,
@@ -113,12 +114,15 @@ class DatasetConfig:
 
 @dataclass
 class LoraConfig:
-    rank: int = _f(16, "LoRA rank (dimension). Higher learns more detail and takes more memory.", min=1, max=512)
+    rank: int = _f(16, "LoRA rank (dimension). Higher learns more detail and takes more memory. LoHa: the rank of "
+                   "each of its two products (the update's rank is up to rank squared). LoKr: the rank of the "
+                   "decomposed Kronecker factors (a factor small enough is kept whole).", min=1, max=512)
     alpha: float = _f(
-        16.0, "LoRA alpha. The update is scaled by alpha / rank; set it freely (not tied to rank).",
-        min=0.0, max=4096.0, step=0.5,
+        16.0, "LoRA alpha. The update is scaled by alpha / rank; set it freely (not tied to rank). The same for LoKr "
+        "and LoHa.", min=0.0, max=4096.0, step=0.5,
     )
-    dropout: float = _f(0.0, "Dropout on the LoRA input during training (0 = off).", min=0.0, max=0.9, step=0.01)
+    dropout: float = _f(0.0, "Dropout on the LoRA input during training (0 = off). LoRA only: LoKr and LoHa have "
+                        "no input dropout.", min=0.0, max=0.9, step=0.01)
     targets: str = _f(
         "attention+mlp", "Which Linear layers of each block get a LoRA: attention only, attention and MLPs, or all "
         "14 (adds the modulation layers).", choices=LORA_TARGET_PRESET_NAMES,
@@ -126,6 +130,22 @@ class LoraConfig:
     dtype: str = _f(
         "float32", "Precision of the trainable LoRA weights. float32 keeps every small update; bfloat16 halves "
         "their memory but rounds small updates away.", choices=("float32", "bfloat16"),
+    )
+    adapter: str = _f(
+        "lora", "Adapter type (peft). lora: B @ A, the common choice. lokr (LyCORIS LoKr): each weight's update is a "
+        "Kronecker product w1 x w2 of two small matrices: far fewer parameters for the same size, good for styles "
+        "and small files. loha (LyCORIS LoHa): the elementwise product of two rank-`rank` products, rank up to "
+        "rank squared at twice LoRA's parameters: more expressive per parameter. ComfyUI's LoRA loader reads all "
+        "three.", choices=ADAPTER_TYPES,
+    )
+    lokr_factor: int = _f(
+        -1, "LoKr: the size of w1, the small Kronecker factor: each side of a weight (out, in) is split into a "
+        "divisor as close to this as possible and the rest (w2). -1: near the square root, the fewest parameters. "
+        "Larger factors move parameters into w1.", min=-1, max=4096,
+    )
+    lokr_decompose_both: bool = _f(
+        False, "LoKr: also write w1 as a rank-`rank` product (w1_a @ w1_b) when that is smaller; w2 always is, "
+        "unless it is small enough to keep whole.",
     )
 
     def __post_init__(self) -> None:
@@ -136,8 +156,15 @@ class LoraConfig:
             raise UserInputError(f"LoRA rank={self.rank} must be a whole number of at least 1 (try 16 or 32).")
         if not math.isfinite(self.alpha) or self.alpha <= 0:
             raise UserInputError(f"LoRA alpha={self.alpha} must be a positive number (often equal to the rank).")
-        _check_range(self, "rank", "dropout")
-        _check_choice(self, "targets", "dtype")
+        if isinstance(self.lokr_factor, bool) or not isinstance(self.lokr_factor, int) \
+                or self.lokr_factor == 0:
+            raise UserInputError(f"LoRA lokr_factor={self.lokr_factor!r} must be -1 (near the square root) or a "
+                                 "whole number of at least 1 (try 8 or 16).")
+        _check_range(self, "rank", "dropout", "lokr_factor")
+        _check_choice(self, "targets", "dtype", "adapter")
+        if self.adapter != "lora" and self.dropout > 0:
+            raise UserInputError(f"LoRA dropout={self.dropout} with adapter={self.adapter}: dropout is LoRA's input "
+                                 "dropout, and peft's LoKr and LoHa have none. Set dropout to 0, or adapter to lora.")
 
     @property
     def scale(self) -> float:

@@ -77,7 +77,7 @@ class QwenImageArch:
 def arch_from_transformer(transformer: nn.Module, vae_scale_factor: int | None = None) -> QwenImageArch:
     """Read the planner's numbers from a `QwenImageTransformer2DModel` (meta, CPU or GPU; with or without
     a LoRA injected). Parameter counts come from shapes only, so float8 storage does not change them."""
-    from ..adapters.lora import target_module_names
+    from ..adapters.lora import is_adapter_parameter, target_module_names
 
     cfg = transformer.config
     block = transformer.transformer_blocks[0]
@@ -89,7 +89,7 @@ def arch_from_transformer(transformer: nn.Module, vae_scale_factor: int | None =
     linear_param_names = {f"{s.name}.{leaf}" for s in linears for leaf in ("weight", "bias")}
     other = sum(
         p.numel() for n, p in block.named_parameters()
-        if ".lora_" not in n and n.replace(".base_layer", "") not in linear_param_names
+        if not is_adapter_parameter(n) and n.replace(".base_layer", "") not in linear_param_names
     )
     outside_linears = [
         m for n, m in transformer.named_modules()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..adapters.lycoris import tensor_shapes
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
 from ..models.qwen_arch import IMG_STREAM, MODULATION_LINEARS
 from ..streaming.arena import blob_arena_layout
@@ -40,6 +41,7 @@ from .activations import (
     block_working_bytes,
 )
 from .arch import QwenImageArch, real_arch
+from .lycoris_terms import lycoris_saved_bytes, lycoris_working_bytes
 from .optimizer_state import optimizer_state_bytes, optimizer_step_temp_bytes
 
 GIB = 1024 ** 3
@@ -65,6 +67,9 @@ class PlanInputs:
     rank: int = 32
     targets: str = "attention+mlp"
     lora_dtype: str = "float32"
+    adapter: str = "lora"  # LoraConfig.adapter: lora, lokr or loha (and LoKr's two shape settings)
+    lokr_factor: int = -1
+    lokr_decompose_both: bool = False
     lora_dropout: float = 0.0
     lora_in_compute_dtype: bool = True  # the trainer's LoRA matmuls (lora.compute_in_input_dtype); False: peft's cast
     storage: str = "float8"  # block Linear weights: float8, float8_scaled or bfloat16
@@ -100,7 +105,8 @@ class PlanInputs:
                      height: int, storage: str = "float8", **kwargs) -> PlanInputs:
         """The inputs for a run the nodes describe with their config objects."""
         return cls(width=width, height=height, batch=train.micro_batch_size, rank=lora.rank,
-                   targets=lora.targets, lora_dtype=lora.dtype, lora_dropout=lora.dropout, storage=storage,
+                   targets=lora.targets, lora_dtype=lora.dtype, lora_dropout=lora.dropout, adapter=lora.adapter,
+                   lokr_factor=lora.lokr_factor, lokr_decompose_both=lora.lokr_decompose_both, storage=storage,
                    checkpointing=train.gradient_checkpointing, blocks_to_swap=train.blocks_to_swap,
                    optimizer=optimizer.optimizer, grad_accum_steps=train.grad_accum_steps,
                    fp8_activations=train.fp8_activations, **kwargs)
@@ -114,7 +120,7 @@ class PlanInputs:
         if self.compute_dtype != "bfloat16":
             raise UserInputError("the planner models bf16 compute only (the activation terms were measured in bf16)")
         for name, allowed in (("targets", choices(LoraConfig, "targets")), ("storage", choices(PlanConfig, "storage")),
-                              ("lora_dtype", choices(LoraConfig, "dtype")),
+                              ("lora_dtype", choices(LoraConfig, "dtype")), ("adapter", choices(LoraConfig, "adapter")),
                               ("optimizer", choices(OptimizerConfig, "optimizer")), ("device", ("cuda", "cpu")),
                               ("text_encoder_storage", choices(PlanConfig, "text_encoder_storage"))):
             if getattr(self, name) not in allowed:
@@ -181,20 +187,25 @@ def lora_shapes(arch: QwenImageArch, targets: str) -> list[tuple[int, int, int]]
     return [(b, arch.linear(m).in_features, arch.linear(m).out_features) for b, m in arch.lora_targets[targets]]
 
 
-def lora_tensor_sizes(arch: QwenImageArch, targets: str, rank: int) -> list[tuple[int, int]]:
-    """(block, numel) of every LoRA tensor: A (rank, in) then B (out, rank) per module."""
-    sizes = []
-    for block, fan_in, fan_out in lora_shapes(arch, targets):
-        sizes += [(block, rank * fan_in), (block, fan_out * rank)]
-    return sizes
+def lora_tensor_sizes(arch: QwenImageArch, targets: str, rank: int, **adapter) -> list[tuple[int, int]]:
+    """(block, numel) of every adapter tensor, in lora_tensor_shapes' order."""
+    return [(block, r * c) for block, fan_in, fan_out in lora_shapes(arch, targets)
+            for r, c in tensor_shapes(adapter.get("adapter", "lora"), rank, fan_in, fan_out,
+                                      adapter.get("factor", -1), adapter.get("decompose_both", False))]
 
 
-def lora_tensor_shapes(arch: QwenImageArch, targets: str, rank: int) -> list[tuple[int, int]]:
-    """(rows, columns) of every LoRA tensor, in lora_tensor_sizes' order: A (rank, in) then B (out, rank)."""
-    shapes = []
-    for _, fan_in, fan_out in lora_shapes(arch, targets):
-        shapes += [(rank, fan_in), (fan_out, rank)]
-    return shapes
+def lora_tensor_shapes(arch: QwenImageArch, targets: str, rank: int, **adapter) -> list[tuple[int, int]]:
+    """(rows, columns) of every adapter tensor, module by module: a LoRA's A (rank, in) then B (out, rank); a
+    LoKr's or LoHa's as peft creates them (`adapters.lycoris.tensor_shapes`). `adapter`: adapter (lora, lokr,
+    loha), factor and decompose_both (LoKr), as `adapter_settings` gives them."""
+    return [shape for _, fan_in, fan_out in lora_shapes(arch, targets)
+            for shape in tensor_shapes(adapter.get("adapter", "lora"), rank, fan_in, fan_out,
+                                       adapter.get("factor", -1), adapter.get("decompose_both", False))]
+
+
+def adapter_settings(p: PlanInputs) -> dict:
+    """The adapter's kind and shape settings, as lora_tensor_sizes and lora_tensor_shapes take them."""
+    return dict(adapter=p.adapter, factor=p.lokr_factor, decompose_both=p.lokr_decompose_both)
 
 
 def block_blob(arch: QwenImageArch, storage: str) -> BlobLayout:
@@ -289,18 +300,20 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     slots = num_slots * block_blob(arch, p.storage).whole_bytes
 
     # LoRA, gradients, optimizer.
-    tensors = lora_tensor_sizes(arch, p.targets, p.rank)
+    tensors = lora_tensor_sizes(arch, p.targets, p.rank, **adapter_settings(p))
     lora_params = sum(numel for _, numel in tensors)
     grads_per_block = [0] * n
     for block, numel in tensors:
         grads_per_block[block] += numel * lora_b
-    opt_state = optimizer_state_bytes(lora_tensor_shapes(arch, p.targets, p.rank), p.optimizer, lora_b)
+    opt_state = optimizer_state_bytes(lora_tensor_shapes(arch, p.targets, p.rank, **adapter_settings(p)),
+                                      p.optimizer, lora_b)
 
-    # Activations: per-block amounts, then the worst moment of the backward pass.
+    # Activations: per-block amounts, then the worst moment of the backward pass. A LoKr or LoHa also saves
+    # each layer's whole delta weight and has its transients (lycoris_terms).
     s = activation_settings(p)
-    saved = block_saved_bytes(arch, s, p.batch, n_img, p.text_tokens)
+    saved = block_saved_bytes(arch, s, p.batch, n_img, p.text_tokens) + lycoris_saved_bytes(arch, p)
     kept = block_input_bytes(arch, p.batch, n_img, p.text_tokens, act) if p.checkpointing else saved
-    working = block_working_bytes(arch, s, p.batch, n_img, p.text_tokens)
+    working = block_working_bytes(arch, s, p.batch, n_img, p.text_tokens) + lycoris_working_bytes(arch, p)
     recompute = saved if p.checkpointing else 0
     all_grads = p.grad_accum_steps > 1  # accumulated gradients stay from the first micro-batch on
     worst_i, worst = 0, -1
@@ -335,7 +348,8 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
              "streamed blocks" if ahead else "none computed ahead"),
         Term("float8 row scales", n * scales, "fp32, one per output row, all blocks" if scales else "not scaled"),
         Term("biases, norms, non-block layers", rest, f"{p.compute_dtype}, and the RoPE tables"),
-        Term("LoRA weights", lora_params * lora_b, f"{lora_params / 1e6:.1f}M params, {p.lora_dtype}"),
+        Term("LoRA weights", lora_params * lora_b, f"{lora_params / 1e6:.1f}M params, {p.lora_dtype}"
+             + (f", {p.adapter}" if p.adapter != "lora" else "")),
         Term("optimizer state", opt_state, p.optimizer),
     ]
     if phase == "backward":

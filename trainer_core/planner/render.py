@@ -13,11 +13,14 @@ from .plan import GIB, MemoryPlan, PlanInputs, Term
 from .search import SwapChoice, auto_blocks_to_swap
 
 
+ADAPTER_NAMES = {"lora": "LoRA", "lokr": "LoKr", "loha": "LoHa"}
+
+
 def render_plan(plan: MemoryPlan, budget_bytes: int | None = None) -> str:
     """The plan as a plain-text table (what the CLI prints and a node shows)."""
     p = plan.inputs
     lines = [
-        f"Memory plan: {p.width}x{p.height}, batch {p.batch}, {p.text_tokens} text tokens, LoRA rank {p.rank} "
+        f"Memory plan: {p.width}x{p.height}, batch {p.batch}, {p.text_tokens} text tokens, {ADAPTER_NAMES[p.adapter]} rank {p.rank} "
         f"({p.targets}, {p.lora_dtype}), {p.storage} blocks, {p.optimizer}, "
         f"checkpointing {'on' if p.checkpointing else 'off'}, blocks_to_swap {p.blocks_to_swap}",
         "",

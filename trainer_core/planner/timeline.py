@@ -41,7 +41,14 @@ from ..streaming.placement import (
     spread_placement,
 )
 from .arch import QwenImageArch, real_arch
-from .plan import PlanInputs, block_blob, lora_shapes, lora_tensor_sizes, modulation_window_steps
+from .plan import (
+    PlanInputs,
+    adapter_settings,
+    block_blob,
+    lora_shapes,
+    lora_tensor_sizes,
+    modulation_window_steps,
+)
 
 TENSOR_EFFICIENCY = 0.6  # large bf16 GEMMs reach 55-70% of the dense peak; the 2.3 ms per block on an H100 is 53%
 FP32_EFFICIENCY = 0.6
@@ -214,7 +221,7 @@ def block_work(arch: QwenImageArch, p: PlanInputs, path: ComputePath = TODAY) ->
 
 
 def optimizer_work(arch: QwenImageArch, p: PlanInputs) -> Work:
-    params = sum(numel for _, numel in lora_tensor_sizes(arch, p.targets, p.rank))
+    params = sum(numel for _, numel in lora_tensor_sizes(arch, p.targets, p.rank, **adapter_settings(p)))
     return Work(0, 0, OPTIMIZER_BYTES_PER_PARAM * params)
 
 

@@ -165,7 +165,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ram = int(args.ram_gb * GIB) if args.ram_gb else None
     inputs = PlanInputs(
         width=width, height=height, batch=args.batch, text_tokens=args.text_tokens, rank=args.rank,
-        targets=args.targets, lora_dtype=args.lora_dtype, storage=args.storage,
+        targets=args.targets, lora_dtype=args.lora_dtype, adapter=args.adapter, lokr_factor=args.lokr_factor,
+        lokr_decompose_both=args.lokr_decompose_both, storage=args.storage,
         checkpointing=not args.no_checkpointing, blocks_to_swap=0 if auto else args.blocks_to_swap,
         optimizer=args.optimizer, grad_accum_steps=args.grad_accum, dataset_images=args.images,
         text_encoder_storage=args.text_encoder_storage, preview_width=args.preview_size,
@@ -382,6 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--grad-accum", **config_arg(TrainConfig, "grad_accum_steps"))
     plan.add_argument("--targets", **config_arg(LoraConfig, "targets"))
     plan.add_argument("--lora-dtype", **config_arg(LoraConfig, "dtype"))
+    plan.add_argument("--adapter", **config_arg(LoraConfig, "adapter"))
+    plan.add_argument("--lokr-factor", **config_arg(LoraConfig, "lokr_factor"))
+    plan.add_argument("--lokr-decompose-both", action="store_true",
+                      help=help_text(LoraConfig, "lokr_decompose_both").replace("%", "%%"))
     plan.add_argument("--storage", **config_arg(PlanConfig, "storage"))
     plan.add_argument("--no-checkpointing", action="store_true",
                       help="plan without gradient checkpointing (on by default: "

@@ -11,6 +11,7 @@ import dataclasses
 
 from ..adapters.lora import compute_in_input_dtype, inject_lora, matching_preset, target_module_names
 from ..adapters.lora_files import check_targets, load_into_adapter, read_lora_file
+from ..core.config import NO_LORA
 from ..core.errors import UserInputError
 from ..core.finite import all_finite
 from ..data.order import DataOrder
@@ -33,6 +34,10 @@ def build(trainer: "Trainer", init_lora, preview_size) -> None:
     modules = None
     skeleton = components.skeleton()  # module names and shapes; the weights may not be read yet
     if init_lora is not None:
+        if lora.adapter != "lora":
+            raise UserInputError(f"continue_from_lora starts from a plain LoRA file, and the LoRA Config asks for "
+                                 f"adapter={lora.adapter}: set adapter to lora to continue that file, or choose "
+                                 f"{NO_LORA!r} to train a new LoKr or LoHa.")
         trainer.init_lora = read_lora_file(init_lora)
         check_targets(skeleton, trainer.init_lora)
         modules = trainer.init_lora.targets

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.config import to_dict
+from ..core.config import LoraConfig, field_default, to_dict
 from ..core.errors import RunFolderLost, TrainingStopped, UserInputError
 from ..core.files import write_error
 from ..core.finite import all_finite, nonfinite_names
@@ -24,7 +24,7 @@ from .optim import load_state
 # not imported here, so the recipe's components stay below the recipe.
 
 # LoRA settings a checkpoint must agree on to be continued (anything else may change between runs).
-MUST_MATCH_LORA = ("rank", "alpha", "targets", "dtype")
+MUST_MATCH_LORA = ("rank", "alpha", "targets", "dtype", "adapter", "lokr_factor", "lokr_decompose_both")
 
 
 def training_state(trainer: "Trainer") -> tuple[dict[str, torch.Tensor], dict]:
@@ -113,7 +113,8 @@ def resume(trainer: "Trainer", notes: list[str]) -> bool:
 
 
 def check_compatible(trainer: "Trainer", meta: dict, folder: Path) -> None:
-    saved_lora = meta["lora"]
+    # A checkpoint written before a LoRA setting existed trained with its default.
+    saved_lora = {key: meta["lora"].get(key, field_default(LoraConfig, key)) for key in MUST_MATCH_LORA}
     differences = [
         f"{key}: checkpoint {saved_lora[key]!r}, now {getattr(trainer.lora_cfg, key)!r}"
         for key in MUST_MATCH_LORA if saved_lora[key] != getattr(trainer.lora_cfg, key)
