@@ -3,6 +3,7 @@
     base.py             the seam: `ModelFamily` (its hooks) and `CacheConditioning` (its part of caching)
     qwen_image.py       Qwen-Image text-to-image (its loaders and tiny model are models/'s own)
     qwen_image_edit/    Qwen-Image-Edit, Edit-2509, Edit-2511: one family instance per variant
+    qwen_image21/       Qwen-Image 2.1 (single-stream, Qwen3-VL, 16x VAE; patch 1: `ModelFamily.patch_size`)
 
 A model set carries its family (`QwenImageComponents.family`); the shared engine (cache.py, the trainer,
 the memory plan, sampling.py, demo.py) asks it. A new family (Qwen-Image 2.1, Layered) is a new instance:
@@ -21,9 +22,10 @@ from __future__ import annotations
 from ..core.errors import UserInputError
 from .base import ModelFamily
 from .qwen_image import QWEN_IMAGE
+from .qwen_image21.family import QWEN_IMAGE21
 from .qwen_image_edit.family import EDIT_FAMILIES
 
-FAMILIES: dict[str, ModelFamily] = {QWEN_IMAGE.name: QWEN_IMAGE, **EDIT_FAMILIES}
+FAMILIES: dict[str, ModelFamily] = {QWEN_IMAGE.name: QWEN_IMAGE, **EDIT_FAMILIES, QWEN_IMAGE21.name: QWEN_IMAGE21}
 
 
 def get_family(name: str) -> ModelFamily:

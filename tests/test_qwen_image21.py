@@ -1,0 +1,135 @@
+"""Qwen-Image 2.1 as a model family (trainer_core/families/qwen_image21/), against oracles we did not write:
+the pinned `QwenImage21Pipeline`'s own pieces and `__call__`, and diffusers' converter of ComfyUI's 2.1 files.
+
+- One training step's loss equals, bit for bit, the loss rebuilt from the pipeline's pieces (`encode_prompt`,
+  `_encode_vae_image`, `_pack_latents`, `prepare_latents`, `calculate_shift`, the scheduler's `time_shift`,
+  the image-slot mask and `img_shapes` as `__call__` builds them); `__call__` hands its transformer the same.
+- ComfyUI-layout transformer files (MLP fused as `img_mlp.gate_up` or split; bf16 or float8) load to the
+  weights diffusers' `convert_qwen_image21_transformer_checkpoint_to_diffusers` makes of them.
+- LoRA targets are 2.1's own Linears; a training run through the block runner (a streamed block, float8
+  storage, checkpointing) trains.
+"""
+
+import pytest
+import torch
+from PIL import Image
+
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.families import get_family
+from trainer_core.training import Trainer, randomness
+
+FAMILY = "qwen-image-2.1"
+
+
+@pytest.fixture(scope="module")
+def tiny21():
+    return get_family(FAMILY).tiny_components(storage="float32")
+
+
+def one_image(folder, size=(192, 64)):
+    """One not-square image (a width/height mix-up would show) and its caption."""
+    Image.new("RGB", size, (200, 60, 40)).save(folder / "a.png")
+    (folder / "a.txt").write_text("a red square on white")
+    from conftest import tiny_dataset_config
+    from trainer_core.data.images import discover
+
+    (sample,) = discover(tiny_dataset_config(folder))
+    return sample
+
+
+def pipeline(components, scheduler_config=None):
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline
+
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config or components.scheduler_config)
+    pipe = QwenImage21Pipeline(scheduler=scheduler, vae=components.vae, text_encoder=components.text_encoder,
+                               processor=components.tokenizer, transformer=components.transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def reference_loss(components, sample, seed):
+    """(loss, the transformer's inputs, the level before its shift) from the pipeline's pieces."""
+    from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_shift
+
+    from trainer_core.data.images import load_cropped
+
+    pipe = pipeline(components)
+    w, h = sample.bucket
+    f = pipe.vae_scale_factor
+    c = components.transformer.config.in_channels  # patch 1: __call__'s num_channels_latents
+    cpu = torch.device("cpu")
+    prompt, mask, slots = pipe.encode_prompt(sample.caption, device=cpu)
+    rgb = load_cropped(sample.image_path, sample.bucket)  # (3, H, W) in [-1, 1]
+    # The pipeline's own image preprocessing (convert("RGBA"), then its VaeImageProcessor) of the crop.
+    crop = Image.fromarray(((rgb.permute(1, 2, 0) + 1) * 127.5).round().to(torch.uint8).numpy())
+    rgba = pipe.image_processor.preprocess(crop.convert("RGBA"), width=w, height=h)  # (1, 4, H, W)
+    assert torch.equal(rgba[0, :3], rgb) and bool((rgba[0, 3] == 1).all())  # opaque: alpha 1, as we encode
+    with torch.no_grad():
+        latents = pipe._encode_vae_image(rgba.unsqueeze(2), None)  # (1, C, 1, h, w), normalised
+    x0 = pipe._pack_latents(latents, 1, c, h // f, w // f)  # (1, N, C)
+    noise, _ = pipe.prepare_latents(None, 1, c, h, w, torch.float32, cpu,
+                                    randomness.generator(seed, 0, randomness.NOISE))
+    unshifted = torch.sigmoid(torch.randn(1, generator=randomness.generator(seed, 0, randomness.NOISE_LEVELS)))
+    config = pipe.scheduler.config
+    mu = calculate_shift(noise.shape[1], config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
+                         config.get("base_shift", 0.5), config.get("max_shift", 1.15))
+    s = pipe.scheduler.time_shift(mu, 1.0, unshifted)
+    x_t = (1 - s) * x0 + s * noise
+    img_mask = torch.cat([slots, slots.new_ones(1, noise.shape[1] // 4)], dim=1)  # __call__'s append_target_slots
+    inputs = dict(hidden_states=x_t, timestep=s, encoder_hidden_states=prompt, encoder_hidden_states_mask=mask,
+                  img_shapes=[[(1, h // f, w // f)]], img_mask=img_mask, return_dict=False)
+    with torch.no_grad():
+        prediction = components.transformer(**inputs)[0][:, -noise.shape[1]:]
+    return float(torch.nn.functional.mse_loss(prediction.float(), (noise - x0).float())), inputs, unshifted
+
+
+def test_one_training_step_loss_equals_the_reference_from_the_pipelines_pieces(tiny21, tmp_path):
+    from trainer_core.data.cache import build_cache
+
+    components = tiny21
+    sample = one_image(tmp_path)
+    assert sample.bucket == (96, 32)
+    expected, inputs, unshifted = reference_loss(components, sample, seed=7)
+
+    # __call__ with the reference's noisy latents and its unshifted level as its one sigma hands its
+    # transformer the same inputs (timestep through t * 1000 / 1000: float32 rounding).
+    pipe = pipeline(components, {**components.scheduler_config, "shift_terminal": None})
+    seen = {}
+
+    def first_call(_module, _args, kwargs):
+        seen.setdefault("kw", kwargs)
+
+    handle = components.transformer.register_forward_pre_hook(first_call, with_kwargs=True)
+    try:
+        w, h = sample.bucket
+        pipe(prompt=sample.caption, width=w, height=h, sigmas=[float(unshifted)], latents=inputs["hidden_states"],
+             output_type="latent", use_kv_cache=False)
+    finally:
+        handle.remove()
+    called = seen["kw"]
+    for name in ("hidden_states", "encoder_hidden_states", "img_mask"):
+        assert torch.equal(called[name], inputs[name]), name
+    assert called["encoder_hidden_states_mask"] is None and inputs["encoder_hidden_states_mask"] is None
+    assert called["img_shapes"] == inputs["img_shapes"]
+    assert torch.allclose(called["timestep"], inputs["timestep"], rtol=1e-6, atol=0)
+
+    trainer = Trainer(components, build_cache(components, [sample], tmp_path / "cache"), LoraConfig(rank=4),
+                      OptimizerConfig(optimizer="adamw"),
+                      TrainConfig(run_name="q21", seed=7, blocks_to_swap=0, gradient_checkpointing=False))
+    try:
+        loss = trainer.train(1).losses[0]
+    finally:
+        trainer.close()
+    assert loss == expected  # the same operations on the same numbers (the adapter starts as a no-op)
+
+
+def test_lora_targets_are_the_single_stream_blocks_linears(tiny21):
+    from trainer_core.adapters.lora import target_module_names
+
+    transformer = tiny21.transformer
+    names = target_module_names(transformer, "all")
+    assert len(names) == 7 * len(transformer.transformer_blocks)
+    modules = dict(transformer.named_modules())
+    assert all(isinstance(modules[n], torch.nn.Linear) for n in names)
+    assert {n.split(".", 2)[2] for n in target_module_names(transformer, "attention")} == {
+        "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0"}
