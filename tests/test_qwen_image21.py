@@ -133,3 +133,37 @@ def test_lora_targets_are_the_single_stream_blocks_linears(tiny21):
     assert all(isinstance(modules[n], torch.nn.Linear) for n in names)
     assert {n.split(".", 2)[2] for n in target_module_names(transformer, "attention")} == {
         "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0"}
+
+
+@pytest.mark.parametrize("fmt,mlp", [("bf16", "fused"), ("bf16", "split"), ("fp8_e4m3fn_scaled", "fused"),
+                                     ("fp8_e4m3fn", "split")])
+def test_comfyui_transformer_files_load_to_what_diffusers_converter_makes_of_them(tiny21, tmp_path, fmt, mlp):
+    """Our reader of a ComfyUI-layout file (either MLP layout) against diffusers' own converter of the same
+    file (`convert_qwen_image21_transformer_checkpoint_to_diffusers`, scaled float8 dequantised first)."""
+    import json
+
+    from diffusers.loaders.single_file_utils import convert_qwen_image21_transformer_checkpoint_to_diffusers
+    from safetensors.torch import load_file, save_file
+
+    from trainer_core.families.qwen_image21.files import QwenImage21TransformerFile, comfyui_transformer_tensors
+    from trainer_core.models.float8 import dequantized_state_dict
+
+    path = tmp_path / "qwen_image21.safetensors"
+    save_file(comfyui_transformer_tensors(tiny21.transformer, fmt, mlp), str(path))
+    config = dict(tiny21.transformer.config)
+    path.with_suffix(".json").write_text(json.dumps({"part": "transformer", "config": {
+        "axes_dims_rope": list(config["axes_dims_rope"]), "causal_condition": config["causal_condition"]}}))
+    raw = load_file(str(path))
+    assert any(k.endswith("img_mlp.gate_up.weight") for k in raw) == (mlp == "fused")
+    for key in [k for k in raw if k.endswith(".scale_weight")]:  # ComfyUI's scaled float8: weight * scale
+        weight = key.removesuffix(".scale_weight") + ".weight"
+        raw[weight] = raw[weight].float() * raw.pop(key)
+    raw.pop("model.diffusion_model.scaled_fp8", None)
+    theirs = convert_qwen_image21_transformer_checkpoint_to_diffusers(raw)
+
+    source = QwenImage21TransformerFile(path, storage="float32", compute_dtype=torch.float32)
+    assert source.mlp_layout == mlp
+    ours = dequantized_state_dict(source.load())
+    assert sorted(ours) == sorted(theirs)
+    for name, tensor in theirs.items():
+        assert torch.equal(ours[name], tensor.float()), name
