@@ -167,3 +167,79 @@ def test_comfyui_transformer_files_load_to_what_diffusers_converter_makes_of_the
     assert sorted(ours) == sorted(theirs)
     for name, tensor in theirs.items():
         assert torch.equal(ours[name], tensor.float()), name
+
+
+@pytest.fixture(scope="module")
+def with_lora():
+    """A fresh tiny 2.1 with a rank-2 LoRA on every block Linear, its B random (not a no-op), alpha 3."""
+    from trainer_core.adapters.lora import inject_lora, lora_layers
+
+    components = get_family(FAMILY).tiny_components(storage="float32")
+    inject_lora(components.transformer, LoraConfig(rank=2, alpha=3.0, targets="all"), seed=3)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for layer in lora_layers(components.transformer).values():
+            b = layer.lora_B["default"].weight
+            b.copy_(torch.randn(b.shape, generator=generator) * 0.1)
+    return components
+
+
+def forward_output(transformer):
+    """The tiny transformer's output on fixed inputs (a 4 x 6 latent grid after 5 text rows)."""
+    from trainer_core.families.qwen_image21.objective import transformer_kwargs
+
+    generator = torch.Generator().manual_seed(11)
+    hidden = torch.randn(1, 24, transformer.config.in_channels, generator=generator)
+    text = torch.randn(1, 5, transformer.config.context_in_dim, generator=generator)
+    with torch.no_grad():
+        return transformer(**transformer_kwargs(hidden, (4, 6), text, None), timestep=torch.tensor([0.6]),
+                           return_dict=False)[0]
+
+
+def test_diffusers_layout_lora_loads_into_the_pipeline_with_every_key_used_and_the_same_output(with_lora, tmp_path):
+    from diffusers import QwenImage21Pipeline
+    from peft.tuners.lora import LoraLayer
+    from safetensors.torch import save_file
+
+    from trainer_core.adapters.lora_files import lora_file_tensors
+
+    tensors = lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout="diffusers")
+    save_file(tensors, str(tmp_path / "lora.safetensors"))
+    fresh = get_family(FAMILY).tiny_components(storage="float32")
+    pipe = QwenImage21Pipeline(scheduler=None, vae=fresh.vae, text_encoder=None, processor=fresh.tokenizer,
+                               transformer=fresh.transformer)
+    pipe.load_lora_weights(str(tmp_path / "lora.safetensors"))
+    loaded = {n for n, m in fresh.transformer.named_modules() if isinstance(m, LoraLayer)}
+    assert {f"transformer.{n}" for n in loaded} == {k.rsplit(".", 2)[0] for k in tensors}  # every key used
+    torch.testing.assert_close(forward_output(fresh.transformer), forward_output(with_lora.transformer),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_comfyui_layout_fuses_the_mlp_pair_and_matches_every_key_of_a_comfyui_file(with_lora, tiny21, tmp_path):
+    """Split gate_layer/proj LoRAs written as one rank-2r LoRA on `gate_up` (stacked A, block-diagonal B, alpha
+    doubled): its delta is the two deltas stacked, every module names a weight of a ComfyUI-layout 2.1 file
+    (0 unmatched), and reading the file back gives the trained pairs."""
+    from safetensors.torch import save_file
+
+    from trainer_core.adapters.lora import adapter_weights
+    from trainer_core.adapters.lora_files import lora_file_tensors, read_lora_file
+    from trainer_core.families.qwen_image21.files import comfyui_transformer_tensors
+
+    tensors = lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout="comfyui")
+    modules = {k.rsplit(".", 2)[0] if k.endswith(".weight") else k.rsplit(".", 1)[0] for k in tensors}
+    file_keys = set(comfyui_transformer_tensors(tiny21.transformer, "bf16", "fused"))  # the same seed's model
+    unmatched = [m for m in modules if "model." + m + ".weight" not in file_keys]
+    assert unmatched == [] and any(m.endswith("img_mlp.gate_up") for m in modules)
+    trained = adapter_weights(with_lora.transformer)
+    block = "diffusion_model.transformer_blocks.1.img_mlp"
+    fused = tensors[f"{block}.gate_up.alpha"] / 4 * tensors[f"{block}.gate_up.lora_B.weight"] @ tensors[
+        f"{block}.gate_up.lora_A.weight"]
+    split = [1.5 * trained[f"transformer_blocks.1.img_mlp.{p}"][1] @ trained[f"transformer_blocks.1.img_mlp.{p}"][0]
+             for p in ("gate_layer", "proj")]
+    torch.testing.assert_close(fused, torch.cat(split), rtol=1e-6, atol=1e-7)
+
+    save_file(tensors, str(tmp_path / "lora.safetensors"))
+    back = read_lora_file(tmp_path / "lora.safetensors")
+    assert back.rank == 2 and back.alpha == 3.0 and sorted(back.weights) == sorted(trained)
+    for name, (a, b) in trained.items():
+        assert torch.equal(back.weights[name][0], a.float()) and torch.equal(back.weights[name][1], b.float()), name
