@@ -243,3 +243,26 @@ def test_comfyui_layout_fuses_the_mlp_pair_and_matches_every_key_of_a_comfyui_fi
     assert back.rank == 2 and back.alpha == 3.0 and sorted(back.weights) == sorted(trained)
     for name, (a, b) in trained.items():
         assert torch.equal(back.weights[name][0], a.float()) and torch.equal(back.weights[name][1], b.float()), name
+
+
+def test_export_tiny_files_and_folder_load_back_to_the_tiny_model(tiny21, tmp_path):
+    """`export-tiny --model qwen-image-2.1`: the diffusers folder (alone, or beside a ComfyUI transformer file
+    with the MLP fused or split) loads to the same weights and the same prompt embedding."""
+    from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
+    from trainer_core.families.qwen_image21.folder import load_qwen_image21_folder
+    from trainer_core.families.qwen_image21.text import encode_prompt
+    from trainer_core.models.float8 import dequantized_state_dict
+
+    written = export_tiny_qwen_image21(tmp_path, layout="comfyui")
+    expected = dequantized_state_dict(tiny21.transformer)
+    for transformer_file in (None, written["transformer_bf16"], written["transformer_bf16_split_mlp"]):
+        loaded = load_qwen_image21_folder(written["diffusers_folder"], transformer_file, storage="float32",
+                                          compute_dtype=torch.float32)
+        assert loaded.family.name == FAMILY
+        ours = dequantized_state_dict(loaded.transformer)
+        assert sorted(ours) == sorted(expected)
+        rounding = torch.bfloat16 if transformer_file is not None else torch.float32  # the file is bf16
+        for name, tensor in expected.items():
+            assert torch.equal(ours[name], tensor.to(rounding).float()), name
+    assert torch.equal(encode_prompt(loaded.text_encoder, loaded.tokenizer, "a red circle"),
+                       encode_prompt(tiny21.text_encoder, tiny21.tokenizer, "a red circle"))
