@@ -264,5 +264,24 @@ def test_export_tiny_files_and_folder_load_back_to_the_tiny_model(tiny21, tmp_pa
         rounding = torch.bfloat16 if transformer_file is not None else torch.float32  # the file is bf16
         for name, tensor in expected.items():
             assert torch.equal(ours[name], tensor.to(rounding).float()), name
+    tiny21.ensure_text_encoder()  # an earlier cache build released it
     assert torch.equal(encode_prompt(loaded.text_encoder, loaded.tokenizer, "a red circle"),
                        encode_prompt(tiny21.text_encoder, tiny21.tokenizer, "a red circle"))
+
+
+def test_preview_equals_the_pipelines_own_sampling_from_its_prompt(tiny21, tmp_path):
+    """The preview (cached embedding, our sampler's call of the family's pipeline) equals `QwenImage21Pipeline`
+    run from the prompt itself with the same seed, size and steps (fp32, tiny)."""
+    import numpy as np
+
+    from trainer_core.data.cache import build_cache
+    from trainer_core.families.sampling import sample_image
+
+    prompt = "a red circle on a white background"
+    cached = build_cache(tiny21, [one_image(tmp_path)], tmp_path / "cache", preview_prompts=[prompt])
+    ours = sample_image(tiny21, cached, prompt, width=64, height=96, steps=2, cfg_scale=1.0, seed=3)
+    assert tiny21.text_encoder is None  # the preview ran without the encoder (caching released it)
+    tiny21.ensure_text_encoder()  # for the pipeline's own encoding of the prompt
+    theirs = pipeline(tiny21)(prompt=prompt, width=64, height=96, num_inference_steps=2,
+                              generator=torch.Generator("cpu").manual_seed(3)).images[0]
+    assert ours.size == (64, 96) and np.array_equal(np.asarray(ours), np.asarray(theirs))
