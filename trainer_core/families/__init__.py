@@ -11,9 +11,9 @@ a module or package here with its loaders (which set `components.family`), data 
 caching, its transformer inputs, pipeline, tiny model and demo data, registered in FAMILIES.
 
 Still Qwen-Image's in the shared path, for the next family to lift into hooks when it needs another answer:
-the 2x2 packing of latents into tokens and the token grid (trainer: `pack_latents`, `PATCH_SIZE`), the VAE
+the VAE
 encoding of targets (cache.py: `models.latents.encode_images`), the transformer's keyword arguments beside
-`hidden_states`/`img_shapes`, the preview pipeline's call arguments (sampling.py), the memory plan's
+`hidden_states`/`img_shapes` in the default `transformer_kwargs`, the preview pipeline's call arguments (sampling.py), the memory plan's
 architecture (planner/arch.py) and the LoRA file layouts (lora_files.py).
 """
 

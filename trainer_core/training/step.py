@@ -10,7 +10,8 @@ its timestep and one `img_shapes` entry list per sample; the loss covers the tar
 
 What differs between model families (Edit: control latents after the target's tokens, the empty caption
 seen with the sample's own controls) is asked of the model set's family (families/base.ModelFamily):
-`dropped_text_key`, `conditions`, `transformer_inputs`, `loss_tokens`; the data order groups by its
+`patch_size`, `dropped_text_key`, `conditions`, `transformer_kwargs` (by default from `transformer_inputs`),
+`target_prediction` (by default the leading `loss_tokens`); the data order groups by its
 `batch_group` (setup.py).
 """
 

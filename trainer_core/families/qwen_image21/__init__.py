@@ -11,6 +11,7 @@ Modules, one concern each:
     objective.py  the transformer's inputs as the pinned pipeline builds them
     text.py       prompt encoding by the pipeline's own method
     processor.py  the Qwen3-VL processor built offline (tiny model, files without one)
-    files.py      loaders: a diffusers folder, ComfyUI's single transformer file (MLP fused or split)
+    files.py      ComfyUI's single transformer file (MLP fused or split; bf16, float8): reader and writer
+    folder.py     a diffusers folder (optionally with the transformer from files.py): loader and writer
     tiny.py       the tiny model set (random weights) for tests and the demo
 """
