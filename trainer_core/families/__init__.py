@@ -11,10 +11,9 @@ a module or package here with its loaders (which set `components.family`), data 
 caching, its transformer inputs, pipeline, tiny model and demo data, registered in FAMILIES.
 
 Still Qwen-Image's in the shared path, for the next family to lift into hooks when it needs another answer:
-the VAE
-encoding of targets (cache.py: `models.latents.encode_images`), the transformer's keyword arguments beside
-`hidden_states`/`img_shapes` in the default `transformer_kwargs`, the preview pipeline's call arguments (sampling.py), the memory plan's
-architecture (planner/arch.py) and the LoRA file layouts (lora_files.py).
+the VAE encoding of targets (cache.py: `models.latents.encode_images`; an RGBA VAE gets opaque RGB), the
+preview pipeline's call arguments (sampling.py), the memory plan's architecture and activation terms
+(planner/), and the LoRA file layouts (lora_files.py; 2.1's fused MLP: adapters/fused_mlp_lora.py).
 """
 
 from __future__ import annotations
