@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.config import LoraConfig
+from ..models.qwen21_arch import LORA_TARGET_PRESETS as QWEN21_PRESETS
+from ..models.qwen21_arch import is_qwen_image21
 from ..models.qwen_arch import DEAD_IN_LAST_BLOCK, LORA_TARGET_PRESETS, block_module
 from . import lycoris
 
@@ -27,10 +29,13 @@ ADAPTER = "default"
 def target_module_names(transformer: nn.Module, preset: str) -> list[str]:
     """Full module names ('transformer_blocks.3.attn.to_q', ...) that get a LoRA for `preset`."""
     last = len(transformer.transformer_blocks) - 1
+    presets, dead = LORA_TARGET_PRESETS, DEAD_IN_LAST_BLOCK
+    if is_qwen_image21(transformer):  # single-stream blocks: other Linears, none dead in the last block
+        presets, dead = QWEN21_PRESETS, ()
     names = []
     for i in range(last + 1):
-        for module in LORA_TARGET_PRESETS[preset]:
-            if i == last and module in DEAD_IN_LAST_BLOCK:
+        for module in presets[preset]:
+            if i == last and module in dead:
                 continue
             names.append(block_module(i, module))
     return names

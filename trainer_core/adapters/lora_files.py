@@ -41,8 +41,10 @@ from ..core.errors import UserInputError
 from ..core.files import inside
 from ..core.finite import nonfinite_names
 from ..core.names import check_component, fill_template
+from ..models.qwen21_arch import FUSED_MLP, is_qwen_image21
 from ..models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
 from . import lycoris
+from .fused_mlp_lora import fuse_mlp_pairs, split_mlp_pair
 from .lora import ADAPTER, adapter_weights, lora_layers
 
 COMFY_PREFIX = "diffusion_model."
@@ -91,10 +93,18 @@ class LoraFile:
 def comfyui_state_dict(transformer: nn.Module, alpha: float, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The adapter in the ComfyUI layout, tensors detached, on the CPU, in `dtype` (alpha stays fp32)."""
     out = {}
-    for name, (a, b) in adapter_weights(transformer).items():
-        out[f"{COMFY_PREFIX}{name}.lora_A.weight"] = a.detach().to("cpu", dtype).contiguous()
-        out[f"{COMFY_PREFIX}{name}.lora_B.weight"] = b.detach().to("cpu", dtype).contiguous()
-        out[f"{COMFY_PREFIX}{name}.alpha"] = torch.tensor(float(alpha), dtype=torch.float32)
+    weights = {name: (a.detach().cpu(), b.detach().cpu()) for name, (a, b) in adapter_weights(transformer).items()}
+    fused = set()
+    if is_qwen_image21(transformer):  # ComfyUI's 2.1 model fuses the MLP's gate and up (fused_mlp_lora.py)
+        before = set(weights)
+        weights = fuse_mlp_pairs(weights)
+        fused = set(weights) - before
+    for name, (a, b) in weights.items():
+        out[f"{COMFY_PREFIX}{name}.lora_A.weight"] = a.to(dtype).contiguous()
+        out[f"{COMFY_PREFIX}{name}.lora_B.weight"] = b.to(dtype).contiguous()
+        # twice the rank on a fused pair: twice the alpha keeps alpha / rank
+        out[f"{COMFY_PREFIX}{name}.alpha"] = torch.tensor(float(alpha) * (2 if name in fused else 1),
+                                                          dtype=torch.float32)
     return out
 
 
@@ -306,6 +316,11 @@ def read_lora_file(path: str | Path) -> LoraFile:
         raise UserInputError(f"LoRA file {path} has matrices that do not form a Linear LoRA for {bad[:3]} (first: "
                              f"lora_A {shapes['A']}, lora_B {shapes['B']}; a Linear LoRA has A (rank, in) and B "
                              "(out, rank)).")
+    for module in [m for m in parts if m.endswith(FUSED_MLP)]:  # ComfyUI's fused 2.1 MLP (fused_mlp_lora.py)
+        fused, fused_keys = parts.pop(module), keys.pop(module)
+        for name, (a, b) in split_mlp_pair(module, fused["A"], fused["B"], str(path)).items():
+            parts[name] = {"A": a, "B": b, **({"alpha": fused["alpha"] / 2} if "alpha" in fused else {})}
+            keys[name] = fused_keys
     ranks = {m: p["A"].shape[0] for m, p in parts.items()}
     if len(set(ranks.values())) > 1:
         by_rank: dict[int, list[str]] = {}

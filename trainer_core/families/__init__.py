@@ -3,6 +3,7 @@
     base.py             the seam: `ModelFamily` (its hooks) and `CacheConditioning` (its part of caching)
     qwen_image.py       Qwen-Image text-to-image (its loaders and tiny model are models/'s own)
     qwen_image_edit/    Qwen-Image-Edit, Edit-2509, Edit-2511: one family instance per variant
+    qwen_image21/       Qwen-Image 2.1 (single-stream, Qwen3-VL, 16x VAE; patch 1: `ModelFamily.patch_size`)
 
 A model set carries its family (`QwenImageComponents.family`); the shared engine (cache.py, the trainer,
 the memory plan, sampling.py, demo.py) asks it. A new family (Qwen-Image 2.1, Layered) is a new instance:
@@ -10,10 +11,9 @@ a module or package here with its loaders (which set `components.family`), data 
 caching, its transformer inputs, pipeline, tiny model and demo data, registered in FAMILIES.
 
 Still Qwen-Image's in the shared path, for the next family to lift into hooks when it needs another answer:
-the 2x2 packing of latents into tokens and the token grid (trainer: `pack_latents`, `PATCH_SIZE`), the VAE
-encoding of targets (cache.py: `models.latents.encode_images`), the transformer's keyword arguments beside
-`hidden_states`/`img_shapes`, the preview pipeline's call arguments (sampling.py), the memory plan's
-architecture (planner/arch.py) and the LoRA file layouts (lora_files.py).
+the VAE encoding of targets (cache.py: `models.latents.encode_images`; an RGBA VAE gets opaque RGB), the
+preview pipeline's call arguments (sampling.py), the memory plan's architecture and activation terms
+(planner/), and the LoRA file layouts (lora_files.py; 2.1's fused MLP: adapters/fused_mlp_lora.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from __future__ import annotations
 from ..core.errors import UserInputError
 from .base import ModelFamily
 from .qwen_image import QWEN_IMAGE
+from .qwen_image21.family import QWEN_IMAGE21
 from .qwen_image_edit.family import EDIT_FAMILIES
 
-FAMILIES: dict[str, ModelFamily] = {QWEN_IMAGE.name: QWEN_IMAGE, **EDIT_FAMILIES}
+FAMILIES: dict[str, ModelFamily] = {QWEN_IMAGE.name: QWEN_IMAGE, **EDIT_FAMILIES, QWEN_IMAGE21.name: QWEN_IMAGE21}
 
 
 def get_family(name: str) -> ModelFamily:

@@ -7,7 +7,8 @@ what they happen to carry:
 
     data and cache   check_samples, cache_conditioning (keys and encoding of prompts and conditions),
                      data_settings, check_cached
-    training step    batch_group, dropped_text_key, conditions, transformer_inputs, loss_tokens
+    training step    patch_size, batch_group, dropped_text_key, conditions, transformer_inputs, loss_tokens,
+                     transformer_kwargs, target_prediction
     memory plan      planned_image_size
     previews         preview_inputs, preview_pipeline
     built-ins        tiny_components, demo
@@ -82,6 +83,7 @@ class ModelFamily:
     text-to-image behaviour (no conditions, the loss over every image token)."""
 
     name: str = ""  # what the CLI's --model and a model set's family are called ("qwen-image", "edit-2511")
+    patch_size: int = 2  # latent cells per token side (Qwen-Image packs 2 x 2; Qwen-Image 2.1 takes 1)
 
     # ----------------------------------------------------------------------------------------------
     # data and cache
@@ -131,6 +133,20 @@ class ModelFamily:
     def loss_tokens(self, grid: tuple[int, int]) -> int:
         """How many leading output tokens the loss covers (the target's; conditions are inputs only)."""
         return grid[0] * grid[1]
+
+    def transformer_kwargs(self, hidden, grid: tuple[int, int], conditions: list[list] | None, text, text_mask,
+                           text_keys: list[str] | None = None, dataset=None) -> dict[str, Any]:
+        """The transformer's keyword arguments besides `timestep` and `return_dict`: `hidden` (B, N, D_in) noisy
+        target tokens, `text` (B, L, D) padded prompt embeddings with `text_mask` (B, L) or None; `text_keys`
+        and `dataset` say which cached prompts they are (a family that cached more per prompt reads it)."""
+        hidden_states, img_shapes = self.transformer_inputs(hidden, grid, conditions)
+        return dict(hidden_states=hidden_states, encoder_hidden_states=text, encoder_hidden_states_mask=text_mask,
+                    img_shapes=img_shapes)
+
+    def target_prediction(self, output, grid: tuple[int, int]):
+        """The transformer's output tokens the loss covers: (B, N, D_out) of the target (default: the leading
+        `loss_tokens`; a family whose output holds the whole joint sequence picks the target's)."""
+        return output[:, : self.loss_tokens(grid)]
 
     # ----------------------------------------------------------------------------------------------
     # memory plan

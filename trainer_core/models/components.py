@@ -47,6 +47,9 @@ class QwenImageComponents:
     # Re-creates (text_encoder, tokenizer) after `release_text_encoder`, for a later cache run that
     # meets a new caption; None when the source cannot be read again.
     text_encoder_loader: Callable[[], tuple[nn.Module, Any]] | None = field(default=None, repr=False)
+    # The text encoder's processor without the encoder, for a family whose preview pipeline needs it after
+    # `release_text_encoder` (Qwen-Image 2.1: its pipeline reads the template's token counts); None: not needed.
+    processor_loader: Callable[[], Any] | None = field(default=None, repr=False)
     # Reads the VAE again after `release_vae` dropped it (None: the VAE stays, parked on the CPU).
     vae_loader: Callable[[], nn.Module] | None = field(default=None, repr=False)
     # Streams the transformer from its file (transformer_file.TransformerFile); None: always loaded.
@@ -178,6 +181,7 @@ def _text_to_image():
 
 def vocabulary_bytes(tokenizer) -> bytes:
     """The tokenizer's vocabulary as bytes, for identities (the same text must map to the same tokens)."""
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor (Qwen-Image 2.1's) wraps its tokenizer
     return repr(sorted(tokenizer.get_vocab().items())).encode()
 
 

@@ -54,8 +54,11 @@ def _computing_dtype(vae):
 def encode_images(vae, images: torch.Tensor) -> torch.Tensor:
     """(B, 3, H, W) in [-1, 1] -> normalised latents (B, C, H/f, W/f) in fp32 (distribution mode)."""
     device = next(vae.parameters()).device
+    if getattr(vae.config, "in_channels", 3) == 4 and images.shape[1] == 3:
+        # an RGBA VAE (Qwen-Image 2.1's): an RGB image is opaque, as its pipeline's convert("RGBA") makes it
+        images = torch.cat([images, torch.ones_like(images[:, :1])], dim=1)
     with _computing_dtype(vae) as dtype:
-        video = images.to(device, dtype).unsqueeze(2)  # (B, 3, 1, H, W): the VAE works on frames
+        video = images.to(device, dtype).unsqueeze(2)  # (B, 3 or 4, 1, H, W): the VAE works on frames
         latents = vae.encode(video).latent_dist.mode()[:, :, 0].float()  # (B, C, h, w)
     mean, std = _stats(vae, latents)
     return (latents - mean) / std
@@ -71,10 +74,10 @@ def decode_latents(vae, latents: torch.Tensor) -> torch.Tensor:
         return vae.decode(raw).sample[:, :, 0].float().clamp(-1, 1)
 
 
-def pack_latents(latents: torch.Tensor) -> torch.Tensor:
-    """(B, C, h, w) -> (B, h/2 * w/2, 4C): each 2x2 patch becomes one token, channels major."""
+def pack_latents(latents: torch.Tensor, p: int = PATCH_SIZE) -> torch.Tensor:
+    """(B, C, h, w) -> (B, h/p * w/p, p*p*C): each p x p patch becomes one token, channels major (Qwen-Image:
+    p = 2; Qwen-Image 2.1 takes every cell as a token, p = 1, its pipeline's `_pack_latents`)."""
     b, c, h, w = latents.shape
-    p = PATCH_SIZE
     x = latents.view(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)  # (B, h/2, w/2, C, 2, 2)
     return x.reshape(b, (h // p) * (w // p), c * p * p)
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .qwen21_arch import is_qwen_image21
 from .qwen_arch import IMG_STREAM, MODULATION_LINEARS, TXT_STREAM
 
 
@@ -32,6 +33,8 @@ def supports_modulation_ahead(transformer: nn.Module) -> bool:
     """Whether the modulation inputs are a function of the timestep alone that `modulation_inputs` knows:
     no trainable parameter before them (a LoRA on the time embedding would need their gradient) and no extra
     timestep conditioning."""
+    if is_qwen_image21(transformer):  # its one modulation Linear sits outside the blocks, never streamed
+        return False
     embed = transformer.time_text_embed
     return (not getattr(embed, "use_additional_t_cond", False)
             and not any(p.requires_grad for p in embed.parameters()))

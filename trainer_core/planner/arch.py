@@ -99,11 +99,12 @@ def arch_from_transformer(transformer: nn.Module, vae_scale_factor: int | None =
     axes = list(cfg.axes_dims_rope)
     pos_freqs = getattr(transformer.pos_embed, "pos_freqs", None)
     heads, head_dim = cfg.num_attention_heads, cfg.attention_head_dim
-    mlp = next(s for s in linears if s.name == IMG_STREAM["mlp0"])
+    # Qwen-Image 2.1 (single-stream): its SwiGLU's input projection, its text width `context_in_dim`
+    mlp = next(s for s in linears if s.name in (IMG_STREAM["mlp0"], "img_mlp.proj"))
     return QwenImageArch(
         num_blocks=len(transformer.transformer_blocks),
         dim=heads * head_dim, mlp_dim=mlp.out_features, heads=heads, head_dim=head_dim,
-        text_dim=cfg.joint_attention_dim,
+        text_dim=cfg.get("joint_attention_dim") or cfg.get("context_in_dim"),
         latent_channels=cfg.in_channels // (cfg.patch_size ** 2), patch_size=cfg.patch_size,
         vae_scale_factor=vae_scale_factor or default_vae_scale_factor(),
         rope_complex_per_token=sum(axes) // 2,

@@ -26,7 +26,8 @@ def _quiet_libraries() -> None:
 
 
 # The demo's models: text-to-image, or a Qwen-Image-Edit variant (edit-auto: read from the files).
-DEMO_MODELS = ("qwen-image", "edit-2511", "edit-2509", "edit", "edit-auto")
+DEMO_MODELS = ("qwen-image", "edit-2511", "edit-2509", "edit", "qwen-image-2.1", "edit-auto")
+QWEN_IMAGE21 = "qwen-image-2.1"  # trainer_core/families/qwen_image21/
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -40,7 +41,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if any(files) and not all(files):
         raise UserInputError("demo from files needs all three of --transformer, --text-encoder and --vae.")
     check_writable_folder(args.out, "--out")
-    edit = args.model != "qwen-image"  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
+    edit = args.model not in ("qwen-image", QWEN_IMAGE21)  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
+    if any(files) and args.model == QWEN_IMAGE21:
+        raise UserInputError("demo --model qwen-image-2.1 trains the built-in tiny 2.1; from files it is not offered "
+                             "yet (its text encoder and VAE single-file layouts are not read here).")
     if any(files):
         from ..families.qwen_image_edit.files import load_edit_single_files
         from ..models import load_single_files
@@ -128,7 +132,11 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
 
     check_writable_folder(args.dir, "dir")
     try:
-        if args.model != "qwen-image":  # a tiny Qwen-Image-Edit of that variant
+        if args.model == QWEN_IMAGE21:
+            from ..devtools.export_qwen21 import export_tiny_qwen_image21
+
+            written = export_tiny_qwen_image21(args.dir, layout=args.layout, seed=args.seed)
+        elif args.model != "qwen-image":  # a tiny Qwen-Image-Edit of that variant
             from ..devtools.export import export_tiny_edit
 
             written = export_tiny_edit(args.dir, variant=args.model, layout=args.layout, seed=args.seed)
@@ -314,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", choices=DEMO_MODELS, default=DEMO_MODELS[0],
                       help="qwen-image (text to image) or an edit model: edit-2511, edit-2509, edit (trains on the "
                            "built-in edit dataset with control images; with files: the variant they must be, "
-                           "edit-auto = read it from the transformer file)")
+                           "edit-auto = read it from the transformer file); qwen-image-2.1 (the tiny 2.1, text to "
+                           "image)")
     demo.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0))
     demo.add_argument("--blocks-to-swap", **blocks_to_swap_arg(default=1))
     demo.add_argument("--resume", action="store_true",
@@ -359,7 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0, help="seed of the random weights"))
     export.add_argument("--model", choices=DEMO_MODELS[:-1], default=DEMO_MODELS[0],
                         help="qwen-image, or a tiny Qwen-Image-Edit variant (Edit-2511's transformer files carry "
-                             "ComfyUI's marker key)")
+                             "ComfyUI's marker key), or qwen-image-2.1 (transformer files with the MLP fused and "
+                             "split, the other parts as a diffusers folder)")
     export.set_defaults(func=cmd_export_tiny)
 
     plan = sub.add_parser(

@@ -153,6 +153,8 @@ class BlockRunner:
             outputs = forward(*args, **kwargs)
         if not training:
             return outputs
+        if isinstance(outputs, torch.Tensor):  # a single-stream block (Qwen-Image 2.1): one joint sequence
+            return marked_for_backward((outputs,), functools.partial(self._start, BACKWARD, i))[0]
         if i == len(self.transformer.transformer_blocks) - 1:
             outputs = without_dead_text_stream(outputs)
         return marked_for_backward(outputs, functools.partial(self._start, BACKWARD, i))

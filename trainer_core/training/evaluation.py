@@ -12,7 +12,6 @@ import math
 
 import torch
 
-from ..models.qwen_arch import PATCH_SIZE
 from .masked_loss import batch_weights
 from .objective import resolution_mu, time_shift
 from .optim import evaluation_weights
@@ -45,13 +44,14 @@ def validation_loss(trainer: "Trainer") -> float:
                 noise = torch.randn((k, *x0.shape), generator=generator)  # (K, C, h, w)
                 levels = torch.tensor(VALIDATION_LEVELS, dtype=torch.float32)  # (K,)
                 if trainer.train_cfg.resolution_shift:
-                    tokens = (x0.shape[1] // PATCH_SIZE) * (x0.shape[2] // PATCH_SIZE)
+                    p = trainer.components.family.patch_size
+                    tokens = (x0.shape[1] // p) * (x0.shape[2] // p)
                     levels = time_shift(levels, resolution_mu(tokens, trainer.components.scheduler_config))
                 embeds = [dataset.embedding(sample.text_key)] * k
                 conditions = trainer.components.family.conditions(dataset, [sample] * k)
                 weights = batch_weights(dataset, [sample] * k, tuple(x0.shape[-2:]))  # its loss mask, as in training
                 total += float(trainer.flow.flow_loss(x0.expand(k, *x0.shape).contiguous(), noise, levels, embeds,
-                                                      conditions, weights))
+                                                      conditions, weights, text_keys=[sample.text_key] * k))
     finally:
         transformer.train(was_training)
     return total / len(samples)

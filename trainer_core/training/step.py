@@ -5,12 +5,13 @@
 
 Shapes: latents x0 and noise (B, C, h, w) with h, w the latent grid (pixels / VAE factor); B samples of one
 bucket (the data order's grouping). The transformer sees the packed noisy latents (B, N = h/2 * w/2, 4C)
-(2 = PATCH_SIZE), the prompt embeddings padded to (B, L, D) with their mask (B, L), the noise levels (B,) as
+(2 = the family's patch_size), the prompt embeddings padded to (B, L, D) with their mask (B, L), the noise levels (B,) as
 its timestep and one `img_shapes` entry list per sample; the loss covers the target's N tokens.
 
 What differs between model families (Edit: control latents after the target's tokens, the empty caption
 seen with the sample's own controls) is asked of the model set's family (families/base.ModelFamily):
-`dropped_text_key`, `conditions`, `transformer_inputs`, `loss_tokens`; the data order groups by its
+`patch_size`, `dropped_text_key`, `conditions`, `transformer_kwargs` (by default from `transformer_inputs`),
+`target_prediction` (by default the leading `loss_tokens`); the data order groups by its
 `batch_group` (setup.py).
 """
 
@@ -24,7 +25,6 @@ from ..core.config import TrainConfig
 from ..data.cache import CachedDataset, CachedSample
 from ..data.order import DataOrder
 from ..models.latents import pack_latents
-from ..models.qwen_arch import PATCH_SIZE
 from ..models.text import pad_prompt_batch
 from . import randomness
 from .masked_loss import batch_weights, packed_weights, weighted_flow_loss
@@ -71,7 +71,8 @@ class FlowMatchingStep:
         so modulation ahead can compute a later forward's timesteps without drawing anything else."""
         b, _, h, w = latent_shape
         cfg = self.cfg
-        tokens = (h // PATCH_SIZE) * (w // PATCH_SIZE)
+        p = self.family.patch_size
+        tokens = (h // p) * (w // p)
         mu = resolution_mu(tokens, self.scheduler_config) if cfg.resolution_shift else None
         rng = randomness.generator(cfg.seed, number, randomness.NOISE_LEVELS)
         return sample_noise_levels(b, rng, cfg.timestep_sampling, cfg.logit_mean, cfg.logit_std, mu)
@@ -87,31 +88,30 @@ class FlowMatchingStep:
 
     def loss(self, batch: MicroBatch) -> torch.Tensor:
         family = self.family
-        embeds = [self.dataset.embedding(family.dropped_text_key(self.dataset, s) if drop else s.text_key)
-                  for s, drop in zip(batch.samples, batch.dropped.tolist())]
+        keys = [family.dropped_text_key(self.dataset, s) if drop else s.text_key
+                for s, drop in zip(batch.samples, batch.dropped.tolist())]
+        embeds = [self.dataset.embedding(k) for k in keys]
         return self.flow_loss(batch.x0, batch.noise, batch.levels, embeds, family.conditions(self.dataset, batch.samples),
-                              batch_weights(self.dataset, batch.samples, tuple(batch.x0.shape[-2:])))
+                              batch_weights(self.dataset, batch.samples, tuple(batch.x0.shape[-2:])), text_keys=keys)
 
     def flow_loss(self, x0: torch.Tensor, noise: torch.Tensor, levels: torch.Tensor, embeds: list[torch.Tensor],
-                  conditions: list[list[torch.Tensor]] | None = None, weights: torch.Tensor | None = None
-                  ) -> torch.Tensor:
+                  conditions: list[list[torch.Tensor]] | None = None, weights: torch.Tensor | None = None,
+                  text_keys: list[str] | None = None) -> torch.Tensor:
         """The flow-matching loss of latents x0 (B, C, h, w) at noise levels (B,) with this noise and these
-        prompt embeddings [(L_i, D)], one per latent. `conditions`: per latent its condition latents, or None.
-        `weights`: (B, h, w) loss weights per latent position (loss masks, masked_loss.py), or None: the mean."""
+        prompt embeddings [(L_i, D)], one per latent (`text_keys`: their cache keys, when known).
+        `conditions`: per latent its condition latents, or None. `weights`: (B, h, w) loss weights per latent
+        position (loss masks, masked_loss.py), or None: the mean."""
+        family, p = self.family, self.family.patch_size
         h, w = x0.shape[-2:]
-        grid = (h // PATCH_SIZE, w // PATCH_SIZE)
+        grid = (h // p, w // p)
         text, text_mask = pad_prompt_batch(embeds)  # (B, L, D), (B, L) or None
-        hidden = pack_latents(noisy_latents(x0, noise, levels)).to(self.device, self.compute_dtype)  # (B, N, 4C)
-        hidden, img_shapes = self.family.transformer_inputs(hidden, grid, conditions)  # (B, N + M, 4C): M condition tokens
-        prediction = self.transformer(
-            hidden_states=hidden,
-            encoder_hidden_states=text.to(self.device, self.compute_dtype),
-            encoder_hidden_states_mask=None if text_mask is None else text_mask.to(self.device),
-            timestep=levels.to(self.device, self.compute_dtype),
-            img_shapes=img_shapes,
-            return_dict=False,
-        )[0][:, : self.family.loss_tokens(grid)]  # (B, N, 4C): the loss covers the target's tokens only
-        target = pack_latents(velocity_target(x0, noise)).to(self.device)
+        hidden = pack_latents(noisy_latents(x0, noise, levels), p).to(self.device, self.compute_dtype)  # (B, N, p*p*C)
+        kwargs = family.transformer_kwargs(  # Edit: M condition tokens after the target's N
+            hidden, grid, conditions, text.to(self.device, self.compute_dtype),
+            None if text_mask is None else text_mask.to(self.device), text_keys, self.dataset)
+        output = self.transformer(**kwargs, timestep=levels.to(self.device, self.compute_dtype), return_dict=False)[0]
+        prediction = family.target_prediction(output, grid)  # (B, N, p*p*C): the loss covers the target's tokens only
+        target = pack_latents(velocity_target(x0, noise), p).to(self.device)
         if weights is not None:
-            return weighted_flow_loss(prediction, target, packed_weights(weights, x0.shape[1]))
+            return weighted_flow_loss(prediction, target, packed_weights(weights, x0.shape[1], p))
         return flow_loss(prediction, target)

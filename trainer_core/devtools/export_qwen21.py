@@ -1,0 +1,40 @@
+"""The tiny Qwen-Image 2.1 (`families.qwen_image21.tiny`) written out (`export-tiny --model qwen-image-2.1`).
+
+    layout comfyui:    DIR/diffusion_models/qwen_image21_tiny_{bf16,fp8_e4m3fn,fp8_e4m3fn_scaled}.safetensors
+                       (MLP fused as `gate_up`, as ComfyUI's files hold it) and ..._bf16_split_mlp.safetensors,
+                       each with its config JSON; DIR/qwen_image21_tiny/ a diffusers folder for the text encoder,
+                       VAE and processor (their ComfyUI single-file layouts are not read here yet)
+    layout diffusers:  DIR/qwen_image21_tiny/ (transformer/ too)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..core.files import write_safetensors_atomic
+from ..families.qwen_image21.files import comfyui_transformer_tensors
+from ..families.qwen_image21.folder import save_qwen_image21_folder
+
+FORMATS = ("bf16", "fp8_e4m3fn", "fp8_e4m3fn_scaled")
+
+
+def export_tiny_qwen_image21(folder: str | Path, layout: str = "comfyui", seed: int = 0) -> dict[str, Path]:
+    from ..families import get_family
+
+    components = get_family("qwen-image-2.1").tiny_components(seed=seed, storage="float32")
+    root = Path(folder)
+    out = {"diffusers_folder": save_qwen_image21_folder(components, root / "qwen_image21_tiny")}
+    if layout == "diffusers":
+        return out
+    config = components.transformer.config
+    sidecar = {"axes_dims_rope": list(config.axes_dims_rope), "causal_condition": config.causal_condition}
+    for fmt, mlp in [(f, "fused") for f in FORMATS] + [("bf16", "split")]:
+        name = f"qwen_image21_tiny_{fmt}" + ("_split_mlp" if mlp == "split" else "")
+        path = root / "diffusion_models" / f"{name}.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_safetensors_atomic(comfyui_transformer_tensors(components.transformer, fmt, mlp), path,
+                                 metadata={"format": "pt"})
+        path.with_suffix(".json").write_text(json.dumps({"part": "transformer", "format": fmt, "config": sidecar}))
+        out[f"transformer_{fmt}" + ("_split_mlp" if mlp == "split" else "")] = path
+    return out

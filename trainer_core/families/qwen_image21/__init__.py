@@ -1,0 +1,17 @@
+"""Qwen-Image 2.1 as a model family (diffusers 0.42.1 `QwenImage21Transformer2DModel`, `AutoencoderKLQwenImage21`,
+`QwenImage21Pipeline`; transformers' Qwen3-VL): an instance of the seam, not a fork of Qwen-Image's code.
+
+It differs from Qwen-Image in almost every part: single-stream blocks with one shared modulation and a SwiGLU
+MLP (models/qwen21_arch.py), 64 latent channels taken one cell per token (patch 1), a 16x RGBA VAE, a
+Qwen3-VL text encoder whose last hidden states before the final norm are the prompt embedding, and a
+transformer whose output covers the joint text + image sequence.
+
+Modules, one concern each:
+    family.py     the family's hooks (families/base.py)
+    objective.py  the transformer's inputs as the pinned pipeline builds them
+    text.py       prompt encoding by the pipeline's own method
+    processor.py  the Qwen3-VL processor built offline (tiny model, files without one)
+    files.py      ComfyUI's single transformer file (MLP fused or split; bf16, float8): reader and writer
+    folder.py     a diffusers folder (optionally with the transformer from files.py): loader and writer
+    tiny.py       the tiny model set (random weights) for tests and the demo
+"""

@@ -1,0 +1,90 @@
+"""Qwen-Image 2.1 from a diffusers folder (transformer/, vae/, text_encoder/, processor/, scheduler/), optionally
+with the transformer from ComfyUI's single file instead (files.py).
+
+The text encoder is transformers' `Qwen3VLForConditionalGeneration`, the VAE diffusers' `AutoencoderKLQwenImage21`,
+both read with `from_pretrained`. The processor is built from the folder's tokenizer (`processor/`, else
+`tokenizer/`) and the encoder's vision config (processor.py: no video processor, no torchvision); the
+scheduler settings from `scheduler/scheduler_config.json`, else the published ones (tiny.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ...core.errors import UserInputError
+from ...models.components import QwenImageComponents
+from ...models.float8 import store_block_linears
+
+
+def _tokenizer(root: Path):
+    from transformers import AutoTokenizer
+
+    for sub in ("processor", "tokenizer"):
+        if (root / sub / "tokenizer_config.json").is_file():
+            return AutoTokenizer.from_pretrained(str(root / sub), local_files_only=True)
+    raise UserInputError(f"{root} has no processor/ or tokenizer/ folder with tokenizer_config.json: is it a diffusers "
+                         "Qwen-Image 2.1 folder?")
+
+
+def load_qwen_image21_folder(folder: str | Path, transformer_file: str | Path | None = None, storage: str = "float8",
+                             compute_dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"
+                             ) -> QwenImageComponents:
+    """The model set of a diffusers folder; block Linears stored as `storage`, the rest in `compute_dtype`."""
+    from diffusers import AutoencoderKLQwenImage21, QwenImage21Transformer2DModel
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from .family import QWEN_IMAGE21
+    from .files import QwenImage21TransformerFile
+    from .processor import build_processor
+    from .tiny import QWEN_IMAGE21_SCHEDULER_CONFIG
+
+    root = Path(folder).expanduser()
+    for part in ("vae", "text_encoder"):
+        if not (root / part / "config.json").is_file():
+            raise UserInputError(f"{root / part} has no config.json: is {root} a diffusers Qwen-Image 2.1 folder?")
+    device = torch.device(device)
+    if transformer_file is not None:
+        transformer = QwenImage21TransformerFile(transformer_file, storage, compute_dtype).load()
+    else:
+        transformer = QwenImage21Transformer2DModel.from_pretrained(str(root / "transformer"), torch_dtype=compute_dtype)
+        transformer.requires_grad_(False).eval()
+        store_block_linears(transformer, storage)
+    vae = AutoencoderKLQwenImage21.from_pretrained(str(root / "vae"), torch_dtype=compute_dtype)
+    vae.to(device).requires_grad_(False).eval()
+
+    def load_text_encoder():
+        encoder = Qwen3VLForConditionalGeneration.from_pretrained(str(root / "text_encoder"), torch_dtype=compute_dtype)
+        return encoder.requires_grad_(False).eval(), build_processor(_tokenizer(root), encoder.config.vision_config)
+
+    text_encoder, processor = load_text_encoder()
+    scheduler_file = root / "scheduler" / "scheduler_config.json"
+    scheduler_config = (json.loads(scheduler_file.read_text()) if scheduler_file.is_file()
+                        else dict(QWEN_IMAGE21_SCHEDULER_CONFIG))
+    return QwenImageComponents(
+        transformer=transformer, vae=vae, text_encoder=text_encoder.to(device), tokenizer=processor,
+        scheduler_config=scheduler_config, compute_dtype=compute_dtype, device=device, name=root.name,
+        storage=storage, family=QWEN_IMAGE21, text_encoder_loader=load_text_encoder,
+        processor_loader=lambda: processor,
+    )
+
+
+def save_qwen_image21_folder(components: QwenImageComponents, folder: str | Path) -> Path:
+    """A model set as a diffusers folder `load_qwen_image21_folder` (and diffusers) read."""
+    from ...models.float8 import dequantized_state_dict
+
+    root = Path(folder)
+    transformer = components.transformer
+    plain = type(transformer).from_config(transformer.config)  # float8 storage written as its values
+    plain.load_state_dict(dequantized_state_dict(transformer))
+    plain.save_pretrained(str(root / "transformer"))
+    components.vae.save_pretrained(str(root / "vae"))
+    components.text_encoder.save_pretrained(str(root / "text_encoder"))
+    components.tokenizer.tokenizer.save_pretrained(str(root / "processor"))
+    (root / "scheduler").mkdir(parents=True, exist_ok=True)
+    (root / "scheduler" / "scheduler_config.json").write_text(
+        json.dumps({"_class_name": "FlowMatchEulerDiscreteScheduler", **components.scheduler_config}, indent=2))
+    (root / "model_index.json").write_text(json.dumps({"_class_name": "QwenImage21Pipeline"}, indent=2))
+    return root

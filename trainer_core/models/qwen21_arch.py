@@ -1,0 +1,41 @@
+"""Facts of the Qwen-Image 2.1 architecture the lower layers need: its block Linears and LoRA presets.
+
+Qwen-Image 2.1 (diffusers 0.42.1 `QwenImage21Transformer2DModel`) is single-stream: text, condition and
+target tokens run through the same Linears of each block, and one `modulation` Linear outside the blocks
+feeds them all (no per-block modulation). Its MLP is SwiGLU: `img_mlp.gate_layer` and `img_mlp.proj`
+(both dim -> 3 dim) and `img_mlp.out`. ComfyUI's files may hold the first two fused as `img_mlp.gate_up`
+(gate rows first: diffusers' `convert_qwen_image21_transformer_checkpoint_to_diffusers` says so).
+
+Pure data (no torch at module level), like `qwen_arch`; the preset names are Qwen-Image's, so the
+`targets` setting means the same for both.
+"""
+
+from __future__ import annotations
+
+TRANSFORMER_CLASS = "QwenImage21Transformer2DModel"
+
+ATTENTION: tuple[str, ...] = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0")
+MLP: tuple[str, ...] = ("img_mlp.gate_layer", "img_mlp.proj", "img_mlp.out")
+BLOCK_LINEARS: tuple[str, ...] = ATTENTION + MLP
+
+LORA_TARGET_PRESETS: dict[str, tuple[str, ...]] = {
+    "attention": ATTENTION,
+    "attention+mlp": BLOCK_LINEARS,
+    "all": BLOCK_LINEARS,  # no modulation Linear inside a block
+}
+
+# The fused MLP input projection of ComfyUI's files: rows = [gate_layer; proj].
+FUSED_MLP = "img_mlp.gate_up"
+FUSED_PARTS: tuple[str, str] = ("img_mlp.gate_layer", "img_mlp.proj")
+
+# What tells a 2.1 transformer file from a Qwen-Image one (which has `txt_norm.weight` instead).
+TRANSFORMER_PROBE = "txt_in.text_norm.weight"
+
+# Pixels per latent cell of its VAE (16x: four spatial downsamplings) and latent channels.
+VAE_SCALE_FACTOR = 16
+LATENT_CHANNELS = 64
+
+
+def is_qwen_image21(transformer) -> bool:
+    """Whether `transformer` (loaded or a meta skeleton) is a Qwen-Image 2.1 transformer."""
+    return type(transformer).__name__ == TRANSFORMER_CLASS
