@@ -24,7 +24,7 @@ TRAIN_WIDGETS = (
     "timestep_sampling", "logit_mean", "logit_std", "resolution_shift", "caption_dropout", "checkpoint_every",
     "max_nonfinite_steps",
 )
-LATER_TRAIN_WIDGETS = ("validation_every", "fp8_activations", "compile_float8")
+LATER_TRAIN_WIDGETS = ("validation_every", "fp8_activations", "compile_float8", "preservation_weight")
 # The seed widget is called training_seed: ComfyUI gives any INT input named "seed" a "randomize after
 # queue" control, which would change the seed, hence start a new run, on every queue.
 WIDGET_NAMES = {"seed": "training_seed"}
@@ -208,7 +208,7 @@ def live_image(trainer: Trainer, preview):
     """The loss plot, with the newest preview beside it when there is one."""
     height = max(256, preview.height) if preview is not None else 256
     plot = loss_plot(trainer.loss_history, LIVE_PLOT_WIDTH, height, title=trainer.train_cfg.run_name,
-                     validation=trainer.validation_history)
+                     validation=trainer.validation_history, datasets=trainer.dataset_loss_history)
     return side_by_side(preview, plot) if preview is not None else plot
 
 

@@ -3,6 +3,9 @@
     batch = step.draw(m)              # MicroBatch m of the run, its draws from training/randomness.py
     loss = step.loss(batch)           # a 0-dim fp32 tensor, graph attached; the recipe calls backward
 
+The loss is the flow loss, weighted per dataset (weighting.py), plus differential output preservation's term
+when it is on (preservation.py).
+
 Shapes: latents x0 and noise (B, C, h, w) with h, w the latent grid (pixels / VAE factor); B samples of one
 bucket (the data order's grouping). The transformer sees the packed noisy latents (B, N = h/2 * w/2, 4C)
 (2 = PATCH_SIZE), the prompt embeddings padded to (B, L, D) with their mask (B, L), the noise levels (B,) as
@@ -28,6 +31,8 @@ from ..models.qwen_arch import PATCH_SIZE
 from ..models.text import pad_prompt_batch
 from . import randomness
 from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, velocity_target
+from .preservation import base_prediction, preservation_loss, preserved_rows
+from .weighting import DatasetLosses, per_sample_losses, sample_weights, weighted_flow_loss
 
 
 @dataclass
@@ -76,24 +81,60 @@ class FlowMatchingStep:
         return sample_noise_levels(b, rng, cfg.timestep_sampling, cfg.logit_mean, cfg.logit_std, mu)
 
     def planned_timesteps(self, number: int) -> torch.Tensor:
-        """The timestep micro-batch `number`'s forward will hand the transformer (as `loss` does), for the
-        block runner's modulation ahead."""
-        first = self.dataset.samples[self.order.batch(number)[0]]
-        shape = (len(self.order.batch(number)), *self.dataset.latents(first.latent_key).shape)
-        return self.noise_levels(number, torch.Size(shape)).to(self.device, self.compute_dtype)
+        """The timestep micro-batch `number`'s training forward will hand the transformer (as `loss` does), for
+        the block runner's modulation ahead: (B,), or (B + P,) with preservation's P rows after the B."""
+        samples = [self.dataset.samples[i] for i in self.order.batch(number)]
+        shape = (len(samples), *self.dataset.latents(samples[0].latent_key).shape)
+        levels = self.noise_levels(number, torch.Size(shape))
+        rows = preserved_rows(samples, self.cfg.preservation_weight)
+        if rows:
+            levels = torch.cat([levels, levels[rows]])
+        return levels.to(self.device, self.compute_dtype)
 
     # -- the loss ----------------------------------------------------------------------------------
 
-    def loss(self, batch: MicroBatch) -> torch.Tensor:
-        family = self.family
-        embeds = [self.dataset.embedding(family.dropped_text_key(self.dataset, s) if drop else s.text_key)
+    def loss(self, batch: MicroBatch, tally: DatasetLosses | None = None) -> torch.Tensor:
+        """The micro-batch's training loss: the flow loss, weighted per dataset (weighting.py), plus differential
+        output preservation's term when it is on (preservation.py). `tally`: gets each sample's flow loss."""
+        family, dataset, b = self.family, self.dataset, len(batch.samples)
+        embeds = [dataset.embedding(family.dropped_text_key(dataset, s) if drop else s.text_key)
                   for s, drop in zip(batch.samples, batch.dropped.tolist())]
-        return self.flow_loss(batch.x0, batch.noise, batch.levels, embeds, family.conditions(self.dataset, batch.samples))
+        conditions = family.conditions(dataset, batch.samples)
+        weights = sample_weights(batch.samples)
+        rows = preserved_rows(batch.samples, self.cfg.preservation_weight)
+        if weights is None and not rows and tally is None:  # the plain flow loss, as it always was
+            return self.flow_loss(batch.x0, batch.noise, batch.levels, embeds, conditions)
+        x0, noise, levels = batch.x0, batch.noise, batch.levels
+        if rows:  # the base model first, alone (no gradient); then the class captions ride after the B rows
+            class_embeds = [dataset.embedding(batch.samples[i].preservation_text_key) for i in rows]
+            class_conditions = None if conditions is None else [conditions[i] for i in rows]
+            base = base_prediction(self.transformer, self.predict, x0[rows], noise[rows], levels[rows], class_embeds,
+                                   class_conditions)  # (P, N, 4C)
+            x0, noise, levels = (torch.cat([t, t[rows]]) for t in (x0, noise, levels))
+            embeds = embeds + class_embeds
+            conditions = None if conditions is None else conditions + class_conditions
+        prediction = self.predict(x0, noise, levels, embeds, conditions)  # (B + P, N, 4C)
+        target = pack_latents(velocity_target(batch.x0, batch.noise)).to(self.device)  # (B, N, 4C)
+        trained = prediction[:b]
+        loss = flow_loss(trained, target) if weights is None else weighted_flow_loss(trained, target, weights)
+        if tally is not None:
+            tally.add(batch.samples, per_sample_losses(trained.detach(), target))
+        if rows:
+            loss = loss + preservation_loss(prediction[b:], base, b, self.cfg.preservation_weight)
+        return loss
 
     def flow_loss(self, x0: torch.Tensor, noise: torch.Tensor, levels: torch.Tensor, embeds: list[torch.Tensor],
                   conditions: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
         """The flow-matching loss of latents x0 (B, C, h, w) at noise levels (B,) with this noise and these
         prompt embeddings [(L_i, D)], one per latent. `conditions`: per latent its condition latents, or None."""
+        prediction = self.predict(x0, noise, levels, embeds, conditions)  # (B, N, 4C)
+        target = pack_latents(velocity_target(x0, noise)).to(self.device)
+        return flow_loss(prediction, target)
+
+    def predict(self, x0: torch.Tensor, noise: torch.Tensor, levels: torch.Tensor, embeds: list[torch.Tensor],
+                conditions: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
+        """The transformer's velocity prediction (B, N, 4C) for the target's N tokens at x_t of x0 (B, C, h, w),
+        noise and levels (B,), with these prompt embeddings [(L_i, D)] and conditions (as `flow_loss`)."""
         h, w = x0.shape[-2:]
         grid = (h // PATCH_SIZE, w // PATCH_SIZE)
         text, text_mask = pad_prompt_batch(embeds)  # (B, L, D), (B, L) or None
@@ -107,5 +148,4 @@ class FlowMatchingStep:
             img_shapes=img_shapes,
             return_dict=False,
         )[0][:, : self.family.loss_tokens(grid)]  # (B, N, 4C): the loss covers the target's tokens only
-        target = pack_latents(velocity_target(x0, noise)).to(self.device)
-        return flow_loss(prediction, target)
+        return prediction
