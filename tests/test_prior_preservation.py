@@ -234,3 +234,68 @@ def test_chunks_and_resume_with_preservation_and_streamed_blocks_are_bit_exact(d
     a, b = adapter_snapshot(whole), adapter_snapshot(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert whole.loss_history == resumed.loss_history
+
+
+# -- the memory plan and the timeline model -----------------------------------------------------------------
+
+def test_the_timeline_has_preservations_forwards_as_a_real_step_runs_them():
+    """A base forward (adapter off, no gradient) and a training forward of twice the rows, as the step runs them
+    through the block runner with streamed blocks: the schedule predicts the same events, byte for byte."""
+    from test_timeline import TINY
+
+    from trainer_core.adapters.lora import adapter_disabled, inject_lora
+    from trainer_core.devtools.random_weights import random_transformer
+    from trainer_core.planner import arch_from_transformer
+    from trainer_core.planner.plan import block_blob
+    from trainer_core.planner.timeline import BASE_FORWARD, schedule
+    from trainer_core.streaming.placement import BACKWARD, FORWARD, spread_placement
+    from trainer_core.streaming.runner import BlockRunner
+    from trainer_core.training.preservation import preservation_loss
+
+    model = random_transformer(TINY, storage="float8", compute_dtype=torch.float32)
+    inject_lora(model, LoraConfig(rank=4, alpha=4.0, targets="all"), seed=0)
+    placement = spread_placement(6, 5, ring=2)
+    runner = BlockRunner(model, torch.device("cpu"), checkpointing=True, placement=placement)
+    events = runner.record()
+    g = torch.Generator().manual_seed(0)
+    grid, shapes = 4, [[(1, 4, 4)]]
+    for _ in range(3):
+        x = torch.randn(1, grid * grid, 64, generator=g)  # (B, tokens, 64)
+        prompt, class_prompt = torch.randn(2, 1, 8, 32, generator=g)  # (B, text tokens, joint dim) each
+        t = torch.tensor([0.5])
+        with torch.no_grad(), adapter_disabled(model):
+            base = model(hidden_states=x, encoder_hidden_states=class_prompt, timestep=t, img_shapes=shapes,
+                         return_dict=False)[0]
+        both = model(hidden_states=torch.cat([x, x]), encoder_hidden_states=torch.cat([prompt, class_prompt]),
+                     timestep=torch.cat([t, t]), img_shapes=shapes * 2, return_dict=False)[0]
+        target = torch.randn(1, grid * grid, 64, generator=g)
+        (torch.nn.functional.mse_loss(both[:1], target) + preservation_loss(both[1:], base, 1, 1.0)).backward()
+    runner.uninstall()
+    blob = block_blob(arch_from_transformer(model), "float8")
+    predicted = schedule(6, placement, [BASE_FORWARD, FORWARD, BACKWARD] * 3, blob)
+    # The runner records every ascending pass as a forward; the model names the base forward apart (its work).
+    assert events == [("compute", e[1], FORWARD) if e[0] == "compute" and e[2] == BASE_FORWARD else e
+                      for e in predicted]
+    assert sum(e[0] == "copy" for e in events) > sum(e[0] == "copy" for e in schedule(
+        6, placement, [FORWARD, BACKWARD] * 3, blob))
+
+
+def test_the_plan_counts_preservations_rows_and_its_extra_forward():
+    from trainer_core.planner import PlanInputs
+    from trainer_core.planner.arch import real_arch
+    from trainer_core.planner.plan import plan_memory
+    from trainer_core.planner.timeline import BASE_FORWARD, FORWARD, GPUS, block_work, predict
+
+    lora, optim = LoraConfig(rank=32), OptimizerConfig()
+    plain = PlanInputs.from_configs(lora, optim, TrainConfig(micro_batch_size=2, blocks_to_swap=20), 1024, 1024)
+    dop = PlanInputs.from_configs(lora, optim, TrainConfig(micro_batch_size=2, blocks_to_swap=20,
+                                                           preservation_weight=1.0), 1024, 1024)
+    assert (plain.batch, plain.preservation, dop.batch, dop.preservation) == (2, False, 4, True)
+    arch = real_arch()
+    assert plan_memory(dop, arch).gpu_total > plan_memory(plain, arch).gpu_total
+    # The base forward: the plain run's forward at the micro-batch's rows, without the LoRA.
+    base, plain_forward = block_work(arch, dop)[BASE_FORWARD], block_work(arch, plain)[FORWARD]
+    assert base.tensor_flops + base.fp32_flops < plain_forward.tensor_flops + plain_forward.fp32_flops
+    gpu = GPUS["rtx4090"]
+    assert predict(dop, gpu).seconds > predict(plain, gpu).seconds
+    assert predict(dop, gpu).copy_bytes > predict(plain, gpu).copy_bytes  # the base forward streams the blocks too
