@@ -299,3 +299,20 @@ def test_the_plan_counts_preservations_rows_and_its_extra_forward():
     gpu = GPUS["rtx4090"]
     assert predict(dop, gpu).seconds > predict(plain, gpu).seconds
     assert predict(dop, gpu).copy_bytes > predict(plain, gpu).copy_bytes  # the base forward streams the blocks too
+
+
+# -- the run file -----------------------------------------------------------------------------------------------
+
+def test_the_shipped_preservation_run_file_trains(tmp_path, capsys):
+    """run_files/tiny_preservation.toml as shipped, 2 of its steps: its [cache] preservation keys reach the cache
+    (a weight without class captions would be refused) and the run trains."""
+    from conftest import REPO
+    from trainer_core.runs.cli import main
+    from trainer_core.runs.run_file import read_run_file
+
+    path = REPO / "run_files" / "tiny_preservation.toml"
+    run, _ = read_run_file(path)
+    assert (run.cache.preservation_trigger, run.cache.preservation_class) == ("red circle", "circle")
+    assert run.train.preservation_weight == 1.0
+    assert main(["train", "--config", str(path), "--output", str(tmp_path), "--steps", "2"]) == 0
+    assert "lora: " in capsys.readouterr().out
