@@ -6,7 +6,7 @@ tokens and channels), has the loss
     loss = (1/B) * sum_i w_i * l_i
 
 (normalised by the count, not by the sum of the weights: a dataset of weight 0.5 counts half even in a
-micro-batch of its own, as ai-toolkit's and OneTrainer's per-dataset loss weights do). A step's loss is the mean
+micro-batch of its own, as OneTrainer's per-concept loss weight multiplies the loss). A step's loss is the mean
 over its micro-batches, so over micro-batches of equal size it is sum_d (n_d / S) * w_d * L_d: the per-dataset
 mean losses L_d, each weighted by its weight and its share n_d / S of the step's S samples. When every weight is
 1 the loss is computed as before weights existed (objective.flow_loss), bit for bit.
