@@ -11,7 +11,7 @@ from ..trainer_core.core.errors import UserInputError
 from ..trainer_core.runs import registry as runs
 from ..trainer_core.training import StepExtras, Trainer, every
 from ..trainer_core.training.live import PreviewSettings, contain, side_by_side
-from ..trainer_core.training.plot import loss_plot
+from ..trainer_core.training.plot import dataset_means, loss_plot
 from . import host
 from .common import CACHED, CATEGORY, LORA_CONFIG, MODELS, OPTIMIZER_CONFIG, TRAINER, engine_mode
 from .output_nodes import lora_output_path
@@ -175,7 +175,8 @@ class QwenLoRATrain:
 
         with engine_mode():
             report = trainer.train(steps, work=[*extras.work(), every(1, on_step)])
-        return (trainer, report.mean_loss, report_text(report, trainer.last_loss(), trainer.validation_history))
+        return (trainer, report.mean_loss, report_text(report, trainer.last_loss(), trainer.validation_history,
+                                                        trainer.dataset_loss_history))
 
 
 # The live image: the newest preview (at most this many pixels a side) beside a loss plot of this width.
@@ -215,9 +216,12 @@ def live_image(trainer: Trainer, preview):
 REPORT_LIST_MAX = 8  # previews or snapshots listed one by one in the report; more are summed up
 
 
-def report_text(report, last_loss: float, validation_history=()) -> str:
+def report_text(report, last_loss: float, validation_history=(), dataset_history=()) -> str:
     text = (f"steps {report.first_step}-{report.last_step}: mean loss {report.mean_loss:.4f}, "
             f"last {last_loss:.4f}, {report.step_seconds:.2f} s/step")
+    means = dataset_means(dataset_history, report.first_step)  # several or weighted datasets: each one's mean
+    if means:
+        text += "; per dataset: " + ", ".join(f"{label} {value:.4f}" for label, value in means.items())
     if validation_history:
         step, value = validation_history[-1]
         text += f"; validation loss {value:.4f} at step {step}"

@@ -316,3 +316,21 @@ def test_the_shipped_preservation_run_file_trains(tmp_path, capsys):
     assert run.train.preservation_weight == 1.0
     assert main(["train", "--config", str(path), "--output", str(tmp_path), "--steps", "2"]) == 0
     assert "lora: " in capsys.readouterr().out
+
+
+def test_the_reports_show_each_datasets_mean_loss(pack):
+    """Train Steps' report and the loss plot: each dataset's mean over the steps of the chunk (shown)."""
+    from conftest import pack_module
+    from trainer_core.training.plot import dataset_means, loss_plot
+    from trainer_core.training.reports import TrainReport
+    from trainer_core.training.weighting import DatasetLoss, describe
+
+    history = [(2, {"a": 9.0}), (3, {"a": 1.0, "reg": 2.0}), (4, {"a": 3.0})]
+    assert dataset_means(history, first_step=3) == {"a": 2.0, "reg": 2.0}
+    report = TrainReport(first_step=3, last_step=4, losses=[0.5, 0.7])
+    text = pack_module(pack, "nodes.train_nodes").report_text(report, 0.7, (), history)
+    assert "per dataset: a 2.0000, reg 2.0000" in text.splitlines()[0]
+    assert "per dataset" not in pack_module(pack, "nodes.train_nodes").report_text(report, 0.7)
+    assert loss_plot([(2, 1.0), (3, 0.5), (4, 0.7)], datasets=history).size == (768, 384)
+    assert describe({"a": DatasetLoss(0.1, 3, 1.0, False), "reg": DatasetLoss(0.2, 1, 0.5, True)}) == (
+        "a 0.1000, reg (regularisation, x0.5) 0.2000")
