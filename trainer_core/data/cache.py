@@ -248,7 +248,8 @@ def build_cache(
         latents_reused=len(everything) + len(condition_jobs) - len(todo_targets) - len(todo_conditions),
         prompts_encoded=len(todo_prompts), prompts_reused=len(prompt_jobs) - len(todo_prompts))
     return CachedDataset(
-        cache_dir=cache_dir, samples=[entry(s, c) for s, c in zip(training, class_texts)], validation=[entry(s) for s in validation],
+        cache_dir=cache_dir, samples=[entry(s, c) for s, c in zip(training, class_texts)],
+        validation=[entry(s) for s in validation],
         prompt_keys=prompt_keys, vae_fingerprint=vae_fp, text_fingerprint=components.fingerprint("text_encoder"),
         repeats=repeats, preview_prompts=list(preview_prompts), negative_prompt=negative_prompt, report=report,
         family=family.name, preview_sample=entry(preview) if preview is not None else None, settings=settings)
