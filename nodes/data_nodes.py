@@ -41,7 +41,8 @@ class QwenLoRADataset:
             DatasetConfig, "folder", "resolution", "enable_buckets", "min_bucket_side", "max_bucket_side",
             "repeats", "caption_extension", "missing_caption", "upscale_small_images", "background",
             "allow_large_images",
-        ), "optional": widgets(DatasetConfig, "validation_images", "input_folder", "mask_background_weight")}
+        ), "optional": widgets(DatasetConfig, "validation_images", "input_folder", "mask_background_weight",
+                               "loss_weight", "is_regularization")}
 
     @classmethod
     def IS_CHANGED(cls, folder, input_folder=CUSTOM_FOLDER, **_):
@@ -101,9 +102,16 @@ class QwenLoRACache:
             "models": (MODELS, {"tooltip": "From Load Qwen-Image (training)."}),
             "dataset": (DATASET, {"tooltip": "From the Dataset node."}),
             **widgets(CacheConfig, "preview_prompts", "negative_prompt", "caching_batch_size", "cache_folder"),
-        }}
+        },
+            # Newer widgets go last and are optional (as the Dataset node's).
+            "optional": widgets(CacheConfig, "preservation_trigger", "preservation_class"),
+        }
 
-    def cache(self, models, dataset, preview_prompts, negative_prompt, caching_batch_size, cache_folder):
+    def cache(self, models, dataset, preview_prompts, negative_prompt, caching_batch_size, cache_folder,
+              preservation_trigger="", preservation_class=""):
+        cfg = CacheConfig(preview_prompts=preview_prompts, negative_prompt=negative_prompt,  # checked as it is made
+                          caching_batch_size=caching_batch_size, cache_folder=cache_folder,
+                          preservation_trigger=preservation_trigger, preservation_class=preservation_class)
         # Nothing is written outside ComfyUI's output folder: the cache folder is a name inside it.
         folder = inside(host.output_directory(), cache_folder.strip() or "qwen_lora_training/cache", "cache_folder",
                         "qwen_lora_training/cache")
@@ -114,5 +122,7 @@ class QwenLoRACache:
                                  negative_prompt=negative_prompt, batch_size=caching_batch_size,
                                  repeats=dataset.config.repeats, validation=list(dataset.validation),
                                  progress=lambda done, todo: progress.update(done, total=todo),
-                                 settings=models.family.data_settings(dataset))
+                                 settings=models.family.data_settings(dataset),
+                                 preservation=(cfg.preservation_trigger, cfg.preservation_class)
+                                 if cfg.preservation_trigger.strip() else None)
         return (cached, cached.report.summary())

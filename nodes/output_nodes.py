@@ -101,7 +101,8 @@ class QwenLoRALossPlot:
 
     def plot(self, trainer, width, height):
         return (pil_to_image(loss_plot(trainer.loss_history, width, height, title=trainer.train_cfg.run_name,
-                                       validation=trainer.validation_history)),)
+                                       validation=trainer.validation_history,
+                                       datasets=trainer.dataset_loss_history)),)
 
 
 class QwenLoRACompareSteps:

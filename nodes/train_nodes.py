@@ -11,7 +11,7 @@ from ..trainer_core.core.errors import UserInputError
 from ..trainer_core.runs import registry as runs
 from ..trainer_core.training import StepExtras, Trainer, every
 from ..trainer_core.training.live import PreviewSettings, contain, side_by_side
-from ..trainer_core.training.plot import loss_plot
+from ..trainer_core.training.plot import dataset_means, loss_plot
 from . import host
 from .common import CACHED, CATEGORY, LORA_CONFIG, MODELS, OPTIMIZER_CONFIG, TRAINER, engine_mode
 from .output_nodes import lora_output_path
@@ -24,7 +24,7 @@ TRAIN_WIDGETS = (
     "timestep_sampling", "logit_mean", "logit_std", "resolution_shift", "caption_dropout", "checkpoint_every",
     "max_nonfinite_steps",
 )
-LATER_TRAIN_WIDGETS = ("validation_every", "fp8_activations", "compile_float8")
+LATER_TRAIN_WIDGETS = ("validation_every", "fp8_activations", "compile_float8", "preservation_weight")
 # The seed widget is called training_seed: ComfyUI gives any INT input named "seed" a "randomize after
 # queue" control, which would change the seed, hence start a new run, on every queue.
 WIDGET_NAMES = {"seed": "training_seed"}
@@ -175,7 +175,8 @@ class QwenLoRATrain:
 
         with engine_mode():
             report = trainer.train(steps, work=[*extras.work(), every(1, on_step)])
-        return (trainer, report.mean_loss, report_text(report, trainer.last_loss(), trainer.validation_history))
+        return (trainer, report.mean_loss, report_text(report, trainer.last_loss(), trainer.validation_history,
+                                                        trainer.dataset_loss_history))
 
 
 # The live image: the newest preview (at most this many pixels a side) beside a loss plot of this width.
@@ -208,16 +209,19 @@ def live_image(trainer: Trainer, preview):
     """The loss plot, with the newest preview beside it when there is one."""
     height = max(256, preview.height) if preview is not None else 256
     plot = loss_plot(trainer.loss_history, LIVE_PLOT_WIDTH, height, title=trainer.train_cfg.run_name,
-                     validation=trainer.validation_history)
+                     validation=trainer.validation_history, datasets=trainer.dataset_loss_history)
     return side_by_side(preview, plot) if preview is not None else plot
 
 
 REPORT_LIST_MAX = 8  # previews or snapshots listed one by one in the report; more are summed up
 
 
-def report_text(report, last_loss: float, validation_history=()) -> str:
+def report_text(report, last_loss: float, validation_history=(), dataset_history=()) -> str:
     text = (f"steps {report.first_step}-{report.last_step}: mean loss {report.mean_loss:.4f}, "
             f"last {last_loss:.4f}, {report.step_seconds:.2f} s/step")
+    means = dataset_means(dataset_history, report.first_step)  # several or weighted datasets: each one's mean
+    if means:
+        text += "; per dataset: " + ", ".join(f"{label} {value:.4f}" for label, value in means.items())
     if validation_history:
         step, value = validation_history[-1]
         text += f"; validation loss {value:.4f} at step {step}"

@@ -24,7 +24,7 @@ from trainer_core.models.latents import pack_latents, unpack_latents
 from trainer_core.models.text import pad_prompt_batch
 from trainer_core.runs.registry import run_signature
 from trainer_core.training import Trainer
-from trainer_core.training.masked_loss import weighted_flow_loss
+from trainer_core.training.masked_loss import masked_flow_loss
 from trainer_core.training.objective import flow_loss, noisy_latents, velocity_target
 
 SIZE = 64
@@ -117,7 +117,7 @@ def test_a_mask_of_ones_equals_no_mask_bit_for_bit(plain, cache_dir, tmp_path):
     # the function itself: weights of ones are the plain mean, bit for bit, also at odd sizes
     g = torch.Generator().manual_seed(0)
     prediction, target = torch.randn(3, 49, 12, generator=g), torch.randn(3, 49, 12, generator=g)
-    assert torch.equal(weighted_flow_loss(prediction, target, torch.ones(3, 49, 12)), flow_loss(prediction, target))
+    assert torch.equal(masked_flow_loss(prediction, target, torch.ones(3, 49, 12)), flow_loss(prediction, target))
 
 
 def oracle_errors(trainer: Trainer, x0, noise, levels, embeds) -> torch.Tensor:

@@ -11,6 +11,7 @@ nothing of files. `LoraConfig.adapter` lokr or loha puts a LyCORIS adapter on th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -110,6 +111,26 @@ def remove_lora(transformer: nn.Module) -> None:
         setattr(transformer.get_submodule(parent_name), child, layer.get_base_layer())
     # peft leaves its config on the model; a later `inject_lora` would then warn of "multiple adapters".
     transformer.__dict__.pop("peft_config", None)
+
+
+@contextlib.contextmanager
+def adapter_disabled(transformer: nn.Module):
+    """The transformer as the base model inside the block: every peft adapter layer (LoRA, and any other peft
+    tuner layer) passes its input through its base layer alone (peft's own off-switch, `enable_adapters`). Which
+    parameters need a gradient is put back as it was afterwards (peft's switch would otherwise decide it)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in transformer.modules() if isinstance(m, BaseTunerLayer)]
+    wants_grad = [(p, p.requires_grad) for layer in layers for p in layer.parameters()]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield transformer
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+        for p, flag in wants_grad:
+            p.requires_grad_(flag)
 
 
 def lora_parameters(transformer: nn.Module) -> list[nn.Parameter]:

@@ -82,6 +82,16 @@ class DatasetConfig:
         0, "Images held out of training for the validation loss (0 = none): that many, spread evenly over the "
         "images in file-name order; the summary names them. They are cached but never trained on.", min=0, max=10000,
     )
+    loss_weight: float = _f(
+        1.0, "How much this dataset's images count in the loss: each image's loss is multiplied by it (the mean over "
+        "a micro-batch is over its images, so 0.5 makes them count half). 1 = as usual.", min=0.0, max=100.0,
+        step=0.05,
+    )
+    is_regularization: bool = _f(
+        False, "A regularisation set (class images, e.g. 'a photo of a person', that keep what the base model knows): "
+        "its loss is reported on its own, and preservation_trigger is not looked for in its captions. How often its "
+        "images come up is set by repeats, like any dataset's.",
+    )
     input_folder: str = _f(
         CUSTOM_FOLDER, "A subfolder of ComfyUI's input folder to train on, or '(custom path)' to use the folder "
         "typed above.", folder_list="input", extra_choices=(CUSTOM_FOLDER,),
@@ -99,7 +109,7 @@ class DatasetConfig:
 
     def validate(self) -> None:
         _check_range(self, "resolution", "repeats", "min_bucket_side", "max_bucket_side", "validation_images",
-                     "mask_background_weight")
+                     "mask_background_weight", "loss_weight")
         _check_choice(self, "missing_caption")
         parse_colour(self.background)
         for name in ("resolution", "min_bucket_side", "max_bucket_side"):
@@ -243,6 +253,12 @@ class TrainConfig:
     caption_dropout: float = _f(
         0.0, "Probability of training a step's image with the empty caption.", min=0.0, max=1.0, step=0.01,
     )
+    preservation_weight: float = _f(
+        0.0, "Differential output preservation (needs preservation_trigger and preservation_class on the Cache node): "
+        "for every image whose caption has the trigger, the LoRA's prediction for the class caption is pulled "
+        "towards the base model's at the same noisy latent, with this weight (ai-toolkit's DOP). Costs one more "
+        "forward without gradient and a larger training forward. 0 = off.", min=0.0, max=100.0, step=0.05,
+    )
     checkpoint_every: int = _f(
         100, "Also write a resumable checkpoint every N steps (0 = only at the end of each Train Steps run and "
         "on cancel).", min=0, max=1000000,
@@ -281,7 +297,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         _check_range(self, "micro_batch_size", "grad_accum_steps", "seed", "caption_dropout", "checkpoint_every",
-                     "max_nonfinite_steps", "blocks_to_swap", "validation_every")
+                     "max_nonfinite_steps", "blocks_to_swap", "validation_every", "preservation_weight")
         _check_choice(self, "timestep_sampling")
         check_run_name(self.run_name)
         if self.compile_float8 and self.fp8_activations:
@@ -356,12 +372,39 @@ class CacheConfig:
         "after caching.", multiline=True,
     )
     negative_prompt: str = _f("", "Negative prompt for previews (CFG).")
+    preservation_trigger: str = _f(
+        "", "Differential output preservation: the trigger word(s) in your captions, e.g. 'sks person'. Each caption "
+        "that contains it is also encoded with it replaced by preservation_class, so training can keep the base "
+        "model's picture of the class (preservation_weight on Init Trainer). Empty: off.",
+    )
+    preservation_class: str = _f(
+        "", "The class word the trigger stands for, e.g. 'person' for 'sks person': what the base model should keep "
+        "drawing as it did. Needed when preservation_trigger is set.",
+    )
     caching_batch_size: int = _f(4, "Images or prompts per progress update. Each is encoded alone, so a cached "
                                     "entry never depends on which others were encoded with it.", min=1, max=64)
     cache_folder: str = _f(
         "", "Folder inside ComfyUI's output folder for the cache. Empty: qwen_lora_training/cache. Entries are "
         "keyed by content, so one folder serves many datasets and models.",
     )
+
+    def __post_init__(self) -> None:
+        self.validate()  # settings are checked once, where they are made
+
+    def validate(self) -> None:
+        trigger, word = self.preservation_trigger.strip(), self.preservation_class.strip()
+        if trigger and not word:
+            raise UserInputError(
+                f"preservation_trigger={self.preservation_trigger!r} is set but preservation_class is empty: name the "
+                "class the trigger stands for (e.g. 'person' for 'sks person'), or clear the trigger.")
+        if word and not trigger:
+            raise UserInputError(
+                f"preservation_class={self.preservation_class!r} is set but preservation_trigger is empty: give the "
+                "trigger word(s) your captions use (e.g. 'sks person'), or clear the class.")
+        if trigger and trigger == word:
+            raise UserInputError(
+                f"preservation_trigger and preservation_class are both {trigger!r}: the class caption would be the "
+                "caption itself. Use the class word the trigger stands for (e.g. 'sks person' -> 'person').")
 
 
 @dataclass

@@ -37,6 +37,7 @@ from ..models.components import QwenImageComponents
 from ..models.latents import encode_images
 from .images import Sample, load_cropped
 from .masks import loss_weights, mask_key
+from .preservation import class_captions
 
 # Bump when the way latents or embeddings are produced changes: old entries then miss.
 # 2: every image and prompt encoded alone (1 encoded them in batches, so entries depended on their companions).
@@ -63,6 +64,12 @@ class CachedSample:
     condition_sizes: tuple[tuple[int, int], ...] = ()  # (width, height) px of each condition's VAE image
     condition_paths: tuple[str, ...] = ()  # their files (for status text)
     mask_key: str = ""  # key of its loss weights (masks/), or "": no mask, every latent position weighs 1
+    dataset: str = ""  # the label of the dataset it came from (images.Sample.dataset)
+    loss_weight: float = 1.0  # its dataset's loss weight
+    regularization: bool = False  # from a regularisation dataset
+    # Differential output preservation: the key of its class caption (the trigger replaced by the class word,
+    # data/preservation.py); "" when the sample takes no part.
+    preservation_text_key: str = ""
 
 
 @dataclass
@@ -171,6 +178,7 @@ def build_cache(
     progress: Callable[[int, int], None] | None = None,
     validation: list[Sample] = (),
     settings=None,
+    preservation: tuple[str, str] | None = None,
 ) -> CachedDataset:
     """Encode what is not cached yet, then release the text encoder and park the VAE on the CPU.
 
@@ -178,7 +186,8 @@ def build_cache(
     `settings` are its data settings (`family.data_settings(dataset)`; None: its defaults). Per sample its
     caption and the empty caption (caption dropout) are encoded, and the preview prompts, the negative
     prompt and the empty prompt as the first training sample's conditions see them. `validation` samples
-    (held out of training) are cached the same way.
+    (held out of training) are cached the same way. `preservation`: (trigger, class word) of differential output
+    preservation (CacheConfig): the class captions of the training samples with the trigger are encoded too.
     """
     family = components.family
     cache_dir = Path(cache_dir)
@@ -191,9 +200,11 @@ def build_cache(
         remove_leftovers(cache_dir / kind, names=ENTRY_NAME, library_temps_older_than=LIBRARY_TEMP_AGE)
 
     preview = training[0] if training else None
+    trigger, class_word = preservation or ("", "")
+    class_texts = class_captions(training, trigger, class_word) if trigger.strip() else [None] * len(training)
     prompt_jobs: dict[str, tuple[str, Sample]] = {}  # key -> (prompt, the sample whose conditions it sees)
-    for s in everything:
-        for prompt in (s.caption, ""):
+    for s, class_text in zip(everything, [*class_texts, *[None] * len(validation)]):
+        for prompt in (s.caption, "", *([class_text] if class_text is not None else [])):
             prompt_jobs.setdefault(conditioning.text_key(prompt, s), (prompt, s))
     # Prompts a preview can use without the text encoder: those cached as the preview sample sees them.
     prompt_keys: dict[str, str] = {}
@@ -248,11 +259,13 @@ def build_cache(
     components.release_text_encoder()
     components.release_vae()
 
-    def entry(s: Sample) -> CachedSample:
+    def entry(s: Sample, class_text: str | None = None) -> CachedSample:
         return CachedSample(latent_key=latent_key(s, vae_fp), text_key=conditioning.text_key(s.caption, s),
                             bucket=s.bucket, caption=s.caption, image_path=s.image_path,
                             empty_text_key=conditioning.text_key("", s), mask_key=mask_keys.get(s.image_path, ""),
-                            **conditioning.entry_fields(s))
+                            **conditioning.entry_fields(s),
+                            dataset=s.dataset, loss_weight=s.loss_weight, regularization=s.regularization,
+                            preservation_text_key="" if class_text is None else conditioning.text_key(class_text, s))
 
     report = CacheReport(
         latents_encoded=len(todo_targets) + len(todo_conditions),
@@ -260,7 +273,8 @@ def build_cache(
         prompts_encoded=len(todo_prompts), prompts_reused=len(prompt_jobs) - len(todo_prompts),
         masks_made=len(todo_masks), masks_reused=len(set(mask_keys.values())) - len(todo_masks))
     return CachedDataset(
-        cache_dir=cache_dir, samples=[entry(s) for s in training], validation=[entry(s) for s in validation],
+        cache_dir=cache_dir, samples=[entry(s, c) for s, c in zip(training, class_texts)],
+        validation=[entry(s) for s in validation],
         prompt_keys=prompt_keys, vae_fingerprint=vae_fp, text_fingerprint=components.fingerprint("text_encoder"),
         repeats=repeats, preview_prompts=list(preview_prompts), negative_prompt=negative_prompt, report=report,
         family=family.name, preview_sample=entry(preview) if preview is not None else None, settings=settings)

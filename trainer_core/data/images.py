@@ -67,6 +67,10 @@ class Sample:
     background: tuple[int, int, int] = WHITE  # what transparent pixels are composited onto
     allow_large_images: bool = False
     mask: SampleMask | None = None  # its loss mask (masks.py), or None: trained everywhere
+    # The dataset it came from (prior preservation's regularisation sets, the loss report per dataset).
+    dataset: str = ""  # its label: the folder's name (runs/headless.py makes labels of several datasets distinct)
+    loss_weight: float = 1.0  # DatasetConfig.loss_weight
+    regularization: bool = False  # DatasetConfig.is_regularization
 
 
 @dataclass(frozen=True)
@@ -355,6 +359,12 @@ def _grey_to_8bit(raw: np.ndarray, mode: str, rawmode: str | None) -> np.ndarray
     return np.clip(np.round(values / full * 255.0), 0, 255).astype(np.uint8)
 
 
+def dataset_fields(cfg: DatasetConfig) -> dict:
+    """What a sample carries of its dataset: its label (the folder's name), loss weight and whether it regularises."""
+    label = Path(cfg.folder).expanduser().name or str(cfg.folder)
+    return {"dataset": label, "loss_weight": float(cfg.loss_weight), "regularization": bool(cfg.is_regularization)}
+
+
 def discover(cfg: DatasetConfig, exclude=None) -> list[Sample]:
     """Find every image with its caption and bucket; the list is sorted by file name.
 
@@ -407,6 +417,7 @@ def discover(cfg: DatasetConfig, exclude=None) -> list[Sample]:
             image_path=str(path), caption=read_caption(path, cfg), width=img.width, height=img.height,
             bucket=bucket, image_sha256=hashlib.sha256(data).hexdigest(), decode=decode, **options,
             mask=masks.read(path, img.size, cfg.allow_large_images),
+            **dataset_fields(cfg),
         ))
     return samples
 

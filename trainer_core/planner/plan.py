@@ -62,7 +62,7 @@ class PlanInputs:
 
     width: int = 1024
     height: int = 1024
-    batch: int = 1  # micro-batch size
+    batch: int = 1  # rows of a training forward: the micro-batch size (twice it with `preservation`)
     text_tokens: int = 256  # prompt tokens per sample (the longest caption in a batch)
     rank: int = 32
     targets: str = "attention+mlp"
@@ -81,6 +81,12 @@ class PlanInputs:
     # trainer does whenever it streams under checkpointing: fewer bytes copied, a small table on the GPU.
     modulation_ahead: bool = True
     fp8_activations: bool = False  # TrainConfig.fp8_activations: its quantised inputs are a transient of their own
+    # Differential output preservation (TrainConfig.preservation_weight > 0, training/preservation.py): the class
+    # captions' rows ride in the training forward (`batch` counts them: at most one per sample, so twice the
+    # micro-batch size), and a forward of the base model without gradient (half of `batch` rows) runs before it.
+    # That forward holds no activations for backward and ends before the training forward starts: it adds time
+    # (planner/timeline.py) but never raises the peak, which is the backward's.
+    preservation: bool = False
     optimizer: str = "adamw8bit"
     grad_accum_steps: int = 1
     device: str = "cuda"  # "cuda" or "cpu": decides pinned memory, context and two kernels' saved tensors
@@ -104,7 +110,9 @@ class PlanInputs:
     def from_configs(cls, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig, width: int,
                      height: int, storage: str = "float8", **kwargs) -> PlanInputs:
         """The inputs for a run the nodes describe with their config objects."""
-        return cls(width=width, height=height, batch=train.micro_batch_size, rank=lora.rank,
+        preservation = train.preservation_weight > 0
+        return cls(width=width, height=height, batch=train.micro_batch_size * (2 if preservation else 1),
+                   preservation=preservation, rank=lora.rank,
                    targets=lora.targets, lora_dtype=lora.dtype, lora_dropout=lora.dropout, adapter=lora.adapter,
                    lokr_factor=lora.lokr_factor, lokr_decompose_both=lora.lokr_decompose_both, storage=storage,
                    checkpointing=train.gradient_checkpointing, blocks_to_swap=train.blocks_to_swap,
@@ -358,7 +366,8 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
                  f"blocks {worst_i}..{n - 1}" if not all_grads else "all (gradient accumulation)"),
             Term(kept_name, (worst_i + 1) * kept, f"{worst_i + 1} blocks x {kept / MIB:.1f} MiB"),
             Term("one block's recomputed activations", recompute,
-                 f"{n_img} image + {p.text_tokens} text tokens x batch {p.batch}" if recompute else "no checkpointing"),
+                 f"{n_img} image + {p.text_tokens} text tokens x batch {p.batch}"
+                 + (" (with preservation's class rows)" if p.preservation else "") if recompute else "no checkpointing"),
             Term("backward working memory", working, "measured per token (planner.activations)"),
             Term("largest weight upcast", upcast, upcast_detail),
             Term("activations outside the blocks", outside, "gradients in flight, image RoPE factors"),

@@ -169,9 +169,24 @@ RUNTIME = PATHS[1]  # the trainer by default (lora.compute_in_input_dtype); PATH
 FP8_PATH = ComputePath("bfloat16", FP8_ACTIVATIONS)
 
 
+# Differential output preservation's forward of the base model (adapter off, no gradient) before each training
+# forward (training/preservation.py): an ascending pass over the blocks like FORWARD, with its own work.
+BASE_FORWARD = "base forward"
+
+
 def block_work(arch: QwenImageArch, p: PlanInputs, path: ComputePath = TODAY) -> dict[str, Work]:
-    """{FORWARD: Work, BACKWARD: Work} of one block. BACKWARD includes the checkpoint recompute (without the
-    modulation Linears, whose outputs the runner keeps)."""
+    """{FORWARD: Work, BACKWARD: Work} of one block (and BASE_FORWARD with preservation: the forward at the
+    micro-batch's rows, half of p.batch, without the LoRA). BACKWARD includes the checkpoint recompute (without
+    the modulation Linears, whose outputs the runner keeps)."""
+    work = _block_work(arch, p, path)
+    if p.preservation:
+        base = _block_work(arch, dataclasses.replace(p, batch=max(1, p.batch // 2), preservation=False), path,
+                           lora=False)
+        work[BASE_FORWARD] = base[FORWARD]
+    return work
+
+
+def _block_work(arch: QwenImageArch, p: PlanInputs, path: ComputePath, lora: bool = True) -> dict[str, Work]:
     from ..models.qwen_arch import IMG_STREAM, MODULATION_LINEARS
 
     n_img = arch.image_tokens(p.width, p.height)
@@ -217,6 +232,8 @@ def block_work(arch: QwenImageArch, p: PlanInputs, path: ComputePath = TODAY) ->
         lora_fwd, lora_bwd = Work(0, lora_flops, lora_cast), Work(0, (lora_passes - 1) * lora_flops, 2 * lora_cast)
     else:
         lora_fwd, lora_bwd = Work(lora_flops), Work((lora_passes - 1) * lora_flops)
+    if not lora:
+        return {FORWARD: forward, BACKWARD: backward}
     return {FORWARD: forward + lora_fwd, BACKWARD: backward + lora_bwd}
 
 
@@ -231,10 +248,10 @@ def optimizer_work(arch: QwenImageArch, p: PlanInputs) -> Work:
 
 def schedule(num_blocks: int, placement: Placement | None, passes: list[str], blob_bytes,
              modulation_window: int = 0) -> list[tuple]:
-    """The events a run of `passes` (FORWARD ascending, BACKWARD descending over the blocks) issues, in order:
-    ("copy", block, bytes), ("wait", block), ("compute", block, pass). `blob_bytes`: a `BlobLayout`.
-    `modulation_window`: training forwards per modulation window (streaming.placement; 0: none planned), the
-    forwards counted from the first of a window."""
+    """The events a run of `passes` (FORWARD and BASE_FORWARD ascending, BACKWARD descending over the blocks)
+    issues, in order: ("copy", block, bytes), ("wait", block), ("compute", block, pass). `blob_bytes`: a
+    `BlobLayout`. `modulation_window`: training forwards per modulation window (streaming.placement; 0: none
+    planned), the forwards counted from the first of a window; a BASE_FORWARD (no gradient) is not one of them."""
     ring = Ring(placement) if placement is not None and placement.streamed else None
     streamed = set(placement.streamed) if ring else set()
     events: list[tuple] = []
@@ -245,11 +262,16 @@ def schedule(num_blocks: int, placement: Placement | None, passes: list[str], bl
             # outputs of the window; the last one is followed by another window's first.
             ring.forward_needs_modulation = forwards % modulation_window == 0
             ring.next_forward_needs_modulation = (forwards + 1) % modulation_window == 0
+        if pass_ == BASE_FORWARD and ring is not None and modulation_window:
+            # A forward without gradient computes its own modulation; the next training forward is as planned.
+            ring.forward_needs_modulation = True
+            ring.next_forward_needs_modulation = forwards % modulation_window == 0
         forwards += pass_ == FORWARD
-        order = range(num_blocks) if pass_ == FORWARD else reversed(range(num_blocks))
+        ascending = pass_ in (FORWARD, BASE_FORWARD)
+        order = range(num_blocks) if ascending else reversed(range(num_blocks))
         for i in order:
             if ring is not None:
-                ensure, ahead = ring.loads_at(pass_, i)
+                ensure, ahead = ring.loads_at(FORWARD if ascending else BACKWARD, i)
                 copies = [ensure] if ensure is not None else []
                 for load in copies:
                     start, end = load.byte_range(blob_bytes)
@@ -339,7 +361,8 @@ def predict(inputs: PlanInputs, gpu: GpuProfile, placement: Placement | None = N
     total = max(STEADY_STEPS, 2 * window)
 
     def run(pl):
-        per_step = [FORWARD, BACKWARD] * inputs.grad_accum_steps
+        per_step = ([BASE_FORWARD] if inputs.preservation else []) + [FORWARD, BACKWARD]
+        per_step = per_step * inputs.grad_accum_steps
         events = schedule(n, pl, per_step * total, blob, window * inputs.grad_accum_steps)
         ends = [i for i, e in enumerate(events) if e == ("compute", 0, BACKWARD)]
         step_ends = ends[inputs.grad_accum_steps - 1::inputs.grad_accum_steps]

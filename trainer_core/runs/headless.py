@@ -37,11 +37,13 @@ from ..core.files import inside, write_bytes_atomic, write_error
 from ..core.names import require_step
 from ..data.cache import CachedDataset, build_cache
 from ..data.images import load_dataset
+from ..data.mixture import combined
 from ..models.source import load_model_set
 from ..training import Every, StepReport, Trainer, every
 from ..training.distributed import Replicas, lost_peer, lost_peer_message
 from ..training.live import StepPreview, keep_preview, step_grid
 from ..training.plot import loss_plot
+from ..training.weighting import describe
 from .registry import open_run, release
 from .run_file import RunFile
 
@@ -123,19 +125,18 @@ def cache_once(components, run: RunFile, replicas: Replicas, say) -> CachedDatas
     """Find every dataset folder's images and cache them; with several processes process 0 encodes and the
     others then read its entries (content-addressed: their keys come from their own model set, so a process
     with other model files would miss them, and is stopped)."""
-    samples, validation, repeats = [], [], []
+    datasets = []
     for cfg in run.datasets:
-        dataset = load_dataset(cfg)
-        say(f"dataset {cfg.folder} at {cfg.resolution} px: {dataset.summary()}")
-        samples += dataset.samples
-        validation += dataset.validation
-        repeats += [cfg.repeats] * len(dataset.samples)
-    per_sample = repeats[0] if len(set(repeats)) == 1 else tuple(repeats)
+        datasets.append(load_dataset(cfg))
+        say(f"dataset {cfg.folder} at {cfg.resolution} px: {datasets[-1].summary()}")
+    samples, validation, per_sample = combined(datasets)
+    preservation = (run.cache.preservation_trigger, run.cache.preservation_class)
 
     def build(progress=None) -> CachedDataset:
         return build_cache(components, samples, run.cache_folder, preview_prompts=run.preview_prompts,
                            negative_prompt=run.cache.negative_prompt, batch_size=run.cache.caching_batch_size,
-                           repeats=per_sample, validation=validation, progress=progress)
+                           repeats=per_sample, validation=validation, progress=progress,
+                           preservation=preservation if preservation[0].strip() else None)
 
     if replicas.writes:
         with _Bar("caching") as bar:
@@ -287,9 +288,10 @@ class Outputs:
         trainer = self.trainer
         path = self.lora()
         plot = loss_plot(trainer.loss_history, title=self.run.train.run_name,
-                         validation=trainer.validation_history)
+                         validation=trainer.validation_history, datasets=trainer.dataset_loss_history)
         self.write(_png(plot), self.run_dir / "loss.png", "loss plot")
-        history = {"loss": trainer.loss_history, "validation_loss": trainer.validation_history}
+        history = {"loss": trainer.loss_history, "validation_loss": trainer.validation_history,
+                   **({"dataset_loss": trainer.dataset_loss_history} if trainer.dataset_loss_history else {})}
         self.write(json.dumps(history).encode(), self.run_dir / "losses.json", "loss history")
         if self.kept:
             self.write(_png(step_grid(self.kept, title=self.run.train.run_name)), self.run_dir / "previews" /
@@ -326,6 +328,8 @@ class _Progress:
         self.seconds = (self.seconds + [report.seconds])[-20:]
         per_step = sum(self.seconds) / len(self.seconds)
         text = f"loss {report.loss:.4f}, lr {report.lr:.2e}, {per_step:.2f} s/step"
+        if report.datasets:
+            text += f" ({describe(report.datasets)})"
         if self.bar is not None:
             self.bar.set_postfix_str(text, refresh=False)
             self.bar.update(1)

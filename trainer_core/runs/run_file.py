@@ -6,7 +6,7 @@ key with that field's help and default. Tables and where their keys come from:
 
     [model]       the Load node (source, files or diffusers folder, storage, dtypes) and a tokenizer folder
     [[dataset]]   the Dataset node, one table per image folder (each its own resolution, buckets, repeats)
-    [cache]       the Cache node's batch size and folder
+    [cache]       the Cache node's batch size, folder and preservation captions
     [lora]        the LoRA Config node, and continue_from_lora (Init Trainer)
     [optimizer]   the Optimizer node
     [train]       the Init Trainer node, and how long: steps, epochs
@@ -117,6 +117,8 @@ KEYS = (
     *(Key("dataset", f.name, DatasetConfig, f.name) for f in dataclasses.fields(DatasetConfig)
       if f.name not in ("folder", "input_folder")),
     Key("cache", "caching_batch_size", CacheConfig, "caching_batch_size"),
+    Key("cache", "preservation_trigger", CacheConfig, "preservation_trigger"),
+    Key("cache", "preservation_class", CacheConfig, "preservation_class"),
     Key("cache", "cache_folder", CacheConfig, "cache_folder", path=True,
         help=f"Folder of the latent and prompt cache. Empty: <output folder>/cache. Entries are keyed by content, "
              f"so one folder serves many datasets and models. {_PATH}"),

@@ -35,7 +35,7 @@ def packed_weights(weights: torch.Tensor, channels: int, patch: int = PATCH_SIZE
     return pack_latents(weights[:, None].expand(b, channels, h, w), patch)
 
 
-def weighted_flow_loss(prediction: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def masked_flow_loss(prediction: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """sum(w * err) / sum(w) in fp32, for prediction, target and weights of one shape (B, N, 4C)."""
     err = torch.nn.functional.mse_loss(prediction.float(), target.float(), reduction="none")
     # n / sum(w) in float64 on the CPU (exact for n ones: 1.0; no float64 needed on the device), a true division

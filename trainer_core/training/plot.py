@@ -1,5 +1,5 @@
 """Loss curve as an image (PIL only): raw loss per step in grey, its moving average in blue, and the
-validation loss (when measured) in orange, with a legend."""
+validation loss (when measured) in orange, with a legend; with several datasets, each one's mean loss."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ def moving_average(values: list[float], window: int) -> list[float]:
 
 
 def loss_plot(history: list[tuple[int, float]], width: int = 768, height: int = 384, title: str = "loss",
-              validation: list[tuple[int, float]] = ()) -> Image.Image:
+              validation: list[tuple[int, float]] = (),
+              datasets: list[tuple[int, dict[str, float]]] = ()) -> Image.Image:
     """Plot (step, loss) pairs and, on the same axes, (step, validation loss) pairs; non-finite values are
-    skipped. Returns an RGB image."""
+    skipped. `datasets`: (step, {dataset: its mean loss}) pairs (the trainer's dataset_loss_history): each
+    dataset's mean over the steps shown is written under the heading. Returns an RGB image."""
     img = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(img)
     points = [(s, v) for s, v in history if math.isfinite(v)]
@@ -61,6 +63,10 @@ def loss_plot(history: list[tuple[int, float]], width: int = 768, height: int = 
     if checks:
         heading += f"   validation {checks[-1][1]:.4f}"
     draw.text((left, 8), heading, fill="black")
+    means = dataset_means(datasets, s0)
+    if means:
+        draw.text((left + 6, top + 4), "per dataset: " + ", ".join(f"{k} {v:.4f}" for k, v in means.items()),
+                  fill="black")
     legend = [("training loss", RAW), ("smoothed", SMOOTH)] + ([("validation loss", VALIDATION)] if checks else [])
     x = right - 8 - 110 * len(legend)
     draw.rectangle((x - 4, top + 2, right - 2, top + 22), fill="white")  # over the curves it may cover
@@ -73,3 +79,13 @@ def loss_plot(history: list[tuple[int, float]], width: int = 768, height: int = 
     draw.text((left, bottom + 8), f"step {s0}", fill="black")
     draw.text((right - 80, bottom + 8), f"step {steps[-1]}", fill="black")
     return img
+
+
+def dataset_means(datasets: list[tuple[int, dict[str, float]]], first_step: int = 0) -> dict[str, float]:
+    """Each dataset's mean loss over the steps from `first_step` on (finite values only)."""
+    sums: dict[str, list[float]] = {}
+    for step, losses in datasets:
+        for label, value in losses.items():
+            if step >= first_step and math.isfinite(value):
+                sums.setdefault(label, []).append(value)
+    return {label: sum(v) / len(v) for label, v in sums.items()}

@@ -40,7 +40,9 @@ from .comparison import Comparison
 from .distributed import ONE_PROCESS, Replicas
 from .live import PreviewSettings, StepPreview
 from .optim import set_learning_rate
+from .preservation import check_cached as check_preservation_cached
 from .reports import StepReport, TrainReport
+from .weighting import DatasetLosses, reports_datasets
 
 
 class Trainer:
@@ -57,6 +59,7 @@ class Trainer:
         train.check_model(num_blocks=components.num_blocks)  # the settings themselves are valid once made
         if not dataset.samples:
             raise UserInputError("the cached dataset has no samples: check the Dataset node's folder.")
+        check_preservation_cached(dataset.samples, train.preservation_weight)
         self.components, self.dataset, self.comparison = components, dataset, comparison
         # Forwards per modulation window; 0 (a comparison's "no modulation ahead"): off, same results.
         self.modulation_window = MODULATION_WINDOW if comparison.modulation_ahead else 0
@@ -75,6 +78,8 @@ class Trainer:
         self.saved_step: int | None = None  # step of the newest checkpoint on disk
         self.restored_from: Path | None = None  # the checkpoint folder `resume` last read
         self.loss_history: list[tuple[int, float]] = []
+        # (step, {dataset label: its samples' mean loss}) when the report lists datasets (weighting.py)
+        self.dataset_loss_history: list[tuple[int, dict[str, float]]] = []
         self.validation_history: list[tuple[int, float]] = []  # (step, validation loss)
         self.step_previews: list[StepPreview] = []  # small copies of previews made while training (live.py caps them)
         self.resume_notes: list[str] = []  # checkpoints `resume` passed over, one sentence each, for a person
@@ -140,12 +145,13 @@ class Trainer:
         share = self.train_cfg.grad_accum_steps * self.replicas.size
         first, self.micro_batches = self.micro_batches, self.micro_batches + share
         total, finite = 0.0, True
+        tally = DatasetLosses() if reports_datasets(self.dataset.samples) else None  # this process's samples
         for k in range(share):
             if not self.replicas.owns(k):
                 continue
             batch = self.flow.draw(first + k)
             randomness.seed_global_rng(self.train_cfg.seed, first + k, self.device)  # LoRA dropout's masks
-            loss = self.flow.loss(batch)
+            loss = self.flow.loss(batch, tally)
             del batch  # its latents and noise: not kept through backward (the memory plan counts them as gone)
             if not torch.isfinite(loss):
                 finite = False
@@ -165,8 +171,11 @@ class Trainer:
             guards.undo_nonfinite_step(self)  # raises
         self.step += 1
         self.loss_history.append((self.step, total / share))
+        datasets = tally.report() if tally is not None else None
+        if datasets:
+            self.dataset_loss_history.append((self.step, {label: d.mean for label, d in datasets.items()}))
         return StepReport(step=self.step, loss=total / share, lr=lr, grad_norm=grad_norm,
-                          seconds=time.perf_counter() - started)
+                          seconds=time.perf_counter() - started, datasets=datasets)
 
     def _plan_modulation_ahead(self, steps_left: int) -> None:
         """With streamed blocks, hand the block runner the timesteps of this process's next training forwards

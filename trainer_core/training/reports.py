@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .live import StepPreview
+from .weighting import DatasetLoss
 
 
 @dataclass
@@ -18,6 +19,9 @@ class StepReport:
     skipped: bool = False  # non-finite loss or gradient: no update was made
     preview: StepPreview | None = None  # sampled after this step (periodic work: periodic.StepExtras)
     snapshot: Path | None = None  # LoRA file written after this step (periodic work: periodic.StepExtras)
+    # Per dataset (its label) its samples' mean loss in this step, when the run reports datasets (weighting.py:
+    # several datasets, a weighted or a regularisation one); this process's samples in a data-parallel run.
+    datasets: dict[str, DatasetLoss] | None = None
 
 
 @dataclass

@@ -37,6 +37,7 @@ def training_state(trainer: "Trainer") -> tuple[dict[str, torch.Tensor], dict]:
         "step": trainer.step,
         "micro_batches": trainer.micro_batches,
         "loss_history": trainer.loss_history,
+        "dataset_loss_history": trainer.dataset_loss_history,
         "validation_history": trainer.validation_history,
         "optimizer_state": optim_rest,
         "lora": to_dict(trainer.lora_cfg), "optimizer": to_dict(trainer.optim_cfg), "train": to_dict(trainer.train_cfg),
@@ -107,6 +108,7 @@ def resume(trainer: "Trainer", notes: list[str]) -> bool:
     trainer.restored_from = folder
     trainer.broken_reason = None
     trainer.loss_history = [tuple(x) for x in meta["loss_history"]]
+    trainer.dataset_loss_history = [tuple(x) for x in meta.get("dataset_loss_history", [])]  # (older: none)
     trainer.validation_history = [tuple(x) for x in meta.get("validation_history", [])]
     trainer.step_previews = [p for p in trainer.step_previews if p.step <= trainer.step]  # none of undone steps
     return True

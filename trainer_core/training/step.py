@@ -3,6 +3,9 @@
     batch = step.draw(m)              # MicroBatch m of the run, its draws from training/randomness.py
     loss = step.loss(batch)           # a 0-dim fp32 tensor, graph attached; the recipe calls backward
 
+The loss is the flow loss, weighted per dataset (weighting.py), plus differential output preservation's term
+when it is on (preservation.py).
+
 Shapes: latents x0 and noise (B, C, h, w) with h, w the latent grid (pixels / VAE factor); B samples of one
 bucket (the data order's grouping). The transformer sees the packed noisy latents (B, N = h/2 * w/2, 4C)
 (2 = the family's patch_size), the prompt embeddings padded to (B, L, D) with their mask (B, L), the noise levels (B,) as
@@ -27,8 +30,10 @@ from ..data.order import DataOrder
 from ..models.latents import pack_latents
 from ..models.text import pad_prompt_batch
 from . import randomness
-from .masked_loss import batch_weights, packed_weights, weighted_flow_loss
+from .masked_loss import batch_weights, masked_flow_loss, packed_weights
 from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, velocity_target
+from .preservation import base_prediction, preservation_loss, preserved_rows
+from .weighting import DatasetLosses, per_sample_losses, sample_weighted_loss, sample_weights
 
 
 @dataclass
@@ -78,21 +83,52 @@ class FlowMatchingStep:
         return sample_noise_levels(b, rng, cfg.timestep_sampling, cfg.logit_mean, cfg.logit_std, mu)
 
     def planned_timesteps(self, number: int) -> torch.Tensor:
-        """The timestep micro-batch `number`'s forward will hand the transformer (as `loss` does), for the
-        block runner's modulation ahead."""
-        first = self.dataset.samples[self.order.batch(number)[0]]
-        shape = (len(self.order.batch(number)), *self.dataset.latents(first.latent_key).shape)
-        return self.noise_levels(number, torch.Size(shape)).to(self.device, self.compute_dtype)
+        """The timestep micro-batch `number`'s training forward will hand the transformer (as `loss` does), for
+        the block runner's modulation ahead: (B,), or (B + P,) with preservation's P rows after the B."""
+        samples = [self.dataset.samples[i] for i in self.order.batch(number)]
+        shape = (len(samples), *self.dataset.latents(samples[0].latent_key).shape)
+        levels = self.noise_levels(number, torch.Size(shape))
+        rows = preserved_rows(samples, self.cfg.preservation_weight)
+        if rows:
+            levels = torch.cat([levels, levels[rows]])
+        return levels.to(self.device, self.compute_dtype)
 
     # -- the loss ----------------------------------------------------------------------------------
 
-    def loss(self, batch: MicroBatch) -> torch.Tensor:
-        family = self.family
-        keys = [family.dropped_text_key(self.dataset, s) if drop else s.text_key
+    def loss(self, batch: MicroBatch, tally: DatasetLosses | None = None) -> torch.Tensor:
+        """The micro-batch's training loss: the flow loss, weighted per latent position by loss masks
+        (masked_loss.py) and per sample by its dataset's weight (weighting.py), plus differential output
+        preservation's term when it is on (preservation.py). `tally`: gets each sample's flow loss."""
+        family, dataset, b = self.family, self.dataset, len(batch.samples)
+        keys = [family.dropped_text_key(dataset, s) if drop else s.text_key
                 for s, drop in zip(batch.samples, batch.dropped.tolist())]
-        embeds = [self.dataset.embedding(k) for k in keys]
-        return self.flow_loss(batch.x0, batch.noise, batch.levels, embeds, family.conditions(self.dataset, batch.samples),
-                              batch_weights(self.dataset, batch.samples, tuple(batch.x0.shape[-2:])), text_keys=keys)
+        embeds = [dataset.embedding(k) for k in keys]
+        conditions = family.conditions(dataset, batch.samples)
+        masks = batch_weights(dataset, batch.samples, tuple(batch.x0.shape[-2:]))  # (B, h, w) or None
+        weights = sample_weights(batch.samples)  # (B,) or None
+        rows = preserved_rows(batch.samples, self.cfg.preservation_weight)
+        if weights is None and not rows and tally is None:  # the plain (or masked) flow loss, as it always was
+            return self.flow_loss(batch.x0, batch.noise, batch.levels, embeds, conditions, masks, text_keys=keys)
+        x0, noise, levels = batch.x0, batch.noise, batch.levels
+        if rows:  # the base model first, alone (no gradient); then the class captions ride after the B rows
+            class_keys = [batch.samples[i].preservation_text_key for i in rows]
+            class_embeds = [dataset.embedding(k) for k in class_keys]
+            class_conditions = None if conditions is None else [conditions[i] for i in rows]
+            base = base_prediction(self.transformer, self.predict, x0[rows], noise[rows], levels[rows], class_embeds,
+                                   class_conditions, class_keys)  # (P, N, p*p*C)
+            x0, noise, levels = (torch.cat([t, t[rows]]) for t in (x0, noise, levels))
+            embeds, keys = embeds + class_embeds, keys + class_keys
+            conditions = None if conditions is None else conditions + class_conditions
+        prediction = self.predict(x0, noise, levels, embeds, conditions, keys)  # (B + P, N, p*p*C)
+        target = self.target(batch.x0, batch.noise)  # (B, N, p*p*C)
+        trained = prediction[:b]
+        packed = None if masks is None else packed_weights(masks, batch.x0.shape[1], family.patch_size)
+        loss = sample_weighted_loss(trained, target, weights, packed)
+        if tally is not None:
+            tally.add(batch.samples, per_sample_losses(trained.detach(), target, packed))
+        if rows:
+            loss = loss + preservation_loss(prediction[b:], base, b, self.cfg.preservation_weight)
+        return loss
 
     def flow_loss(self, x0: torch.Tensor, noise: torch.Tensor, levels: torch.Tensor, embeds: list[torch.Tensor],
                   conditions: list[list[torch.Tensor]] | None = None, weights: torch.Tensor | None = None,
@@ -101,6 +137,20 @@ class FlowMatchingStep:
         prompt embeddings [(L_i, D)], one per latent (`text_keys`: their cache keys, when known).
         `conditions`: per latent its condition latents, or None. `weights`: (B, h, w) loss weights per latent
         position (loss masks, masked_loss.py), or None: the mean."""
+        prediction = self.predict(x0, noise, levels, embeds, conditions, text_keys)  # (B, N, p*p*C)
+        target = self.target(x0, noise)
+        if weights is not None:
+            return masked_flow_loss(prediction, target, packed_weights(weights, x0.shape[1], self.family.patch_size))
+        return flow_loss(prediction, target)
+
+    def target(self, x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The velocity target (B, N, p*p*C) of the target's N tokens, on the device."""
+        return pack_latents(velocity_target(x0, noise), self.family.patch_size).to(self.device)
+
+    def predict(self, x0: torch.Tensor, noise: torch.Tensor, levels: torch.Tensor, embeds: list[torch.Tensor],
+                conditions: list[list[torch.Tensor]] | None = None, text_keys: list[str] | None = None) -> torch.Tensor:
+        """The transformer's velocity prediction (B, N, p*p*C) for the target's N tokens at x_t of x0 (B, C, h, w),
+        noise and levels (B,), with these prompt embeddings [(L_i, D)] and conditions (as `flow_loss`)."""
         family, p = self.family, self.family.patch_size
         h, w = x0.shape[-2:]
         grid = (h // p, w // p)
@@ -110,8 +160,4 @@ class FlowMatchingStep:
             hidden, grid, conditions, text.to(self.device, self.compute_dtype),
             None if text_mask is None else text_mask.to(self.device), text_keys, self.dataset)
         output = self.transformer(**kwargs, timestep=levels.to(self.device, self.compute_dtype), return_dict=False)[0]
-        prediction = family.target_prediction(output, grid)  # (B, N, p*p*C): the loss covers the target's tokens only
-        target = pack_latents(velocity_target(x0, noise), p).to(self.device)
-        if weights is not None:
-            return weighted_flow_loss(prediction, target, packed_weights(weights, x0.shape[1], p))
-        return flow_loss(prediction, target)
+        return family.target_prediction(output, grid)  # (B, N, p*p*C): the loss covers the target's tokens only
