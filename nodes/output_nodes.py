@@ -29,7 +29,7 @@ class QwenLoRAPreview:
     def INPUT_TYPES(cls):
         return {"required": {
             "trainer": (TRAINER, {"tooltip": "From Train Steps (so the preview follows training)."}),
-            **widgets(PreviewConfig, "prompt", "width", "height", "steps", "cfg", "preview_seed"),
+            **widgets(PreviewConfig, "prompt", "width", "height", "steps", "cfg", "preview_seed", "weights"),
         }, "optional": {  # Qwen-Image-Edit: the images to edit (else the first training sample's controls)
             f"control_image_{i}": ("IMAGE", {"tooltip": f"Edit models: control image {i} (Picture {i}) to edit, from "
                                             "the canvas. Unconnected: the first training sample's controls. A prompt "
@@ -37,7 +37,7 @@ class QwenLoRAPreview:
             for i in (1, 2, 3)
         }}
 
-    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed, **control_images):
+    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed, weights="raw", **control_images):
         trainer.require_live()
         prompt = prompt.strip() or first_preview_prompt(trainer)
         negative = trainer.dataset.negative_prompt
@@ -45,7 +45,7 @@ class QwenLoRAPreview:
         controls = [image_to_pil(control_images[k]) for k in sorted(control_images) if control_images[k] is not None]
         with engine_mode():
             image = trainer.sample_preview(prompt, negative, width, height, steps, cfg, preview_seed,
-                                           progress=lambda i, n: progress.update(i, total=n),
+                                           progress=lambda i, n: progress.update(i, total=n), weights=weights,
                                            **({"control_images": controls} if controls else {}))
         return (pil_to_image(image),)
 
@@ -105,7 +105,8 @@ class QwenLoRACompareSteps:
 class QwenLoRASave:
     DESCRIPTION = (
         "Saves the LoRA into ComfyUI's loras folder in the layout ComfyUI's LoRA loaders (and diffusers) load "
-        "with no unmatched keys, with rank, alpha, targets and steps in its metadata."
+        "with no unmatched keys, with rank, alpha, targets and steps in its metadata. With the Optimizer node's ema "
+        "on, the EMA of the weights goes beside it as name_ema.safetensors."
     )
     CATEGORY = CATEGORY
     FUNCTION = "save"
