@@ -77,6 +77,7 @@ class PlanInputs:
     modulation_ahead: bool = True
     fp8_activations: bool = False  # TrainConfig.fp8_activations: its quantised inputs are a transient of their own
     optimizer: str = "adamw8bit"
+    ema: bool = False  # OptimizerConfig.ema: a float32 average of the LoRA on the device (training/ema.py)
     grad_accum_steps: int = 1
     device: str = "cuda"  # "cuda" or "cpu": decides pinned memory, context and two kernels' saved tensors
     # How the text encoder sits in memory while caching: bfloat16, float8 (its fp8 file's Linears kept), or
@@ -102,7 +103,7 @@ class PlanInputs:
         return cls(width=width, height=height, batch=train.micro_batch_size, rank=lora.rank,
                    targets=lora.targets, lora_dtype=lora.dtype, lora_dropout=lora.dropout, storage=storage,
                    checkpointing=train.gradient_checkpointing, blocks_to_swap=train.blocks_to_swap,
-                   optimizer=optimizer.optimizer, grad_accum_steps=train.grad_accum_steps,
+                   optimizer=optimizer.optimizer, ema=optimizer.ema, grad_accum_steps=train.grad_accum_steps,
                    fp8_activations=train.fp8_activations, **kwargs)
 
     def validate(self, arch: QwenImageArch) -> None:
@@ -295,6 +296,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     for block, numel in tensors:
         grads_per_block[block] += numel * lora_b
     opt_state = optimizer_state_bytes(lora_tensor_shapes(arch, p.targets, p.rank), p.optimizer, lora_b)
+    ema = lora_params * 4 if p.ema else 0  # float32 whatever the LoRA dtype
 
     # Activations: per-block amounts, then the worst moment of the backward pass.
     s = activation_settings(p)
@@ -318,7 +320,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     outside = _outside_activation_bytes(arch, p, n_img, act)
 
     ahead = modulation_ahead_bytes(arch, p)
-    persistent = (n - K) * block_w + n * scales + rest + slots + ahead + lora_params * lora_b + opt_state
+    persistent = (n - K) * block_w + n * scales + rest + slots + ahead + lora_params * lora_b + ema + opt_state
     backward_peak = persistent + worst + recompute + working + upcast + outside
     step_temp = optimizer_step_temp_bytes(lora_params, p.optimizer, lora_b)
     step_peak = persistent + sum(grads_per_block) + step_temp
@@ -336,6 +338,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         Term("float8 row scales", n * scales, "fp32, one per output row, all blocks" if scales else "not scaled"),
         Term("biases, norms, non-block layers", rest, f"{p.compute_dtype}, and the RoPE tables"),
         Term("LoRA weights", lora_params * lora_b, f"{lora_params / 1e6:.1f}M params, {p.lora_dtype}"),
+        Term("EMA of the LoRA weights", ema, "float32" if p.ema else "off"),
         Term("optimizer state", opt_state, p.optimizer),
     ]
     if phase == "backward":
