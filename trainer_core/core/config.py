@@ -298,7 +298,8 @@ class LoadConfig:
     # when present: the file names of ComfyUI's repackaged Qwen-Image.
     transformer: str = _f(
         "qwen_image_fp8_e4m3fn.safetensors", "Qwen-Image transformer file from models/diffusion_models "
-        "(qwen_image_fp8_e4m3fn or qwen_image_bf16).", file_list="diffusion_models", extra_choices=(NOT_USED,),
+        "(qwen_image_fp8_e4m3fn or qwen_image_bf16; Qwen-Image-2512's qwen_image_2512_fp8_e4m3fn too).",
+        file_list="diffusion_models", extra_choices=(NOT_USED,),
     )
     text_encoder: str = _f(
         "qwen_2.5_vl_7b_fp8_scaled.safetensors", "Qwen2.5-VL 7B text encoder from models/text_encoders "
