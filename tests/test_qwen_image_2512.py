@@ -25,9 +25,16 @@ STEPS = 2
 
 @pytest.fixture(scope="module")
 def files_2512(tmp_path_factory):
-    from trainer_core.devtools.export import export_tiny
+    """`python -m trainer_core export-tiny DIR --model qwen-image-2512`, in process: name -> path, as it prints them."""
+    import contextlib
+    import io
 
-    return export_tiny(tmp_path_factory.mktemp("tiny_2512"), layout="comfyui", seed=0, model="qwen-image-2512")
+    from trainer_core.runs.cli import main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["export-tiny", str(tmp_path_factory.mktemp("tiny_2512")), "--model", "qwen-image-2512"]) == 0
+    return {name: Path(path) for name, path in (line.split(": ", 1) for line in printed.getvalue().splitlines())}
 
 
 def train_on(files: dict[str, Path], folder: Path, images: Path, capsys) -> tuple[Path, str]:
