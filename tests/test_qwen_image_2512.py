@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from test_headless import same_tensors, tiny_run_file
