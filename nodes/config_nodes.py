@@ -29,7 +29,7 @@ class QwenLoRAOptimizer:
     DESCRIPTION = (
         "Optimizer and learning-rate schedule: 8-bit AdamW (bitsandbytes), AdamW, AdamW with Kahan summation "
         "(for bfloat16 LoRA weights), Prodigy, schedule-free AdamW, CAME or automagic; warm-up, constant or cosine "
-        "schedule, gradient clipping."
+        "schedule, gradient clipping; an EMA of the weights (off by default)."
     )
     CATEGORY = CATEGORY
     FUNCTION = "build"
@@ -41,7 +41,7 @@ class QwenLoRAOptimizer:
     def INPUT_TYPES(cls):
         return {"required": widgets(
             OptimizerConfig, "optimizer", "learning_rate", "beta1", "beta2", "eps", "weight_decay",
-            "warmup_steps", "schedule", "schedule_steps", "min_lr_ratio", "max_grad_norm",
+            "warmup_steps", "schedule", "schedule_steps", "min_lr_ratio", "max_grad_norm", "ema", "ema_decay",
         )}
 
     def build(self, **settings):

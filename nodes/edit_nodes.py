@@ -112,7 +112,7 @@ class QwenLoRAEditPreview:
             for i in (1, 2, 3)
         }}
 
-    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed, control_image_1=None,
+    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed, weights="raw", control_image_1=None,
                 control_image_2=None, control_image_3=None):
         trainer.require_live()
         if not takes_control_images(trainer):
@@ -120,4 +120,4 @@ class QwenLoRAEditPreview:
                                  f"{trainer.components.family.name}, a text-to-image model: use {PREVIEW} "
                                  "(QwenLoRAPreview) instead.")
         controls = [c for c in (control_image_1, control_image_2, control_image_3) if c is not None]
-        return preview_image(trainer, prompt, width, height, steps, cfg, preview_seed, controls)
+        return preview_image(trainer, prompt, width, height, steps, cfg, preview_seed, controls, weights)

@@ -38,10 +38,10 @@ class QwenLoRAPreview:
     def INPUT_TYPES(cls):
         return {"required": {
             "trainer": (TRAINER, {"tooltip": "From Train Steps (so the preview follows training)."}),
-            **widgets(PreviewConfig, "prompt", "width", "height", "steps", "cfg", "preview_seed"),
+            **widgets(PreviewConfig, "prompt", "width", "height", "steps", "cfg", "preview_seed", "weights"),
         }}
 
-    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed, **undeclared):
+    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed, weights="raw", **undeclared):
         # ComfyUI passes every link a saved prompt holds, declared or not: an older Edit workflow's
         # control_image_N links on this node arrive here and are refused by name rather than ignored.
         if undeclared:
@@ -51,7 +51,7 @@ class QwenLoRAPreview:
         if takes_control_images(trainer):
             raise UserInputError(f"{PREVIEW} samples text-to-image models, but this trainer trains "
                                  f"{trainer.components.family.name}. {USE_EDIT_PREVIEW}")
-        return preview_image(trainer, prompt, width, height, steps, cfg, preview_seed)
+        return preview_image(trainer, prompt, width, height, steps, cfg, preview_seed, weights=weights)
 
 
 def takes_control_images(trainer) -> bool:
@@ -60,10 +60,10 @@ def takes_control_images(trainer) -> bool:
 
 
 def preview_image(trainer, prompt: str, width: int, height: int, steps: int, cfg: float, seed: int,
-                  control_images: list[torch.Tensor] | None = None) -> tuple[torch.Tensor]:
+                  control_images: list[torch.Tensor] | None = None, weights: str = "raw") -> tuple[torch.Tensor]:
     """Both Preview nodes: sample `prompt` (empty: the first preview prompt) against the cached negative prompt
     with ComfyUI's progress bar; `control_images` (ComfyUI IMAGEs, Edit only) are edited, else the family's
-    default controls."""
+    default controls. `weights`: the adapter's raw weights or their EMA (PreviewConfig.weights)."""
     trainer.require_live()
     prompt = prompt.strip() or first_preview_prompt(trainer)
     negative = trainer.dataset.negative_prompt
@@ -72,7 +72,7 @@ def preview_image(trainer, prompt: str, width: int, height: int, steps: int, cfg
     with engine_mode():
         image = trainer.sample_preview(prompt, negative, width, height, steps, cfg, seed,
                                        progress=lambda i, n: progress.update(i, total=n),
-                                       control_images=controls or None)
+                                       control_images=controls or None, weights=weights)
     return (pil_to_image(image),)
 
 
@@ -132,7 +132,8 @@ class QwenLoRACompareSteps:
 class QwenLoRASave:
     DESCRIPTION = (
         "Saves the LoRA into ComfyUI's loras folder in the layout ComfyUI's LoRA loaders (and diffusers) load "
-        "with no unmatched keys, with rank, alpha, targets and steps in its metadata."
+        "with no unmatched keys, with rank, alpha, targets and steps in its metadata. With the Optimizer node's ema "
+        "on, the EMA of the weights goes beside it as name_ema.safetensors."
     )
     CATEGORY = CATEGORY
     FUNCTION = "save"

@@ -114,3 +114,33 @@ def test_plan_gpu_prints_overheads_within_the_goals_on_a_4090(capsys, budget, go
     out = capsys.readouterr().out
     overheads = [float(m) / 100 for m in re.findall(r"^  LoRA in .*?([+-][\d.]+)%$", out, flags=re.M)]
     assert len(overheads) == 4 and all(0 <= o <= goal for o in overheads), out  # the 4th: fp8 activations
+
+
+def test_the_optimizer_step_moves_the_configured_optimizers_state():
+    """The optimizer step's memory traffic: weights and gradients (6 passes of the LoRA dtype), the configured
+    optimizer's state read and written, as many bytes as the memory plan counts for it (held to the bytes each
+    library allocates in tests/test_optimizers.py), its temporaries written and read, and with EMA the float32
+    average read and written and the weights read once more. 8-bit AdamW's step stays at ~28 bytes per value."""
+    from trainer_core.core.config import OptimizerConfig, choices
+    from trainer_core.planner.optimizer_state import optimizer_state_bytes, optimizer_step_temp_bytes
+    from trainer_core.planner.plan import lora_tensor_shapes
+    from trainer_core.planner.timeline import optimizer_work
+
+    arch = real_arch()
+    shapes = lora_tensor_shapes(arch, "attention+mlp", 32)
+    values = sum(r * c for r, c in shapes)
+    traffic = {}
+    for dtype, value_bytes in (("float32", 4), ("bfloat16", 2)):
+        for optimizer in choices(OptimizerConfig, "optimizer"):
+            p = PlanInputs(optimizer=optimizer, lora_dtype=dtype)
+            traffic[optimizer, dtype] = optimizer_work(arch, p).memory_bytes
+            assert traffic[optimizer, dtype] == (6 * value_bytes * values
+                                                 + 2 * optimizer_state_bytes(shapes, optimizer, value_bytes)
+                                                 + 2 * optimizer_step_temp_bytes(values, optimizer, value_bytes))
+            with_ema = optimizer_work(arch, dataclasses.replace(p, ema=True)).memory_bytes
+            assert with_ema - traffic[optimizer, dtype] == values * (4 + 4 + value_bytes)
+    assert 28 <= traffic["adamw8bit", "float32"] / values < 28.1  # + bitsandbytes' absmax per 256 values
+    assert traffic["adamw", "float32"] == (6 * 4 + 2 * 2 * 4 + 2 * 4) * values + 2 * 4 * len(shapes)
+    gpu = GPUS["rtx4090"]
+    seconds = {o: predict(PlanInputs(optimizer=o), gpu).seconds for o in ("adamw8bit", "adamw", "prodigy")}
+    assert seconds["adamw8bit"] < seconds["adamw"] < seconds["prodigy"]  # more state, a longer step

@@ -57,7 +57,8 @@ NODES = [
      ("lora", 0)),
     (5, "QwenLoRAOptimizer", {"optimizer": "adamw8bit", "learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.999,
                               "eps": 1e-8, "weight_decay": 0.01, "warmup_steps": 50, "schedule": "constant",
-                              "schedule_steps": 1000, "min_lr_ratio": 0.0, "max_grad_norm": 1.0}, ("lora", 0)),
+                              "schedule_steps": 1000, "min_lr_ratio": 0.0, "max_grad_norm": 1.0, "ema": False,
+                              "ema_decay": 0.999}, ("lora", 0)),
     (6, "QwenLoRAInitTrainer", {"run_name": "my_qwen_lora", "micro_batch_size": 1, "grad_accum_steps": 1,
                                 "gradient_checkpointing": True, "blocks_to_swap": -1, "training_seed": 42,
                                 "timestep_sampling": "logit_normal", "logit_mean": 0.0, "logit_std": 1.0,
@@ -71,7 +72,7 @@ NODES = [
                           "snapshot_every": 0}, ("train", 1)),
     (14, "PreviewAny", {}, ("train", 1)),  # Train Steps' report: steps, losses, speed
     (8, "QwenLoRAPreview", {"prompt": "", "width": 1024, "height": 1024, "steps": 20, "cfg": 4.0,
-                            "preview_seed": 0}, ("look", 0)),
+                            "preview_seed": 0, "weights": "raw"}, ("look", 0)),
     (10, "QwenLoRASave", {"filename": "{run_name}_{step}", "dtype": "bfloat16", "layout": "comfyui"}, ("look", 0)),
     (9, "QwenLoRALossPlot", {"width": 768, "height": 384}, ("look", 0)),
     (11, "SaveImage", {"filename_prefix": "qwen_lora/preview"}, ("look", 1)),
@@ -93,6 +94,7 @@ NOTE_ID = 100
 
 MAIN_NOTE = """How to train a Qwen-Image LoRA
 1. Models: put ComfyUI's Qwen-Image files in models/diffusion_models, text_encoders and vae.
+   Qwen-Image-2512 works the same: choose qwen_image_2512_fp8_e4m3fn as transformer.
 2. Data: a folder of images with same-name .txt captions; set its path in Dataset.
 3. Queue: Train Steps trains 250 steps per queue and shows the loss live.
    Queue again to continue; a stopped run resumes from its last checkpoint.

@@ -209,6 +209,14 @@ class OptimizerConfig:
     )
     min_lr_ratio: float = _f(0.0, "Cosine schedule floor, as a fraction of the learning rate.", min=0.0, max=1.0, step=0.01)
     max_grad_norm: float = _f(1.0, "Clip the gradient norm to this value (0 = no clipping).", min=0.0, max=1000.0, step=0.1)
+    ema: bool = _f(
+        False, "Also keep an exponential moving average (EMA) of the LoRA weights, updated after every step (float32: "
+        "one more LoRA-sized copy on the GPU). Save and snapshots then also write name_ema.safetensors; Preview's "
+        "weights input samples either. Often smoother than the last step's weights.")
+    ema_decay: float = _f(
+        0.999, "EMA decay: the share of the average each step keeps (0.999 averages over about the last 1000 steps; "
+        "0 = the raw weights). Early steps use min(decay, (1 + n) / (10 + n)), as OneTrainer and ai-toolkit do.",
+        min=0.0, max=0.99999, step=0.0001)
 
     def __post_init__(self) -> None:
         self.validate()  # settings are checked once, where they are made
@@ -220,8 +228,12 @@ class OptimizerConfig:
                 "around 1e-4)."
             )
         _check_range(self, "learning_rate", "beta1", "beta2", "eps", "weight_decay", "warmup_steps",
-                     "schedule_steps", "min_lr_ratio", "max_grad_norm")
+                     "schedule_steps", "min_lr_ratio", "max_grad_norm", "ema_decay")
         _check_choice(self, "optimizer", "schedule")
+        if self.ema and self.optimizer == "schedulefree_adamw":
+            raise UserInputError("ema with optimizer schedulefree_adamw: schedule-free AdamW averages its weights "
+                                 "already (previews and saves use that average); turn ema off or choose another "
+                                 "optimizer.")
         if self.optimizer == "prodigy" and self.learning_rate < 0.01:
             # Prodigy's step is learning_rate x its own estimate d: 1e-4 there would leave the LoRA almost unchanged.
             raise UserInputError(
@@ -337,7 +349,8 @@ class LoadConfig:
     # when present: the file names of ComfyUI's repackaged Qwen-Image.
     transformer: str = _f(
         "qwen_image_fp8_e4m3fn.safetensors", "Qwen-Image transformer file from models/diffusion_models "
-        "(qwen_image_fp8_e4m3fn or qwen_image_bf16).", file_list="diffusion_models", extra_choices=(NOT_USED,),
+        "(qwen_image_fp8_e4m3fn or qwen_image_bf16; Qwen-Image-2512's qwen_image_2512_fp8_e4m3fn too).",
+        file_list="diffusion_models", extra_choices=(NOT_USED,),
     )
     text_encoder: str = _f(
         "qwen_2.5_vl_7b_fp8_scaled.safetensors", "Qwen2.5-VL 7B text encoder from models/text_encoders "
@@ -441,6 +454,8 @@ class PreviewConfig:
     steps: int = _f(20, "Sampling steps.", min=1, max=200)
     cfg: float = _f(4.0, "True CFG scale against the cached negative prompt (1 = off).", min=1.0, max=20.0, step=0.1)
     preview_seed: int = _f(0, "Noise seed of the preview; keep it fixed to compare steps.", min=0, max=2**31 - 1)
+    weights: str = _f("raw", "Sample the LoRA's weights as trained (raw), or their EMA (the Optimizer node's ema).",
+                      choices=("raw", "ema"))
 
 
 @dataclass

@@ -12,6 +12,10 @@ out like ComfyUI's models folder, so tests, the demo and a real ComfyUI can all 
     DIR/text_encoders/qwen_2.5_vl_tiny_fp8_scaled.safetensors
     DIR/vae/qwen_image_tiny_vae.safetensors
     DIR/tokenizer/                                                    (save_pretrained)
+
+`export_tiny(..., model="qwen-image-2512")` writes the same files named as ComfyUI's Qwen-Image-2512 release
+(`qwen_image_2512_tiny_fp8_e4m3fn.safetensors`, ...): 2512 has Qwen-Image's architecture and tensor names, new
+weights only, so nothing but the name differs.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from ..models.transformer_file import transformer_file_tensors
 from ..models.vae_file import vae_file_tensors
 
 EXPORT_LAYOUTS = ("comfyui", "diffusers")
+# Text-to-image models export-tiny writes -> the stem of their file names (qwen_image_<stem>_bf16.safetensors).
+TEXT_TO_IMAGE_STEMS = {"qwen-image": "tiny", "qwen-image-2512": "2512_tiny"}
 
 
 def public_config(config) -> dict:
@@ -67,14 +73,18 @@ def export_comfyui_files(components: QwenImageComponents, folder: str | Path, st
     return out
 
 
-def export_tiny(folder: str | Path, layout: str = "comfyui", seed: int = 0) -> dict[str, Path]:
-    """The tiny test model (`build_tiny_components(seed)`) as ComfyUI single files or a diffusers folder."""
+def export_tiny(folder: str | Path, layout: str = "comfyui", seed: int = 0,
+                model: str = "qwen-image") -> dict[str, Path]:
+    """The tiny test model (`build_tiny_components(seed)`) as ComfyUI single files or a diffusers folder, its
+    files named as `model`'s (TEXT_TO_IMAGE_STEMS)."""
     if layout not in EXPORT_LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {EXPORT_LAYOUTS}")
+    if model not in TEXT_TO_IMAGE_STEMS:
+        raise ValueError(f"unknown model {model!r}; expected one of {list(TEXT_TO_IMAGE_STEMS)}")
     components = build_tiny_components(seed=seed, storage="float32")
     if layout == "diffusers":
         return {"diffusers_folder": save_diffusers_dir(components, folder)}
-    return export_comfyui_files(components, folder)
+    return export_comfyui_files(components, folder, stem=TEXT_TO_IMAGE_STEMS[model])
 
 
 def edit_file_stem(variant: str) -> str:

@@ -56,7 +56,7 @@ AFTER_CACHING = ("init", "train", "preview", "save")  # what Init Trainer checks
 HOST_RESERVE_BYTES = 4 * GIB
 # The training state that stays on the device between steps (plan_memory's term names).
 STATE_TERMS = ("frozen block Linears, resident", "swap slots", "float8 row scales", "biases, norms, non-block layers",
-               "LoRA weights", "optimizer state")
+               "LoRA weights", "EMA of the LoRA weights", "optimizer state")  # optimizer state last (init)
 NOT_ALLOCATED = ("allocator slack", "CUDA context")
 SAVE_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -249,8 +249,9 @@ def training_phases(plan: MemoryPlan, arch: QwenImageArch, parts: PartSizes) -> 
         "the optimizer state is allocated at the first step")
 
     allocated = [t for t in plan.gpu if t.name not in NOT_ALLOCATED]
-    checkpoint = Term("checkpoint copy", lora_bytes + opt_bytes if cuda else 0,
-                      "LoRA and optimizer state on the CPU while a checkpoint is written")
+    ema_bytes = plan.term("EMA of the LoRA weights")
+    checkpoint = Term("checkpoint copy", lora_bytes + ema_bytes + opt_bytes if cuda else 0,
+                      "LoRA, EMA and optimizer state on the CPU while a checkpoint is written")
     train = _on_device(p, allocated, host + [checkpoint], "train", f"training peak: {plan.peak_phase}")
 
     vae = [Term("VAE on the device", parts.vae_params * act, "moved there to decode")] if cuda else []
@@ -261,7 +262,9 @@ def training_phases(plan: MemoryPlan, arch: QwenImageArch, parts: PartSizes) -> 
     same = not cuda and SAVE_DTYPE_BYTES[p.save_dtype] == lora_b  # .to(cpu, same dtype) copies nothing
     copy = Term("LoRA file tensors", 0 if same else lora_params * SAVE_DTYPE_BYTES[p.save_dtype],
                 f"{lora_params / 1e6:.1f}M params in {p.save_dtype}")
-    save = _on_device(p, _state(plan), host + [copy], "save")
+    # Writing the EMA's file: the raw weights are kept aside on the device meanwhile (ema.averaged_weights).
+    kept = [Term("raw LoRA kept while the EMA is written", lora_bytes)] if ema_bytes else []
+    save = _on_device(p, _state(plan) + kept, host + [copy], "save")
     return {"init": init, "train": train, "preview": preview, "save": save}
 
 

@@ -88,6 +88,7 @@ class PlanInputs:
     # (planner/timeline.py) but never raises the peak, which is the backward's.
     preservation: bool = False
     optimizer: str = "adamw8bit"
+    ema: bool = False  # OptimizerConfig.ema: a float32 average of the LoRA on the device (training/ema.py)
     grad_accum_steps: int = 1
     device: str = "cuda"  # "cuda" or "cpu": decides pinned memory, context and two kernels' saved tensors
     # How the text encoder sits in memory while caching: bfloat16, float8 (its fp8 file's Linears kept), or
@@ -116,7 +117,7 @@ class PlanInputs:
                    targets=lora.targets, lora_dtype=lora.dtype, lora_dropout=lora.dropout, adapter=lora.adapter,
                    lokr_factor=lora.lokr_factor, lokr_decompose_both=lora.lokr_decompose_both, storage=storage,
                    checkpointing=train.gradient_checkpointing, blocks_to_swap=train.blocks_to_swap,
-                   optimizer=optimizer.optimizer, grad_accum_steps=train.grad_accum_steps,
+                   optimizer=optimizer.optimizer, ema=optimizer.ema, grad_accum_steps=train.grad_accum_steps,
                    fp8_activations=train.fp8_activations, **kwargs)
 
     def validate(self, arch: QwenImageArch) -> None:
@@ -315,6 +316,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         grads_per_block[block] += numel * lora_b
     opt_state = optimizer_state_bytes(lora_tensor_shapes(arch, p.targets, p.rank, **adapter_settings(p)),
                                       p.optimizer, lora_b)
+    ema = lora_params * 4 if p.ema else 0  # float32 whatever the LoRA dtype
 
     # Activations: per-block amounts, then the worst moment of the backward pass. A LoKr or LoHa also saves
     # each layer's whole delta weight and has its transients (lycoris_terms).
@@ -339,7 +341,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     outside = _outside_activation_bytes(arch, p, n_img, act)
 
     ahead = modulation_ahead_bytes(arch, p)
-    persistent = (n - K) * block_w + n * scales + rest + slots + ahead + lora_params * lora_b + opt_state
+    persistent = (n - K) * block_w + n * scales + rest + slots + ahead + lora_params * lora_b + ema + opt_state
     backward_peak = persistent + worst + recompute + working + upcast + outside
     step_temp = optimizer_step_temp_bytes(lora_params, p.optimizer, lora_b)
     step_peak = persistent + sum(grads_per_block) + step_temp
@@ -358,6 +360,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         Term("biases, norms, non-block layers", rest, f"{p.compute_dtype}, and the RoPE tables"),
         Term("LoRA weights", lora_params * lora_b, f"{lora_params / 1e6:.1f}M params, {p.lora_dtype}"
              + (f", {p.adapter}" if p.adapter != "lora" else "")),
+        Term("EMA of the LoRA weights", ema, "float32" if p.ema else "off"),
         Term("optimizer state", opt_state, p.optimizer),
     ]
     if phase == "backward":

@@ -22,7 +22,9 @@ Assumptions (what makes a prediction, not a measurement; `benchmarks/gpu_check.p
   they cost the same with and without streaming, so leaving them out makes the compute shorter and the
   predicted overhead larger (on the safe side).
 - The CPU issues work ahead of the GPU (Python never is the bottleneck), and copies do not slow the kernels.
-- The optimizer step reads and writes OPTIMIZER_BYTES_PER_PARAM bytes per LoRA parameter.
+- The optimizer step is memory-bound (`optimizer_work`): it reads and writes the LoRA weights, reads the gradients
+  three times and writes them once (clipping's norm and scale, then the step), reads and writes the configured
+  optimizer's state (the bytes optimizer_state.py counts) and its temporaries, and with EMA on the average.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ from ..streaming.placement import (
     spread_placement,
 )
 from .arch import QwenImageArch, real_arch
+from .optimizer_state import optimizer_state_bytes, optimizer_step_temp_bytes
 from .plan import (
+    DTYPE_BYTES,
     PlanInputs,
     adapter_settings,
     block_blob,
     lora_shapes,
-    lora_tensor_sizes,
+    lora_tensor_shapes,
     modulation_window_steps,
 )
 
@@ -54,7 +58,10 @@ TENSOR_EFFICIENCY = 0.6  # large bf16 GEMMs reach 55-70% of the dense peak; the 
 FP32_EFFICIENCY = 0.6
 MEMORY_EFFICIENCY = 0.8
 LINK_EFFICIENCY = 0.8  # pinned host-to-device copies reach ~80% of the raw PCIe rate (128b/130b coding, packet headers)
-OPTIMIZER_BYTES_PER_PARAM = 28  # 8-bit AdamW: param, grad, 2 states read and written; clipping reads and scales grads
+# Bytes of weight and gradient traffic per LoRA value and byte of its dtype in an optimizer step: the weights read
+# and written (2), the gradients read by clipping's norm, read and written by its scaling, read by the step (4).
+# With the state read and written, 8-bit AdamW's step moves 6 x 4 + 2 x 2 = 28 bytes per float32 value.
+WEIGHT_AND_GRADIENT_PASSES = 6
 # FlashAttention's backward runs 5 matmuls of the forward's size against its 2 (Dao 2023, FlashAttention-2, §3.1.2).
 ATTENTION_BACKWARD_RATIO = 2.5
 
@@ -238,8 +245,13 @@ def _block_work(arch: QwenImageArch, p: PlanInputs, path: ComputePath, lora: boo
 
 
 def optimizer_work(arch: QwenImageArch, p: PlanInputs) -> Work:
-    params = sum(numel for _, numel in lora_tensor_sizes(arch, p.targets, p.rank, **adapter_settings(p)))
-    return Work(0, 0, OPTIMIZER_BYTES_PER_PARAM * params)
+    """The memory traffic of one optimizer step of `p.optimizer` (see the module's assumptions)."""
+    shapes = lora_tensor_shapes(arch, p.targets, p.rank, **adapter_settings(p))
+    params, value_bytes = sum(r * c for r, c in shapes), DTYPE_BYTES[p.lora_dtype]
+    state = optimizer_state_bytes(shapes, p.optimizer, value_bytes)
+    temps = optimizer_step_temp_bytes(params, p.optimizer, value_bytes)  # written, then read
+    ema = params * (4 + 4 + value_bytes) if p.ema else 0  # the float32 average read and written, the weights read
+    return Work(0, 0, WEIGHT_AND_GRADIENT_PASSES * value_bytes * params + 2 * state + 2 * temps + ema)
 
 
 # --------------------------------------------------------------------------------------------------

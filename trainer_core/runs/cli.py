@@ -136,12 +136,12 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
             from ..devtools.export_qwen21 import export_tiny_qwen_image21
 
             written = export_tiny_qwen_image21(args.dir, layout=args.layout, seed=args.seed)
-        elif args.model != "qwen-image":  # a tiny Qwen-Image-Edit of that variant
+        elif args.model.startswith("edit"):  # a tiny Qwen-Image-Edit of that variant
             from ..devtools.export import export_tiny_edit
 
             written = export_tiny_edit(args.dir, variant=args.model, layout=args.layout, seed=args.seed)
-        else:
-            written = export_tiny(args.dir, layout=args.layout, seed=args.seed)
+        else:  # qwen-image, or the same files named as Qwen-Image-2512's
+            written = export_tiny(args.dir, layout=args.layout, seed=args.seed, model=args.model)
     except (OSError, SafetensorError) as e:
         if os_error(e) is None:
             raise
@@ -366,8 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--layout", choices=EXPORT_LAYOUTS, default=EXPORT_LAYOUTS[0],
                         help=f"ComfyUI single files or a diffusers folder (default: {EXPORT_LAYOUTS[0]})")
     export.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0, help="seed of the random weights"))
-    export.add_argument("--model", choices=DEMO_MODELS[:-1], default=DEMO_MODELS[0],
-                        help="qwen-image, or a tiny Qwen-Image-Edit variant (Edit-2511's transformer files carry "
+    export.add_argument("--model", choices=(DEMO_MODELS[0], "qwen-image-2512", *DEMO_MODELS[1:-1]),
+                        default=DEMO_MODELS[0],
+                        help="qwen-image (qwen-image-2512: the same files named as ComfyUI's Qwen-Image-2512 "
+                             "release), or a tiny Qwen-Image-Edit variant (Edit-2511's transformer files carry "
                              "ComfyUI's marker key), or qwen-image-2.1 (transformer files with the MLP fused and "
                              "split, the other parts as a diffusers folder)")
     export.set_defaults(func=cmd_export_tiny)

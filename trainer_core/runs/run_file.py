@@ -101,7 +101,8 @@ KEYS = (
              "tiny test model, random weights); the Load node's names work too. Empty: from which of those keys "
              "are set."),
     Key("model", "transformer", LoadConfig, "transformer", shown="", path=True,
-        help=f"Qwen-Image transformer file (qwen_image_fp8_e4m3fn or qwen_image_bf16, ComfyUI's). {_PATH}"),
+        help="Qwen-Image transformer file (qwen_image_fp8_e4m3fn or qwen_image_bf16, ComfyUI's; also Qwen-Image-2512's "
+             f"qwen_image_2512_fp8_e4m3fn). {_PATH}"),
     Key("model", "text_encoder", LoadConfig, "text_encoder", shown="", path=True,
         help=f"Qwen2.5-VL 7B text encoder file (qwen_2.5_vl_7b_fp8_scaled or qwen_2.5_vl_7b). {_PATH}"),
     Key("model", "vae", LoadConfig, "vae", shown="", path=True,

@@ -2,7 +2,7 @@
 
 One folder per run; inside it, one folder per checkpoint and a pointer to the newest:
 
-    <run_dir>/checkpoints/step_000120/state.safetensors   every tensor (adapter, optimizer state)
+    <run_dir>/checkpoints/step_000120/state.safetensors   every tensor (adapter, optimizer state, EMA if on)
     <run_dir>/checkpoints/step_000120/state.json          everything else (format, step, micro-batch counter,
                                                           configs, losses)
     <run_dir>/checkpoints/latest.json                     {"dir": "step_000120", "step": 120}
@@ -156,6 +156,7 @@ def _unusable(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> str | N
     """Why a readable checkpoint cannot be resumed (tensors missing, NaN/inf values), or None."""
     try:
         needed = [f"lora.{n}" for n in meta["param_names"]] + _tensor_refs(meta["optimizer_state"])
+        needed += [f"ema.{n}" for n in meta["param_names"]] if meta.get("ema") else []  # training/ema.py
         meta["step"], meta["lora"], meta["train"], meta["micro_batches"]  # noqa: B018 (the keys resume reads)
     except (KeyError, TypeError):
         return "its state.json lacks entries a checkpoint has"

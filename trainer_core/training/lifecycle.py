@@ -86,7 +86,7 @@ def close(trainer: "Trainer", unpin: bool = False) -> None:
     if trainer.optimizer is not None:
         trainer.optimizer.state.clear()
         trainer.optimizer.param_groups.clear()
-    trainer.params, trainer.runner, trainer.optimizer = [], None, None
+    trainer.params, trainer.runner, trainer.optimizer, trainer.ema = [], None, None, None
     if trainer.lock is not None:
         trainer.lock.release()
     if trainer.device.type == "cuda":

@@ -1,4 +1,7 @@
-"""What a trainer gives out: LoRA files (and their tensors and metadata) and preview images of the adapter now."""
+"""What a trainer gives out: LoRA files (and their tensors and metadata) and preview images of the adapter now.
+
+`weights` chooses what they are made of: 'raw' (the weights as trained) or 'ema' (their EMA, ema.py). With EMA on,
+`save_lora` writes both files: `name.safetensors` (raw) and `name_ema.safetensors` beside it."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from ..adapters.lora_files import lora_metadata as file_metadata
 from ..core.errors import TrainingStopped
 from ..core.files import remove_leftovers, write_error, write_safetensors_atomic
 from ..families.sampling import sample_image
+from .ema import averaged_weights, ema_path
 from .live import PreviewSettings, StepPreview, keep_preview
 from .optim import evaluation_weights, is_schedule_free
 
@@ -24,18 +28,19 @@ from .optim import evaluation_weights, is_schedule_free
 
 
 def lora_state_dict(trainer: "Trainer", dtype: torch.dtype = torch.bfloat16,
-                    layout: str = "comfyui") -> dict[str, torch.Tensor]:
+                    layout: str = "comfyui", weights: str = "raw") -> dict[str, torch.Tensor]:
     trainer.require_live()
     if trainer.broken_reason is not None:
         raise TrainingStopped(trainer.broken_reason)
-    with evaluation_weights(trainer.optimizer):  # schedule-free AdamW: the averaged weights, not the training ones
+    # schedule-free AdamW: the averaged weights, not the training ones
+    with evaluation_weights(trainer.optimizer), averaged_weights(trainer, weights):
         tensors = lora_file_tensors(trainer.transformer, trainer.lora_cfg.rank, trainer.lora_cfg.alpha, dtype, layout)
-        if is_schedule_free(trainer.optimizer):  # float32 CPU tensors alias the weights, which go back to y next
-            tensors = {k: v.clone() for k, v in tensors.items()}
+        if is_schedule_free(trainer.optimizer) or weights != "raw":  # float32 CPU tensors alias the weights,
+            tensors = {k: v.clone() for k, v in tensors.items()}  # which are put back next
     return tensors
 
 
-def lora_metadata(trainer: "Trainer", layout: str = "comfyui") -> dict[str, str]:
+def lora_metadata(trainer: "Trainer", layout: str = "comfyui", weights: str = "raw") -> dict[str, str]:
     """Rank, alpha, targets, steps (all the weights have seen, a continued file's included), base model."""
     init = trainer.init_lora
     init_steps = (init.steps or 0) if init is not None else 0
@@ -47,15 +52,27 @@ def lora_metadata(trainer: "Trainer", layout: str = "comfyui") -> dict[str, str]
     if set(trainer.lora_modules) != set(target_module_names(trainer.transformer, trainer.lora_cfg.targets)):
         extra["qwen_lora.targets"] = "custom"
         extra["qwen_lora.modules"] = json.dumps(trainer.lora_modules)
+    if weights == "ema":
+        extra.update({"qwen_lora.weights": "ema", "qwen_lora.ema_decay": str(trainer.ema.decay),
+                      "qwen_lora.ema_updates": str(trainer.ema.updates)})
     extra.update(layout_metadata(layout, trainer.lora_cfg.rank, trainer.lora_cfg.alpha))
     return file_metadata(trainer.lora_cfg, init_steps + trainer.step, trainer.components.name, extra)
 
 
 def save_lora(trainer: "Trainer", path, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> Path:
-    """Write the adapter in `layout` (lora_files.LORA_LAYOUTS; default ComfyUI's), atomically; return the path."""
+    """Write the adapter in `layout` (lora_files.LORA_LAYOUTS; default ComfyUI's), atomically; return the path.
+    With EMA on, its file `ema.ema_path(path)` is written too (after the raw one)."""
     remove_leftovers(Path(path).parent, names=r".+\.safetensors")  # of killed saves (theirs, never a user's)
+    written = _write_lora(trainer, path, dtype, layout, "raw")
+    if trainer.ema is not None:
+        _write_lora(trainer, ema_path(path), dtype, layout, "ema")
+    return written
+
+
+def _write_lora(trainer: "Trainer", path, dtype: torch.dtype, layout: str, weights: str) -> Path:
     try:
-        return write_safetensors_atomic(lora_state_dict(trainer, dtype, layout), path, lora_metadata(trainer, layout))
+        return write_safetensors_atomic(lora_state_dict(trainer, dtype, layout, weights), path,
+                                        lora_metadata(trainer, layout, weights))
     except OSError as e:
         raise write_error(e, "LoRA file", Path(path),
                           f"Any earlier {Path(path).name} is intact and the trainer still holds step "
@@ -65,11 +82,13 @@ def save_lora(trainer: "Trainer", path, dtype: torch.dtype = torch.bfloat16, lay
 def sample_preview(trainer: "Trainer", prompt: str, negative_prompt: str = "", width: int = 1024, height: int = 1024,
                    steps: int = 20, cfg_scale: float = 4.0, seed: int = 0,
                    progress: Callable[[int, int], None] | None = None,
-                   control_images: list[Image.Image] | None = None) -> Image.Image:
-    """An image from the adapter as it is now (`sampling.sample_image`; the prompts must be cached). An edit
-    model edits `control_images`, or else a training sample's controls (the family's preview hooks)."""
+                   control_images: list[Image.Image] | None = None, weights: str = "raw") -> Image.Image:
+    """An image from the adapter as it is now (`sampling.sample_image`; the prompts must be cached), from its
+    `weights` ('raw' or 'ema'). An edit model edits `control_images`, or else a training sample's controls (the
+    family's preview hooks)."""
     trainer.require_live()
-    with evaluation_weights(trainer.optimizer):  # schedule-free AdamW samples at its averaged weights
+    # schedule-free AdamW samples at its averaged weights; 'ema' at the EMA (raw weights back after, exactly)
+    with evaluation_weights(trainer.optimizer), averaged_weights(trainer, weights):
         return sample_image(trainer.components, trainer.dataset, prompt, negative_prompt, width, height, steps,
                             cfg_scale, seed, progress=progress, condition_images=control_images)
 

@@ -5,8 +5,9 @@
         *StepExtras(preview_every=25, preview=settings).work(),    # live previews and LoRA snapshots
     ])
 
-The recipe runs, after each finished (not skipped) optimizer step, first the trainer's own work (validation
-every `validation_every` steps, a checkpoint every `checkpoint_every`), then the caller's, in order. Steps are
+The recipe runs, after each finished (not skipped) optimizer step, first the trainer's own work (the EMA of the
+weights every step when it is on, validation every `validation_every` steps, a checkpoint every
+`checkpoint_every`), then the caller's, in order. Steps are
 counted from the run's first step, so "every 50" means steps 50, 100, ... also across chunks and resumes. Work
 may raise (a host's Cancel) to stop at that step boundary: the recipe checkpoints and stays usable. Work whose
 time is not training (previews, snapshots) is marked `extra`: its seconds are left out of seconds per step.
@@ -59,6 +60,10 @@ def run_due(work: Sequence[Every], trainer: "Trainer", step: StepReport, report:
 # -- the trainer's own periodic work ----------------------------------------------------------------------
 
 
+def _update_ema(trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
+    trainer.ema.update()  # first: the checkpoints, previews and snapshots of this step see the updated average
+
+
 def _validate(trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
     trainer.validation_history.append((trainer.step, trainer.validation_loss()))
 
@@ -68,9 +73,9 @@ def _checkpoint(trainer: "Trainer", step: StepReport, report: TrainReport) -> No
 
 
 def training_work(trainer: "Trainer") -> list[Every]:
-    """Validation and checkpoints, from the trainer's settings (validation only with held-out images)."""
+    """The EMA, validation and checkpoints, from the trainer's settings (validation only with held-out images)."""
     cfg = trainer.train_cfg
-    work = []
+    work = [Every(1, _update_ema, "ema")] if trainer.ema is not None else []
     if cfg.validation_every and trainer.dataset.validation:
         work.append(Every(cfg.validation_every, _validate, "validation"))
     if cfg.checkpoint_every:

@@ -7,7 +7,7 @@ order, and runs the loop over components that do one thing each:
         draw -> loss -> backward (own micro-batches)  step.py, randomness.py
         reduce over processes, clip, optimizer step . distributed.py, optim.py
         guard against NaN/inf ....................... guards.py
-        periodic work (validation, checkpoints, previews, snapshots, progress)  periodic.py
+        periodic work (EMA, validation, checkpoints, previews, snapshots, progress)  periodic.py, ema.py
     checkpoint / resume: state.py; validation: evaluation.py; LoRA files and previews: outputs.py
     close / retire .................................. lifecycle.py
 
@@ -70,7 +70,7 @@ class Trainer:
         self.device, self.compute_dtype = components.device, components.compute_dtype
         self.transformer = components.transformer  # None until setup.build loads it (a lazy model set)
         self.params: list[torch.nn.Parameter] = []
-        self.runner = self.optimizer = self.lock = self.flow = None
+        self.runner = self.optimizer = self.ema = self.lock = self.flow = None  # ema: ema.WeightAverage, when on
         self.init_lora: LoraFile | None = None
         self.retired_reason: str | None = None  # why this trainer may no longer be used (`retire`)
         self.step = 0  # optimizer steps finished
@@ -230,9 +230,9 @@ class Trainer:
     def sample_preview(self, prompt: str, negative_prompt: str = "", width: int = 1024, height: int = 1024,
                        steps: int = 20, cfg_scale: float = 4.0, seed: int = 0,
                        progress: Callable[[int, int], None] | None = None,
-                       control_images: list[Image.Image] | None = None) -> Image.Image:
+                       control_images: list[Image.Image] | None = None, weights: str = "raw") -> Image.Image:
         return outputs.sample_preview(self, prompt, negative_prompt, width, height, steps, cfg_scale, seed,
-                                      progress, control_images)
+                                      progress, control_images, weights)
 
     def preview_step(self, settings: PreviewSettings, progress: Callable[[int, int], None] | None = None
                      ) -> StepPreview:

@@ -19,6 +19,7 @@ from ..models.components import module_fingerprint
 from ..planner.for_run import plan_run
 from ..streaming.placement import default_placement, tail_placement
 from ..streaming.runner import BlockRunner, swapped_blocks
+from .ema import build_average
 from .optim import build_optimizer
 from .step import FlowMatchingStep
 
@@ -86,6 +87,7 @@ def build(trainer: "Trainer", init_lora, preview_size) -> None:
     trainer.memory_plan = "\n".join([trainer.memory_plan, *(n for n in notes if n is not None)])
 
     trainer.optimizer = build_optimizer(trainer.params, trainer.optim_cfg)
+    trainer.ema = build_average(trainer.params, trainer.optim_cfg)  # from the weights now (a continued LoRA's too)
     # Samples of one micro-batch share the family's grouping key (the bucket; Edit: and the control sizes).
     trainer.order = DataOrder([components.family.batch_group(s) for s in dataset.samples], repeats=dataset.repeats,
                               batch_size=train.micro_batch_size, seed=train.seed)

@@ -2,8 +2,8 @@
 
 A checkpoint (checkpoint.py: the folder format, atomic writes, picking the newest usable one) holds the
 adapter's weights, the optimizer's state, the step, the run's micro-batch counter (which fixes the data order
-and every random draw: randomness.py), the loss and validation histories and the settings. Nothing else is
-needed to continue: the generator states of format 1 are gone with counter-based randomness.
+and every random draw: randomness.py), the loss and validation histories and the settings, and the EMA of the weights when it is on (ema.py; a
+checkpoint without one still loads). Nothing else is needed to continue: the generator states of format 1 are gone with counter-based randomness.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ..core.files import write_error
 from ..core.finite import all_finite, nonfinite_names
 from . import checkpoint as ckpt
 from .distributed import world_size_note
+from .ema import resume_note
 from .optim import load_state
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
@@ -46,6 +47,9 @@ def training_state(trainer: "Trainer") -> tuple[dict[str, torch.Tensor], dict]:
         "num_samples": len(trainer.dataset.samples),
         "processes": trainer.replicas.size,
     }
+    if trainer.ema is not None:
+        ema_tensors, meta["ema"] = trainer.ema.state(trainer.param_names)
+        tensors.update(ema_tensors)
     return tensors, meta
 
 
@@ -103,6 +107,11 @@ def resume(trainer: "Trainer", notes: list[str]) -> bool:
         for name, p in zip(trainer.param_names, trainer.params):
             p.copy_(tensors[f"lora.{name}"])
     load_state(trainer.optimizer, ckpt.unflatten_state(tensors, meta["optimizer_state"]))  # saved dtypes kept
+    if trainer.ema is not None and meta.get("ema"):
+        trainer.ema.load(trainer.param_names, tensors, meta["ema"])
+    elif trainer.ema is not None:  # written with ema off: the average starts here
+        trainer.ema.restart()
+        notes.append(resume_note(meta["step"]))
     trainer.step = trainer.saved_step = meta["step"]
     trainer.micro_batches = meta["micro_batches"]
     trainer.restored_from = folder
