@@ -174,6 +174,8 @@ def open_once(components, cached: CachedDataset, run: RunFile, run_dir: Path, re
     except BaseException:
         release(run.train.run_name)
         raise
+    if trainer.host_copy is not None:  # every process has attached the machine's host copy: only mappings keep it
+        trainer.host_copy.seal()
     return trainer
 
 
