@@ -1,11 +1,13 @@
 """Data-parallel training on the CPU: `torchrun --nproc-per-node 2 -m trainer_core train` with the gloo backend.
 
 Two launches of 2 processes (each new process pays its imports, so no more than two):
-  A  trains 8 steps (grad_accum_steps 2 per process, LoRA dropout on, a checkpoint at step 4);
-  B  a copy of A's output folder without its step-8 checkpoint: resumes at step 4 and trains to 8.
-B's LoRA and step-8 checkpoint equal A's bit for bit (the same world size resumes exactly), and B's processes each
-hold their own host copy of the frozen weights (TRAINER_CORE_HOST_COPY=private) where A's share one: the shared
-copy trains what private copies train. Neither launch leaves anything in /dev/shm. A one-process run
+  A  one node of 2 processes trains 8 steps (grad_accum_steps 2 per process, LoRA dropout on, a checkpoint at step
+     4); its two processes share one host copy of the frozen weights (training/host_copy.py);
+  B  two torchrun node groups of 1 process each (--nnodes 2, rendezvous on 127.0.0.1, as two machines): a copy of
+     A's output folder without its step-8 checkpoint, resumed at step 4 and trained to 8.
+B's LoRA and step-8 checkpoint equal A's bit for bit: the same world size resumes exactly across a change of the
+number of machines, and B's processes each hold their own host copy where A's shared one, so the shared copy
+trains what private copies train. Neither launch leaves anything in /dev/shm. A one-process run
 with 2 x the accumulation (grad_accum_steps 4), the same samples per step, ends with a LoRA equal to A's
 within float rounding: measured on this machine, the largest difference after 8 steps is about 1e-8 (3e-8
 after 20 steps, on weights up to 0.2; the loss curves agree to 1e-7); the test allows 1e-6. It is not 0 because
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +52,29 @@ def torchrun(config: Path, output: Path, host_copy: str = "shared") -> subproces
     assert shm_names() <= before  # the shared host copy leaves nothing in /dev/shm
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_two_nodes(config: Path, output: Path) -> str:
+    """Two torchrun node groups of one process each on this machine, their rendezvous on 127.0.0.1 (gloo), as two
+    machines would run: --nnodes 2 --node-rank 0|1. Returns what node 0 printed."""
+    port = free_port()
+    before = shm_names()
+    launchers = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+         str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "trainer_core", "train",
+         "--config", str(config), "--output", str(output)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outputs = [launcher.communicate(timeout=600) for launcher in launchers]
+    for launcher, (out, err) in zip(launchers, outputs):
+        assert launcher.returncode == 0, out[-3000:] + err[-3000:]
+    assert shm_names() <= before
+    return outputs[0][0]
 
 
 def state(output: Path, step: int) -> dict[str, torch.Tensor]:
@@ -103,7 +129,7 @@ def test_two_processes_train_what_one_process_trains_with_twice_the_accumulation
     assert max(abs(x - y) for (_, x), (_, y) in zip(losses_a, losses_one)) < 1e-5
 
 
-def test_two_processes_resume_a_checkpoint_bit_exactly_and_one_process_resumes_it_too(two_processes, tmp_path,
+def test_two_machines_resume_a_checkpoint_of_one_bit_exactly_and_one_process_resumes_it_too(two_processes, tmp_path,
                                                                                      demo_folder, capsys):
     from trainer_core.runs.cli import main
 
@@ -112,8 +138,9 @@ def test_two_processes_resume_a_checkpoint_bit_exactly_and_one_process_resumes_i
         shutil.copytree(a, tmp_path / name)
         shutil.rmtree(tmp_path / name / "t" / "checkpoints" / "step_000008")
         (tmp_path / name / "t" / f"t_{STEPS:06d}.safetensors").unlink()
-    # B: every process with its own host copy of the frozen weights; A shared one. Same LoRA, bit for bit.
-    printed = torchrun(config, tmp_path / "B", host_copy="private").stdout
+    # B: two node groups of one process each (as on two machines), so every process holds its own host copy of the
+    # frozen weights, where A's two processes on one node shared one. Same LoRA and state, bit for bit.
+    printed = torchrun_two_nodes(config, tmp_path / "B")
     assert "one host copy for this machine's processes" not in printed
     assert "resumed run 't' from its checkpoint at step 4" in printed
     assert "cache" in printed and "0 encoded" in printed  # nothing encoded again

@@ -59,6 +59,7 @@ class Replicas:
     cpu_group: Any = None  # gloo, with CACHE_TIMEOUT: waiting for process 0 and small checks
     local_rank: int = 0  # this process's place on its machine (torchrun's LOCAL_RANK)
     node: int = 0  # the machine's place among the run's machines (torchrun's GROUP_RANK)
+    local_size: int = 1  # the run's processes on this machine (torchrun's LOCAL_WORLD_SIZE)
     # One host copy of the frozen weights per machine (training.host_copy); False: one per process (comparisons).
     share_host: bool = True
 
@@ -208,7 +209,8 @@ def join(env: dict[str, str] | None = None) -> Replicas:
                             **options, **({"device_id": device} if backend == "nccl" else {}))
     cpu_group = dist.new_group(backend="gloo", timeout=CACHE_TIMEOUT)
     return Replicas(rank=rank, size=size, device=device, group=dist.group.WORLD, cpu_group=cpu_group,
-                    local_rank=local, node=node, share_host=share == "shared")
+                    local_rank=local, node=node, local_size=int(env.get("LOCAL_WORLD_SIZE", size)),
+                    share_host=share == "shared")
 
 
 def world_size_note(meta: dict, processes: int, grad_accum_steps: int) -> str | None:

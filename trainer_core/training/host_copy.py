@@ -28,9 +28,9 @@ STORE_KEY = "trainer-core/host-copy/node-{node}"
 def share_host_copy(transformer: nn.Module, streamed: tuple[int, ...], replicas: Replicas,
                     device: torch.device) -> SharedHostCopy | None:
     """Point the frozen host weights of `transformer` (the blocks in `streamed` and every frozen parameter on the
-    CPU) at the machine's shared copy, made by the machine's first process; None with one process, with
+    CPU) at the machine's shared copy, made by the machine's first process; None with one process per machine, with
     TRAINER_CORE_HOST_COPY=private, or when nothing frozen is in host memory."""
-    if replicas.size == 1 or not replicas.share_host:
+    if replicas.local_size == 1 or not replicas.share_host:  # nobody on this machine to share with
         return None
     layout = host_layout(transformer, streamed)
     if not layout.nbytes:

@@ -45,7 +45,8 @@ def build(trainer: "Trainer", init_lora, preview_size) -> None:
 
     # blocks_to_swap 'auto' becomes a number here, from the memory plan at the dataset's largest bucket
     # (against the device's free memory now: free other models first).
-    swap = plan_run(components, dataset, lora, trainer.optim_cfg, train, preview_size)
+    swap = plan_run(components, dataset, lora, trainer.optim_cfg, train, preview_size,
+                    processes=trainer.replicas.local_size)
     trainer.memory_plan = swap.text
     trainer.train_cfg = train = dataclasses.replace(train, blocks_to_swap=swap.blocks_to_swap)
     # A lazy model set reads the transformer now, straight into this placement.
