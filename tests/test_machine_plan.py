@@ -41,9 +41,9 @@ def test_init_refuses_processes_the_machines_ram_cannot_hold_and_names_how_many_
     assert machine.fits()
     most = machine.most_processes()
     assert plan_machine(fits_one, most).fits() and not plan_machine(fits_one, most + 1).fits()
-    check_run(INPUTS, auto=False, gpu_budget_bytes=16 * GIB, ram_bytes=20 * GIB, processes=most)
+    check_run(INPUTS, auto=False, gpu_budget_bytes=None, ram_bytes=20 * GIB, processes=most)
     with pytest.raises(UserInputError) as error:
-        check_run(INPUTS, auto=False, gpu_budget_bytes=16 * GIB, ram_bytes=20 * GIB, processes=most + 1)
+        check_run(INPUTS, auto=False, gpu_budget_bytes=None, ram_bytes=20 * GIB, processes=most + 1)
     message = str(error.value)
     assert f"{most + 1} processes on this machine" in message and f"start at most {most} process" in message
     assert "shared host copy" in message and "per process (process baseline" in message
