@@ -6,7 +6,8 @@ frozen weights (issue 23).
 A transformer of real width (3072, float8 block Linears) with `--blocks` blocks is written to a temporary folder
 (`devtools.random_files`); each case starts `torchrun --standalone --nproc-per-node N` on this script's worker in a
 memory cgroup capped at `--cap-gib` (`memory_cap.py`). Every worker loads the transformer on the CPU (every weight in
-host memory, as on a CPU device), shares it (`training.host_copy.share_host_copy`, as Init Trainer does; the case
+host memory, as on a CPU device; one process after the other, see `worker`), shares it
+(`training.host_copy.share_host_copy`, as Init Trainer does; the case
 "Np" sets TRAINER_CORE_HOST_COPY=private), waits for all, and process 0 sums the proportional set size (Pss of
 /proc/<pid>/smaps_rollup) of every worker and of torchrun's agent: memory mapped by k processes counts 1/k in each,
 so the sum is the machine's total. Measured once the weights are in place, before training (training adds per
@@ -45,11 +46,19 @@ def worker(path: str, out: str) -> None:
 
     replicas = join()
     cpu = torch.device("cpu")
-    model = TransformerFile(path, storage="float8", compute_dtype=torch.float32).load(cpu)
-    copy = share_host_copy(model, (), replicas, cpu)
+    # One process after the other: a process still reads its own copy from the file before it attaches to the
+    # shared one (README: not done yet), so loading all at once would peak at N copies, past the cap.
+    for turn in range(replicas.size):
+        if turn == replicas.rank:
+            model = TransformerFile(path, storage="float8", compute_dtype=torch.float32).load(cpu)
+            copy = share_host_copy(model, (), replicas, cpu)
+        if replicas.size > 1:
+            dist.barrier(group=replicas.cpu_group)
+    # Read every weight once, as a training step does: a mapped page counts in a process's memory once it has touched
+    # it (before, the shared copy's pages are in the memory file but in nobody's page table, so in no Pss).
+    checksum = sum(float(p.detach().float().sum()) for p in model.parameters())
     pids = [os.getpid()]
     if replicas.size > 1:
-        dist.barrier(group=replicas.cpu_group)  # every process attached
         if copy is not None:
             copy.seal()
         gathered = [None] * replicas.size
@@ -59,7 +68,7 @@ def worker(path: str, out: str) -> None:
         workers = {pid: pss_bytes(pid) for pid in pids}
         agent = pss_bytes(os.getppid())  # torchrun's agent
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        Path(out).write_text(json.dumps({"processes": replicas.size, "shared": copy is not None,
+        Path(out).write_text(json.dumps({"processes": replicas.size, "shared": copy is not None, "checksum": checksum,
                                          "weights_gib": weights / GIB, "workers_pss_gib": sum(workers.values()) / GIB,
                                          "agent_pss_gib": agent / GIB,
                                          "machine_pss_gib": (sum(workers.values()) + agent) / GIB}))
