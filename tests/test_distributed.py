@@ -1,9 +1,13 @@
 """Data-parallel training on the CPU: `torchrun --nproc-per-node 2 -m trainer_core train` with the gloo backend.
 
 Two launches of 2 processes (each new process pays its imports, so no more than two):
-  A  trains 8 steps (grad_accum_steps 2 per process, LoRA dropout on, a checkpoint at step 4);
-  B  a copy of A's output folder without its step-8 checkpoint: resumes at step 4 and trains to 8.
-B's LoRA and step-8 checkpoint equal A's bit for bit (the same world size resumes exactly). A one-process run
+  A  one node of 2 processes trains 8 steps (grad_accum_steps 2 per process, LoRA dropout on, a checkpoint at step
+     4); its two processes share one host copy of the frozen weights (training/host_copy.py);
+  B  two torchrun node groups of 1 process each (--nnodes 2, rendezvous on 127.0.0.1, as two machines): a copy of
+     A's output folder without its step-8 checkpoint, resumed at step 4 and trained to 8.
+B's LoRA and step-8 checkpoint equal A's bit for bit: the same world size resumes exactly across a change of the
+number of machines, and B's processes each hold their own host copy where A's shared one, so the shared copy
+trains what private copies train. Neither launch leaves anything in /dev/shm. A one-process run
 with 2 x the accumulation (grad_accum_steps 4), the same samples per step, ends with a LoRA equal to A's
 within float rounding: measured on this machine, the largest difference after 8 steps is about 1e-8 (3e-8
 after 20 steps, on weights up to 0.2; the loss curves agree to 1e-7); the test allows 1e-6. It is not 0 because
@@ -15,7 +19,9 @@ A one-process run also resumes A's step-4 checkpoint (another world size: the do
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -33,12 +39,42 @@ TOLERANCE = 1e-6  # largest LoRA weight difference allowed between 2 processes a
 STEPS = 8
 
 
-def torchrun(config: Path, output: Path) -> subprocess.CompletedProcess:
+def shm_names() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def torchrun(config: Path, output: Path, host_copy: str = "shared") -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "-m", "trainer_core", "train", "--config", str(config), "--output", str(output)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    before = shm_names()
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "TRAINER_CORE_HOST_COPY": host_copy})
+    assert shm_names() <= before  # the shared host copy leaves nothing in /dev/shm
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_two_nodes(config: Path, output: Path) -> str:
+    """Two torchrun node groups of one process each on this machine, their rendezvous on 127.0.0.1 (gloo), as two
+    machines would run: --nnodes 2 --node-rank 0|1. Returns what node 0 printed."""
+    port = free_port()
+    before = shm_names()
+    launchers = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+         str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "trainer_core", "train",
+         "--config", str(config), "--output", str(output)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outputs = [launcher.communicate(timeout=600) for launcher in launchers]
+    for launcher, (out, err) in zip(launchers, outputs):
+        assert launcher.returncode == 0, out[-3000:] + err[-3000:]
+    assert shm_names() <= before
+    return outputs[0][0]
 
 
 def state(output: Path, step: int) -> dict[str, torch.Tensor]:
@@ -56,9 +92,9 @@ def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
 
 def run_file(folder: Path, images: Path, accum: int) -> Path:
     # float32 blocks (float8 is slow on a CPU); rank 4 on attention+mlp, AdamW8bit; dropout on: its masks must
-    # follow the micro-batch, not the process.
+    # follow the micro-batch, not the process. One block streamed: the swapper copies it from the shared host copy.
     return tiny_run_file(folder, images, lora={"dropout": 0.1},
-                         train={"steps": STEPS, "grad_accum_steps": accum, "checkpoint_every": 4})
+                         train={"steps": STEPS, "grad_accum_steps": accum, "checkpoint_every": 4, "blocks_to_swap": 1})
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +112,7 @@ def test_two_processes_train_what_one_process_trains_with_twice_the_accumulation
 
     config, a, printed = two_processes
     assert "2 processes" in printed and f"step {STEPS}/{STEPS}" in printed
+    assert "frozen weights in one host copy for this machine's processes" in printed
     assert printed.count("started run 't' at step 0") == 1  # process 0 alone reports (and writes)
     assert sorted(p.name for p in (a / "t" / "checkpoints").glob("step_*")) == ["step_000004", "step_000008"]
     assert json.loads((a / "t" / "checkpoints" / "step_000008" / "state.json").read_text())["processes"] == 2
@@ -92,7 +129,7 @@ def test_two_processes_train_what_one_process_trains_with_twice_the_accumulation
     assert max(abs(x - y) for (_, x), (_, y) in zip(losses_a, losses_one)) < 1e-5
 
 
-def test_two_processes_resume_a_checkpoint_bit_exactly_and_one_process_resumes_it_too(two_processes, tmp_path,
+def test_two_machines_resume_a_checkpoint_of_one_bit_exactly_and_one_process_resumes_it_too(two_processes, tmp_path,
                                                                                      demo_folder, capsys):
     from trainer_core.runs.cli import main
 
@@ -101,7 +138,10 @@ def test_two_processes_resume_a_checkpoint_bit_exactly_and_one_process_resumes_i
         shutil.copytree(a, tmp_path / name)
         shutil.rmtree(tmp_path / name / "t" / "checkpoints" / "step_000008")
         (tmp_path / name / "t" / f"t_{STEPS:06d}.safetensors").unlink()
-    printed = torchrun(config, tmp_path / "B").stdout
+    # B: two node groups of one process each (as on two machines), so every process holds its own host copy of the
+    # frozen weights, where A's two processes on one node shared one. Same LoRA and state, bit for bit.
+    printed = torchrun_two_nodes(config, tmp_path / "B")
+    assert "one host copy for this machine's processes" not in printed
     assert "resumed run 't' from its checkpoint at step 4" in printed
     assert "cache" in printed and "0 encoded" in printed  # nothing encoded again
     b_state, a_state = state(tmp_path / "B", STEPS), state(a, STEPS)

@@ -1,6 +1,8 @@
 """A torchrun run where one process is killed mid-run (SIGKILL, as the kernel's OOM killer does): the process that
 survives says what happened and which checkpoint resumes the run, instead of leaving only torchrun's exit code;
-the checkpoint it names is complete and the same command resumes from it.
+the checkpoint it names is complete and the same command resumes from it. Both processes mapped one host copy of
+the frozen weights, and neither the killed process nor the one that stopped on its error leaves shared memory in
+/dev/shm.
 
 One launch of 2 processes (~a minute on the 2-core machine: each process pays its imports)."""
 
@@ -29,6 +31,16 @@ def rank_of(pid: int) -> int | None:
     return None
 
 
+def host_copy_inodes(pid: int) -> set[int]:
+    """The inodes of the shared host copy's mappings in process `pid` (streaming/shared_segment.py)."""
+    return {int(line.split()[4]) for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+            if "memfd:trainer-core-host-copy" in line}
+
+
+def shm_names() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
 def newest_step(checkpoints: Path) -> int:
     try:
         return int(json.loads((checkpoints / "latest.json").read_text())["step"])
@@ -39,6 +51,7 @@ def newest_step(checkpoints: Path) -> int:
 def test_a_killed_process_leaves_a_message_naming_the_intact_checkpoint(tmp_path, demo_folder):
     config = tiny_run_file(tmp_path / "config", demo_folder, train={"steps": 100000, "checkpoint_every": 2})
     output = tmp_path / "out"
+    shm_before = shm_names()
     launcher = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "trainer_core",
          "train", "--config", str(config), "--output", str(output)],
@@ -52,13 +65,18 @@ def test_a_killed_process_leaves_a_message_naming_the_intact_checkpoint(tmp_path
             assert launcher.poll() is None, launcher.communicate()
             assert time.monotonic() < deadline, "the run wrote no checkpoint of step 4 or later in 600 s"
             time.sleep(0.2)
-        (victim,) = [pid for pid in children(launcher.pid) if rank_of(pid) == 1]
-        os.kill(victim, signal.SIGKILL)
+        ranks = {rank_of(pid): pid for pid in children(launcher.pid)}
+        # Both processes map one host copy of the frozen weights (the same memory file).
+        inodes = [host_copy_inodes(ranks[r]) for r in (0, 1)]
+        assert inodes[0] == inodes[1] and len(inodes[0]) == 1, inodes
+        os.kill(ranks[1], signal.SIGKILL)
         stdout, stderr = launcher.communicate(timeout=300)
     finally:
         if launcher.poll() is None:
             launcher.kill()
     assert launcher.returncode != 0
+    # The killed process and the one that stopped on its error left no shared memory behind.
+    assert shm_names() <= shm_before
     lines = [line for line in stderr.splitlines() if line.startswith("error: process 0 of 2:")]
     assert len(lines) == 1, stderr[-3000:]
     message = lines[0]

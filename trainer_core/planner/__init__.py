@@ -14,6 +14,7 @@ One concern per module, so the maths can be read and tested without a GPU or a m
     phases.py       every phase of a run (load, cache, init, train, preview, save), GPU and host RAM,
                     checked against the machine; what would fit; the text encoder's precision
     search.py       the fewest swapped blocks whose phases fit a budget; advice when nothing fits
+    machine.py      several processes on one machine: its host RAM (one shared copy + per process), per GPU
     device.py       the free memory of a CUDA device (the only part that probes one)
     render.py       plans and choices as text tables
     for_run.py      glue for a run: inputs from a model set and a cached dataset; `check_run`, `plan_run`

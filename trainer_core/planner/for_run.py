@@ -17,6 +17,7 @@ from ..streaming.placement import MIN_RING
 from .arch import QwenImageArch
 from .device import detect_budget
 from .inference import PartSizes
+from .machine import plan_machine, refuse_if_machine_unfit, render_machine
 from .phases import AFTER_CACHING, plan_phases, refuse_if_unfit
 from .plan import GIB, PlanInputs
 from .render import render_phases, render_plan
@@ -49,7 +50,7 @@ class SwapDecision:
 
 def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_bytes: int | None,
               arch: QwenImageArch | None = None, parts: PartSizes | None = None,
-              gpu: GpuProfile | None = None) -> SwapDecision:
+              gpu: GpuProfile | None = None, processes: int = 1) -> SwapDecision:
     """How to stream the blocks of a run about to be built, or a UserInputError.
 
     `auto`: the fewest swapped blocks whose GPU phases fit `gpu_budget_bytes` (0 on the CPU or without a
@@ -57,7 +58,9 @@ def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_
     GPU memory (`timeline.deeper_ring`: one more slot, one more block streamed); else `inputs.blocks_to_swap`
     and `inputs.ring_depth`. Then every phase after caching (init, train, preview, save) must fit the budget
     and `ram_bytes` (None: not checked): otherwise the error names the phase, the bytes and the changes that
-    would fit, before anything is loaded or built."""
+    would fit, before anything is loaded or built. `processes`: the run's processes on this machine (torchrun's
+    LOCAL_WORLD_SIZE), which share one host copy of the frozen weights: the machine's RAM must hold them all
+    (`machine.py`), else the error names the shared part, each process's part and how many processes fit."""
     k = inputs.blocks_to_swap
     choice = None
     head = ""
@@ -82,12 +85,16 @@ def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_
                          f"{predict(inputs, gpu, arch=arch, path=RUNTIME).seconds:.3f} with a ring of "
                          f"{inputs.ring_depth})\n\n")
                 inputs, plan = deeper_inputs, deeper_plan
-    return SwapDecision(inputs.blocks_to_swap, inputs.ring_depth,
-                        head + render_plan(plan.training, gpu_budget_bytes) + "\n\n" + render_phases(plan))
+    text = head + render_plan(plan.training, gpu_budget_bytes) + "\n\n" + render_phases(plan)
+    if processes > 1:
+        machine = plan_machine(plan, processes, AFTER_CACHING)
+        refuse_if_machine_unfit(machine)
+        text += "\n\n" + render_machine(machine)
+    return SwapDecision(inputs.blocks_to_swap, inputs.ring_depth, text)
 
 
 def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
-             preview_size: tuple[int, int] | None = None) -> SwapDecision:
+             preview_size: tuple[int, int] | None = None, processes: int = 1) -> SwapDecision:
     """How a run streams its blocks, and its plan as text: `check_run` against the device's free memory now
     (CUDA; the ring depth from the timeline model where it knows the GPU by name) and this machine's RAM (`core.host_memory.host_ram_bytes`). On the CPU nothing is swapped under auto and the
     GPU's share is host RAM. Compute in another dtype than bfloat16 is not planned (the activation terms are
@@ -113,4 +120,4 @@ def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, 
         inputs = dataclasses.replace(inputs, cuda_context_bytes=0)
         gpu = profile_for_device(torch.cuda.get_device_name(components.device))
     return check_run(inputs, auto, budget, host_ram_bytes(), arch_for_components(components),
-                     parts_for_components(components), gpu)
+                     parts_for_components(components), gpu, processes)

@@ -195,7 +195,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     phases = plan_phases(inputs, ram_bytes=ram, gpu_budget_bytes=budget)
     print()
     print(render_phases(phases))
-    return 0 if phases.fits else 1
+    if args.gpus == 1:
+        return 0 if phases.fits else 1
+    from ..planner.machine import plan_machine, render_machine
+
+    machine = plan_machine(phases, args.gpus)
+    print()
+    print(render_machine(machine))
+    return 0 if phases.fits and machine.fits() else 1
 
 
 def _print_timeline(args: argparse.Namespace, inputs) -> None:
@@ -413,9 +420,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also predict seconds per step on this GPU and what streaming the swapped blocks costs "
                            "(timeline model: " + ", ".join(f"{g.name} = {g.label}" for g in GPUS.values()) + ")")
     plan.add_argument("--ram-gb", **config_arg(PlanConfig, "ram_gb"))
+    plan.add_argument("--gpus", type=_positive_int, default=1,
+                      help="GPUs of the machine, one training process each (torchrun --nproc-per-node): also print "
+                           "the machine's host RAM, with one shared host copy of the frozen weights, and per GPU")
     plan.add_argument("--preview-size", **config_arg(PlanConfig, "preview_size"))
     plan.set_defaults(func=cmd_plan)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: at least 1")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,8 +12,10 @@ Ctrl-C or SIGTERM while training stops at the next step boundary: a checkpoint a
 written, and the command exits with code 130. A second one, a few seconds later, exits at once (the newest
 checkpoint stays). Several processes stop together at one step (`Replicas.any`).
 
-With several processes (distributed.py), process 0 alone encodes the cache (the others wait and then read
-its entries), holds the run folder and writes every file; each process trains its share of every step.
+With several processes (distributed.py), process 0 encodes the cache, then the first process of every other
+machine encodes what its machine's cache folder lacks (nothing when the machines share the folder), and the others
+read their machine's entries; process 0 alone holds the run folder and writes every file (checkpoints, LoRA files,
+previews), so the run folder must be one folder every machine sees; each process trains its share of every step.
 """
 
 from __future__ import annotations
@@ -143,13 +145,19 @@ def cache_once(components, run: RunFile, replicas: Replicas, say) -> CachedDatas
             cached = build(bar.update)
         say(f"cache ({run.cache_folder}): {cached.report.summary()}")
     replicas.wait_for_writer()
-    if not replicas.writes:
+    # Then the first process of every other machine: it encodes what its machine's cache folder lacks (nothing,
+    # where the machines share the folder), one machine after process 0 so that no two write one entry at once.
+    if replicas.local_rank == 0 and not replicas.writes:
+        cached = build()
+    replicas.wait_for_writer()
+    if replicas.local_rank != 0:
         cached = build()
         encoded = cached.report.latents_encoded + cached.report.prompts_encoded
         if encoded:
             raise UserInputError(
-                f"process {replicas.rank} had to encode {encoded} cache entries that process 0 had cached: its model "
-                "files differ from process 0's. Every process must load the same model files.")
+                f"process {replicas.rank} had to encode {encoded} cache entries that the first process of its machine "
+                "had cached: its model files differ from that process's. Every process must load the same model "
+                "files.")
     return cached
 
 
@@ -175,6 +183,8 @@ def open_once(components, cached: CachedDataset, run: RunFile, run_dir: Path, re
     except BaseException:
         release(run.train.run_name)
         raise
+    if trainer.host_copy is not None:  # every process has attached the machine's host copy: only mappings keep it
+        trainer.host_copy.seal()
     return trainer
 
 

@@ -6,6 +6,8 @@
     modulation_outputs.py  modulation outputs kept for the recompute, and computed ahead for planned forwards
     swapper.py             BlockSwapper: host master copy -> GPU slots, host-to-device only, on a side stream
     arena.py               the (pinned) host chunks the masters live in, and their layout arithmetic
+    shared_host.py         one host copy per machine of the frozen host weights, for several processes
+    shared_segment.py      the bytes the processes of a machine map together (memfd / named mapping / file)
     placement.py           pure policy: which blocks stream, the ring, each copy's bytes and moment (no torch)
     trace.py               a step's recorded copies, waits and computes (what planner.timeline predicts)
 

@@ -40,13 +40,14 @@ class BlockRunner:
 
     def __init__(self, transformer: nn.Module, device: torch.device, blocks_to_swap: int = 0,
                  checkpointing: bool = False, placement: Placement | None = None, compile_float8: bool = False,
-                 fp8_activations: bool = False, compile_on_cpu: bool = False):
+                 fp8_activations: bool = False, compile_on_cpu: bool = False, host_copy=None):
         """`compile_float8`: the frozen block Linears compiled so float8 weights are multiplied without a bf16
         copy (`models.float8.compiled`; CUDA + Triton, ignored where unavailable, `compiled_float8` says whether
         it is on). `compile_on_cpu`: on the CPU too (tests, benchmarks; off by default, see that module).
         `fp8_activations`: the float8 block Linears multiply in float8 with `torch._scaled_mm`
         (`models.float8.activations`; where the device runs it, else the eager path); `fp8_status` says which.
-        The two are alternatives: asking for both is refused."""
+        The two are alternatives: asking for both is refused. `host_copy`: the machine's shared host copy
+        (`shared_host.SharedHostCopy`) that holds the streamed blocks' masters already, or None."""
         path = compute_path(path_name(compile_float8, fp8_activations), allow_cpu=compile_on_cpu)
         uninstall_leftover_runner(transformer)
         self.transformer = transformer
@@ -59,7 +60,7 @@ class BlockRunner:
         swapped = list(self.placement.streamed) if self.placement else []
         self._place(swapped)
         self.trace: Trace | None = None
-        self.swapper = BlockSwapper(transformer, self.placement, device) if swapped else None
+        self.swapper = BlockSwapper(transformer, self.placement, device, shared=host_copy) if swapped else None
         self.modulation = ModulationOutputs(transformer, set(swapped))
         self.float8 = path.install([lin for block in blocks for _, lin in frozen_linears(block)], device)
         # After the float8 path: the modulation wrappers call the forward it installed.

@@ -29,7 +29,9 @@ class BlockSwapper:
     pageable memory; `bytes_copied`, `slot_bytes` and `pinned_status` for tests and the run's status."""
 
     def __init__(self, transformer: nn.Module, placement: Placement, device: torch.device,
-                 trace: Trace | None = None):
+                 trace: Trace | None = None, shared=None):
+        """`shared`: a `shared_host.SharedHostCopy` whose blobs hold these blocks' weights already (the machine's one
+        host copy, which the Linears point at): copies read from it and no arena is made."""
         self.device = device
         self.placement = placement
         self.swapped = list(placement.streamed)
@@ -46,22 +48,11 @@ class BlockSwapper:
         sizes = [lin.weight.numel() * lin.weight.element_size() for lin in self.linears[first]]
         self.forward_only = [is_modulation_linear(name) for name, _ in named[first]]
         self.blob = blob_layout(sizes, self.forward_only)
-        layout = blob_arena_layout(self.blob, sizes, len(self.swapped))
-        self.arena = PinnedArena([(lin.weight.shape, lin.weight.dtype) for lin in flat], pin=self.cuda, layout=layout)
-        for n, lin in enumerate(flat):
-            # Into the arena, and the weight points there at once: its old storage (host or device) is
-            # freed before the next one is copied, so no master is ever held twice.
-            lin.weight.data = self.arena.store(n, lin.weight.data)
-        views = iter(self.arena.views)
-        self.master = {i: [next(views) for _ in self.linears[i]] for i in self.swapped}
-        # Each block's blob as one byte range of its chunk: what a copy reads.
-        self.regions = {}
-        self.region_pinned = {}  # pageable blobs go through a pinned staging buffer (see _source)
-        for n, i in enumerate(self.swapped):
-            chunk, offset = layout[1][n * len(sizes)]
-            start = offset - self.blob.offsets[0]
-            self.regions[i] = self.arena.chunks[chunk][start:start + self.blob.whole_bytes]
-            self.region_pinned[i] = self.arena.pinned[chunk]
+        self.shared = shared if shared is not None and shared.covers(self.swapped) else None
+        if self.shared is not None:
+            self._use_shared()
+        else:
+            self._fill_arena(flat, sizes)
         template = self.master[first]
         self.slot_buffers = [torch.empty(self.blob.whole_bytes, dtype=torch.uint8, device=device)
                              for _ in range(placement.slots)]
@@ -78,6 +69,38 @@ class BlockSwapper:
             self._point_at_placeholder(i)
         self.bytes_copied = 0
 
+    def _fill_arena(self, flat: list[nn.Linear], sizes: list[int]) -> None:
+        """The masters into this process's own (pinned) arena; each block's blob one byte range of a chunk."""
+        layout = blob_arena_layout(self.blob, sizes, len(self.swapped))
+        self.arena = PinnedArena([(lin.weight.shape, lin.weight.dtype) for lin in flat], pin=self.cuda, layout=layout)
+        for n, lin in enumerate(flat):
+            # Into the arena, and the weight points there at once: its old storage (host or device) is
+            # freed before the next one is copied, so no master is ever held twice.
+            lin.weight.data = self.arena.store(n, lin.weight.data)
+        views = iter(self.arena.views)
+        self.master = {i: [next(views) for _ in self.linears[i]] for i in self.swapped}
+        # Each block's blob as one byte range of its chunk: what a copy reads.
+        self.regions = {}
+        self.region_pinned = {}  # pageable blobs go through a pinned staging buffer (see _source)
+        for n, i in enumerate(self.swapped):
+            chunk, offset = layout[1][n * len(sizes)]
+            start = offset - self.blob.offsets[0]
+            self.regions[i] = self.arena.chunks[chunk][start:start + self.blob.whole_bytes]
+            self.region_pinned[i] = self.arena.pinned[chunk]
+
+    def _use_shared(self) -> None:
+        """The masters are the machine's shared host copy already: each block's blob is a range of it."""
+        self.arena = None
+        if self.shared.layout.blob != self.blob:
+            raise RuntimeError(f"the shared host copy's blob layout {self.shared.layout.blob} is not {self.blob}")
+        self.master = {i: [lin.weight.data for lin in self.linears[i]] for i in self.swapped}
+        self.regions = {i: self.shared.blob(i) for i in self.swapped}
+        self.region_pinned = {i: self.shared.pinned for i in self.swapped}
+        for i in self.swapped:  # the Linears point into their blob, where the copies read
+            for w, offset in zip(self.master[i], self.blob.offsets):
+                if w.data_ptr() != self.regions[i][offset:].data_ptr():
+                    raise RuntimeError(f"block {i}: a weight is not in its blob of the shared host copy")
+
     @property
     def slot_bytes(self) -> int:
         return sum(buf.numel() for buf in self.slot_buffers)
@@ -85,6 +108,8 @@ class BlockSwapper:
     @property
     def pinned_status(self) -> str:
         """One sentence for the status: where the streamed blocks' weights live."""
+        if self.shared is not None:
+            return f"streamed blocks' weights in the machine's shared host copy: {self.shared.status}"
         if not self.cuda:
             return "streamed blocks' weights in host memory (CPU device: copies are plain copies)"
         if self.arena.all_pinned:
@@ -170,7 +195,10 @@ class BlockSwapper:
 
     def unpin(self) -> None:
         """Move the master weights into ordinary (pageable) memory and give the pinned arena back, one chunk
-        at a time, so no more than one chunk is ever held twice. Call after `release`."""
+        at a time, so no more than one chunk is ever held twice. Call after `release`. (The machine's shared host
+        copy stays as it is: its pages go with the last process that maps them.)"""
+        if self.arena is None:
+            return
         flat = [(lin, i, k) for i in self.swapped for k, lin in enumerate(self.linears[i])]
         last_user = {c: n for n, c in enumerate(self.arena.chunk_of)}  # the last tensor placed in each chunk
         for n, (lin, i, k) in enumerate(flat):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -56,6 +57,11 @@ class Replicas:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     group: Any = None  # the process group of the step's all-reduces (NCCL on GPUs, gloo on CPUs)
     cpu_group: Any = None  # gloo, with CACHE_TIMEOUT: waiting for process 0 and small checks
+    local_rank: int = 0  # this process's place on its machine (torchrun's LOCAL_RANK)
+    node: int = 0  # the machine's place among the run's machines (torchrun's GROUP_RANK)
+    local_size: int = 1  # the run's processes on this machine (torchrun's LOCAL_WORLD_SIZE)
+    # One host copy of the frozen weights per machine (training.host_copy); False: one per process (comparisons).
+    share_host: bool = True
 
     @property
     def writes(self) -> bool:
@@ -156,10 +162,27 @@ def _buckets(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]
     return buckets
 
 
+def process_group_options(platform: str, cuda: bool, nccl: bool) -> tuple[str, dict[str, Any]]:
+    """(backend, keyword arguments of init_process_group) for the step's process group on `platform`
+    (sys.platform), with or without CUDA GPUs and torch's NCCL (`dist.is_nccl_available()`).
+
+    NCCL where there are GPUs and torch has it (Linux builds); gloo everywhere else, also on Windows GPUs (torch
+    has no NCCL there). On Windows the rendezvous store must not ask for libuv (torch's Windows wheels are built
+    without it, and torchrun users otherwise meet "use_libuv was requested but PyTorch was built without libuv
+    support"): `use_libuv=0` in the env:// address."""
+    backend = "nccl" if cuda and nccl and platform != "win32" else "gloo"
+    options: dict[str, Any] = {}
+    if platform == "win32":
+        options["init_method"] = "env://?use_libuv=0"
+    return backend, options
+
+
 def join(env: dict[str, str] | None = None) -> Replicas:
-    """This process's Replicas, from the variables torchrun sets (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR,
-    MASTER_PORT); without them (or with one process) a single process on the GPU, or the CPU. Several
-    processes use NCCL on GPUs (process i on GPU LOCAL_RANK) and gloo on CPUs."""
+    """This process's Replicas, from the variables torchrun sets (WORLD_SIZE, RANK, LOCAL_RANK, GROUP_RANK,
+    MASTER_ADDR, MASTER_PORT); without them (or with one process) a single process on the GPU, or the CPU.
+    Several processes use NCCL on GPUs (process i on GPU LOCAL_RANK) and gloo on CPUs (process_group_options).
+    TRAINER_CORE_HOST_COPY=private gives every process its own host copy of the frozen weights (for comparisons
+    such as benchmarks/host_memory.py; the default shares one per machine)."""
     env = os.environ if env is None else env
     size = int(env.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available()
@@ -167,6 +190,10 @@ def join(env: dict[str, str] | None = None) -> Replicas:
         return Replicas(device=torch.device("cuda") if cuda else torch.device("cpu"))
     rank = int(env["RANK"])
     local = int(env.get("LOCAL_RANK", rank))
+    node = int(env.get("GROUP_RANK", "0"))
+    share = env.get("TRAINER_CORE_HOST_COPY", "shared").strip().lower()
+    if share not in ("shared", "private"):
+        raise UserInputError(f"TRAINER_CORE_HOST_COPY={share!r}: choose 'shared' (the default) or 'private'.")
     if cuda:
         if local >= torch.cuda.device_count():
             raise UserInputError(
@@ -177,10 +204,13 @@ def join(env: dict[str, str] | None = None) -> Replicas:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=size, timeout=STEP_TIMEOUT,
-                            **({"device_id": device} if cuda else {}))
+    backend, options = process_group_options(sys.platform, cuda, dist.is_nccl_available())
+    dist.init_process_group(backend, rank=rank, world_size=size, timeout=STEP_TIMEOUT,
+                            **options, **({"device_id": device} if backend == "nccl" else {}))
     cpu_group = dist.new_group(backend="gloo", timeout=CACHE_TIMEOUT)
-    return Replicas(rank=rank, size=size, device=device, group=dist.group.WORLD, cpu_group=cpu_group)
+    return Replicas(rank=rank, size=size, device=device, group=dist.group.WORLD, cpu_group=cpu_group,
+                    local_rank=local, node=node, local_size=int(env.get("LOCAL_WORLD_SIZE", size)),
+                    share_host=share == "shared")
 
 
 def world_size_note(meta: dict, processes: int, grad_accum_steps: int) -> str | None:

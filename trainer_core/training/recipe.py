@@ -71,6 +71,7 @@ class Trainer:
         self.transformer = components.transformer  # None until setup.build loads it (a lazy model set)
         self.params: list[torch.nn.Parameter] = []
         self.runner = self.optimizer = self.ema = self.lock = self.flow = None  # ema: ema.WeightAverage, when on
+        self.host_copy = None  # with several processes on a machine: its shared host copy (host_copy.py)
         self.init_lora: LoraFile | None = None
         self.retired_reason: str | None = None  # why this trainer may no longer be used (`retire`)
         self.step = 0  # optimizer steps finished

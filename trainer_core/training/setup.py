@@ -20,6 +20,7 @@ from ..planner.for_run import plan_run
 from ..streaming.placement import default_placement, tail_placement
 from ..streaming.runner import BlockRunner, swapped_blocks
 from .ema import build_average
+from .host_copy import share_host_copy
 from .optim import build_optimizer
 from .step import FlowMatchingStep
 
@@ -50,7 +51,8 @@ def build(trainer: "Trainer", init_lora, preview_size) -> None:
 
     # blocks_to_swap 'auto' becomes a number here, from the memory plan at the dataset's largest bucket
     # (against the device's free memory now: free other models first).
-    swap = plan_run(components, dataset, lora, trainer.optim_cfg, train, preview_size)
+    swap = plan_run(components, dataset, lora, trainer.optim_cfg, train, preview_size,
+                    processes=trainer.replicas.local_size)
     trainer.memory_plan = swap.text
     trainer.train_cfg = train = dataclasses.replace(train, blocks_to_swap=swap.blocks_to_swap)
     # A lazy model set reads the transformer now, straight into this placement.
@@ -76,11 +78,16 @@ def build(trainer: "Trainer", init_lora, preview_size) -> None:
 
     place = tail_placement if trainer.comparison.placement == "tail" else default_placement
     placement = place(components.num_blocks, train.blocks_to_swap, swap.ring_depth)
+    # Several processes on a machine: one host copy of the frozen host weights for all of them (host_copy.py).
+    trainer.host_copy = host_copy = share_host_copy(
+        transformer, placement.streamed if train.blocks_to_swap else (), trainer.replicas, trainer.device)
     trainer.runner = runner = BlockRunner(
         transformer, trainer.device, checkpointing=train.gradient_checkpointing,
         placement=placement if train.blocks_to_swap else None,
-        fp8_activations=train.fp8_activations, compile_float8=train.compile_float8)
+        fp8_activations=train.fp8_activations, compile_float8=train.compile_float8, host_copy=host_copy)
     notes = [runner.swapper.pinned_status if runner.swapper is not None else None, runner.fp8_status]
+    if host_copy is not None and runner.swapper is None:
+        notes.append(f"host copy: {host_copy.status}")
     if train.compile_float8:
         notes.append("compiled float8: on (the first step compiles)" if runner.compiled_float8
                      else "compiled float8: off here (it needs a CUDA GPU with Triton); eager path")

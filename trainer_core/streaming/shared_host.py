@@ -1,0 +1,161 @@
+"""One host copy per machine of the frozen weights that live in host memory, shared by the machine's processes.
+
+With several processes on one machine (torchrun, one per GPU) every process would otherwise hold its own copy of the
+same frozen bytes: the streamed blocks' masters on a GPU, the whole frozen model on a CPU device. Here the first
+process of the machine copies them into one `shared_segment.SharedSegment`; the others map it read-only and point
+their parameters at it, dropping their own copies (`training.host_copy` says who does what, and when).
+
+Layout (`host_layout`, the same in every process: it comes from the model's own modules): first the streamed blocks,
+each one contiguous blob in the swapper's blob layout (`placement.blob_layout`: backward part, then the modulation
+Linears), so that the swapper copies a block from the shared bytes in one range (`SharedHostCopy.blob`); then every
+other frozen parameter that is in host memory, in `named_parameters` order. Every tensor starts at a multiple of
+BLOB_ALIGN bytes.
+
+On CUDA the mapping is registered as page-locked memory (cudaHostRegister; read-only where the driver supports it),
+so the swapper's copies from it are asynchronous, as from its own pinned arena. Where the registration is refused
+the swapper goes through its pinned staging buffers, as it does when pinning its arena is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..core.host_memory import give_back_freed_memory
+from ..models.float8 import frozen_linears
+from ..models.modulation import is_modulation_linear
+from .placement import BlobLayout, align_up, blob_layout
+from .shared_segment import SharedSegment
+
+CUDA_HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context of the process
+CUDA_HOST_REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the GPU only reads (needed for a read-only mapping)
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    name: str  # the parameter's name in the transformer
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    offset: int  # bytes from the start of the segment
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    entries: tuple[HostEntry, ...]
+    blobs: dict[int, int]  # streamed block -> byte offset of its blob
+    blob: BlobLayout | None  # the streamed blocks' blob layout (None: no block streamed)
+    nbytes: int
+
+
+def block_blob(block: nn.Module) -> tuple[list[tuple[str, nn.Linear]], BlobLayout]:
+    """A streamed block's frozen Linears (in module order) and the blob layout of their weights: what the swapper
+    copies as one range."""
+    named = frozen_linears(block)
+    sizes = [lin.weight.numel() * lin.weight.element_size() for _, lin in named]
+    return named, blob_layout(sizes, [is_modulation_linear(name) for name, _ in named])
+
+
+def host_layout(transformer: nn.Module, streamed: tuple[int, ...] | list[int]) -> HostLayout:
+    """Where each frozen host tensor goes in the shared segment (module docstring): the streamed blocks' Linear
+    weights wherever they are now (they move to host memory), then the other frozen parameters on the CPU."""
+    entries, blobs, blob, end = [], {}, None, 0
+    covered = set()
+    for i in streamed:
+        named, blob = block_blob(transformer.transformer_blocks[i])
+        blobs[i] = end
+        for (name, lin), offset in zip(named, blob.offsets):
+            full = f"transformer_blocks.{i}.{name}.weight"
+            entries.append(HostEntry(full, tuple(lin.weight.shape), lin.weight.dtype, end + offset))
+            covered.add(full)
+        end += blob.whole_bytes
+    for name, p in transformer.named_parameters():
+        if name in covered or p.requires_grad or p.device.type != "cpu":
+            continue
+        entries.append(HostEntry(name, tuple(p.shape), p.dtype, end))
+        end = align_up(end + math.prod(p.shape) * p.dtype.itemsize)
+    return HostLayout(tuple(entries), blobs, blob, end)
+
+
+class SharedHostCopy:
+    """The machine's host copy of `layout`'s tensors in `segment`; `fill` (the first process) or `adopt` (the
+    others) points the transformer's parameters at it."""
+
+    def __init__(self, layout: HostLayout, segment: SharedSegment):
+        self.layout, self.segment = layout, segment
+        self.pinned, self.pin_error = False, None
+
+    @classmethod
+    def create(cls, layout: HostLayout) -> SharedHostCopy:
+        return cls(layout, SharedSegment.create(layout.nbytes))
+
+    @classmethod
+    def attach(cls, layout: HostLayout, handle: tuple) -> SharedHostCopy:
+        return cls(layout, SharedSegment.attach(handle, layout.nbytes))
+
+    @property
+    def handle(self) -> tuple:
+        return self.segment.handle
+
+    @property
+    def nbytes(self) -> int:
+        return self.layout.nbytes
+
+    def view(self, entry: HostEntry) -> torch.Tensor:
+        return self.segment.tensor[entry.offset:entry.offset + entry.nbytes].view(entry.dtype).view(entry.shape)
+
+    def fill(self, transformer: nn.Module) -> None:
+        """Copy every tensor in, one at a time, each parameter pointing at its copy at once (its own storage goes
+        before the next is copied); then map the segment read-only like the other processes."""
+        for entry in self.layout.entries:
+            p = transformer.get_parameter(entry.name)
+            view = self.view(entry)
+            view.copy_(p.data)
+            p.data = view
+        self.segment = self.segment.read_only()
+        self.adopt(transformer)  # the read-only views; the writable mapping goes with its last view
+
+    def adopt(self, transformer: nn.Module) -> None:
+        """Point every parameter of the layout at the shared copy and drop this process's own copies."""
+        for entry in self.layout.entries:
+            p = transformer.get_parameter(entry.name)
+            if tuple(p.shape) != entry.shape or p.dtype != entry.dtype:
+                raise RuntimeError(f"{entry.name}: {tuple(p.shape)} {p.dtype} here, {entry.shape} {entry.dtype} in "
+                                   "the shared host copy")
+            p.data = self.view(entry)
+        give_back_freed_memory()
+
+    def blob(self, block: int) -> torch.Tensor:
+        """Streamed block `block`'s blob: the bytes the swapper copies from."""
+        start = self.layout.blobs[block]
+        return self.segment.tensor[start:start + self.layout.blob.whole_bytes]
+
+    def covers(self, blocks: list[int]) -> bool:
+        return all(b in self.layout.blobs for b in blocks)
+
+    def pin(self, device: torch.device) -> None:
+        """On CUDA: register the mapping as page-locked (module docstring); `pinned`, `pin_error` say how it went."""
+        if device.type != "cuda" or not self.nbytes:
+            return
+        flags = CUDA_HOST_REGISTER_PORTABLE | (0 if self.segment.writable else CUDA_HOST_REGISTER_READ_ONLY)
+        code = torch.cuda.cudart().cudaHostRegister(self.segment.tensor.data_ptr(), self.nbytes, flags)
+        code = int(getattr(code, "value", code))
+        self.pinned = code == 0
+        self.pin_error = None if self.pinned else f"cudaHostRegister returned error {code}"
+
+    def seal(self) -> None:
+        """Every process of the machine has attached: only the mappings keep the pages (shared_segment)."""
+        self.segment.seal()
+
+    @property
+    def status(self) -> str:
+        pinned = ("pinned" if self.pinned else
+                  f"not pinned ({self.pin_error}; copies go through a pinned staging buffer)" if self.pin_error else
+                  "host memory")
+        return f"{self.nbytes / (1 << 30):.2f} GiB of frozen weights in one host copy for this machine's processes, {pinned}"
