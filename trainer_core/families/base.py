@@ -5,11 +5,12 @@ or a Qwen-Image-Edit variant (qwen_image_edit/). The shared engine (cache, train
 previews, demo) is written once and asks the family at these hooks, never the samples or the model set
 what they happen to carry:
 
-    data and cache   check_samples, cache_conditioning (keys and encoding of prompts and conditions),
+    data and cache   check_samples, cache_conditioning (keys and encoding of targets, prompts and conditions),
                      data_settings, check_cached
-    training step    batch_group, dropped_text_key, conditions, transformer_inputs, loss_tokens
+    training step    batch_group, dropped_text_key, conditions, token_grid, pack, resolution_mu,
+                     transformer_inputs, transformer_kwargs, loss_tokens
     memory plan      planned_image_size
-    previews         preview_inputs, preview_pipeline
+    previews         preview_inputs, preview_pipeline, preview_image
     built-ins        tiny_components, demo
 
 Tensor shapes (text-to-image Qwen-Image; another family documents its own):
@@ -37,7 +38,19 @@ Write = Callable[[dict, str, str, str], None]
 
 class CacheConditioning:
     """A family's part of one cache build (`cache.build_cache`), made by `ModelFamily.cache_conditioning`
-    for one model set, sample list and data settings. The target latents are the shared builder's own."""
+    for one model set, sample list and data settings. The target latents are the shared builder's own
+    (an RGB image to (C, h, w)) unless the family keys and encodes them itself (`target_key`,
+    `encode_target`: Layered's composite and layers, (C, F, h, w))."""
+
+    def target_key(self, sample, vae_fingerprint: str) -> str:
+        """Cache key of `sample`'s target latents."""
+        from ..data.cache import latent_key
+
+        return latent_key(sample, vae_fingerprint)
+
+    def encode_target(self, sample):
+        """`sample`'s target latents fp32 (the VAE is loaded), or None for the shared builder's own encoding."""
+        return None
 
     def text_key(self, prompt: str, sample) -> str:
         """Cache key of `prompt` as the text encoder sees it beside `sample`'s conditions (`sample` is a
@@ -123,6 +136,32 @@ class ModelFamily:
         """Per sample its condition latents [(C, h_i, w_i)] fp32, or None when the family has none."""
         return None
 
+    def token_grid(self, latent_shape) -> tuple[int, ...]:
+        """The token grid of latents of `latent_shape` (B, C, h, w): (h/2, w/2). Only this family's own
+        hooks (`transformer_inputs`, `loss_tokens`) read it."""
+        from ..models.qwen_arch import PATCH_SIZE
+
+        h, w = latent_shape[-2:]
+        return h // PATCH_SIZE, w // PATCH_SIZE
+
+    def pack(self, latents):
+        """Latents (B, C, h, w) -> the transformer's tokens (B, N, D_in): 2x2 patches (models.latents)."""
+        from ..models.latents import pack_latents
+
+        return pack_latents(latents)
+
+    def resolution_mu(self, latent_shape, scheduler_config: dict) -> float:
+        """The resolution shift's mu for latents of `latent_shape` (B, C, h, w), as the family's pipeline
+        computes it for its schedule (text-to-image: `calculate_shift` of the image's tokens)."""
+        from ..models.scheduler import resolution_mu
+
+        grid = ModelFamily.token_grid(self, latent_shape)
+        return resolution_mu(grid[0] * grid[1], scheduler_config)
+
+    def transformer_kwargs(self, batch: int, device) -> dict[str, Any]:
+        """Keyword arguments the transformer takes beside the step's own, for a batch of `batch` ({}: none)."""
+        return {}
+
     def transformer_inputs(self, hidden, grid: tuple[int, int], conditions: list[list] | None):
         """(hidden (B, N, D_in) noisy target tokens, the target's token grid, `conditions`) ->
         (hidden_states (B, N + M, D_in), img_shapes) as the transformer takes them."""
@@ -152,6 +191,12 @@ class ModelFamily:
         """The pinned diffusers pipeline that samples a preview around our transformer and VAE, taking
         prompt embeddings (no text encoder) and `conditions` from `preview_inputs`."""
         raise NotImplementedError
+
+    def preview_image(self, pipe, conditions: Any, call: dict[str, Any]):
+        """One PIL image from `pipe` (`preview_pipeline`'s) called with the shared sampler's arguments `call`
+        (prompt embeddings and masks, true_cfg_scale, width, height, num_inference_steps, generator,
+        output_type, callback_on_step_end). Layered: its own arguments, the layers laid out in one image."""
+        return pipe(**call).images[0]
 
     # ----------------------------------------------------------------------------------------------
     # built-ins

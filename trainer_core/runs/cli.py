@@ -25,8 +25,9 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-# The demo's models: text-to-image, or a Qwen-Image-Edit variant (edit-auto: read from the files).
-DEMO_MODELS = ("qwen-image", "edit-2511", "edit-2509", "edit", "edit-auto")
+# The demo's models: text-to-image, a Qwen-Image-Edit variant (edit-auto: read from the files), or Layered.
+LAYERED = "qwen-image-layered"
+DEMO_MODELS = ("qwen-image", "edit-2511", "edit-2509", "edit", LAYERED, "edit-auto")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -40,13 +41,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if any(files) and not all(files):
         raise UserInputError("demo from files needs all three of --transformer, --text-encoder and --vae.")
     check_writable_folder(args.out, "--out")
-    edit = args.model != "qwen-image"  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
+    edit = args.model not in ("qwen-image", LAYERED)  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
     if any(files):
         from ..families.qwen_image_edit.files import load_edit_single_files
+        from ..families.qwen_image_layered.files import load_layered_single_files
         from ..models import load_single_files
 
         # As the built-in demo: float8 block weights, fp32 compute (the CPU has no fast bf16 matmul).
-        loader = (lambda *a, **k: load_edit_single_files(*a, variant=args.model, **k)) if edit else load_single_files
+        loader = (lambda *a, **k: load_edit_single_files(*a, variant=args.model, **k)) if edit else (
+            load_layered_single_files if args.model == LAYERED else load_single_files)
         components = loader(*files, tokenizer_dir=args.tokenizer, storage="float8",
                             compute_dtype=torch.float32, text_encoder_fp8=args.text_encoder_fp8)
         print(f"model: {components.name} from {', '.join(files)}")
@@ -128,7 +131,11 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
 
     check_writable_folder(args.dir, "dir")
     try:
-        if args.model != "qwen-image":  # a tiny Qwen-Image-Edit of that variant
+        if args.model == LAYERED:
+            from ..devtools.export import export_tiny_layered
+
+            written = export_tiny_layered(args.dir, layout=args.layout, seed=args.seed)
+        elif args.model != "qwen-image":  # a tiny Qwen-Image-Edit of that variant
             from ..devtools.export import export_tiny_edit
 
             written = export_tiny_edit(args.dir, variant=args.model, layout=args.layout, seed=args.seed)
@@ -311,9 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
         TrainStepsConfig, "steps", default=200, help="total optimizer steps (with --resume: up to this many)"))
     demo.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
     demo.add_argument("--model", choices=DEMO_MODELS, default=DEMO_MODELS[0],
-                      help="qwen-image (text to image) or an edit model: edit-2511, edit-2509, edit (trains on the "
+                      help="qwen-image (text to image), an edit model: edit-2511, edit-2509, edit (trains on the "
                            "built-in edit dataset with control images; with files: the variant they must be, "
-                           "edit-auto = read it from the transformer file)")
+                           "edit-auto = read it from the transformer file), or qwen-image-layered (a composite and "
+                           "its RGBA layers)")
     demo.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0))
     demo.add_argument("--blocks-to-swap", **blocks_to_swap_arg(default=1))
     demo.add_argument("--resume", action="store_true",
@@ -357,8 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"ComfyUI single files or a diffusers folder (default: {EXPORT_LAYOUTS[0]})")
     export.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0, help="seed of the random weights"))
     export.add_argument("--model", choices=DEMO_MODELS[:-1], default=DEMO_MODELS[0],
-                        help="qwen-image, or a tiny Qwen-Image-Edit variant (Edit-2511's transformer files carry "
-                             "ComfyUI's marker key)")
+                        help="qwen-image, a tiny Qwen-Image-Edit variant (Edit-2511's transformer files carry "
+                             "ComfyUI's marker key), or qwen-image-layered (its RGBA VAE, and the transformer's "
+                             "addition_t_embedding by which ComfyUI knows Layered)")
     export.set_defaults(func=cmd_export_tiny)
 
     plan = sub.add_parser(

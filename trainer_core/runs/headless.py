@@ -37,6 +37,7 @@ from ..core.files import inside, write_bytes_atomic, write_error
 from ..core.names import require_step
 from ..data.cache import CachedDataset, build_cache
 from ..data.images import load_dataset
+from ..families.recognise import recognise_family
 from ..models.source import load_model_set
 from ..training import Every, StepReport, Trainer, every
 from ..training.distributed import Replicas, lost_peer, lost_peer_message
@@ -104,6 +105,7 @@ def train_run(run: RunFile, replicas: Replicas, config_text: str = "", steps: in
                                 text_encoder=run.load.text_encoder, vae=run.load.vae,
                                 tokenizer=run.headless.tokenizer or None,
                                 diffusers_folder=run.load.diffusers_folder, text_encoder_fp8=run.load.text_encoder_fp8)
+    components = recognise_family(components)  # Qwen-Image-Layered says so in its transformer
     say(f"model: {components.name} ({components.num_blocks} blocks, {run.load.storage} blocks, compute "
         f"{str(components.compute_dtype).removeprefix('torch.')}, {components.device})"
         + (f"; {replicas.size} processes" if replicas.size > 1 else ""))

@@ -10,8 +10,9 @@ its timestep and one `img_shapes` entry list per sample; the loss covers the tar
 
 What differs between model families (Edit: control latents after the target's tokens, the empty caption
 seen with the sample's own controls) is asked of the model set's family (families/base.ModelFamily):
-`dropped_text_key`, `conditions`, `transformer_inputs`, `loss_tokens`; the data order groups by its
-`batch_group` (setup.py).
+`dropped_text_key`, `conditions`, `token_grid`, `pack`, `resolution_mu`, `transformer_inputs`,
+`transformer_kwargs`, `loss_tokens`; the data order groups by its `batch_group` (setup.py). (Layered's latents
+are (B, C, F, h, w): a composite and its layers as frames, packed frame after frame.)
 """
 
 from __future__ import annotations
@@ -23,11 +24,9 @@ import torch
 from ..core.config import TrainConfig
 from ..data.cache import CachedDataset, CachedSample
 from ..data.order import DataOrder
-from ..models.latents import pack_latents
-from ..models.qwen_arch import PATCH_SIZE
 from ..models.text import pad_prompt_batch
 from . import randomness
-from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, velocity_target
+from .objective import flow_loss, noisy_latents, sample_noise_levels, velocity_target
 
 
 @dataclass
@@ -68,10 +67,9 @@ class FlowMatchingStep:
     def noise_levels(self, number: int, latent_shape: torch.Size) -> torch.Tensor:
         """(B,) noise levels of micro-batch `number` with latents of `latent_shape` (B, C, h, w): a pure function,
         so modulation ahead can compute a later forward's timesteps without drawing anything else."""
-        b, _, h, w = latent_shape
+        b = latent_shape[0]
         cfg = self.cfg
-        tokens = (h // PATCH_SIZE) * (w // PATCH_SIZE)
-        mu = resolution_mu(tokens, self.scheduler_config) if cfg.resolution_shift else None
+        mu = self.family.resolution_mu(latent_shape, self.scheduler_config) if cfg.resolution_shift else None
         rng = randomness.generator(cfg.seed, number, randomness.NOISE_LEVELS)
         return sample_noise_levels(b, rng, cfg.timestep_sampling, cfg.logit_mean, cfg.logit_std, mu)
 
@@ -94,11 +92,11 @@ class FlowMatchingStep:
                   conditions: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
         """The flow-matching loss of latents x0 (B, C, h, w) at noise levels (B,) with this noise and these
         prompt embeddings [(L_i, D)], one per latent. `conditions`: per latent its condition latents, or None."""
-        h, w = x0.shape[-2:]
-        grid = (h // PATCH_SIZE, w // PATCH_SIZE)
+        family = self.family
+        grid = family.token_grid(x0.shape)
         text, text_mask = pad_prompt_batch(embeds)  # (B, L, D), (B, L) or None
-        hidden = pack_latents(noisy_latents(x0, noise, levels)).to(self.device, self.compute_dtype)  # (B, N, 4C)
-        hidden, img_shapes = self.family.transformer_inputs(hidden, grid, conditions)  # (B, N + M, 4C): M condition tokens
+        hidden = family.pack(noisy_latents(x0, noise, levels)).to(self.device, self.compute_dtype)  # (B, N, 4C)
+        hidden, img_shapes = family.transformer_inputs(hidden, grid, conditions)  # (B, N + M, 4C): M condition tokens
         prediction = self.transformer(
             hidden_states=hidden,
             encoder_hidden_states=text.to(self.device, self.compute_dtype),
@@ -106,6 +104,7 @@ class FlowMatchingStep:
             timestep=levels.to(self.device, self.compute_dtype),
             img_shapes=img_shapes,
             return_dict=False,
-        )[0][:, : self.family.loss_tokens(grid)]  # (B, N, 4C): the loss covers the target's tokens only
-        target = pack_latents(velocity_target(x0, noise)).to(self.device)
+            **family.transformer_kwargs(x0.shape[0], self.device),
+        )[0][:, : family.loss_tokens(grid)]  # (B, N, 4C): the loss covers the target's tokens only
+        target = family.pack(velocity_target(x0, noise)).to(self.device)
         return flow_loss(prediction, target)
