@@ -3,6 +3,7 @@
 from .config_nodes import QwenLoRAConfig, QwenLoRAOptimizer
 from .data_nodes import QwenLoRACache, QwenLoRADataset
 from .edit_nodes import QwenLoRAEditDataset, QwenLoRALoadEditModels
+from .layered_nodes import QwenLoRALayeredDataset
 from .model_nodes import QwenLoRALoadModels
 from .output_nodes import QwenLoRACompareSteps, QwenLoRALossPlot, QwenLoRAPreview, QwenLoRASave
 from .train_nodes import QwenLoRAInitTrainer, QwenLoRARelease, QwenLoRATrain
@@ -22,6 +23,7 @@ NODE_CLASS_MAPPINGS = {
     "QwenLoRARelease": QwenLoRARelease,
     "QwenLoRALoadEditModels": QwenLoRALoadEditModels,
     "QwenLoRAEditDataset": QwenLoRAEditDataset,
+    "QwenLoRALayeredDataset": QwenLoRALayeredDataset,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -39,4 +41,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "QwenLoRARelease": "Qwen LoRA Release Memory",
     "QwenLoRALoadEditModels": "Load Qwen-Image-Edit (LoRA training)",
     "QwenLoRAEditDataset": "Qwen LoRA Edit Dataset",
+    "QwenLoRALayeredDataset": "Qwen LoRA Layered Dataset",
 }

@@ -30,6 +30,7 @@ NODE_SETTINGS = {
     "QwenLoRARelease": (),  # a trainer socket only
     "QwenLoRALoadEditModels": ("families.qwen_image_edit.config.EditLoadConfig",),
     "QwenLoRAEditDataset": ("DatasetConfig", "families.qwen_image_edit.config.EditDataConfig"),
+    "QwenLoRALayeredDataset": ("DatasetConfig",),
 }
 WIDGET_TYPES = {"INT": int, "FLOAT": float, "BOOLEAN": bool, "STRING": str}
 OPTION_KEYS = {"default", "tooltip", "min", "max", "step", "round", "multiline"}
