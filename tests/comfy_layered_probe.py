@@ -62,7 +62,7 @@ def main() -> None:
     key_map = comfy.lora.model_lora_keys_unet(stub, {})
     not_loaded: list[str] = []
     handler = logging.Handler()
-    handler.emit = lambda record: not_loaded.append(record.getMessage()) if "not loaded" in record.getMessage() else None
+    handler.emit = lambda r: not_loaded.append(r.getMessage()) if "not loaded" in r.getMessage() else None
     logging.getLogger().addHandler(handler)
     patched_counts = {}
     for layout, path in request["loras"].items():

@@ -5,8 +5,8 @@ or a Qwen-Image-Edit variant (qwen_image_edit/). The shared engine (cache, train
 previews, demo) is written once and asks the family at these hooks, never the samples or the model set
 what they happen to carry:
 
-    data and cache   check_samples, cache_conditioning (keys and encoding of targets, prompts and conditions),
-                     data_settings, check_cached
+    data and cache   load_dataset, check_samples, cache_conditioning (keys and encoding of targets, prompts
+                     and conditions), data_settings, check_cached
     training step    batch_group, dropped_text_key, conditions, token_grid, pack, resolution_mu,
                      transformer_inputs, transformer_kwargs, loss_tokens
     memory plan      planned_image_size
@@ -98,6 +98,13 @@ class ModelFamily:
 
     # ----------------------------------------------------------------------------------------------
     # data and cache
+
+    def load_dataset(self, cfg):
+        """The `data.Dataset` a dataset folder holds under this family's convention (headless runs; the canvas
+        has a Dataset node per convention)."""
+        from ..data.images import load_dataset
+
+        return load_dataset(cfg)
 
     def check_samples(self, samples: list) -> None:
         """Refuse, by file name, samples this family cannot train on (UserInputError)."""

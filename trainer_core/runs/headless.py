@@ -36,7 +36,6 @@ from ..core.errors import UserInputError
 from ..core.files import inside, write_bytes_atomic, write_error
 from ..core.names import require_step
 from ..data.cache import CachedDataset, build_cache
-from ..data.images import load_dataset
 from ..families.recognise import recognise_family
 from ..models.source import load_model_set
 from ..training import Every, StepReport, Trainer, every
@@ -127,7 +126,7 @@ def cache_once(components, run: RunFile, replicas: Replicas, say) -> CachedDatas
     with other model files would miss them, and is stopped)."""
     samples, validation, repeats = [], [], []
     for cfg in run.datasets:
-        dataset = load_dataset(cfg)
+        dataset = components.family.load_dataset(cfg)  # the family's folder convention (Layered: layers)
         say(f"dataset {cfg.folder} at {cfg.resolution} px: {dataset.summary()}")
         samples += dataset.samples
         validation += dataset.validation

@@ -77,8 +77,8 @@ def find_layers(folder: Path, composites: list[Path]) -> dict[Path, list[Path]]:
                                  f"(with its caption). Add {stem}.png or remove the layer.")
         slot = found.setdefault(stem, {})
         if n in slot or n < 1:
-            raise UserInputError(f"layer image {path}: {'layer numbers start at 1' if n < 1 else f'{slot[n]} is layer {n} too'}"
-                                 ". Number the layers 1, 2, 3 ... once each.")
+            why = "layer numbers start at 1" if n < 1 else f"{slot[n]} is layer {n} too"
+            raise UserInputError(f"layer image {path}: {why}. Number the layers 1, 2, 3 ... once each.")
         slot[n] = path
     result = {}
     for composite in composites:

@@ -30,7 +30,8 @@ def make_layered_demo_dataset(folder: str | Path, size: int = 64) -> Path:
         figure = Image.new("RGBA", (size, size), (0, 0, 0, 0))
         m = size // 4
         draw = ImageDraw.Draw(figure)
-        (draw.ellipse if shape == "circle" else draw.rectangle)((m, m, size - m, size - m), fill=(*COLOURS[colour], 255))
+        box = (m, m, size - m, size - m)
+        (draw.ellipse if shape == "circle" else draw.rectangle)(box, fill=(*COLOURS[colour], 255))
         Image.alpha_composite(card, figure).save(folder / f"{name}.png")
         card.save(folder / f"{name}_layer_1.png")
         figure.save(folder / f"{name}_layer_2.png")

@@ -24,6 +24,11 @@ class QwenImageLayered(ModelFamily):
 
     # data and cache
 
+    def load_dataset(self, cfg):
+        from .data import load_layered_dataset
+
+        return load_layered_dataset(cfg)
+
     def check_samples(self, samples) -> None:
         from .data import LayeredSample
 

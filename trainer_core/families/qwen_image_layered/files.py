@@ -39,7 +39,8 @@ def recognise(components):
                              "RGBA: choose qwen_image_layered_vae.safetensors (Layered's own VAE).")
     if not layered and channels == RGBA:
         raise UserInputError(f"{vae} is Qwen-Image-Layered's RGBA VAE, but the transformer is not Layered: choose "
-                             "qwen_image_vae.safetensors, or the Layered transformer qwen_image_layered_bf16.safetensors.")
+                             "qwen_image_vae.safetensors, or the Layered transformer "
+                             "qwen_image_layered_bf16.safetensors.")
     if layered:
         components.family = QWEN_IMAGE_LAYERED
     return components

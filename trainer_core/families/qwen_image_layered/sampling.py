@@ -96,7 +96,8 @@ def _mask(mask):
 def _decode_layers(pipe, latents: torch.Tensor, height: int, width: int, layers: int) -> list[Image.Image]:
     """Packed latents of F frames -> the RGBA images of frames 1..F-1 (frame 0 is the composite again)."""
     vae = pipe.vae
-    frames = pipe._unpack_latents(latents, height, width, layers, pipe.vae_scale_factor).to(vae.dtype)  # (1, C, F, h, w)
+    frames = pipe._unpack_latents(latents, height, width, layers, pipe.vae_scale_factor)  # (1, C, F, h, w)
+    frames = frames.to(vae.dtype)
     shape = (1, vae.config.z_dim, 1, 1, 1)
     mean = torch.tensor(vae.config.latents_mean).view(shape).to(frames.device, frames.dtype)
     inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(frames.device, frames.dtype)

@@ -21,8 +21,8 @@ LAYERED_FLAGS = {"use_additional_t_cond": True, "use_layer3d_rope": True}
 RGBA = 4
 # Not 4 latent channels: the pipeline takes an `image` with as many channels as the latents for latents.
 TINY_LAYERED_LATENT_CHANNELS = 8
-TINY_LAYERED_TRANSFORMER = {**TINY_TRANSFORMER, **LAYERED_FLAGS, "in_channels": PATCH_SIZE**2 * TINY_LAYERED_LATENT_CHANNELS,
-                            "out_channels": TINY_LAYERED_LATENT_CHANNELS}
+TINY_LAYERED_TRANSFORMER = {**TINY_TRANSFORMER, **LAYERED_FLAGS, "out_channels": TINY_LAYERED_LATENT_CHANNELS,
+                            "in_channels": PATCH_SIZE**2 * TINY_LAYERED_LATENT_CHANNELS}
 TINY_LAYERED_VAE = dict(
     base_dim=8, z_dim=TINY_LAYERED_LATENT_CHANNELS, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
     temperal_downsample=[False, True, True], input_channels=RGBA,
