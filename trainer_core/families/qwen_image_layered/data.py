@@ -124,11 +124,18 @@ def discover_layered(cfg: DatasetConfig) -> list[LayeredSample]:
 @dataclass(frozen=True)
 class LayeredDataset(Dataset):
     def summary(self) -> str:
+        """As the text-to-image summary, without its transparency clause: Layered keeps the alpha channel."""
         counts: dict[int, int] = {}
+        buckets: dict[tuple[int, int], int] = {}
         for s in self.samples:
             counts[len(s.layers)] = counts.get(len(s.layers), 0) + 1
+            buckets[s.bucket] = buckets.get(s.bucket, 0) + 1
         layers = ", ".join(f"{n} with {k} layer{'s' if k > 1 else ''}" for k, n in sorted(counts.items()))
-        return f"{super().summary()}; layered samples: {layers}"
+        listing = ", ".join(f"{w}x{h}: {n}" for (w, h), n in sorted(buckets.items()))
+        held_out = (f"; {len(self.validation)} held out for validation: "
+                    + ", ".join(Path(s.image_path).name for s in self.validation)) if self.validation else ""
+        return (f"{len(self.samples)} composites x {self.config.repeats} repeats; buckets {listing}; layered "
+                f"samples: {layers} (RGBA, alpha kept){held_out}")
 
 
 def load_layered_dataset(cfg: DatasetConfig) -> LayeredDataset:
