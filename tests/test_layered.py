@@ -186,3 +186,36 @@ def test_one_training_step_loss_equals_the_reference_from_the_pipelines_pieces(t
     finally:
         trainer.close()
     assert loss == expected  # the same operations on the same numbers: bit for bit
+
+
+@pytest.mark.slow
+def test_layered_demo_from_exported_files_writes_a_lora_diffusers_layered_pipeline_loads_on_every_module(tmp_path,
+                                                                                                       capsys):
+    """`demo --model qwen-image-layered` on export-tiny's files: the family is read from them, the LoRA,
+    preview and plot are written, and diffusers' own loader (`QwenImageLayeredPipeline.load_lora_weights`)
+    gives every module of the file its adapter, with the file's weights."""
+    from diffusers import QwenImageLayeredPipeline
+    from safetensors.torch import load_file
+
+    from trainer_core.devtools.export import export_tiny_layered
+    from trainer_core.runs.cli import main
+
+    files = export_tiny_layered(tmp_path / "files")
+    args = ["--transformer", str(files["transformer_fp8_e4m3fn_scaled"]), "--text-encoder",
+            str(files["text_encoder_bf16"]), "--vae", str(files["vae"])]
+    assert main(["demo", "--model", "qwen-image-layered", *args, "--steps", "3", "--out", str(tmp_path / "out")]) == 0
+    out = tmp_path / "out"
+    assert "(qwen-image-layered)" in capsys.readouterr().out
+    assert Image.open(out / "preview.png").size == (4 * 3 * 64, 4 * 64)  # the composite and its 2 layers, 4x
+    lora = load_file(str(out / "layered_lora.safetensors"))
+    components = build_tiny_layered_components()
+    pipe = QwenImageLayeredPipeline(scheduler=None, vae=components.vae, text_encoder=None, tokenizer=None,
+                                    processor=None, transformer=components.transformer)
+    pipe.load_lora_weights(str(out / "layered_lora.safetensors"))
+    modules = {k[len("diffusion_model."):-len(".alpha")] for k in lora if k.endswith(".alpha")}
+    loaded = {name for name, m in pipe.transformer.named_modules() if hasattr(m, "lora_A") and len(m.lora_A)}
+    assert loaded == modules
+    for name in modules:
+        m = pipe.transformer.get_submodule(name)
+        weight = lora[f"diffusion_model.{name}.lora_B.weight"].float()
+        assert torch.equal(m.lora_B[next(iter(m.lora_B))].weight.float(), weight)
