@@ -1,9 +1,9 @@
 """The model-family seam: what differs between model families and tasks, behind one small protocol.
 
-A family is what a model set *is* (`QwenImageComponents.family`): Qwen-Image text-to-image (qwen_image.py)
-or a Qwen-Image-Edit variant (qwen_image_edit/). The shared engine (cache, training step, memory plan,
-previews, demo) is written once and asks the family at these hooks, never the samples or the model set
-what they happen to carry:
+A family is what a model set *is* (`QwenImageComponents.family`): Qwen-Image text-to-image (qwen_image.py),
+a Qwen-Image-Edit variant (qwen_image_edit/) or Qwen-Image-Layered (qwen_image_layered/). The shared engine
+(cache, training step, memory plan, previews, demo) is written once and asks the family at these hooks, never
+the samples or the model set what they happen to carry:
 
     data and cache   load_dataset, check_samples, cache_conditioning (keys and encoding of targets, prompts
                      and conditions), data_settings, check_cached
@@ -18,6 +18,7 @@ Tensor shapes (text-to-image Qwen-Image; another family documents its own):
     hidden       (B, N, D_in) packed noisy target tokens, N = grid[0] * grid[1]
     conditions   per sample a list of condition latents [(C, h_i, w_i)] (Edit: the control images), or None
     embedding    (L, D) prompt embedding per prompt
+(Layered: latents (C, F, h, w), the composite and its layers as frames; its grid (F, h/2, w/2).)
 
 Everything here is cheap to import (no torch at module level): the config and the CLI's parser read
 family names.
