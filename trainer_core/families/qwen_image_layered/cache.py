@@ -15,7 +15,6 @@ frame and every prompt is encoded alone, as in cache.py.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 from ...data.cache import CACHE_VERSION, CROP_RECIPE
 from ..base import CacheConditioning
@@ -73,7 +72,3 @@ class LayeredConditioning(CacheConditioning):
 
 def layer_count(cached_sample) -> int:
     return len(cached_sample.condition_paths)
-
-
-def composite_name(cached_sample) -> str:
-    return Path(cached_sample.image_path).name
