@@ -3,6 +3,7 @@
 from .config_nodes import QwenLoRAConfig, QwenLoRAOptimizer
 from .data_nodes import QwenLoRACache, QwenLoRADataset
 from .edit_nodes import QwenLoRAEditDataset, QwenLoRAEditPreview, QwenLoRALoadEditModels
+from .layered_nodes import QwenLoRALayeredDataset
 from .model_nodes import QwenLoRALoadModels
 from .output_nodes import QwenLoRACompareSteps, QwenLoRALossPlot, QwenLoRAPreview, QwenLoRASave
 from .train_nodes import QwenLoRAInitTrainer, QwenLoRARelease, QwenLoRATrain
@@ -23,6 +24,7 @@ NODE_CLASS_MAPPINGS = {
     "QwenLoRALoadEditModels": QwenLoRALoadEditModels,
     "QwenLoRAEditDataset": QwenLoRAEditDataset,
     "QwenLoRAEditPreview": QwenLoRAEditPreview,
+    "QwenLoRALayeredDataset": QwenLoRALayeredDataset,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -41,4 +43,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "QwenLoRALoadEditModels": "Load Qwen-Image-Edit (LoRA training)",
     "QwenLoRAEditDataset": "Qwen LoRA Edit Dataset",
     "QwenLoRAEditPreview": "Qwen LoRA Preview (Edit)",
+    "QwenLoRALayeredDataset": "Qwen LoRA Layered Dataset",
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..trainer_core.core.config import LoadConfig
+from ..trainer_core.families.recognise import recognise_family
 from ..trainer_core.models.source import FILES, load_model_set
 from ..trainer_core.models.tokenizer import tokenizer_candidates
 from . import host
@@ -31,11 +32,13 @@ class QwenLoRALoadModels:
         settings = dict(storage=storage, compute_dtype=compute_dtype, text_encoder_fp8=text_encoder_fp8)
         with engine_mode():
             if source != FILES:  # the tiny model, or a diffusers folder (a path typed in the node)
-                return (load_model_set(source, host.compute_device(), diffusers_folder=diffusers_folder, **settings),)
+                return (recognise_family(load_model_set(source, host.compute_device(), diffusers_folder=diffusers_folder,
+                                                        **settings)),)
             paths = [host.model_file_path(kind, name) for kind, name in
                      (("diffusion_models", transformer), ("text_encoders", text_encoder), ("vae", vae))]
             # A tokenizer folder beside the files wins; otherwise the Qwen2.5 tokenizer ComfyUI ships.
             beside = any(c.is_dir() for c in tokenizer_candidates(None, paths[1]))
             tokenizer = None if beside else host.bundled_qwen_tokenizer()
-            return (load_model_set(source, host.compute_device(), transformer=paths[0], text_encoder=paths[1],
-                                   vae=paths[2], tokenizer=tokenizer, **settings),)
+            return (recognise_family(load_model_set(source, host.compute_device(), transformer=paths[0],
+                                                    text_encoder=paths[1], vae=paths[2], tokenizer=tokenizer,
+                                                    **settings)),)

@@ -31,6 +31,7 @@ NODE_SETTINGS = {
     "QwenLoRALoadEditModels": ("families.qwen_image_edit.config.EditLoadConfig",),
     "QwenLoRAEditDataset": ("DatasetConfig", "families.qwen_image_edit.config.EditDataConfig"),
     "QwenLoRAEditPreview": ("PreviewConfig",),
+    "QwenLoRALayeredDataset": ("DatasetConfig",),
 }
 WIDGET_TYPES = {"INT": int, "FLOAT": float, "BOOLEAN": bool, "STRING": str}
 OPTION_KEYS = {"default", "tooltip", "min", "max", "step", "round", "multiline"}

@@ -245,7 +245,7 @@ def test_vae_names_agree_with_diffusers_converter_and_real_config_is_derived():
     shapes = {diffusers_to_wan_name(n, 2): tuple(p.shape) for n, p in real.named_parameters()}
     assert vae_config_from_shapes(shapes, "wan", "qwen_image_vae.safetensors") == dict(
         base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, temperal_downsample=[False, True, True],
-        attn_scales=[])
+        attn_scales=[], input_channels=3)  # RGB (Qwen-Image-Layered's VAE has 4)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -149,10 +149,30 @@ EDIT_NODES = [
 ]
 EDIT = {3: {"preview_prompts": "turn the sky into a sunset"}, 6: {"run_name": "my_qwen_edit_lora"}}
 
+# Qwen-Image-Layered: the text-to-image graph with the Layered dataset; the Load node reads the family from
+# the transformer file. Preview decomposes the first training sample's composite.
+LAYERED_NOTE = """How to train a Qwen-Image-Layered LoRA (RGBA layers)
+1. Models: qwen_image_layered_bf16 in models/diffusion_models (the Load node
+   reads Layered from the file), qwen_2.5_vl_7b_fp8_scaled, qwen_image_layered_vae.
+2. Data: per sample name.png (the composite) + name.txt + name_layer_1.png,
+   name_layer_2.png, ... (RGBA, the composite's size), numbered from 1.
+3. Queue; queue again to continue. Preview decomposes the first composite and
+   shows its layers side by side; Save writes to models/loras."""
+
+LAYERED_NODES = [
+    (1, NODES[0][1], {**dict(NODES[0][2]), "transformer": "qwen_image_layered_bf16.safetensors",
+                      "vae": "qwen_image_layered_vae.safetensors"}, NODES[0][3]),
+    (2, "QwenLoRALayeredDataset", {**dict(NODES[1][2]), "folder": "my_layered_dataset", "resolution": 640},
+     ("data", 0)),
+    *[(i, c, v, place) for i, c, v, place in NODES if i not in (1, 2)],
+]
+LAYERED = {3: {"preview_prompts": "a poster: a title over a photo"}, 6: {"run_name": "my_qwen_layered_lora"}}
+
 WORKFLOWS = {  # file stem -> (value overrides by node id, note text[, nodes])
     "qwen_image_lora_training": ({}, MAIN_NOTE),
     "qwen_image_lora_tiny_first_run": (TINY, TINY_NOTE),
     "qwen_image_edit_lora_training": (EDIT, EDIT_NOTE, EDIT_NODES),
+    "qwen_image_layered_lora_training": (LAYERED, LAYERED_NOTE, LAYERED_NODES),
 }
 
 # Core nodes the workflow uses, as ComfyUI declares them (name, type) for inputs; outputs none.

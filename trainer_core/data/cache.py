@@ -221,7 +221,7 @@ def build_cache(
     def exists(kind: str, key: str, name: str) -> bool:
         return _entry_ok(cache_dir / kind / f"{key}.safetensors", name)
 
-    todo_targets = [s for s in everything if not exists("latents", latent_key(s, vae_fp), "latents")]
+    todo_targets = [s for s in everything if not exists("latents", conditioning.target_key(s, vae_fp), "latents")]
     todo_conditions = {k: v for k, v in condition_jobs.items() if not exists("latents", k, "latents")}
     todo_prompts = {k: v for k, v in prompt_jobs.items() if not exists("text", k, "embedding")}
     todo_masks = {mask_keys[s.image_path]: s for s in everything
@@ -243,9 +243,11 @@ def build_cache(
     if todo_targets or todo_conditions:
         vae = components.ensure_vae()
         for s in todo_targets:  # alone: see the module docstring
-            pixels = load_cropped(s.image_path, s.bucket, s.background, s.allow_large_images).unsqueeze(0)  # (1, 3, H, W)
-            latent = encode_images(vae, pixels)[0]  # (C, h, w)
-            write({"latents": latent}, "latents", latent_key(s, vae_fp), f"image {Path(s.image_path).name}",
+            latent = conditioning.encode_target(s)  # the family's own targets (Layered: (C, F, h, w)), or None
+            if latent is None:
+                pixels = load_cropped(s.image_path, s.bucket, s.background, s.allow_large_images).unsqueeze(0)  # (1, 3, H, W)
+                latent = encode_images(vae, pixels)[0]  # (C, h, w)
+            write({"latents": latent}, "latents", conditioning.target_key(s, vae_fp), f"image {Path(s.image_path).name}",
                   {"image": Path(s.image_path).name, "bucket": f"{s.bucket[0]}x{s.bucket[1]}"})
         conditioning.encode_conditions(todo_conditions, write)
     for key, s in todo_masks.items():  # on the grid of the image's latent, cached by now (no VAE needed)
@@ -260,7 +262,7 @@ def build_cache(
     components.release_vae()
 
     def entry(s: Sample, class_text: str | None = None) -> CachedSample:
-        return CachedSample(latent_key=latent_key(s, vae_fp), text_key=conditioning.text_key(s.caption, s),
+        return CachedSample(latent_key=conditioning.target_key(s, vae_fp), text_key=conditioning.text_key(s.caption, s),
                             bucket=s.bucket, caption=s.caption, image_path=s.image_path,
                             empty_text_key=conditioning.text_key("", s), mask_key=mask_keys.get(s.image_path, ""),
                             **conditioning.entry_fields(s),

@@ -119,3 +119,21 @@ def export_tiny_edit(folder: str | Path, variant: str = "edit-2511", layout: str
                 tensors[ZERO_COND_MARKER] = torch.tensor([])  # ComfyUI's registered empty buffer
                 write_safetensors_atomic(tensors, path, metadata={"format": "pt"})
     return written
+
+
+def export_tiny_layered(folder: str | Path, layout: str = "comfyui", seed: int = 0) -> dict[str, Path]:
+    """The tiny Qwen-Image-Layered (`families.qwen_image_layered.tiny`) as ComfyUI single files
+    (qwen_image_layered_tiny_*: the transformer with `time_text_embed.addition_t_embedding`, the RGBA VAE) or
+    a diffusers folder whose model_index.json names `QwenImageLayeredPipeline`."""
+    from ..families.qwen_image_layered.tiny import build_tiny_layered_components
+
+    if layout not in EXPORT_LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {EXPORT_LAYOUTS}")
+    components = build_tiny_layered_components(seed=seed, storage="float32")
+    if layout == "diffusers":
+        root = save_diffusers_dir(components, folder)
+        index = json.loads((root / "model_index.json").read_text())
+        write_bytes_atomic(json.dumps({**index, "_class_name": "QwenImageLayeredPipeline"}, indent=2).encode(),
+                           root / "model_index.json")
+        return {"diffusers_folder": root}
+    return export_comfyui_files(components, folder, stem="layered_tiny")

@@ -1,16 +1,17 @@
 """The model-family seam: what differs between model families and tasks, behind one small protocol.
 
-A family is what a model set *is* (`QwenImageComponents.family`): Qwen-Image text-to-image (qwen_image.py)
-or a Qwen-Image-Edit variant (qwen_image_edit/). The shared engine (cache, training step, memory plan,
-previews, demo) is written once and asks the family at these hooks, never the samples or the model set
-what they happen to carry:
+A family is what a model set *is* (`QwenImageComponents.family`): Qwen-Image text-to-image (qwen_image.py),
+a Qwen-Image-Edit variant (qwen_image_edit/) or Qwen-Image-Layered (qwen_image_layered/). The shared engine
+(cache, training step, memory plan, previews, demo) is written once and asks the family at these hooks, never
+the samples or the model set what they happen to carry:
 
-    data and cache   check_samples, cache_conditioning (keys and encoding of prompts and conditions),
-                     data_settings, check_cached
-    training step    patch_size, batch_group, dropped_text_key, conditions, transformer_inputs, loss_tokens,
-                     transformer_kwargs, target_prediction
+    data and cache   load_dataset, check_samples, cache_conditioning (keys and encoding of targets, prompts
+                     and conditions), data_settings, check_cached
+    training step    patch_size, batch_group, dropped_text_key, conditions, token_grid, pack, resolution_mu,
+                     transformer_inputs, extra_transformer_kwargs, transformer_kwargs, loss_tokens,
+                     target_prediction
     memory plan      planned_image_size
-    previews         preview_inputs, preview_pipeline
+    previews         preview_inputs, preview_pipeline, preview_image
     built-ins        tiny_components, demo
 
 Tensor shapes (text-to-image Qwen-Image; another family documents its own):
@@ -18,6 +19,7 @@ Tensor shapes (text-to-image Qwen-Image; another family documents its own):
     hidden       (B, N, D_in) packed noisy target tokens, N = grid[0] * grid[1]
     conditions   per sample a list of condition latents [(C, h_i, w_i)] (Edit: the control images), or None
     embedding    (L, D) prompt embedding per prompt
+(Layered: latents (C, F, h, w), the composite and its layers as frames; its grid (F, h/2, w/2).)
 
 Everything here is cheap to import (no torch at module level): the config and the CLI's parser read
 family names.
@@ -38,7 +40,19 @@ Write = Callable[[dict, str, str, str], None]
 
 class CacheConditioning:
     """A family's part of one cache build (`cache.build_cache`), made by `ModelFamily.cache_conditioning`
-    for one model set, sample list and data settings. The target latents are the shared builder's own."""
+    for one model set, sample list and data settings. The target latents are the shared builder's own
+    (an RGB image to (C, h, w)) unless the family keys and encodes them itself (`target_key`,
+    `encode_target`: Layered's composite and layers, (C, F, h, w))."""
+
+    def target_key(self, sample, vae_fingerprint: str) -> str:
+        """Cache key of `sample`'s target latents."""
+        from ..data.cache import latent_key
+
+        return latent_key(sample, vae_fingerprint)
+
+    def encode_target(self, sample):
+        """`sample`'s target latents fp32 (the VAE is loaded), or None for the shared builder's own encoding."""
+        return None
 
     def text_key(self, prompt: str, sample) -> str:
         """Cache key of `prompt` as the text encoder sees it beside `sample`'s conditions (`sample` is a
@@ -88,6 +102,13 @@ class ModelFamily:
     # ----------------------------------------------------------------------------------------------
     # data and cache
 
+    def load_dataset(self, cfg):
+        """The `data.Dataset` a dataset folder holds under this family's convention (headless runs; the canvas
+        has a Dataset node per convention)."""
+        from ..data.images import load_dataset
+
+        return load_dataset(cfg)
+
     def check_samples(self, samples: list) -> None:
         """Refuse, by file name, samples this family cannot train on (UserInputError)."""
 
@@ -125,6 +146,31 @@ class ModelFamily:
         """Per sample its condition latents [(C, h_i, w_i)] fp32, or None when the family has none."""
         return None
 
+    def token_grid(self, latent_shape) -> tuple[int, ...]:
+        """The token grid of latents of `latent_shape` (B, C, h, w): (h/p, w/p), p = `patch_size`. Only this
+        family's own hooks (`transformer_inputs`, `loss_tokens`, `target_prediction`) read it."""
+        h, w = latent_shape[-2:]
+        return h // self.patch_size, w // self.patch_size
+
+    def pack(self, latents):
+        """Latents (B, C, h, w) -> the transformer's tokens (B, N, p*p*C): p x p patches (models.latents)."""
+        from ..models.latents import pack_latents
+
+        return pack_latents(latents, self.patch_size)
+
+    def resolution_mu(self, latent_shape, scheduler_config: dict) -> float:
+        """The resolution shift's mu for latents of `latent_shape` (B, C, h, w), as the family's pipeline
+        computes it for its schedule (text-to-image: `calculate_shift` of the image's tokens)."""
+        from ..models.scheduler import resolution_mu
+
+        grid = ModelFamily.token_grid(self, latent_shape)
+        return resolution_mu(grid[0] * grid[1], scheduler_config)
+
+    def extra_transformer_kwargs(self, batch: int, device) -> dict[str, Any]:
+        """Keyword arguments the transformer takes beside the step's own, for a batch of `batch` ({}: none;
+        Layered: its `additional_t_cond`)."""
+        return {}
+
     def transformer_inputs(self, hidden, grid: tuple[int, int], conditions: list[list] | None):
         """(hidden (B, N, D_in) noisy target tokens, the target's token grid, `conditions`) ->
         (hidden_states (B, N + M, D_in), img_shapes) as the transformer takes them."""
@@ -134,14 +180,14 @@ class ModelFamily:
         """How many leading output tokens the loss covers (the target's; conditions are inputs only)."""
         return grid[0] * grid[1]
 
-    def transformer_kwargs(self, hidden, grid: tuple[int, int], conditions: list[list] | None, text, text_mask,
+    def transformer_kwargs(self, hidden, grid: tuple[int, ...], conditions: list[list] | None, text, text_mask,
                            text_keys: list[str] | None = None, dataset=None) -> dict[str, Any]:
         """The transformer's keyword arguments besides `timestep` and `return_dict`: `hidden` (B, N, D_in) noisy
         target tokens, `text` (B, L, D) padded prompt embeddings with `text_mask` (B, L) or None; `text_keys`
         and `dataset` say which cached prompts they are (a family that cached more per prompt reads it)."""
         hidden_states, img_shapes = self.transformer_inputs(hidden, grid, conditions)
         return dict(hidden_states=hidden_states, encoder_hidden_states=text, encoder_hidden_states_mask=text_mask,
-                    img_shapes=img_shapes)
+                    img_shapes=img_shapes, **self.extra_transformer_kwargs(hidden.shape[0], hidden.device))
 
     def target_prediction(self, output, grid: tuple[int, int]):
         """The transformer's output tokens the loss covers: (B, N, D_out) of the target (default: the leading
@@ -168,6 +214,12 @@ class ModelFamily:
         """The pinned diffusers pipeline that samples a preview around our transformer and VAE, taking
         prompt embeddings (no text encoder) and `conditions` from `preview_inputs`."""
         raise NotImplementedError
+
+    def preview_image(self, pipe, conditions: Any, call: dict[str, Any]):
+        """One PIL image from `pipe` (`preview_pipeline`'s) called with the shared sampler's arguments `call`
+        (prompt embeddings and masks, true_cfg_scale, width, height, num_inference_steps, generator,
+        output_type, callback_on_step_end). Layered: its own arguments, the layers laid out in one image."""
+        return pipe(**call).images[0]
 
     # ----------------------------------------------------------------------------------------------
     # built-ins

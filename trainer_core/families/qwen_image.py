@@ -83,6 +83,11 @@ class QwenImage(ModelFamily):
     def check_samples(self, samples) -> None:
         from .qwen_image_edit.data import EditSample
 
+        from .qwen_image_layered.data import LayeredSample
+
+        if any(isinstance(s, LayeredSample) for s in samples):
+            raise UserInputError("the loaded model is a text-to-image Qwen-Image, but this dataset is a layered dataset: "
+                                 "load a Qwen-Image-Layered transformer (qwen_image_layered_bf16.safetensors).")
         if any(isinstance(s, EditSample) for s in samples):
             raise UserInputError("the loaded model is a text-to-image Qwen-Image, but this dataset is an edit dataset: "
                                  "load a Qwen-Image-Edit transformer (Edit, Edit-2509 or Edit-2511).")

@@ -73,14 +73,14 @@ def sample_image(
     was_training = transformer.training
     transformer.eval()
     try:
-        image = pipe(
+        image = family.preview_image(pipe, conditions, dict(
             prompt_embeds=positive.to(device, dtype), prompt_embeds_mask=_all_valid(positive, device),
             negative_prompt_embeds=None if negative is None else negative.to(device, dtype),
             negative_prompt_embeds_mask=None if negative is None else _all_valid(negative, device),
             true_cfg_scale=cfg_scale, width=width, height=height, num_inference_steps=steps,
             generator=torch.Generator("cpu").manual_seed(seed), output_type="pil",
             callback_on_step_end=on_step_end,
-        ).images[0]
+        ))
     finally:
         components.park_vae()
         transformer.train(was_training)

@@ -20,3 +20,16 @@ QWEN_IMAGE_SCHEDULER_CONFIG = {
     "use_exponential_sigmas": False,
     "use_karras_sigmas": False,
 }
+
+
+def resolution_mu(image_tokens: int, scheduler_config: dict) -> float:
+    """The pipeline's mu for an image of `image_tokens` packed tokens."""
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+    return calculate_shift(
+        image_tokens,
+        scheduler_config.get("base_image_seq_len", 256),
+        scheduler_config.get("max_image_seq_len", 4096),
+        scheduler_config.get("base_shift", 0.5),
+        scheduler_config.get("max_shift", 1.15),
+    )

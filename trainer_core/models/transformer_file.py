@@ -37,6 +37,7 @@ from .streaming import empty_transformer, stream_into
 
 TRANSFORMER_FILE_FORMATS = ("bf16", "fp8_e4m3fn", "fp8_e4m3fn_scaled")
 _BLOCK = re.compile(BLOCKS + r"\.(\d+)\.")
+LAYERED_KEY = "time_text_embed.addition_t_embedding.weight"  # only Qwen-Image-Layered has it
 
 
 def transformer_config_from_shapes(shapes: dict[str, tuple[int, ...]], source: str) -> dict:
@@ -49,7 +50,11 @@ def transformer_config_from_shapes(shapes: dict[str, tuple[int, ...]], source: s
     inner_dim, in_channels = shapes["img_in.weight"]  # (heads * head_dim, 4 * latent channels)
     head_dim = shapes[f"{BLOCKS}.0.attn.norm_q.weight"][0]
     blocks = {int(m.group(1)) for n in shapes if (m := _BLOCK.match(n))}
+    # Qwen-Image-Layered: its timestep embedding has `addition_t_embedding`, and it runs layer-3D RoPE (what
+    # ComfyUI's model_detection reads from this key too).
+    layered = {"use_additional_t_cond": True, "use_layer3d_rope": True} if LAYERED_KEY in shapes else {}
     return dict(
+        **layered,
         patch_size=PATCH_SIZE,
         in_channels=in_channels,
         out_channels=shapes["proj_out.weight"][0] // PATCH_SIZE**2,  # proj_out: (p * p * out, inner)

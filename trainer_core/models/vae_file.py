@@ -119,8 +119,9 @@ def vae_config_from_shapes(shapes: dict[str, tuple[int, ...]], layout: str, sour
     except KeyError as e:
         raise UserInputError(f"VAE file {source} does not have the structure of a Qwen-Image (Wan 2.1) VAE "
                              f"(looking for {e}). Choose qwen_image_vae.safetensors.") from e
+    # image channels: 3, or 4 for Qwen-Image-Layered's RGBA VAE (conv_in: (base_dim, channels, 3, 3, 3))
     return dict(base_dim=base_dim, z_dim=z_dim, dim_mult=dim_mult, num_res_blocks=num_res_blocks,
-                temperal_downsample=temporal, attn_scales=[])
+                temperal_downsample=temporal, attn_scales=[], input_channels=shapes[names.conv_in][1])
 
 
 def vae_config(shapes: dict[str, tuple[int, ...]], layout: str, sidecar: dict | None, source: str) -> dict:

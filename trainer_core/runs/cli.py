@@ -25,9 +25,10 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-# The demo's models: text-to-image, or a Qwen-Image-Edit variant (edit-auto: read from the files).
-DEMO_MODELS = ("qwen-image", "edit-2511", "edit-2509", "edit", "qwen-image-2.1", "edit-auto")
+# The demo's models: text-to-image, a Qwen-Image-Edit variant (edit-auto: read from the files), 2.1 or Layered.
+LAYERED = "qwen-image-layered"  # trainer_core/families/qwen_image_layered/
 QWEN_IMAGE21 = "qwen-image-2.1"  # trainer_core/families/qwen_image21/
+DEMO_MODELS = ("qwen-image", "edit-2511", "edit-2509", "edit", QWEN_IMAGE21, LAYERED, "edit-auto")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -41,16 +42,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if any(files) and not all(files):
         raise UserInputError("demo from files needs all three of --transformer, --text-encoder and --vae.")
     check_writable_folder(args.out, "--out")
-    edit = args.model not in ("qwen-image", QWEN_IMAGE21)  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
+    edit = args.model not in ("qwen-image", QWEN_IMAGE21, LAYERED)  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
     if any(files) and args.model == QWEN_IMAGE21:
         raise UserInputError("demo --model qwen-image-2.1 trains the built-in tiny 2.1; from files it is not offered "
                              "yet (its text encoder and VAE single-file layouts are not read here).")
     if any(files):
         from ..families.qwen_image_edit.files import load_edit_single_files
+        from ..families.qwen_image_layered.files import load_layered_single_files
         from ..models import load_single_files
 
         # As the built-in demo: float8 block weights, fp32 compute (the CPU has no fast bf16 matmul).
-        loader = (lambda *a, **k: load_edit_single_files(*a, variant=args.model, **k)) if edit else load_single_files
+        loader = (lambda *a, **k: load_edit_single_files(*a, variant=args.model, **k)) if edit else (
+            load_layered_single_files if args.model == LAYERED else load_single_files)
         components = loader(*files, tokenizer_dir=args.tokenizer, storage="float8",
                             compute_dtype=torch.float32, text_encoder_fp8=args.text_encoder_fp8)
         print(f"model: {components.name} from {', '.join(files)}")
@@ -136,6 +139,10 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
             from ..devtools.export_qwen21 import export_tiny_qwen_image21
 
             written = export_tiny_qwen_image21(args.dir, layout=args.layout, seed=args.seed)
+        elif args.model == LAYERED:
+            from ..devtools.export import export_tiny_layered
+
+            written = export_tiny_layered(args.dir, layout=args.layout, seed=args.seed)
         elif args.model.startswith("edit"):  # a tiny Qwen-Image-Edit of that variant
             from ..devtools.export import export_tiny_edit
 
@@ -327,10 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
         TrainStepsConfig, "steps", default=200, help="total optimizer steps (with --resume: up to this many)"))
     demo.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
     demo.add_argument("--model", choices=DEMO_MODELS, default=DEMO_MODELS[0],
-                      help="qwen-image (text to image) or an edit model: edit-2511, edit-2509, edit (trains on the "
+                      help="qwen-image (text to image), an edit model: edit-2511, edit-2509, edit (trains on the "
                            "built-in edit dataset with control images; with files: the variant they must be, "
                            "edit-auto = read it from the transformer file); qwen-image-2.1 (the tiny 2.1, text to "
-                           "image)")
+                           "image), or qwen-image-layered (a composite and its RGBA layers)")
     demo.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0))
     demo.add_argument("--blocks-to-swap", **blocks_to_swap_arg(default=1))
     demo.add_argument("--resume", action="store_true",
@@ -376,9 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--model", choices=(DEMO_MODELS[0], "qwen-image-2512", *DEMO_MODELS[1:-1]),
                         default=DEMO_MODELS[0],
                         help="qwen-image (qwen-image-2512: the same files named as ComfyUI's Qwen-Image-2512 "
-                             "release), or a tiny Qwen-Image-Edit variant (Edit-2511's transformer files carry "
-                             "ComfyUI's marker key), or qwen-image-2.1 (transformer files with the MLP fused and "
-                             "split, the other parts as a diffusers folder)")
+                             "release), a tiny Qwen-Image-Edit variant (Edit-2511's transformer files carry "
+                             "ComfyUI's marker key), qwen-image-2.1 (transformer files with the MLP fused and "
+                             "split, the other parts as a diffusers folder), or qwen-image-layered (its RGBA VAE, "
+                             "and the transformer's addition_t_embedding by which ComfyUI knows Layered)")
     export.set_defaults(func=cmd_export_tiny)
 
     plan = sub.add_parser(

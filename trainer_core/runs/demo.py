@@ -84,9 +84,9 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = Fa
                       on_step=lambda r: log(f"step {r.step:4d}  loss {r.loss:.4f}  lr {r.lr:.2e}")
                       if r.step == 1 or r.step % 25 == 0 else None)
         lora = trainer.save_lora(out / spec.lora_name)
-        preview = _write_output(_png(trainer.sample_preview(spec.preview_prompt, "", width=64, height=64, steps=20,
-                                                            cfg_scale=4.0, seed=seed)
-                                     .resize((256, 256), Image.Resampling.NEAREST)),
+        image = trainer.sample_preview(spec.preview_prompt, "", width=64, height=64, steps=20, cfg_scale=4.0, seed=seed)
+        # 4x, keeping the shape (Layered's preview is a sheet of the composite and its layers)
+        preview = _write_output(_png(image.resize((4 * image.width, 4 * image.height), Image.Resampling.NEAREST)),
                                 out / "preview.png", "preview image", trainer.step)
     finally:
         release(spec.run_name)  # the demo is a whole program: leave no live run behind

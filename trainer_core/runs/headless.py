@@ -38,8 +38,8 @@ from ..core.errors import UserInputError
 from ..core.files import inside, write_bytes_atomic, write_error
 from ..core.names import require_step
 from ..data.cache import CachedDataset, build_cache
-from ..data.images import load_dataset
 from ..data.mixture import combined
+from ..families.recognise import recognise_family
 from ..models.source import load_model_set
 from ..training import Every, StepReport, Trainer, every
 from ..training.distributed import Replicas, lost_peer, lost_peer_message
@@ -108,6 +108,7 @@ def train_run(run: RunFile, replicas: Replicas, config_text: str = "", steps: in
                                 text_encoder=run.load.text_encoder, vae=run.load.vae,
                                 tokenizer=run.headless.tokenizer or None,
                                 diffusers_folder=run.load.diffusers_folder, text_encoder_fp8=run.load.text_encoder_fp8)
+    components = recognise_family(components)  # Qwen-Image-Layered says so in its transformer
     say(f"model: {components.name} ({components.num_blocks} blocks, {run.load.storage} blocks, compute "
         f"{str(components.compute_dtype).removeprefix('torch.')}, {components.device})"
         + (f"; {replicas.size} processes" if replicas.size > 1 else ""))
@@ -129,7 +130,7 @@ def cache_once(components, run: RunFile, replicas: Replicas, say) -> CachedDatas
     with other model files would miss them, and is stopped)."""
     datasets = []
     for cfg in run.datasets:
-        datasets.append(load_dataset(cfg))
+        datasets.append(components.family.load_dataset(cfg))  # the family's folder convention (Layered: layers)
         say(f"dataset {cfg.folder} at {cfg.resolution} px: {datasets[-1].summary()}")
     samples, validation, per_sample = combined(datasets)
     preservation = (run.cache.preservation_trigger, run.cache.preservation_class)

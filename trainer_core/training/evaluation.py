@@ -13,7 +13,7 @@ import math
 import torch
 
 from .masked_loss import batch_weights
-from .objective import resolution_mu, time_shift
+from .objective import time_shift
 from .optim import evaluation_weights
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
@@ -44,9 +44,8 @@ def validation_loss(trainer: "Trainer") -> float:
                 noise = torch.randn((k, *x0.shape), generator=generator)  # (K, C, h, w)
                 levels = torch.tensor(VALIDATION_LEVELS, dtype=torch.float32)  # (K,)
                 if trainer.train_cfg.resolution_shift:
-                    p = trainer.components.family.patch_size
-                    tokens = (x0.shape[1] // p) * (x0.shape[2] // p)
-                    levels = time_shift(levels, resolution_mu(tokens, trainer.components.scheduler_config))
+                    mu = trainer.components.family.resolution_mu((k, *x0.shape), trainer.components.scheduler_config)
+                    levels = time_shift(levels, mu)
                 embeds = [dataset.embedding(sample.text_key)] * k
                 conditions = trainer.components.family.conditions(dataset, [sample] * k)
                 weights = batch_weights(dataset, [sample] * k, tuple(x0.shape[-2:]))  # its loss mask, as in training

@@ -17,7 +17,6 @@ import torch
 
 from ..data.cache import CachedDataset, CachedSample
 from ..models.latents import pack_latents
-from ..models.qwen_arch import PATCH_SIZE
 
 
 def batch_weights(dataset: CachedDataset, samples: list[CachedSample], grid: tuple[int, int]) -> torch.Tensor | None:
@@ -29,10 +28,11 @@ def batch_weights(dataset: CachedDataset, samples: list[CachedSample], grid: tup
     return torch.stack([dataset.mask_weights(s.mask_key) if s.mask_key else ones for s in samples])
 
 
-def packed_weights(weights: torch.Tensor, channels: int, patch: int = PATCH_SIZE) -> torch.Tensor:
-    """(B, h, w) weights -> (B, h/p * w/p, p*p*C), element for element as pack_latents lays out (B, C, h, w)."""
+def packed_weights(weights: torch.Tensor, channels: int, pack=pack_latents) -> torch.Tensor:
+    """(B, h, w) weights -> (B, N, p*p*C), element for element as `pack` (the family's: models.latents
+    pack_latents by default) lays out latents (B, C, h, w)."""
     b, h, w = weights.shape
-    return pack_latents(weights[:, None].expand(b, channels, h, w), patch)
+    return pack(weights[:, None].expand(b, channels, h, w))
 
 
 def masked_flow_loss(prediction: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

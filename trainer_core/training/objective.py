@@ -13,18 +13,7 @@ import math
 
 import torch
 
-
-def resolution_mu(image_tokens: int, scheduler_config: dict) -> float:
-    """The pipeline's mu for an image of `image_tokens` packed tokens."""
-    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
-
-    return calculate_shift(
-        image_tokens,
-        scheduler_config.get("base_image_seq_len", 256),
-        scheduler_config.get("max_image_seq_len", 4096),
-        scheduler_config.get("base_shift", 0.5),
-        scheduler_config.get("max_shift", 1.15),
-    )
+from ..models.scheduler import resolution_mu  # noqa: F401  (the step's and the evaluation's)
 
 
 def time_shift(s: torch.Tensor, mu: float) -> torch.Tensor:

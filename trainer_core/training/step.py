@@ -13,9 +13,10 @@ its timestep and one `img_shapes` entry list per sample; the loss covers the tar
 
 What differs between model families (Edit: control latents after the target's tokens, the empty caption
 seen with the sample's own controls) is asked of the model set's family (families/base.ModelFamily):
-`patch_size`, `dropped_text_key`, `conditions`, `transformer_kwargs` (by default from `transformer_inputs`),
-`target_prediction` (by default the leading `loss_tokens`); the data order groups by its
-`batch_group` (setup.py).
+`patch_size`, `dropped_text_key`, `conditions`, `token_grid`, `pack`, `resolution_mu`, `transformer_kwargs` (by
+default from `transformer_inputs` and `extra_transformer_kwargs`), `target_prediction` (by default the leading
+`loss_tokens`); the data order groups by its `batch_group` (setup.py). (Layered's latents are (B, C, F, h, w): a
+composite and its layers as frames, packed frame after frame.)
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ import torch
 from ..core.config import TrainConfig
 from ..data.cache import CachedDataset, CachedSample
 from ..data.order import DataOrder
-from ..models.latents import pack_latents
 from ..models.text import pad_prompt_batch
 from . import randomness
 from .masked_loss import batch_weights, masked_flow_loss, packed_weights
-from .objective import flow_loss, noisy_latents, resolution_mu, sample_noise_levels, velocity_target
+from .objective import flow_loss, noisy_latents, sample_noise_levels, velocity_target
 from .preservation import base_prediction, preservation_loss, preserved_rows
 from .weighting import DatasetLosses, per_sample_losses, sample_weighted_loss, sample_weights
 
@@ -74,11 +74,9 @@ class FlowMatchingStep:
     def noise_levels(self, number: int, latent_shape: torch.Size) -> torch.Tensor:
         """(B,) noise levels of micro-batch `number` with latents of `latent_shape` (B, C, h, w): a pure function,
         so modulation ahead can compute a later forward's timesteps without drawing anything else."""
-        b, _, h, w = latent_shape
+        b = latent_shape[0]
         cfg = self.cfg
-        p = self.family.patch_size
-        tokens = (h // p) * (w // p)
-        mu = resolution_mu(tokens, self.scheduler_config) if cfg.resolution_shift else None
+        mu = self.family.resolution_mu(latent_shape, self.scheduler_config) if cfg.resolution_shift else None
         rng = randomness.generator(cfg.seed, number, randomness.NOISE_LEVELS)
         return sample_noise_levels(b, rng, cfg.timestep_sampling, cfg.logit_mean, cfg.logit_std, mu)
 
@@ -122,7 +120,7 @@ class FlowMatchingStep:
         prediction = self.predict(x0, noise, levels, embeds, conditions, keys)  # (B + P, N, p*p*C)
         target = self.target(batch.x0, batch.noise)  # (B, N, p*p*C)
         trained = prediction[:b]
-        packed = None if masks is None else packed_weights(masks, batch.x0.shape[1], family.patch_size)
+        packed = None if masks is None else packed_weights(masks, batch.x0.shape[1], family.pack)
         loss = sample_weighted_loss(trained, target, weights, packed)
         if tally is not None:
             tally.add(batch.samples, per_sample_losses(trained.detach(), target, packed))
@@ -140,22 +138,21 @@ class FlowMatchingStep:
         prediction = self.predict(x0, noise, levels, embeds, conditions, text_keys)  # (B, N, p*p*C)
         target = self.target(x0, noise)
         if weights is not None:
-            return masked_flow_loss(prediction, target, packed_weights(weights, x0.shape[1], self.family.patch_size))
+            return masked_flow_loss(prediction, target, packed_weights(weights, x0.shape[1], self.family.pack))
         return flow_loss(prediction, target)
 
     def target(self, x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """The velocity target (B, N, p*p*C) of the target's N tokens, on the device."""
-        return pack_latents(velocity_target(x0, noise), self.family.patch_size).to(self.device)
+        return self.family.pack(velocity_target(x0, noise)).to(self.device)
 
     def predict(self, x0: torch.Tensor, noise: torch.Tensor, levels: torch.Tensor, embeds: list[torch.Tensor],
                 conditions: list[list[torch.Tensor]] | None = None, text_keys: list[str] | None = None) -> torch.Tensor:
         """The transformer's velocity prediction (B, N, p*p*C) for the target's N tokens at x_t of x0 (B, C, h, w),
         noise and levels (B,), with these prompt embeddings [(L_i, D)] and conditions (as `flow_loss`)."""
-        family, p = self.family, self.family.patch_size
-        h, w = x0.shape[-2:]
-        grid = (h // p, w // p)
+        family = self.family
+        grid = family.token_grid(x0.shape)
         text, text_mask = pad_prompt_batch(embeds)  # (B, L, D), (B, L) or None
-        hidden = pack_latents(noisy_latents(x0, noise, levels), p).to(self.device, self.compute_dtype)  # (B, N, p*p*C)
+        hidden = family.pack(noisy_latents(x0, noise, levels)).to(self.device, self.compute_dtype)  # (B, N, p*p*C)
         kwargs = family.transformer_kwargs(  # Edit: M condition tokens after the target's N
             hidden, grid, conditions, text.to(self.device, self.compute_dtype),
             None if text_mask is None else text_mask.to(self.device), text_keys, self.dataset)
