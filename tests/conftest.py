@@ -24,6 +24,27 @@ logging.getLogger("diffusers").setLevel(logging.ERROR)
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
+def pytest_configure(config):
+    """Import the libraries nearly every test uses, then move everything alive to gc's permanent generation.
+
+    The engine collects garbage whenever it releases a model (core/host_memory.give_back_freed_memory), and a
+    full collection walks every tracked object: ~0.47 s with these libraries imported (~490k objects), paid
+    several times per test. Frozen, the import-time objects (modules, functions, classes: never freed anyway)
+    are skipped; what tests create is still collected."""
+    import gc
+
+    import diffusers.models.autoencoders  # noqa: F401  (imports every autoencoder: the tiny models' VAE is one)
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+    from diffusers import QwenImageTransformer2DModel  # noqa: F401
+    from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: F401
+
+    import trainer_core.training  # noqa: F401
+
+    gc.collect()
+    gc.freeze()
+
+
 def load_pack():
     """Import the repository as ComfyUI imports a custom node folder: from its __init__.py, under a
     mangled module name (never as a top-level `nodes` package)."""

@@ -198,3 +198,14 @@ def test_the_settings_name_the_architectures_lora_presets():
     from trainer_core.models.qwen_arch import LORA_TARGET_PRESETS
 
     assert tuple(LORA_TARGET_PRESETS) == LORA_TARGET_PRESET_NAMES
+
+
+def test_no_module_of_the_engine_is_over_450_lines():
+    """One concern per module keeps each readable on its own: past 450 lines a module is doing two things."""
+    longer = {str(p.relative_to(REPO)): n for p in (REPO / "trainer_core").rglob("*.py")
+              if (n := len(p.read_text().splitlines())) > 450}
+    assert not longer, longer
+
+
+def test_the_recipe_is_at_most_250_lines():
+    assert len((REPO / "trainer_core" / "training" / "recipe.py").read_text().splitlines()) <= 250

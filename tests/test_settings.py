@@ -156,9 +156,11 @@ def test_an_inline_tooltip_is_caught(pack, monkeypatch):
 
 
 def config_classes():
-    from trainer_core.core import config
+    """Every settings class: the run's (config.py) and the other nodes' and commands' (command_config.py)."""
+    from trainer_core.core import command_config, config
 
-    return [c for c in vars(config).values() if dataclasses.is_dataclass(c) and c.__module__ == config.__name__]
+    own = (config.__name__, command_config.__name__)
+    return [c for c in vars(config).values() if dataclasses.is_dataclass(c) and c.__module__ in own]
 
 
 @pytest.mark.parametrize("cls", config_classes(), ids=lambda c: c.__name__)

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from PIL import (
     BmpImagePlugin,
     GifImagePlugin,
@@ -35,8 +34,11 @@ from PIL import (
 
 from ..core.config import DatasetConfig, parse_colour
 from ..core.errors import UserInputError
+from .pixels import pil_to_tensor, tensor_to_pil  # noqa: F401 (re-exported: the data's users import them here)
 
 if TYPE_CHECKING:
+    import torch
+
     from .masks import SampleMask
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
@@ -444,15 +446,3 @@ def load_cropped(path: str | Path, bucket: tuple[int, int], background: tuple[in
     left, top = (size[0] - bw) // 2, (size[1] - bh) // 2
     img = img.crop((left, top, left + bw, top + bh))
     return pil_to_tensor(img)
-
-
-def pil_to_tensor(img: Image.Image) -> torch.Tensor:
-    """PIL RGB -> (3, H, W) float in [-1, 1]."""
-    array = np.asarray(img, dtype=np.float32) / 127.5 - 1.0  # (H, W, 3)
-    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
-
-
-def tensor_to_pil(image: torch.Tensor) -> Image.Image:
-    """(3, H, W) in [-1, 1] -> PIL RGB."""
-    array = ((image.float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).cpu().numpy()
-    return Image.fromarray(array)

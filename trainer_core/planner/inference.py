@@ -14,6 +14,7 @@ import inspect
 from dataclasses import dataclass
 
 from .arch import QwenImageArch, text_encoder_params, vae_params
+from .plan import DTYPE_BYTES
 
 # One transformer block's forward without gradients (eval mode, LoRA on), bytes per joint token (image +
 # text) per unit of MLP width F; key (targets preset, LoRA dtype). Width-independent (2 and 4 heads agree
@@ -99,6 +100,13 @@ def parts_for_components(components) -> PartSizes:
 def preview_block_working_bytes(arch: QwenImageArch, targets: str, lora_dtype: str, n_img: int, n_txt: int) -> int:
     """One block's forward transients in a denoising step (batch 1: true CFG runs its two forwards in turn)."""
     return int(PREVIEW_WORKING_PER_TOKEN[(targets, lora_dtype)] * arch.mlp_dim * (n_img + n_txt))
+
+
+def vae_element_bytes(p) -> int:
+    """The bytes per element the VAE computes in, for PlanInputs `p`: on the CPU a bf16/fp16 VAE computes in float32
+    (`models.latents`: the CPU has no fast half-precision 3-D convolution)."""
+    act = DTYPE_BYTES[p.compute_dtype]
+    return 4 if p.device == "cpu" and act < 4 else act
 
 
 def vae_encode_bytes(parts: PartSizes, width: int, height: int, element_bytes: int = 2) -> int:

@@ -46,6 +46,7 @@ from .inference import (
     real_parts,
     text_encoder_working_bytes,
     vae_decode_bytes,
+    vae_element_bytes,
     vae_encode_bytes,
 )
 from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, baseline_note, fp8_input_bytes, plan_memory
@@ -136,13 +137,6 @@ def _on_device(p: PlanInputs, allocated: list[Term], host: list[Term], name: str
     gpu = allocated + [Term("allocator slack", int(total * p.allocator_slack), f"assumed {p.allocator_slack:.0%}"),
                        Term("CUDA context", p.cuda_context_bytes, "assumed, outside torch's allocator")]
     return Phase(name, gpu, host, note)
-
-
-def vae_element_bytes(p: PlanInputs) -> int:
-    """The bytes per element the VAE computes in: on the CPU a bf16/fp16 VAE computes in float32
-    (`models.latents`: the CPU has no fast half-precision 3-D convolution)."""
-    act = DTYPE_BYTES[p.compute_dtype]
-    return 4 if p.device == "cpu" and act < 4 else act
 
 
 def _baseline(p: PlanInputs) -> Term:

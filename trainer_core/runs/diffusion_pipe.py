@@ -35,7 +35,9 @@ from .diffusion_pipe_fields import (
     GENERIC_IGNORED,
     MAPPED_DATASET_KEYS,
     aspect_range,
+    global_batch,
     resolutions,
+    shift_text,
 )
 from .diffusion_pipe_kinds import check_kind
 from .run_file import KEYS, render, toml_value
@@ -189,7 +191,7 @@ class _Translator:
         if shift:
             self.set("train", "resolution_shift", True,
                      f"model.shift = {shift}: no constant shift here; Qwen-Image's own size-dependent shift instead "
-                     f"({_shift_text()})")
+                     f"({shift_text()})")
         elif flux_shift:
             self.set("train", "resolution_shift", True, "model.flux_shift: with Qwen-Image's own constants")
         else:
@@ -251,7 +253,7 @@ class _Translator:
                 self.set("optimizer", "eps", float(self.take("optimizer.eps")), "optimizer.eps")
             if self.has("optimizer.beta2_half_life"):
                 half_life = float(self.take("optimizer.beta2_half_life"))
-                batch = _batch(self.main)
+                batch = global_batch(self.main)
                 self.set("optimizer", "beta2", 0.5 ** (batch / half_life),
                          f"optimizer.beta2_half_life = {half_life} at a global batch of {batch} (one process)")
         else:
@@ -328,8 +330,8 @@ class _Translator:
                 self.set("output", ours, int(self.take(theirs)), theirs)
         if self.has("save_every_n_examples"):
             examples = int(self.take("save_every_n_examples"))
-            self.set("output", "snapshot_every", max(1, examples // _batch(self.main)),
-                     f"save_every_n_examples = {examples} at a global batch of {_batch(self.main)} (one process)")
+            self.set("output", "snapshot_every", max(1, examples // global_batch(self.main)),
+                     f"save_every_n_examples = {examples} at a global batch of {global_batch(self.main)} (one process)")
         self.set("output", "filename", "{run_name}_{step}", "diffusion-pipe writes epochN/adapter_model.safetensors")
         self.set("output", "layout", "comfyui", "diffusion-pipe saves Qwen-Image LoRAs in ComfyUI's layout too")
         batch = self.take("caching_batch_size", 1)
@@ -439,18 +441,3 @@ def _short(value: Any) -> str:
     except TypeError:  # a table
         text = "{...}"
     return text if len(text) <= 50 else text[:46] + "...'"
-
-
-def _batch(main: dict) -> int:
-    micro = main.get("image_micro_batch_size_per_gpu", main.get("micro_batch_size_per_gpu", 1))
-    micro = min(int(b) for _, b in micro) if isinstance(micro, list) else int(micro)
-    return micro * int(main.get("gradient_accumulation_steps", 1))
-
-
-def _shift_text() -> str:
-    from ..models.scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
-    from ..training.objective import resolution_mu
-
-    shifts = [f"{math.exp(resolution_mu((side // 16) ** 2, QWEN_IMAGE_SCHEDULER_CONFIG)):.2f} at {side} px"
-              for side in (512, 1024, 1328)]
-    return ", ".join(shifts)

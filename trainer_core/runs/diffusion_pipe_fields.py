@@ -102,3 +102,20 @@ def aspect_range(settings: dict) -> tuple[float, float, str]:
         return min(ratios), max(ratios), f"ar_buckets {min(ratios):.2f}..{max(ratios):.2f}"
     low, high = settings.get("min_ar", DEFAULT_AR[0]), settings.get("max_ar", DEFAULT_AR[1])
     return float(low), float(high), f"min_ar {low} .. max_ar {high}"
+
+
+def global_batch(main: dict) -> int:
+    """A diffusion-pipe config's examples per optimizer step on one process (micro-batch x accumulation)."""
+    micro = main.get("image_micro_batch_size_per_gpu", main.get("micro_batch_size_per_gpu", 1))
+    micro = min(int(b) for _, b in micro) if isinstance(micro, list) else int(micro)
+    return micro * int(main.get("gradient_accumulation_steps", 1))
+
+
+def shift_text() -> str:
+    """The resolution shift's factor at three sizes, for the translation's note on `timestep_sample_method`."""
+    from ..models.scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
+    from ..training.objective import resolution_mu
+
+    shifts = [f"{math.exp(resolution_mu((side // 16) ** 2, QWEN_IMAGE_SCHEDULER_CONFIG)):.2f} at {side} px"
+              for side in (512, 1024, 1328)]
+    return ", ".join(shifts)

@@ -12,7 +12,7 @@ the last process of the machine, however it ends.
 
 from __future__ import annotations
 
-import pickle
+import json
 
 import torch
 import torch.distributed as dist
@@ -40,9 +40,10 @@ def share_host_copy(transformer: nn.Module, streamed: tuple[int, ...], replicas:
     if replicas.local_rank == 0:
         copy = SharedHostCopy.create(layout)
         copy.fill(transformer)
-        store.set(key, pickle.dumps((copy.handle, layout.nbytes)))
+        store.set(key, json.dumps([list(copy.handle), layout.nbytes]))  # plain values: no unpickling
     else:
-        handle, nbytes = pickle.loads(store.get(key))
+        handle, nbytes = json.loads(store.get(key))
+        handle = tuple(handle)
         if nbytes != layout.nbytes:
             raise UserInputError(
                 f"process {replicas.rank} holds {layout.nbytes} bytes of frozen host weights, the first process of its "

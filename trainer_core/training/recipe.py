@@ -11,9 +11,8 @@ order, and runs the loop over components that do one thing each:
     checkpoint / resume: state.py; validation: evaluation.py; LoRA files and previews: outputs.py
     close / retire .................................. lifecycle.py
 
-Training is step-chunked: `train(n)` runs n more optimizer steps. Nothing is re-seeded or rebuilt between
-calls and every random draw is a pure function of (seed, micro-batch, purpose), so k chunks equal one call
-of the same length bit for bit, also across a resume in a new process and over several processes.
+Training is step-chunked: `train(n)` runs n more optimizer steps. Every random draw is a pure function of (seed,
+micro-batch, purpose): k chunks equal one call bit for bit, across a resume and over several processes too.
 """
 
 from __future__ import annotations
@@ -40,9 +39,8 @@ from .comparison import Comparison
 from .distributed import ONE_PROCESS, Replicas
 from .live import PreviewSettings, StepPreview
 from .optim import set_learning_rate
-from .preservation import check_cached as check_preservation_cached
 from .reports import StepReport, TrainReport
-from .weighting import DatasetLosses, reports_datasets
+from .weighting import DatasetLosses, record_dataset_losses, reports_datasets
 
 
 class Trainer:
@@ -56,16 +54,11 @@ class Trainer:
         Preview node's default). `init_lora`: continue from this LoRA file (any layout lora_files reads): it
         decides rank, alpha and the adapted modules; the optimizer, schedule and step count start fresh.
         `comparison`: a build that differs from the default in one respect, for benchmarks (comparison.py)."""
-        train.check_model(num_blocks=components.num_blocks)  # the settings themselves are valid once made
-        if not dataset.samples:
-            raise UserInputError("the cached dataset has no samples: check the Dataset node's folder.")
-        check_preservation_cached(dataset.samples, train.preservation_weight)
+        setup.check_inputs(components, dataset, train)  # the settings themselves are valid once made
         self.components, self.dataset, self.comparison = components, dataset, comparison
-        # Forwards per modulation window; 0 (a comparison's "no modulation ahead"): off, same results.
-        self.modulation_window = MODULATION_WINDOW if comparison.modulation_ahead else 0
+        self.modulation_window = MODULATION_WINDOW if comparison.modulation_ahead else 0  # 0: off, same results
         self.lora_cfg, self.optim_cfg, self.train_cfg = lora, optimizer, train
-        self.requested_lora_cfg = lora  # before a LoRA file to continue from replaces rank and alpha
-        self.requested_train_cfg = train  # blocks_to_swap may say 'auto' here
+        self.requested_lora_cfg, self.requested_train_cfg = lora, train  # as asked: before a LoRA file's rank, 'auto
         self.run_dir, self.replicas = (Path(run_dir) if run_dir is not None else None), replicas
         self.device, self.compute_dtype = components.device, components.compute_dtype
         self.transformer = components.transformer  # None until setup.build loads it (a lazy model set)
@@ -124,8 +117,7 @@ class Trainer:
                     report.last_step = self.step
                     periodic.run_due(work, self, step, report)
             except BaseException:
-                # Interrupted or failed: keep every finished step on disk, then let the exception go on
-                # (a checkpoint failure must not replace it; the state is still in memory).
+                # Interrupted or failed: every finished step to disk; a checkpoint failure must not replace the error
                 try:
                     self.checkpoint_if_behind()
                 except Exception:  # noqa: BLE001
@@ -172,9 +164,7 @@ class Trainer:
             guards.undo_nonfinite_step(self)  # raises
         self.step += 1
         self.loss_history.append((self.step, total / share))
-        datasets = tally.report() if tally is not None else None
-        if datasets:
-            self.dataset_loss_history.append((self.step, {label: d.mean for label, d in datasets.items()}))
+        datasets = record_dataset_losses(tally, self.step, self.dataset_loss_history)
         return StepReport(step=self.step, loss=total / share, lr=lr, grad_norm=grad_norm,
                           seconds=time.perf_counter() - started, datasets=datasets)
 
@@ -238,8 +228,6 @@ class Trainer:
     def preview_step(self, settings: PreviewSettings, progress: Callable[[int, int], None] | None = None
                      ) -> StepPreview:
         return outputs.preview_step(self, settings, progress)
-
-    # -- lifetime -----------------------------------------------------------------------------------
 
     @property
     def live(self) -> bool:

@@ -22,10 +22,20 @@ from ..streaming.runner import BlockRunner, swapped_blocks
 from .ema import build_average
 from .host_copy import share_host_copy
 from .optim import build_optimizer
+from .preservation import check_cached as check_preservation_cached
 from .step import FlowMatchingStep
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.
+
+
+def check_inputs(components, dataset, train) -> None:
+    """What the Trainer refuses before it builds anything: settings that do not fit the model, an empty cached
+    dataset, preservation without the class captions it needs (preservation.py)."""
+    train.check_model(num_blocks=components.num_blocks)
+    if not dataset.samples:
+        raise UserInputError("the cached dataset has no samples: check the Dataset node's folder.")
+    check_preservation_cached(dataset.samples, train.preservation_weight)
 
 
 def build(trainer: "Trainer", init_lora, preview_size) -> None:

@@ -83,6 +83,15 @@ class DatasetLosses:
                 for label, (total, count, weight, reg) in self._sums.items()}
 
 
+def record_dataset_losses(tally: DatasetLosses | None, step: int, history: list) -> dict[str, DatasetLoss] | None:
+    """The step's per-dataset report (None when the report lists no datasets), its means appended to `history`
+    as (step, {label: mean})."""
+    datasets = tally.report() if tally is not None else None
+    if datasets:
+        history.append((step, {label: d.mean for label, d in datasets.items()}))
+    return datasets
+
+
 def reports_datasets(samples: list[CachedSample]) -> bool:
     """Whether the loss report lists datasets: more than one, or one that is weighted or regularises."""
     return len({s.dataset for s in samples}) > 1 or any(s.loss_weight != 1.0 or s.regularization for s in samples)

@@ -18,6 +18,9 @@ from ...core.errors import UserInputError
 from ...models.components import QwenImageComponents
 from ...models.float8 import store_block_linears
 
+# Only the folder's own files, only safetensors (no pickles, never the network).
+local = dict(use_safetensors=True, local_files_only=True)  # noqa: N816 (test_security reads **local)
+
 
 def _tokenizer(root: Path):
     from transformers import AutoTokenizer
@@ -49,14 +52,16 @@ def load_qwen_image21_folder(folder: str | Path, transformer_file: str | Path | 
     if transformer_file is not None:
         transformer = QwenImage21TransformerFile(transformer_file, storage, compute_dtype).load()
     else:
-        transformer = QwenImage21Transformer2DModel.from_pretrained(str(root / "transformer"), torch_dtype=compute_dtype)
+        transformer = QwenImage21Transformer2DModel.from_pretrained(str(root / "transformer"), torch_dtype=compute_dtype,
+                                                                    **local)
         transformer.requires_grad_(False).eval()
         store_block_linears(transformer, storage)
-    vae = AutoencoderKLQwenImage21.from_pretrained(str(root / "vae"), torch_dtype=compute_dtype)
+    vae = AutoencoderKLQwenImage21.from_pretrained(str(root / "vae"), torch_dtype=compute_dtype, **local)
     vae.to(device).requires_grad_(False).eval()
 
     def load_text_encoder():
-        encoder = Qwen3VLForConditionalGeneration.from_pretrained(str(root / "text_encoder"), torch_dtype=compute_dtype)
+        encoder = Qwen3VLForConditionalGeneration.from_pretrained(str(root / "text_encoder"), torch_dtype=compute_dtype,
+                                                                   **local)
         return encoder.requires_grad_(False).eval(), build_processor(_tokenizer(root), encoder.config.vision_config)
 
     text_encoder, processor = load_text_encoder()

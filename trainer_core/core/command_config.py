@@ -1,0 +1,250 @@
+"""The settings of the nodes and commands around a training run (Init, Load, Cache, Train Steps, Preview, Compare
+Steps, Loss Plot, Save, plan, train --config), in the same form as config.py's run settings: a field with its
+help and range, checked once when made. config.py re-exports them: import them from there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .choices import (
+    COMPUTE_DTYPES,
+    LORA_LAYOUTS,
+    MODEL_SOURCES,
+    NO_LORA,
+    NOT_USED,
+    PLAN_STORAGE_MODES,
+    SAVE_DTYPES,
+    STORAGE_MODES,
+    TEXT_ENCODER_FP8_MODES,
+)
+from .errors import UserInputError
+from .fields import _check_range, _f, choices
+
+
+@dataclass
+class InitConfig:
+    """Init Trainer settings that are not part of the run's TrainConfig (which is stored in checkpoints and
+    compared between runs)."""
+
+    continue_from_lora: str = _f(
+        NO_LORA, "Start from this LoRA file (ComfyUI, diffusers or kohya/musubi layout) instead of from zero. Its "
+        "rank, alpha and layers replace the LoRA Config's; optimizer and steps start fresh.",
+        file_list="loras", extra_choices=(NO_LORA,),
+    )
+
+
+@dataclass
+class LoadConfig:
+    """How the Qwen-Image parts are loaded (the Load node)."""
+
+    source: str = _f(
+        MODEL_SOURCES[0], "Where the model comes from: the three files below, a diffusers-format folder, or the tiny "
+        "random model used for tests.", choices=MODEL_SOURCES,
+    )
+    # The file choices list ComfyUI's model folders (filled in by the node); the default is preselected
+    # when present: the file names of ComfyUI's repackaged Qwen-Image.
+    transformer: str = _f(
+        "qwen_image_fp8_e4m3fn.safetensors", "Qwen-Image transformer file from models/diffusion_models "
+        "(qwen_image_fp8_e4m3fn or qwen_image_bf16; Qwen-Image-2512's qwen_image_2512_fp8_e4m3fn too).",
+        file_list="diffusion_models", extra_choices=(NOT_USED,),
+    )
+    text_encoder: str = _f(
+        "qwen_2.5_vl_7b_fp8_scaled.safetensors", "Qwen2.5-VL 7B text encoder from models/text_encoders "
+        "(qwen_2.5_vl_7b_fp8_scaled or qwen_2.5_vl_7b).", file_list="text_encoders", extra_choices=(NOT_USED,),
+    )
+    vae: str = _f("qwen_image_vae.safetensors", "Qwen-Image VAE from models/vae (qwen_image_vae).", file_list="vae",
+              extra_choices=(NOT_USED,))
+    diffusers_folder: str = _f(
+        "", "Path of a diffusers Qwen-Image folder (with transformer/, vae/, text_encoder/, tokenizer/). Used when "
+        "source is 'diffusers folder'.",
+    )
+    storage: str = _f(
+        "float8", "How the transformer's block weights are stored: float8 (half of bf16's memory), float8_scaled "
+        "(a scale per row: more accurate), or bfloat16/float32.", choices=STORAGE_MODES,
+    )
+    compute_dtype: str = _f(
+        "auto", "Precision of the computation: auto is bfloat16 on a GPU, float32 on a CPU.", choices=COMPUTE_DTYPES,
+    )
+    text_encoder_fp8: str = _f(
+        "auto", "An fp8-scaled text encoder: dequantize to the compute dtype while loading (faster caching), or keep "
+        "its float8 weights (half the memory while caching). auto: keep them only when the dequantized encoder would "
+        "not fit the GPU's free memory (the memory plan's caching phase).", choices=TEXT_ENCODER_FP8_MODES,
+    )
+
+
+@dataclass
+class CacheConfig:
+    """The latent / prompt cache (the Cache node)."""
+
+    preview_prompts: str = _f(
+        "", "One prompt per line for the Preview node. They are encoded now, because the text encoder is freed "
+        "after caching.", multiline=True,
+    )
+    negative_prompt: str = _f("", "Negative prompt for previews (CFG).")
+    preservation_trigger: str = _f(
+        "", "Differential output preservation: the trigger word(s) in your captions, e.g. 'sks person'. Each caption "
+        "that contains it is also encoded with it replaced by preservation_class, so training can keep the base "
+        "model's picture of the class (preservation_weight on Init Trainer). Empty: off.",
+    )
+    preservation_class: str = _f(
+        "", "The class word the trigger stands for, e.g. 'person' for 'sks person': what the base model should keep "
+        "drawing as it did. Needed when preservation_trigger is set.",
+    )
+    caching_batch_size: int = _f(4, "Images or prompts per progress update. Each is encoded alone, so a cached "
+                                    "entry never depends on which others were encoded with it.", min=1, max=64)
+    cache_folder: str = _f(
+        "", "Folder inside ComfyUI's output folder for the cache. Empty: qwen_lora_training/cache. Entries are "
+        "keyed by content, so one folder serves many datasets and models.",
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()  # settings are checked once, where they are made
+
+    def validate(self) -> None:
+        trigger, word = self.preservation_trigger.strip(), self.preservation_class.strip()
+        if trigger and not word:
+            raise UserInputError(
+                f"preservation_trigger={self.preservation_trigger!r} is set but preservation_class is empty: name the "
+                "class the trigger stands for (e.g. 'person' for 'sks person'), or clear the trigger.")
+        if word and not trigger:
+            raise UserInputError(
+                f"preservation_class={self.preservation_class!r} is set but preservation_trigger is empty: give the "
+                "trigger word(s) your captions use (e.g. 'sks person'), or clear the class.")
+        if trigger and trigger == word:
+            raise UserInputError(
+                f"preservation_trigger and preservation_class are both {trigger!r}: the class caption would be the "
+                "caption itself. Use the class word the trigger stands for (e.g. 'sks person' -> 'person').")
+
+
+@dataclass
+class TrainStepsConfig:
+    """One Train Steps execution."""
+
+    steps: int = _f(100, "How many optimizer steps this execution trains.", min=1, max=1_000_000)
+    preview_every: int = _f(
+        0, "Every N steps, sample the Cache node's first preview prompt (seed 0, CFG 4: the Preview node's defaults) "
+        "and show it on this node beside the loss plot while it trains; kept for Compare Steps. 0 = off.",
+        min=0, max=1_000_000,
+    )
+    preview_size: int = _f(512, "Width and height of those previews (smaller is faster).", min=64, max=2048, step=32)
+    preview_sampling_steps: int = _f(20, "Sampling steps of those previews (fewer is faster).", min=1, max=200)
+    snapshot_every: int = _f(
+        0, "Every N steps, also save the LoRA into the loras folder as {run_name}_{step} (ComfyUI layout, bfloat16), "
+        "so ComfyUI's own LoRA loaders can try it. 0 = off.", min=0, max=1_000_000,
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()  # settings are checked once, where they are made
+
+    def validate(self) -> None:
+        _check_range(self, "steps", "preview_every", "preview_size", "preview_sampling_steps", "snapshot_every")
+
+
+@dataclass
+class PreviewConfig:
+    """A preview image sampled with the live adapter (the Preview node)."""
+
+    prompt: str = _f("", "A preview prompt cached by the Cache node; empty: the first one.", multiline=True)
+    width: int = _f(1024, "Image width.", min=64, max=4096, step=32)
+    height: int = _f(1024, "Image height.", min=64, max=4096, step=32)
+    steps: int = _f(20, "Sampling steps.", min=1, max=200)
+    cfg: float = _f(4.0, "True CFG scale against the cached negative prompt (1 = off).", min=1.0, max=20.0, step=0.1)
+    preview_seed: int = _f(0, "Noise seed of the preview; keep it fixed to compare steps.", min=0, max=2**31 - 1)
+    weights: str = _f("raw", "Sample the LoRA's weights as trained (raw), or their EMA (the Optimizer node's ema).",
+                      choices=("raw", "ema"))
+
+
+@dataclass
+class CompareStepsConfig:
+    """The grid of live previews by step (the Compare Steps node)."""
+
+    columns: int = _f(0, "Tiles per row; 0 = about square.", min=0, max=64)
+    tile_size: int = _f(256, "Longest side of each tile in pixels.", min=64, max=512, step=32)
+
+
+@dataclass
+class LossPlotConfig:
+    width: int = _f(768, "Plot width in pixels.", min=256, max=4096)
+    height: int = _f(384, "Plot height in pixels.", min=128, max=4096)
+
+
+@dataclass
+class SaveConfig:
+    """Writing the LoRA file (the Save node)."""
+
+    filename: str = _f(
+        "{run_name}_{step}", "File name inside the loras folder; {run_name} and {step} are filled in (the only "
+        "placeholders; {{ and }} for literal braces). Subfolders allowed ('/' or '\\').",
+    )
+    dtype: str = _f("bfloat16", "Precision of the saved weights.", choices=SAVE_DTYPES)
+    layout: str = _f(
+        "comfyui", "Key layout: comfyui (diffusion_model.* + alpha; ComfyUI and diffusers load it), kohya "
+        "(lora_unet_*; kohya/musubi tools), diffusers (transformer.*, alpha folded in).", choices=LORA_LAYOUTS,
+    )
+
+
+@dataclass
+class PlanConfig:
+    """Settings only the memory planner takes (`python -m trainer_core plan`); the rest of a planned run comes
+    from the LoRA, optimizer and train configs."""
+
+    width: int = _f(1024, "Image width in pixels (a bucket side: multiple of 32).", min=32, max=8192, step=32)
+    height: int = _f(1024, "Image height in pixels (a bucket side: multiple of 32).", min=32, max=8192, step=32)
+    storage: str = _f(
+        "float8", "How the transformer's block weights are stored during training (as the Load node's storage; "
+        "the planner covers the float8 and bfloat16 modes).", choices=PLAN_STORAGE_MODES,
+    )
+    budget_gb: float = _f(
+        24.0, "GPU memory budget in GiB: the planner picks the fewest swapped blocks that fit it.",
+        min=1.0, max=4096.0, step=0.5,
+    )
+    text_tokens: int = _f(256, "Prompt tokens per sample (the longest caption in a batch).", min=0, max=1024)
+    dataset_images: int = _f(0, "Dataset images whose cached latents and prompts stay in host RAM.",
+                             min=0, max=10_000_000)
+    text_encoder_storage: str = _f(
+        "auto", "How the text encoder sits in memory while caching (float8: the Load node's text_encoder_fp8 = "
+        "keep, with the fp8_scaled file); auto: bfloat16 when it fits the GPU budget, else float8.",
+        choices=("auto", "bfloat16", "float8"),
+    )
+    ram_gb: float = _f(
+        0.0, "Host RAM of the training machine in GiB: every phase (loading, caching, training, previews, saving) "
+        "is checked against it, less 4 GiB for the system. 0: not checked.", min=0.0, max=65536.0, step=0.5,
+    )
+    preview_size: int = _f(
+        1024, "Width and height of the previews to plan for (the Preview node's size).", min=64, max=4096, step=32,
+    )
+
+
+@dataclass
+class HeadlessConfig:
+    """Settings only `python -m trainer_core train` takes: in the canvas, queueing, the Save node and ComfyUI's
+    folders do these jobs. Relative paths are relative to the folder of the run file."""
+
+    steps: int = _f(
+        1000, "Total optimizer steps of the run: training stops there, and running the same command again "
+        "resumes up to it. 0 = no step limit (epochs decides).", min=0, max=100_000_000,
+    )
+    epochs: int = _f(
+        0, "Stop after this many passes over the dataset (every image times its repeats). 0 = no epoch limit "
+        "(steps decides); with both, whichever comes first.", min=0, max=1_000_000,
+    )
+    output_folder: str = _f(
+        "output", "Folder of the run's files: <folder>/<run_name>/ holds its checkpoints, LoRA files, previews and "
+        "loss plot, <folder>/cache the latent and prompt cache (shared by runs).",
+    )
+    snapshot_every_epochs: int = _f(
+        0, "Also save the LoRA after every N epochs (0 = off), as snapshot_every does for steps.", min=0,
+        max=1_000_000,
+    )
+    tokenizer: str = _f(
+        "", "Qwen2.5 tokenizer folder for model files. Empty: a tokenizer/ folder beside the text encoder file (or "
+        "its folder), as export-tiny writes.",
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()  # settings are checked once, where they are made
+
+    def validate(self) -> None:
+        _check_range(self, "steps", "epochs", "snapshot_every_epochs")
+        if not self.steps and not self.epochs:
+            raise UserInputError("[train] steps and epochs are both 0: set how long to train (steps = 1000, say).")
