@@ -33,8 +33,9 @@ def text_key(prompt: str, text_fingerprint: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
-class _PromptsOnly(CacheConditioning):
-    """Text-to-image caching: each prompt encoded alone, whatever sample it belongs to; no condition latents."""
+class PromptsOnly(CacheConditioning):
+    """Text-to-image caching: each prompt encoded alone, whatever sample it belongs to; no condition latents.
+    A text-to-image family with another encoder (Qwen-Image 2.1) changes `text_key` and `encode_one`."""
 
     def __init__(self, components):
         self.components = components
@@ -43,12 +44,15 @@ class _PromptsOnly(CacheConditioning):
     def text_key(self, prompt: str, sample) -> str:
         return text_key(prompt, self.text_fingerprint)
 
-    def encode_prompts(self, jobs, write) -> None:
+    def encode_one(self, prompt: str):
+        """The prompt's embedding (L, D)."""
         from ..models.text import encode_prompts
 
+        return encode_prompts(self.components.text_encoder, self.components.tokenizer, [prompt])[0]
+
+    def encode_prompts(self, jobs, write) -> None:
         for key, (prompt, _sample) in jobs.items():
-            embedding = encode_prompts(self.components.text_encoder, self.components.tokenizer, [prompt])[0]  # (L, D)
-            write({"embedding": embedding}, "text", key, f"prompt {prompt[:40]!r}")
+            write({"embedding": self.encode_one(prompt)}, "text", key, f"prompt {prompt[:40]!r}")
 
 
 def make_demo_dataset(folder: str | Path, size: int = 64) -> Path:
@@ -94,7 +98,7 @@ class QwenImage(ModelFamily):
 
     def cache_conditioning(self, components, samples, settings) -> CacheConditioning:
         self.check_samples(samples)
-        return _PromptsOnly(components)
+        return PromptsOnly(components)
 
     def preview_inputs(self, components, dataset, prompts, condition_images):
         from .sampling import prompt_embedding

@@ -17,6 +17,7 @@ import hashlib
 
 from ...core.errors import UserInputError
 from ..base import CacheConditioning, DemoSpec, ModelFamily
+from ..qwen_image import PromptsOnly
 
 NAME = "qwen-image-2.1"
 
@@ -29,22 +30,16 @@ def text_key(prompt: str, text_fingerprint: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
-class _Prompts(CacheConditioning):
+class _Prompts(PromptsOnly):
     """Text-to-image caching: each prompt encoded alone by the pipeline's method; no condition latents."""
-
-    def __init__(self, components):
-        self.components = components
-        self.text_fingerprint = components.fingerprint("text_encoder")
 
     def text_key(self, prompt: str, sample) -> str:
         return text_key(prompt, self.text_fingerprint)
 
-    def encode_prompts(self, jobs, write) -> None:
+    def encode_one(self, prompt: str):
         from .text import encode_prompt
 
-        for key, (prompt, _sample) in jobs.items():
-            embedding = encode_prompt(self.components.text_encoder, self.components.tokenizer, prompt)  # (L, D)
-            write({"embedding": embedding}, "text", key, f"prompt {prompt[:40]!r}")
+        return encode_prompt(self.components.text_encoder, self.components.tokenizer, prompt)  # (L, D)
 
 
 class QwenImage21(ModelFamily):
