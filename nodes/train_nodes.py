@@ -149,6 +149,8 @@ class QwenLoRATrain:
         trainer.require_live()
         trainer.preview_every = cfg.preview_every  # Compare Steps says when its first preview comes
         extras = step_extras(trainer, cfg)
+        with engine_mode():
+            extras.untrained_preview(trainer)  # Compare Steps' first tile: the model before the LoRA trained
         progress = host.Progress(steps)
         first = trainer.step
         plot_every = max(1, steps // 20)

@@ -36,44 +36,47 @@ def test_previews_arrive_while_train_steps_runs_and_the_report_has_their_seconds
     trainer, report = outputs["7"][0], outputs["7"][2]
     assert trainer.step == 5
 
-    # The engine sampled at steps 2 and 4 (every 2 steps of the run), and kept small copies.
-    assert [p.step for p in trainer.step_previews] == [2, 4]
+    # The engine sampled the untrained model first (step 0: what the LoRA changes shows against it), then at
+    # steps 2 and 4 (every 2 steps of the run), and kept small copies.
+    assert [p.step for p in trainer.step_previews] == [0, 2, 4]
     assert all(p.image.size == (64, 64) for p in trainer.step_previews)
     # The report names them with the seconds each cost (values vary; their presence does not).
     lines = report.splitlines()
     assert lines[1].startswith("previews at steps 2, 4: ") and " s each (" in lines[1], report
 
     # What the node showed through ComfyUI's progress preview: Train Steps' bar (total 5) updated after each
-    # step with an image; from step 2 on the image is the newest preview beside the loss plot.
+    # step with an image: the newest preview (from step 1 on the untrained one) beside the loss plot.
     frames = [(value, image) for value, total, (kind, image, max_size) in state["previews"] if total == 5]
     assert [value for value, _ in frames] == [1, 2, 3, 4, 5]
-    plot_only = train_nodes.LIVE_PLOT_WIDTH
     composite = 64 + 8 + train_nodes.LIVE_PLOT_WIDTH
-    assert [image.width for _, image in frames] == [plot_only, composite, composite, composite, composite]
+    assert [image.width for _, image in frames] == [composite] * 5
     # Shown at its own size: ComfyUI scales a preview to fit max_size, up as well as down.
     assert all(max_size == max(image.size) for _, _, (_, image, max_size) in state["previews"])
 
     def left_tile(image):
         return np.asarray(image.crop((0, 0, 64, 64)).convert("RGB"))
 
-    shown = [left_tile(image) for value, image in frames if value in (2, 4)]
+    shown = [left_tile(image) for value, image in frames if value in (1, 2, 4)]
     for tile, kept in zip(shown, trainer.step_previews):
         assert np.array_equal(tile, np.asarray(kept.image.convert("RGB")))
     # Frames between samples keep showing the newest one (step 3 shows step 2's).
-    assert np.array_equal(left_tile(frames[2][1]), shown[0])
-    # Compare Steps: one tile per preview (64 px, 2 columns), each labelled under it.
+    assert np.array_equal(left_tile(frames[2][1]), shown[1])
+    # Compare Steps: one tile per preview (64 px, 2 columns: 3 tiles about square), each labelled under it.
     grid = outputs["16"][0]
-    assert grid.shape == (1, 64 + 20, 2 * 64, 3)
+    assert grid.shape == (1, 2 * (64 + 20), 2 * 64, 3)
     pixels = (grid[0].numpy() * 255).astype(np.uint8)
-    for column in range(2):
-        tile = pixels[:64, column * 64:(column + 1) * 64]
-        assert np.array_equal(tile, np.asarray(trainer.step_previews[column].image.convert("RGB")))
-        label = pixels[64:, column * 64:(column + 1) * 64]
+    for i in range(3):
+        row, column = divmod(i, 2)
+        y = row * (64 + 20)
+        tile = pixels[y:y + 64, column * 64:(column + 1) * 64]
+        assert np.array_equal(tile, np.asarray(trainer.step_previews[i].image.convert("RGB")))
+        label = pixels[y + 64:y + 84, column * 64:(column + 1) * 64]
         assert (label < 128).any(), "no step label under the tile"
 
-    # A second queue (steps 6-10) continues: the grid holds every preview of the run, 5 tiles in 3 columns.
+    # A second queue (steps 6-10) continues, with no second untrained preview: the grid holds every preview of
+    # the run, 6 tiles in 3 columns.
     outputs = runner.run(prompt)
-    assert [p.step for p in outputs["7"][0].step_previews] == [2, 4, 6, 8, 10]
+    assert [p.step for p in outputs["7"][0].step_previews] == [0, 2, 4, 6, 8, 10]
     assert outputs["16"][0].shape == (1, 2 * (64 + 20), 3 * 64, 3)
 
 

@@ -107,6 +107,14 @@ class StepExtras:
             work.append(Every(self.snapshot_every, self._snapshot, "snapshot", extra=True))
         return work
 
+    def untrained_preview(self, trainer: "Trainer") -> None:
+        """At step 0, with previews on: the untrained model's preview (kept as step 0 in `step_previews`), so the
+        previews that follow show what the LoRA changed against what the model drew without it (a headless run
+        does the same; ai-toolkit also samples before its first step)."""
+        if (self.preview_every and self.preview is not None and trainer.step == 0
+                and not any(p.step == 0 for p in trainer.step_previews)):
+            trainer.preview_step(self.preview, progress=self.on_sampling_step)
+
     def _preview(self, trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
         step.preview = trainer.preview_step(self.preview, progress=self.on_sampling_step)
         report.previews.append((trainer.step, step.preview.seconds))
