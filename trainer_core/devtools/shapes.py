@@ -6,7 +6,8 @@ places, on a white or black background. Its caption names all four, e.g.
 "a red circle at the top left on a white background".
 
 `measure` reads a picture back without any learned part, from plain shape statistics of the foreground
-(the pixels far from the background colour):
+(the largest 8-connected blob of pixels far from the background colour: specks a sampler leaves elsewhere
+would otherwise read as a star's spikes):
 - solidity = foreground area / area of its convex hull: ~1 for the convex shapes, ~0.56 for a five-point
   star (inner radius 0.45 of the outer one), so a star is told apart from every trained shape;
 - extent = foreground area / bounding box area: square 1, circle pi/4 = 0.79, triangle 0.5;
@@ -160,11 +161,38 @@ def _area(polygon: list[tuple[float, float]]) -> float:
     return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
 
 
+def _largest_blob(mask: np.ndarray) -> np.ndarray:
+    """The largest 8-connected component of a boolean (H, W) mask (flood fill; a 64x64 picture is small)."""
+    seen = np.zeros_like(mask)
+    best: list[tuple[int, int]] = []
+    height, width = mask.shape
+    for y0, x0 in zip(*np.nonzero(mask)):
+        if seen[y0, x0]:
+            continue
+        seen[y0, x0] = True
+        stack, blob = [(y0, x0)], []
+        while stack:
+            y, x = stack.pop()
+            blob.append((y, x))
+            for ny in (y - 1, y, y + 1):
+                for nx in (x - 1, x, x + 1):
+                    if 0 <= ny < height and 0 <= nx < width and mask[ny, nx] and not seen[ny, nx]:
+                        seen[ny, nx] = True
+                        stack.append((ny, nx))
+        if len(blob) > len(best):
+            best = blob
+    out = np.zeros_like(mask)
+    if best:
+        ys, xs = zip(*best)
+        out[list(ys), list(xs)] = True
+    return out
+
+
 def measure(image: Image.Image, background: str) -> Measured:
     """What `image` shows on the named `background` (see the module docstring)."""
     rgb = np.asarray(image.convert("RGB").resize((SIZE, SIZE), Image.Resampling.BOX), dtype=np.float32)  # (H, W, 3)
     distance = np.linalg.norm(rgb - np.array(BACKGROUNDS[background], dtype=np.float32), axis=2)  # (H, W)
-    mask = distance > 100.0  # every palette colour is > 180 away from both backgrounds
+    mask = _largest_blob(distance > 100.0)  # every palette colour is > 180 away from both backgrounds
     area = int(mask.sum())
     if area < 12:
         return Measured(None, None, None, 0.0, 0.0)

@@ -4,9 +4,10 @@ Unlike the tiny random model (tiny.py), it draws what its prompt names: a circle
 five colours (trainer_core/shapes.py), at one of five places, on a white or black background, at 64x64 px.
 It has never seen a star, which is what the demo LoRA teaches it.
 
-- transformer: `QwenImageTransformer2DModel`, 4 blocks, 2 heads x 32 (inner width 64), RoPE axes (8, 12, 12);
-- VAE: `AutoencoderKLQwenImage`, base_dim 8, 4 latent channels, 4x downscale: a 64x64 picture is a
-  (4, 16, 16) latent, 8 x 8 = 64 transformer tokens;
+- transformer: `QwenImageTransformer2DModel`, 4 blocks, 4 heads x 32 (inner width 128; at 64 it drew blobs of
+  the right colour and place, rarely the right shape), RoPE axes (8, 12, 12);
+- VAE: `AutoencoderKLQwenImage`, base_dim 16, 16 latent channels (Qwen-Image's own count, so ComfyUI's latent
+  format for Qwen-Image fits it), 4x downscale: a 64x64 picture is a (16, 16, 16) latent, 8 x 8 = 64 tokens;
 - text encoder and tokenizer: the tiny random Qwen2.5-VL of tiny.py (hidden size 16), frozen: the transformer
   learned to read its features.
 
@@ -27,19 +28,20 @@ import torch
 
 from .components import QwenImageComponents
 from .qwen_arch import PATCH_SIZE
-from .tiny import TINY_LATENT_CHANNELS, build_tiny_text_encoder
+from .tiny import build_tiny_text_encoder
 
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "pretrained" / "qwen_image_shapes"
 TEXT_ENCODER_SEED = 2  # the tiny random encoder's seed (frozen; the transformer was trained on its features)
 NAME = "qwen-image-shapes"
+LATENT_CHANNELS = 16  # Qwen-Image's own (ComfyUI's latent format for Qwen-Image has 16 channels)
 
 SHAPES_TRANSFORMER = dict(
-    patch_size=PATCH_SIZE, in_channels=PATCH_SIZE**2 * TINY_LATENT_CHANNELS, out_channels=TINY_LATENT_CHANNELS,
-    num_layers=4, attention_head_dim=32, num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(8, 12, 12),
+    patch_size=PATCH_SIZE, in_channels=PATCH_SIZE**2 * LATENT_CHANNELS, out_channels=LATENT_CHANNELS,
+    num_layers=4, attention_head_dim=32, num_attention_heads=4, joint_attention_dim=16, axes_dims_rope=(8, 12, 12),
 )
 # latents_mean / latents_std are measured by the training script over its pictures and written into the file's
 # config: the transformer then sees latents of about unit variance per channel, as the real model does.
-SHAPES_VAE = dict(base_dim=8, z_dim=TINY_LATENT_CHANNELS, dim_mult=[1, 2, 4], num_res_blocks=1,
+SHAPES_VAE = dict(base_dim=16, z_dim=LATENT_CHANNELS, dim_mult=[1, 2, 4], num_res_blocks=1,
                   temperal_downsample=[False, True])
 
 
@@ -85,7 +87,7 @@ def build_untrained(seed: int):
         torch.manual_seed(seed)
         transformer = QwenImageTransformer2DModel(**SHAPES_TRANSFORMER)
         torch.manual_seed(seed + 1)
-        vae = AutoencoderKLQwenImage(**SHAPES_VAE, latents_mean=[0.0] * TINY_LATENT_CHANNELS,
-                                     latents_std=[1.0] * TINY_LATENT_CHANNELS)
+        vae = AutoencoderKLQwenImage(**SHAPES_VAE, latents_mean=[0.0] * LATENT_CHANNELS,
+                                     latents_std=[1.0] * LATENT_CHANNELS)
     text_encoder, tokenizer = build_tiny_text_encoder(TEXT_ENCODER_SEED, torch.float32)
     return transformer, vae, text_encoder, tokenizer
