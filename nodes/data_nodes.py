@@ -14,10 +14,11 @@ from . import host
 from .common import CACHED, CATEGORY, DATASET, MODELS, engine_mode
 from .widgets import widgets
 
-# The folder value that names the 8-image example shipped with the pack (the tiny first-run workflow's):
-# a path relative to the pack would depend on where ComfyUI was started and on the pack's folder name.
-EXAMPLE_DATASET = "(example: coloured shapes)"
-EXAMPLE_FOLDER = Path(__file__).resolve().parents[1] / "example_dataset" / "coloured_shapes"
+# Folder values that name the examples shipped with the pack: a path relative to the pack would depend on where
+# ComfyUI was started and on the pack's folder name. The stars are the first-run workflow's: 8 pictures of a shape
+# the shipped shapes model never saw (trainer_core/devtools/shapes.py writes them).
+EXAMPLES = Path(__file__).resolve().parents[1] / "example_dataset"
+EXAMPLE_DATASETS = {"(example: stars)": EXAMPLES / "stars", "(example: coloured shapes)": EXAMPLES / "coloured_shapes"}
 
 
 class QwenLoRADataset:
@@ -68,8 +69,8 @@ def dataset_folder(folder: str, input_folder: str = CUSTOM_FOLDER) -> str:
     if input_folder != CUSTOM_FOLDER:
         return str(base / input_folder)
     text = folder.strip()
-    if text == EXAMPLE_DATASET:
-        return str(EXAMPLE_FOLDER)
+    if text in EXAMPLE_DATASETS:
+        return str(EXAMPLE_DATASETS[text])
     if not text:
         raise UserInputError(
             f"no dataset folder chosen: pick a subfolder of ComfyUI's input folder {base} in input_folder, or type "

@@ -11,7 +11,10 @@ COMPUTE_DTYPES = ("auto", "bfloat16", "float32")
 # A model file choice for workflows that load no files (the tiny model, a diffusers folder): always listed,
 # so such a workflow validates in a ComfyUI without the Qwen-Image files.
 NOT_USED = "(not used)"
-MODEL_SOURCES = ("ComfyUI model files", "diffusers folder", "tiny test model (random weights)")
+# The last is the small pretrained model that ships with the pack (models/pretrained.py): it draws coloured shapes,
+# so a first run shows what a LoRA taught it. Appended: a saved workflow stores the chosen name, not its position.
+MODEL_SOURCES = ("ComfyUI model files", "diffusers folder", "tiny test model (random weights)",
+                 "shapes model (small, pretrained, ships with the pack)")
 NO_LORA = "(none: start from zero)"  # the continue_from_lora choice that starts a new adapter
 CUSTOM_FOLDER = "(custom path)"  # the dataset input_folder choice that uses the typed folder path
 # The memory planner models these block storages (float32 blocks are a CPU/test mode it does not cover).

@@ -38,8 +38,9 @@ class LoadConfig:
     """How the Qwen-Image parts are loaded (the Load node)."""
 
     source: str = _f(
-        MODEL_SOURCES[0], "Where the model comes from: the three files below, a diffusers-format folder, or the tiny "
-        "random model used for tests.", choices=MODEL_SOURCES,
+        MODEL_SOURCES[0], "Where the model comes from: the three files below, a diffusers-format folder, the tiny "
+        "random model used for tests, or the small pretrained shapes model (draws coloured shapes: the first-run "
+        "workflow's).", choices=MODEL_SOURCES,
     )
     # The file choices list ComfyUI's model folders (filled in by the node); the default is preselected
     # when present: the file names of ComfyUI's repackaged Qwen-Image.

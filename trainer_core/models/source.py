@@ -1,6 +1,7 @@
-"""The Qwen-Image a run trains, from any of the Load settings' sources: model files, a diffusers folder, or the
-tiny test model. The Load node and the command line's `train` both load through `load_model_set`; each only
-finds the paths its own way (ComfyUI's model folders, or a run file)."""
+"""The Qwen-Image a run trains, from any of the Load settings' sources: model files, a diffusers folder, the
+tiny test model or the small pretrained shapes model. The Load node and the command line's `train` both load through `load_model_set`; each only
+finds the paths its own way (ComfyUI's model folders, or a run file). The small pretrained shapes model ships in the
+repository (models/pretrained.py) and loads through the loader of ComfyUI's own files."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ..core.config import MODEL_SOURCES
 from ..core.errors import UserInputError
 from .components import QwenImageComponents
 
-FILES, DIFFUSERS, TINY = MODEL_SOURCES
+FILES, DIFFUSERS, TINY, SHAPES = MODEL_SOURCES
 
 
 def resolve_compute_dtype(choice: str, device: torch.device) -> torch.dtype:
@@ -33,6 +34,10 @@ def load_model_set(source: str, device: torch.device, storage: str = "float8", c
     dtype = resolve_compute_dtype(compute_dtype, device)
     if source == TINY:
         return build_tiny_components(seed=0, storage=storage, compute_dtype=dtype, device=device)
+    if source == SHAPES:
+        from .pretrained import load_shapes_model
+
+        return load_shapes_model(storage=storage, compute_dtype=dtype, device=device)
     if source == DIFFUSERS:
         if not diffusers_folder or not str(diffusers_folder).strip():
             raise UserInputError("diffusers_folder is empty: enter the path of a diffusers Qwen-Image folder.")

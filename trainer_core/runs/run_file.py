@@ -53,7 +53,7 @@ from ..core.errors import UserInputError
 
 _FIELD_DEFAULT = object()  # Key.shown when the template shows the field's own default
 # [model] source: the Load node's choices, or a short name for each.
-SOURCE_NAMES = dict(zip(("files", "diffusers", "tiny"), MODEL_SOURCES))
+SOURCE_NAMES = dict(zip(("files", "diffusers", "tiny", "shapes"), MODEL_SOURCES))
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Key:
 
 TABLES = {
     "model": "Where Qwen-Image comes from: three model files (transformer, text_encoder, vae: ComfyUI's "
-             "files, or those `export-tiny` writes), a diffusers folder, or the built-in tiny test model.",
+             "files, or those `export-tiny` writes), a diffusers folder, the built-in tiny test model, or the small pretrained shapes model.",
     "dataset": "One [[dataset]] table per image folder (images with same-name .txt captions), each with its own "
                "resolution, buckets and repeats. The same folder twice at two resolutions trains both sizes.",
     "cache": "Latents and prompt embeddings are encoded once into a cache keyed by content.",
@@ -96,8 +96,9 @@ TABLES = {
 _PATH = "Relative: to the run file's folder."
 KEYS = (
     Key("model", "source", LoadConfig, "source", shown="",
-        help="'files' (transformer, text_encoder and vae), 'diffusers' (diffusers_folder) or 'tiny' (the built-in "
-             "tiny test model, random weights); the Load node's names work too. Empty: from which of those keys "
+        help="'files' (transformer, text_encoder and vae), 'diffusers' (diffusers_folder) 'tiny' (the built-in "
+             "tiny test model, random weights) or 'shapes' (the small pretrained model that ships with the pack: it "
+             "draws coloured shapes); the Load node's names work too. Empty: from which of those keys "
              "are set."),
     Key("model", "transformer", LoadConfig, "transformer", shown="", path=True,
         help="Qwen-Image transformer file (qwen_image_fp8_e4m3fn or qwen_image_bf16, ComfyUI's; also Qwen-Image-2512's "
