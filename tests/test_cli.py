@@ -11,10 +11,10 @@ from safetensors.torch import load_file
 def test_demo_writes_lora_preview_and_loss_plot(tmp_path, capsys):
     from trainer_core.runs.cli import main
 
-    assert main(["demo", "--steps", "6", "--out", str(tmp_path / "out")]) == 0
+    assert main(["demo", "--model", "qwen-image", "--steps", "6", "--out", str(tmp_path / "out")]) == 0
     stdout = capsys.readouterr().out
     out = tmp_path / "out"
-    for name in ("demo_lora.safetensors", "preview.png", "loss.png"):
+    for name in ("demo_lora.safetensors", "preview_before.png", "preview.png", "loss.png"):
         assert str(out / name) in stdout
     assert len(load_file(str(out / "demo_lora.safetensors"))) == 3 * (2 * 14 - 4)
     assert Image.open(out / "preview.png").size == (256, 256)
@@ -43,7 +43,7 @@ def test_demo_trains_from_single_files(tiny_files, tmp_path, capsys):
     """`demo --transformer --text-encoder --vae` (the files `export-tiny` writes in ComfyUI's layouts)."""
     from trainer_core.runs.cli import main
 
-    code = main(["demo", "--steps", "1", "--out", str(tmp_path / "out"),
+    code = main(["demo", "--model", "qwen-image", "--steps", "1", "--out", str(tmp_path / "out"),
                  "--transformer", str(tiny_files["transformer_fp8_e4m3fn"]),
                  "--text-encoder", str(tiny_files["text_encoder_fp8_scaled"]), "--vae", str(tiny_files["vae"]),
                  "--text-encoder-fp8", "keep"])
@@ -86,7 +86,8 @@ BAD_INPUTS = [
     (["demo", "--steps", "0"], "argument --steps: 0 must be from 1"),
     (["demo", "--seed", "-1"], "argument --seed: -1 must be from 0"),
     (["demo", "--blocks-to-swap", "-7"], "argument --blocks-to-swap: -7 must be from -1"),
-    (["demo", "--blocks-to-swap", "5"], "--blocks-to-swap 5: the transformer has 2 blocks"),
+    (["demo", "--blocks-to-swap", "5"], "--blocks-to-swap 5: the transformer has 4 blocks"),  # the shapes model's
+    (["demo", "--model", "qwen-image", "--blocks-to-swap", "2"], "--blocks-to-swap 2: the transformer has 2 blocks"),
     (["demo", "--out", "FILE/sub"], "--out FILE/sub: cannot write there"),
     (["demo", "--transformer", "FILE/missing.safetensors"], "argument --transformer: 'FILE/missing.safetensors' is not "
                                                            "an existing file"),
@@ -146,6 +147,7 @@ def test_plan_accepts_auto_and_a_swap_count_with_a_budget(capsys):
 def test_demo_with_automatic_block_swapping(tmp_path, capsys):
     from trainer_core.runs.cli import main
 
-    assert main(["demo", "--steps", "1", "--blocks-to-swap", "auto", "--out", str(tmp_path / "out")]) == 0
+    assert main(["demo", "--model", "qwen-image", "--steps", "1", "--blocks-to-swap", "auto",
+                 "--out", str(tmp_path / "out")]) == 0
     assert "loss: first step" in capsys.readouterr().out
     assert (tmp_path / "out" / "demo_lora.safetensors").is_file()

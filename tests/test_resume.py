@@ -38,10 +38,10 @@ def test_resume_in_a_new_process_is_bit_exact(demo_folder, tmp_path):
 
     resume_worker.main(demo_folder, tmp_path / "split", 3, False, tmp_path / "first.safetensors")
     resume_worker.main(demo_folder, tmp_path / "whole", 7, False, tmp_path / "whole.safetensors")
-    assert main(["demo", "--steps", "3", "--out", str(tmp_path / "D")]) == 0
-    assert main(["demo", "--steps", "6", "--out", str(tmp_path / "E")]) == 0
+    assert main(["demo", "--model", "qwen-image", "--steps", "3", "--out", str(tmp_path / "D")]) == 0
+    assert main(["demo", "--model", "qwen-image", "--steps", "6", "--out", str(tmp_path / "E")]) == 0
     args = [demo_folder, tmp_path / "split", 7, "resume", tmp_path / "split.safetensors",
-            "--", "demo", "--steps", 6, "--out", tmp_path / "D", "--resume"]
+            "--", "demo", "--model", "qwen-image", "--steps", 6, "--out", tmp_path / "D", "--resume"]
     result = subprocess.run([sys.executable, str(WORKER), *map(str, args)], capture_output=True, text=True,
                             timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -33,10 +33,12 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-# The demo's models: text-to-image, a Qwen-Image-Edit variant (edit-auto: read from the files), 2.1 or Layered.
+# The demo's models: the shipped shapes model (the default: it learns a visible star), the tiny random text-to-image,
+# a Qwen-Image-Edit variant (edit-auto: read from the files), 2.1 or Layered.
+SHAPES_MODEL = "qwen-image-shapes"  # runs/demo.SHAPES_MODEL: the shipped small pretrained model
 LAYERED = "qwen-image-layered"  # trainer_core/families/qwen_image_layered/
 QWEN_IMAGE21 = "qwen-image-2.1"  # trainer_core/families/qwen_image21/
-DEMO_MODELS = ("qwen-image", "edit-2511", "edit-2509", "edit", QWEN_IMAGE21, LAYERED, "edit-auto")
+DEMO_MODELS = (SHAPES_MODEL, "qwen-image", "edit-2511", "edit-2509", "edit", QWEN_IMAGE21, LAYERED, "edit-auto")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -50,7 +52,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if any(files) and not all(files):
         raise UserInputError("demo from files needs all three of --transformer, --text-encoder and --vae.")
     check_writable_folder(args.out, "--out")
-    edit = args.model not in ("qwen-image", QWEN_IMAGE21, LAYERED)  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
+    edit = args.model not in (SHAPES_MODEL, "qwen-image", QWEN_IMAGE21, LAYERED)  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
     if any(files) and args.model == QWEN_IMAGE21:
         raise UserInputError("demo --model qwen-image-2.1 trains the built-in tiny 2.1; from files it is not offered "
                              "yet (its text encoder and VAE single-file layouts are not read here).")
@@ -67,6 +69,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"model: {components.name} from {', '.join(files)}")
     if components is not None:
         num_blocks = components.num_blocks
+    elif args.model == SHAPES_MODEL:
+        from ..models.pretrained import SHAPES_TRANSFORMER
+
+        num_blocks = SHAPES_TRANSFORMER["num_layers"]
     else:
         from ..models.tiny import TINY_TRANSFORMER
 
@@ -82,6 +88,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                       blocks_to_swap=args.blocks_to_swap, model=model)
     print(f"loss: first step {result.first_loss:.4f}, last step {result.last_loss:.4f} ({result.steps} steps)")
     print(f"lora:      {result.lora}")
+    if result.preview_before is not None:
+        print(f"before:    {result.preview_before}")
     print(f"preview:   {result.preview}")
     print(f"loss plot: {result.loss_plot}")
     return 0
@@ -258,12 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="python -m trainer_core", description="Qwen-Image LoRA trainer engine.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train a small LoRA on the built-in tiny model and a generated dataset")
+    demo = sub.add_parser("demo", help="train a small LoRA on a built-in model and dataset (default: teach the shipped "
+                          "shapes model stars)")
     demo.add_argument("--steps", **config_arg(
         TrainStepsConfig, "steps", default=200, help="total optimizer steps (with --resume: up to this many)"))
     demo.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
     demo.add_argument("--model", choices=DEMO_MODELS, default=DEMO_MODELS[0],
-                      help="qwen-image (text to image), an edit model: edit-2511, edit-2509, edit (trains on the "
+                      help="qwen-image-shapes (the small pretrained model that ships with the pack: the demo "
+                           "teaches it stars), qwen-image (the tiny random text-to-image model), an edit model: edit-2511, edit-2509, edit (trains on the "
                            "built-in edit dataset with control images; with files: the variant they must be, "
                            "edit-auto = read it from the transformer file); qwen-image-2.1 (the tiny 2.1, text to "
                            "image), or qwen-image-layered (a composite and its RGBA layers)")

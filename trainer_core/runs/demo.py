@@ -1,5 +1,9 @@
 """The standalone demo: a model family's built-in dataset and tiny model, a short training run.
 
+The shapes model (`demo --model qwen-image-shapes`, `make demo`'s): the small pretrained Qwen-Image that ships
+with the pack (models/pretrained.py) draws circles, squares and triangles; the demo teaches it stars, a shape it
+never saw, from 8 pictures, and writes the preview before training beside the one after, so the eye sees it learn.
+
 Text-to-image (`demo --model qwen-image`): a learnable pattern (one coloured shape per image, the caption
 names colour and shape), so the loss falls within a few hundred CPU steps. Edit (`demo --model edit-2511`,
 ...): the same shapes painted from grey control images. The data and names are the family's
@@ -19,6 +23,7 @@ from PIL import Image
 
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
 from ..core.files import remove_leftovers, write_bytes_atomic, write_error
+from ..families.base import DemoSpec
 from ..data.cache import build_cache
 from ..families import get_family
 from ..families.qwen_image import COLOURS, PREVIEW_PROMPT, SHAPES, make_demo_dataset  # noqa: F401 (the demo's data)
@@ -31,12 +36,30 @@ from .registry import open_run, release
 # same learning rates as `demo --steps 6`.
 SCHEDULE_STEPS = 200
 RUN_NAME = "demo"
+SHAPES_MODEL = "qwen-image-shapes"  # the shipped small pretrained model (models/pretrained.py)
+STAR_PROMPT = "a red star in the centre on a white background"  # the shapes demo's preview (shapes.STAR_SCENES[0])
+
+
+def _star_samples(folder: Path):
+    from ..core.config import DatasetConfig
+    from ..data.images import discover
+    from ..devtools.shapes import SIZE, write_star_dataset
+
+    folder = write_star_dataset(folder)
+    return discover(DatasetConfig(folder=str(folder), resolution=SIZE, min_bucket_side=32, max_bucket_side=128)), None
+
+
+def shapes_demo() -> DemoSpec:
+    """The shapes model's demo: 8 stars (devtools/shapes.STAR_SCENES), previewed with a red star's prompt."""
+    return DemoSpec(run_name=RUN_NAME, lora_name="demo_lora.safetensors", preview_prompt=STAR_PROMPT,
+                    plot_title="demo loss (teaching the shapes model stars)", make_dataset=_star_samples)
 
 
 @dataclass
 class DemoResult:
     lora: Path
     preview: Path
+    preview_before: Path | None  # the model before this run trained (None when it resumed a trained one)
     loss_plot: Path
     first_loss: float
     last_loss: float
@@ -47,17 +70,21 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = Fa
              components: QwenImageComponents | None = None, blocks_to_swap: int | str = 1,
              model: str = "qwen-image") -> DemoResult:
     """Train to `steps` total steps on the family's built-in dataset; with `resume`, continue from the
-    checkpoint in `out` first. `components` default to the tiny model of the family `model` (float8 blocks);
-    given, their own family decides. `blocks_to_swap` may be 'auto'. The run goes through the same recipe as
-    the nodes (`runs.open_run`) and is released at the end."""
+    checkpoint in `out` first. `components` default to the tiny model of the family `model` (float8 blocks), or
+    the shipped shapes model for SHAPES_MODEL; given, their own family decides. `blocks_to_swap` may be 'auto'.
+    The run goes through the same recipe as the nodes (`runs.open_run`) and is released at the end."""
+    if model == SHAPES_MODEL and components is None:
+        from ..models.pretrained import load_shapes_model
+
+        components = load_shapes_model(storage="float8", compute_dtype=torch.float32)
     family = components.family if components is not None else get_family(model)
-    spec = family.demo()
+    spec = shapes_demo() if model == SHAPES_MODEL else family.demo()
     out = Path(out)
     run_dir = out / "run"
     if not resume:
         checkpoint.clear(run_dir)
     # of a killed demo
-    remove_leftovers(out, names=rf"{re.escape(spec.lora_name)}|preview\.png|loss\.png|losses\.json")
+    remove_leftovers(out, names=rf"{re.escape(spec.lora_name)}|preview(_before)?\.png|loss\.png|losses\.json")
     try:
         samples, settings = spec.make_dataset(out / "dataset")
     except OSError as e:
@@ -80,22 +107,29 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = Fa
     if resume:
         log(f"resumed from step {trainer.step}" if run.action == "resumed" else f"no checkpoint in {run_dir}: starting at step 0")
     try:
+        before = None
+        if trainer.step == 0:
+            before = _write_preview(trainer, spec, seed, out / "preview_before.png")
         trainer.train(max(0, steps - trainer.step),
                       on_step=lambda r: log(f"step {r.step:4d}  loss {r.loss:.4f}  lr {r.lr:.2e}")
                       if r.step == 1 or r.step % 25 == 0 else None)
         lora = trainer.save_lora(out / spec.lora_name)
-        image = trainer.sample_preview(spec.preview_prompt, "", width=64, height=64, steps=20, cfg_scale=4.0, seed=seed)
-        # 4x, keeping the shape (Layered's preview is a sheet of the composite and its layers)
-        preview = _write_output(_png(image.resize((4 * image.width, 4 * image.height), Image.Resampling.NEAREST)),
-                                out / "preview.png", "preview image", trainer.step)
+        preview = _write_preview(trainer, spec, seed, out / "preview.png")
     finally:
         release(spec.run_name)  # the demo is a whole program: leave no live run behind
     plot = _write_output(_png(loss_plot(trainer.loss_history, title=spec.plot_title)), out / "loss.png", "loss plot",
                          trainer.step)
     _write_output(json.dumps(trainer.loss_history).encode(), out / "losses.json", "loss history", trainer.step)
     losses = [loss for _, loss in trainer.loss_history]
-    return DemoResult(lora=lora, preview=preview, loss_plot=plot, first_loss=losses[0] if losses else float("nan"),
+    return DemoResult(lora=lora, preview=preview, preview_before=before, loss_plot=plot, first_loss=losses[0] if losses else float("nan"),
                       last_loss=losses[-1] if losses else float("nan"), steps=trainer.step)
+
+
+def _write_preview(trainer, spec: DemoSpec, seed: int, path: Path) -> Path:
+    image = trainer.sample_preview(spec.preview_prompt, "", width=64, height=64, steps=20, cfg_scale=4.0, seed=seed)
+    # 4x, keeping the shape (Layered's preview is a sheet of the composite and its layers)
+    return _write_output(_png(image.resize((4 * image.width, 4 * image.height), Image.Resampling.NEAREST)), path,
+                         "preview image", trainer.step)
 
 
 def _png(image: Image.Image) -> bytes:
