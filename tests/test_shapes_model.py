@@ -66,7 +66,7 @@ def test_the_scripts_files_load_in_both_layouts(tmp_path):
     decoded picture. (A short run's files: the shipped ones are the same files of a longer run.)"""
     from trainer_core.models import load_diffusers_dir, save_diffusers_dir
     from trainer_core.models.latents import decode_latents
-    from trainer_core.models.pretrained import SHAPES_TRANSFORMER, load_shapes_model
+    from trainer_core.models.pretrained import LATENT_CHANNELS, SHAPES_TRANSFORMER, load_shapes_model
     from trainer_core.models.text import encode_prompts
 
     _short_run(tmp_path / "m")
@@ -79,8 +79,9 @@ def test_the_scripts_files_load_in_both_layouts(tmp_path):
     text = [encode_prompts(m.text_encoder, m.tokenizer, prompt)[0] for m in (files, folder)]  # (L, 16) each
     assert torch.equal(*text)
     gen = torch.Generator().manual_seed(0)
-    latents = torch.randn(1, 4, 16, 16, generator=gen)  # (B, C, h, w): a 64x64 picture
-    hidden = latents.view(1, 4, 8, 2, 8, 2).permute(0, 2, 4, 1, 3, 5).reshape(1, 64, 16)  # packed 2x2
+    c = LATENT_CHANNELS
+    latents = torch.randn(1, c, 16, 16, generator=gen)  # (B, C, h, w): a 64x64 picture
+    hidden = latents.view(1, c, 8, 2, 8, 2).permute(0, 2, 4, 1, 3, 5).reshape(1, 64, 4 * c)  # packed 2x2
     outs = [m.transformer(hidden_states=hidden, encoder_hidden_states=text[0][None], timestep=torch.tensor([0.5]),
                           img_shapes=[[(1, 8, 8)]], return_dict=False)[0] for m in (files, folder)]
     assert torch.equal(*outs)
@@ -106,3 +107,62 @@ def test_shipped_model_draws_what_its_prompts_name(shapes_pictures):
     right = [shapes.measure(shapes_pictures.picture(s.caption, 0), s.background) for s in scenes]
     hits = sum((m.shape, m.colour, m.place) == (s.shape, s.colour, s.place) for s, m in zip(scenes, right))
     assert hits >= 10, [(s.caption, m) for s, m in zip(scenes, right)]
+
+
+@needs_weights
+def test_the_default_demo_teaches_the_shipped_model_and_writes_it_before_and_after(tmp_path, capsys):
+    """`demo` (make demo's command) trains the shipped shapes model on the 8 star pictures and writes the preview
+    of the model before training beside the one after (2 of its 200 steps here; benchmarks/shape_concept.py
+    measures what 200 teach)."""
+    from PIL import Image
+    from safetensors.torch import load_file
+
+    from trainer_core.devtools.shapes import STAR_SCENES
+    from trainer_core.models.pretrained import SHAPES_TRANSFORMER
+    from trainer_core.runs.cli import main
+
+    out = tmp_path / "out"
+    assert main(["demo", "--steps", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "model: qwen-image-shapes (qwen-image)" in printed
+    for name in ("demo_lora.safetensors", "preview_before.png", "preview.png", "loss.png"):
+        assert str(out / name) in printed
+    assert Image.open(out / "preview_before.png").size == Image.open(out / "preview.png").size == (256, 256)
+    assert sorted(p.read_text().strip() for p in (out / "dataset").glob("*.txt")) == sorted(
+        s.caption for s in STAR_SCENES)
+    blocks = SHAPES_TRANSFORMER["num_layers"]
+    assert len(load_file(str(out / "demo_lora.safetensors"))) == 3 * (blocks * 14 - 4)  # as the tiny model's 2
+
+
+@needs_weights
+def test_the_shapes_run_file_trains_as_shipped(tmp_path, capsys):
+    """run_files/shapes_stars.toml (the README's first headless run) as shipped, 2 of its steps: the shapes model
+    and the example stars, previews of both its prompts at step 0 (the model before the LoRA) and the LoRA."""
+    from trainer_core.runs.cli import main
+
+    out = tmp_path / "out"
+    assert main(["train", "--config", str(REPO / "run_files" / "shapes_stars.toml"), "--output", str(out),
+                 "--steps", "2"]) == 0
+    run = out / "shapes_stars"
+    assert {"step_000000_0.png", "step_000000_1.png"} <= {p.name for p in (run / "previews").iterdir()}
+    assert (run / "shapes_stars_000002.safetensors").is_file()
+    assert "started run 'shapes_stars' at step 0" in capsys.readouterr().out
+
+
+def test_the_example_stars_are_the_demos_pictures(tmp_path):
+    """example_dataset/stars (the first-run workflow's dataset) holds what `shapes.write_star_dataset` draws: the
+    same pixels and captions, so the workflow and `make demo` teach the same thing."""
+    import numpy as np
+    from PIL import Image
+
+    from trainer_core.devtools.shapes import write_star_dataset
+
+    fresh = write_star_dataset(tmp_path / "stars")
+    shipped = REPO / "example_dataset" / "stars"
+    names = sorted(p.name for p in fresh.iterdir())
+    assert names == sorted(p.name for p in shipped.iterdir()) and len(names) == 16
+    for name in names:
+        if name.endswith(".png"):
+            assert np.array_equal(np.asarray(Image.open(fresh / name)), np.asarray(Image.open(shipped / name))), name
+        else:
+            assert (fresh / name).read_text() == (shipped / name).read_text(), name

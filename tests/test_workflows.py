@@ -240,7 +240,8 @@ def test_the_workflow_files_are_what_the_build_script_writes(pack):
 
 def test_the_tiny_workflow_validates_without_any_model_file(pack, tmp_path, monkeypatch):
     """The first-run workflow needs nothing downloaded: its values are valid in a ComfyUI whose model
-    folders are empty, and its dataset is the example shipped with the pack."""
+    folders are empty, its model is the shapes model in the pack's own pretrained/ folder, and its dataset is
+    the example shipped with the pack (the 8 stars that model never saw)."""
     monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path / "empty"))
     prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_first_run.api.json").read_text())
     defs = definitions(pack)
@@ -249,12 +250,13 @@ def test_the_tiny_workflow_validates_without_any_model_file(pack, tmp_path, monk
         for name, value in node["inputs"].items():
             if not isinstance(value, list):
                 check_value(f"node {node_id}.{name}", inputs[name], value)
-    assert prompt["1"]["inputs"]["source"] == "tiny test model (random weights)"
+    assert prompt["1"]["inputs"]["source"] == "shapes model (small, pretrained, ships with the pack)"
     from importlib import import_module
 
     data_nodes = import_module(f"{pack.__name__}.nodes.data_nodes")
     folder = data_nodes.dataset_folder(prompt["2"]["inputs"]["folder"])
-    assert len(list(__import__("pathlib").Path(folder).glob("*.png"))) == 8
+    stars = sorted(__import__("pathlib").Path(folder).glob("*.png"))
+    assert len(stars) == 8 and all("star" in p.name for p in stars)
 
 
 def test_no_folder_hides_the_workflows_from_comfyuis_template_browser():

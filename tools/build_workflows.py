@@ -5,7 +5,7 @@ every file against the node definitions, that no two nodes overlap and that each
 its nodes.
 
 Two workflows come from the same graph (NODES, LINKS): the real one (Qwen-Image files, settings a real
-run wants) and a tiny one (the built-in random tiny model and the example dataset shipped with the pack)
+run wants) and a first-run one (the small pretrained shapes model and the star pictures shipped with the pack)
 that trains and previews in about a minute on a CPU. Node sizes and positions are computed here, not
 stored: a node's size follows its sockets and widgets (see `node_size`), nodes are stacked in columns
 inside their stage's group, so a widget added to a node moves the nodes below it instead of hiding them.
@@ -101,18 +101,20 @@ MAIN_NOTE = """How to train a Qwen-Image LoRA
 4. Preview shows the LoRA as it is now; Save writes it to models/loras.
 No model files yet? Open the tiny example workflow: it runs on a CPU in about a minute."""
 
-TINY_NOTE = """First run: the built-in tiny model (random weights) and 8 example images.
-Queue it: 200 steps train in seconds on a CPU; the loss falls (about 1.4 to 0.3)
-and the preview changes. Queue again to continue. Nothing to download.
-It only shows the workflow working: a random model makes no real pictures.
+TINY_NOTE = """First run: the shapes model that ships with the pack, and 8 pictures of stars.
+The model (a small Qwen-Image, 64x64 px) draws circles, squares and triangles;
+it has never seen a star. Queue it: 200 steps train in about a minute on a CPU.
+Compare Steps shows the preview before training (step 0) beside the later ones:
+the red blob becomes a red star. Queue again to continue. Nothing to download.
 For a real LoRA open qwen_image_lora_training and point it at your files."""
 
 # The tiny workflow: the same graph with these values changed.
 TINY = {
-    1: {"source": "tiny test model (random weights)", "transformer": "(not used)", "text_encoder": "(not used)",
+    1: {"source": "shapes model (small, pretrained, ships with the pack)", "transformer": "(not used)", "text_encoder": "(not used)",
         "vae": "(not used)", "compute_dtype": "float32"},
-    2: {"folder": "(example: coloured shapes)", "resolution": 64, "min_bucket_side": 32, "max_bucket_side": 128},
-    3: {"preview_prompts": "a red circle on a white background", "cache_folder": "qwen_lora_training/tiny_cache"},
+    2: {"folder": "(example: stars)", "resolution": 64, "min_bucket_side": 32, "max_bucket_side": 128},
+    3: {"preview_prompts": "a red star in the centre on a white background",
+        "cache_folder": "qwen_lora_training/tiny_cache"},
     4: {"rank": 8, "alpha": 8.0, "targets": "all"},
     5: {"learning_rate": 2e-3, "warmup_steps": 5, "weight_decay": 0.0},
     6: {"run_name": "tiny_first_run", "micro_batch_size": 2, "gradient_checkpointing": False,
