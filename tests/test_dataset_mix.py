@@ -20,10 +20,10 @@ def reg_folder(demo_folder, tmp_path_factory):
     return folder
 
 
-def mixed_prompt(tmp_path, demo_folder, reg_folder, steps=2):
+def mixed_prompt(tmp_path, demo_folder, reg_folder, steps=2, from_files=False):
     """The example workflow with a second Dataset node (the regularisation set: weight 0.5, 2 repeats) and a Dataset
     Mix of both feeding the Cache node."""
-    prompt = tiny_prompt(tmp_path, demo_folder, steps=steps)
+    prompt = tiny_prompt(tmp_path, demo_folder, steps=steps, from_files=from_files)
     prompt["6"]["inputs"].update(micro_batch_size=2, blocks_to_swap=0)
     prompt["20"] = {"class_type": "QwenLoRADataset", "inputs": {
         **prompt["2"]["inputs"], "folder": str(reg_folder), "repeats": 2, "loss_weight": 0.5, "is_regularization": True}}
