@@ -102,3 +102,26 @@ def test_a_mix_of_edit_datasets_takes_one_control_size(pack, tmp_path):
     plain = pack.NODE_CLASS_MAPPINGS["QwenLoRADataset"]().discover(folder=str(tmp_path / "plain"), **settings)[0]
     with pytest.raises(errors.UserInputError, match="has no control images"):
         mixture.data_settings(family, mixture.mix([one, plain]))
+
+
+def test_a_new_loss_weight_in_the_mix_rebuilds_the_live_trainer_from_its_checkpoint(pack, tmp_path, demo_folder,
+                                                                                     reg_folder, monkeypatch):
+    """A queue after a dataset's loss_weight or is_regularization changed trains with the new ones: the live trainer
+    is not continued on the old cache's weights (its signature holds them), it is rebuilt and resumes at its step."""
+    monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
+    monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
+    runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
+    prompt = mixed_prompt(tmp_path, demo_folder, reg_folder, steps=1)
+    first = runner.run(prompt)["7"][0]
+    again = runner.run(prompt)["7"][0]
+    assert again is first and again.step == 2  # the same inputs continue the live trainer
+    for change in ({"loss_weight": 0.25}, {"is_regularization": False}):
+        prompt["20"]["inputs"].update(change)
+        outputs = runner.run(prompt)
+        trainer = outputs["7"][0]
+        assert trainer is not first and trainer.step == first.step + 1
+        assert "resumed run" in outputs["6"][1]
+        reg = [s for s in trainer.dataset.samples if s.dataset == reg_folder.name]
+        assert {(s.loss_weight, s.regularization) for s in reg} == {(0.25, change.get("is_regularization", True))}
+        first = trainer
+    first.close()
