@@ -109,6 +109,13 @@ def test_the_preservation_term_is_the_mse_of_adapter_on_and_off_built_from_the_p
         assert float(term) > 0
         # The step batches the class row with the training rows: equal up to the batch's rounding.
         assert float(total) == pytest.approx(float(flow_part + term), rel=1e-5)
+        # The memory plan counts those rows at the image sequence with the control tokens.
+        from trainer_core.families.qwen_image_edit.objective import planned_image_size
+        from trainer_core.planner.for_run import inputs_for_run
+
+        plan = inputs_for_run(trainer.components, cached, trainer.lora_cfg, trainer.optim_cfg, trainer.train_cfg)
+        assert (plan.batch, plan.preservation) == (4, True)
+        assert (plan.width, plan.height) == planned_image_size(cached)
     finally:
         trainer.close()
 
