@@ -1,7 +1,7 @@
 """ComfyUI nodes: thin wrappers that turn widget values into trainer_core calls."""
 
 from .config_nodes import QwenLoRAConfig, QwenLoRAOptimizer
-from .data_nodes import QwenLoRACache, QwenLoRADataset
+from .data_nodes import QwenLoRACache, QwenLoRADataset, QwenLoRADatasetMix
 from .edit_nodes import QwenLoRAEditDataset, QwenLoRAEditPreview, QwenLoRALoadEditModels
 from .layered_nodes import QwenLoRALayeredDataset
 from .model_nodes import QwenLoRALoadModels
@@ -11,6 +11,7 @@ from .train_nodes import QwenLoRAInitTrainer, QwenLoRARelease, QwenLoRATrain
 NODE_CLASS_MAPPINGS = {
     "QwenLoRALoadModels": QwenLoRALoadModels,
     "QwenLoRADataset": QwenLoRADataset,
+    "QwenLoRADatasetMix": QwenLoRADatasetMix,
     "QwenLoRACache": QwenLoRACache,
     "QwenLoRAConfig": QwenLoRAConfig,
     "QwenLoRAOptimizer": QwenLoRAOptimizer,
@@ -30,6 +31,7 @@ NODE_CLASS_MAPPINGS = {
 NODE_DISPLAY_NAME_MAPPINGS = {
     "QwenLoRALoadModels": "Load Qwen-Image (LoRA training)",
     "QwenLoRADataset": "Qwen LoRA Dataset",
+    "QwenLoRADatasetMix": "Qwen LoRA Dataset Mix",
     "QwenLoRACache": "Qwen LoRA Cache Latents + Prompts",
     "QwenLoRAConfig": "Qwen LoRA Config",
     "QwenLoRAOptimizer": "Qwen LoRA Optimizer",

@@ -10,6 +10,7 @@ from ..trainer_core.core.files import inside
 from ..trainer_core.data.cache import build_cache
 from ..trainer_core.data.images import folder_state, load_dataset
 from ..trainer_core.data.masks import MASK_FOLDER
+from ..trainer_core.data.mixture import cache_inputs, data_settings, mix
 from . import host
 from .common import CACHED, CATEGORY, DATASET, MODELS, engine_mode
 from .widgets import widgets
@@ -61,6 +62,30 @@ class QwenLoRADataset:
         return (dataset, dataset.summary())
 
 
+class QwenLoRADatasetMix:
+    DESCRIPTION = (
+        "Several datasets in one run, for one Cache node: e.g. the subject's images and a regularisation set at a "
+        "lower loss_weight. Each keeps its own Dataset node's settings (resolution, repeats, loss_weight, "
+        "is_regularization, masks); an image comes up `repeats` times per epoch whatever its dataset, and the loss "
+        "report shows each dataset's mean. The same as a run file's several [[dataset]] tables."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "mix"
+    RETURN_TYPES = (DATASET, "STRING")
+    RETURN_NAMES = ("dataset", "summary")
+    OUTPUT_TOOLTIPS = ("The datasets as one, for the Cache node.", "Each dataset's images, buckets and weight.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        tip = "From a Dataset node (Edit Dataset, Layered Dataset, or another Dataset Mix)."
+        return {"required": {f"dataset_{i}": (DATASET, {"tooltip": tip}) for i in (1, 2)},
+                "optional": {f"dataset_{i}": (DATASET, {"tooltip": tip + " Optional."}) for i in (3, 4)}}
+
+    def mix(self, dataset_1, dataset_2, dataset_3=None, dataset_4=None):
+        mixed = mix([d for d in (dataset_1, dataset_2, dataset_3, dataset_4) if d is not None])
+        return (mixed, mixed.summary())
+
+
 def dataset_folder(folder: str, input_folder: str = CUSTOM_FOLDER) -> str:
     """The absolute dataset folder: the chosen subfolder of ComfyUI's input folder, or the typed path (a
     relative one inside the input folder, never against the working directory, which depends on how
@@ -101,7 +126,7 @@ class QwenLoRACache:
     def INPUT_TYPES(cls):
         return {"required": {
             "models": (MODELS, {"tooltip": "From Load Qwen-Image (training)."}),
-            "dataset": (DATASET, {"tooltip": "From the Dataset node."}),
+            "dataset": (DATASET, {"tooltip": "From a Dataset node (or a Dataset Mix of several)."}),
             **widgets(CacheConfig, "preview_prompts", "negative_prompt", "caching_batch_size", "cache_folder"),
         },
             # Newer widgets go last and are optional (as the Dataset node's).
@@ -117,13 +142,14 @@ class QwenLoRACache:
         folder = inside(host.output_directory(), cache_folder.strip() or "qwen_lora_training/cache", "cache_folder",
                         "qwen_lora_training/cache")
         prompts = [line.strip() for line in preview_prompts.splitlines() if line.strip()]
-        progress = host.Progress(len(dataset.samples) + len(dataset.validation) + len(prompts) + 1)
+        samples, validation, repeats = cache_inputs(dataset)  # a Dataset Mix's: its datasets', labelled
+        progress = host.Progress(len(samples) + len(validation) + len(prompts) + 1)
         with engine_mode():  # the model set's family keys and encodes the prompts and conditions (Edit: controls)
-            cached = build_cache(models, list(dataset.samples), folder, preview_prompts=prompts,
+            cached = build_cache(models, samples, folder, preview_prompts=prompts,
                                  negative_prompt=negative_prompt, batch_size=caching_batch_size,
-                                 repeats=dataset.config.repeats, validation=list(dataset.validation),
+                                 repeats=repeats, validation=validation,
                                  progress=lambda done, todo: progress.update(done, total=todo),
-                                 settings=models.family.data_settings(dataset),
+                                 settings=data_settings(models.family, dataset),
                                  preservation=(cfg.preservation_trigger, cfg.preservation_class)
                                  if cfg.preservation_trigger.strip() else None)
         return (cached, cached.report.summary())

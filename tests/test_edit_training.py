@@ -98,48 +98,68 @@ def test_cache_is_keyed_by_prompt_controls_and_models(tmp_path):
     assert first.embedding(first.samples[0].text_key).shape[0] > len(build_tiny_tokenizer()("make it blue").input_ids)
 
 
-def reference_loss(components, variant, folder: Path, seed: int) -> float:
-    """One training step's loss from the pipeline's own pieces: its sizing, resizing, prompt encoding with
+class PipelineInputs:
+    """A sample's transformer inputs from the pipeline's own pieces: its sizing, resizing, prompt encoding with
     images, VAE encoding, packing, concatenation, `img_shapes` and the cut to the target's tokens."""
-    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit as v1
-    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
 
-    pipe = oracle_pipeline(components, variant)
-    sample = discover_edit(cfg(folder))[0]
-    images = [Image.open(c.path).convert("RGB") for c in sample.controls]
-    conditions, vae_images, vae_sizes = [], [], []
-    for img in images:
-        ratio = img.width / img.height
-        if variant.multi_image:  # as QwenImageEditPlusPipeline.__call__
-            cw, ch = plus.calculate_dimensions(plus.CONDITION_IMAGE_SIZE, ratio)
-            vw, vh = plus.calculate_dimensions(plus.VAE_IMAGE_SIZE, ratio)
-            conditions.append(pipe.image_processor.resize(img, ch, cw))
-            vae_images.append(pipe.image_processor.preprocess(img, vh, vw).unsqueeze(2))
-        else:  # as QwenImageEditPipeline.__call__
-            vw, vh, _ = v1.calculate_dimensions(1024 * 1024, ratio)
-            conditions.append(pipe.image_processor.resize(img, vh, vw))
-            vae_images.append(pipe.image_processor.preprocess(conditions[-1], vh, vw).unsqueeze(2))
-        vae_sizes.append((vw, vh))
-    prompt, mask = pipe.encode_prompt(sample.caption, image=conditions if variant.multi_image else conditions[0])
-    f = pipe.vae_scale_factor
-    w, h = sample.bucket
-    c = pipe.latent_channels
-    _, image_latents = pipe.prepare_latents(vae_images if variant.multi_image else vae_images[0], 1, c, h, w,
-                                            prompt.dtype, "cpu", None)
-    x0 = pipe._encode_vae_image(load_cropped(sample.image_path, sample.bucket).unsqueeze(0).unsqueeze(2), None)[:, :, 0]
+    def __init__(self, components, variant, sample):
+        from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit as v1
+        from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
+
+        self.pipe = pipe = oracle_pipeline(components, variant)
+        self.variant, self.sample = variant, sample
+        images = [Image.open(c.path).convert("RGB") for c in sample.controls]
+        self.conditions, vae_images, vae_sizes = [], [], []
+        for img in images:
+            ratio = img.width / img.height
+            if variant.multi_image:  # as QwenImageEditPlusPipeline.__call__
+                cw, ch = plus.calculate_dimensions(plus.CONDITION_IMAGE_SIZE, ratio)
+                vw, vh = plus.calculate_dimensions(plus.VAE_IMAGE_SIZE, ratio)
+                self.conditions.append(pipe.image_processor.resize(img, ch, cw))
+                vae_images.append(pipe.image_processor.preprocess(img, vh, vw).unsqueeze(2))
+            else:  # as QwenImageEditPipeline.__call__
+                vw, vh, _ = v1.calculate_dimensions(1024 * 1024, ratio)
+                self.conditions.append(pipe.image_processor.resize(img, vh, vw))
+                vae_images.append(pipe.image_processor.preprocess(self.conditions[-1], vh, vw).unsqueeze(2))
+            vae_sizes.append((vw, vh))
+        f = self.f = pipe.vae_scale_factor
+        w, h = sample.bucket
+        self.c = pipe.latent_channels
+        dtype = components.compute_dtype
+        _, self.image_latents = pipe.prepare_latents(vae_images if variant.multi_image else vae_images[0], 1, self.c,
+                                                     h, w, dtype, "cpu", None)
+        self.x0 = pipe._encode_vae_image(load_cropped(sample.image_path, sample.bucket).unsqueeze(0).unsqueeze(2),
+                                         None)[:, :, 0]  # (1, C, h, w)
+        self.n = (h // f // 2) * (w // f // 2)
+        self.img_shapes = [[(1, h // f // 2, w // f // 2), *[(1, vh // f // 2, vw // f // 2) for vw, vh in vae_sizes]]]
+
+    def pack(self, latents):
+        w, h = self.sample.bucket
+        return self.pipe._pack_latents(latents, 1, self.c, h // self.f, w // self.f)
+
+    def prediction(self, transformer, caption: str, x0, noise, s):
+        """`transformer`'s prediction (1, N, 4C) of the target's tokens at x_t of x0 (1, C, h, w) and noise, level
+        s (1,), for `caption` encoded with the sample's control images."""
+        images = self.conditions if self.variant.multi_image else self.conditions[0]
+        prompt, mask = self.pipe.encode_prompt(caption, image=images)
+        x_t = (1 - s) * x0 + s * noise
+        with torch.no_grad():
+            return transformer(
+                hidden_states=torch.cat([self.pack(x_t), self.image_latents], dim=1), timestep=s,
+                encoder_hidden_states=prompt, encoder_hidden_states_mask=mask, img_shapes=self.img_shapes,
+                return_dict=False)[0][:, : self.n]
+
+
+def reference_loss(components, variant, folder: Path, seed: int) -> float:
+    """One training step's loss from the pipeline's own pieces (`PipelineInputs`)."""
+    ref = PipelineInputs(components, variant, discover_edit(cfg(folder))[0])
+    x0 = ref.x0
     # The trainer's draws for its first micro-batch (training/randomness.py): noise, and the noise level.
     noise = torch.randn(x0.shape, generator=randomness.generator(seed, 0, randomness.NOISE))
-    n = (h // f // 2) * (w // f // 2)
     s = sample_noise_levels(1, randomness.generator(seed, 0, randomness.NOISE_LEVELS), "logit_normal", 0.0, 1.0,
-                            resolution_mu(n, components.scheduler_config))
-    x_t = (1 - s) * x0 + s * noise
-    img_shapes = [[(1, h // f // 2, w // f // 2), *[(1, vh // f // 2, vw // f // 2) for vw, vh in vae_sizes]]]
-    with torch.no_grad():
-        prediction = components.transformer(
-            hidden_states=torch.cat([pipe._pack_latents(x_t, 1, c, h // f, w // f), image_latents], dim=1),
-            timestep=s, encoder_hidden_states=prompt, encoder_hidden_states_mask=mask, img_shapes=img_shapes,
-            return_dict=False)[0][:, :n]
-    target = pipe._pack_latents(noise - x0, 1, c, h // f, w // f)
+                            resolution_mu(ref.n, components.scheduler_config))
+    prediction = ref.prediction(components.transformer, ref.sample.caption, x0, noise, s)
+    target = ref.pack(noise - x0)
     return float(torch.nn.functional.mse_loss(prediction.float(), target.float()))
 
 

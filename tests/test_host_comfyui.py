@@ -387,3 +387,21 @@ def test_edit_workflow_trains_previews_a_canvas_image_and_its_lora_loads_on_the_
         assert result["ref_method"] == "index_timestep_zero" and result["same_keys"], result
     else:  # 0.3.64 knows no 2511: the marker is the one key its class lacks (its loader logs and skips it)
         assert result["ref_method"] is None and result["unexpected"] == ["__index_timestep_zero__"], result
+
+
+def test_a_dataset_mix_runs_in_real_comfyui(comfy, tmp_path, demo_folder):
+    """Two Dataset nodes (the second a weighted regularisation set) into Dataset Mix into Cache: ComfyUI validates
+    the mix's DATASET sockets (two required, two optional left unconnected) and the run trains."""
+    from test_dataset_mix import mixed_prompt
+
+    server, base = comfy
+    info = server.get("/object_info/QwenLoRADatasetMix")["QwenLoRADatasetMix"]["input"]
+    assert (sorted(info["required"]), sorted(info["optional"])) == (["dataset_1", "dataset_2"],
+                                                                    ["dataset_3", "dataset_4"])
+    reg = tmp_path / "reg"
+    reg.mkdir()
+    for path in sorted(demo_folder.iterdir())[:8]:
+        shutil.copy(path, reg / path.name)
+    result = server.run(mixed_prompt(tmp_path, demo_folder, reg, from_files=True))
+    assert result["status"]["status_str"] == "success", json.dumps(result["status"], indent=1)[-3000:]
+    assert lora_steps(base) == [2]

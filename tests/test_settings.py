@@ -28,6 +28,7 @@ NODE_SETTINGS = {
     "QwenLoRACompareSteps": ("CompareStepsConfig",),
     "QwenLoRASave": ("SaveConfig",),
     "QwenLoRARelease": (),  # a trainer socket only
+    "QwenLoRADatasetMix": (),  # dataset sockets only
     "QwenLoRALoadEditModels": ("families.qwen_image_edit.config.EditLoadConfig",),
     "QwenLoRAEditDataset": ("DatasetConfig", "families.qwen_image_edit.config.EditDataConfig"),
     "QwenLoRAEditPreview": ("PreviewConfig",),

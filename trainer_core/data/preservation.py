@@ -3,7 +3,8 @@
 A training sample whose caption contains the trigger (e.g. "sks person") takes part; its class caption is the
 caption with every occurrence of the trigger replaced by the class word ("person"), matched as written (case and
 spaces count). The class captions are encoded while caching, beside the captions, so training never needs the text
-encoder. Samples of a regularisation dataset never take part: their captions describe the class already.
+encoder; like a caption, as the sample's conditions see it (Edit: with the sample's control images). Samples of a
+regularisation dataset never take part: their captions describe the class already.
 """
 
 from __future__ import annotations

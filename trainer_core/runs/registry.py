@@ -237,7 +237,10 @@ def run_signature(components, dataset, lora, optimizer, train, run_dir, init_lor
     """What a live trainer was built from; the same inputs continue it instead of rebuilding it."""
     parts = {
         "models": id(components),
-        "samples": [(s.latent_key, s.text_key, s.mask_key) for s in dataset.samples],  # an edited mask rebuilds too
+        # An edited mask rebuilds too; so does a dataset's new loss weight, regularisation mark, label or class caption
+        # (the loss reads them from the cached samples, which a continued trainer would keep).
+        "samples": [(s.latent_key, s.text_key, s.mask_key, s.dataset, s.loss_weight, s.regularization,
+                     s.preservation_text_key) for s in dataset.samples],
         "repeats": dataset.repeats,
         "lora": to_dict(lora), "optimizer": to_dict(optimizer), "train": to_dict(train),
         "run_dir": str(run_dir), "init_lora": str(init_lora),

@@ -11,6 +11,10 @@ rows ride in the training forward, after its B rows (one forward of B + P rows, 
 checkpoint recompute and the swapper expect one training forward per backward). So a step with preservation runs
 one more forward (no gradient, P rows) and a training forward of B + P rows; the memory plan and the timeline
 model count both (planner/).
+
+Both predictions take the sample's own conditions (the family's `conditions` hook: Edit's control images, appended
+after the target's tokens), and its class caption was encoded beside them (the family's `text_key`), so a family
+with conditions needs nothing of its own here (tests/test_edit_prior.py checks Edit against its pipelines' pieces).
 """
 
 from __future__ import annotations
