@@ -14,4 +14,5 @@ Modules, one concern each:
     files.py      ComfyUI's single transformer file (MLP fused or split; bf16, float8): reader and writer
     folder.py     a diffusers folder (optionally with the transformer from files.py): loader and writer
     tiny.py       the tiny model set (random weights) for tests and the demo
+    recognise.py  whether Load settings name 2.1 (its transformer file, its folder), and its model set from them
 """

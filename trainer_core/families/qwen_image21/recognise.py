@@ -1,0 +1,67 @@
+"""How a Load setting says it is Qwen-Image 2.1, and its model set from those settings.
+
+From files: the transformer file has 2.1's text projection (`txt_in.text_norm.weight`, under any prefix ComfyUI's
+files use; Qwen-Image's has `txt_norm.weight`). Its text encoder (Qwen3-VL) and VAE are not read from single
+files here (their ComfyUI layouts are not checked against ComfyUI's 2.1 code), so they come from a diffusers
+2.1 folder: the Load setting `diffusers_folder`, with the transformer from the file (folder.py). From a folder:
+its transformer's config (or its model_index.json) names 2.1's classes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...core.errors import UserInputError
+from ...models.qwen21_arch import TRANSFORMER_CLASS, TRANSFORMER_PROBE
+
+PIPELINE_CLASS = "QwenImage21Pipeline"
+
+
+def is_qwen_image21_file(path) -> bool:
+    """Whether the safetensors file at `path` is a 2.1 transformer (its header only; False when unreadable)."""
+    from ...models.safetensors_file import SafetensorsFile
+
+    if not path or not Path(path).is_file():
+        return False
+    try:
+        keys = SafetensorsFile(path, "transformer").keys
+    except UserInputError:
+        return False  # the part's own loader says what is wrong with it
+    return any(k == TRANSFORMER_PROBE or k.endswith("." + TRANSFORMER_PROBE) for k in keys)
+
+
+def _class_name(path: Path) -> str | None:
+    try:
+        return json.loads(path.read_text()).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def is_qwen_image21_folder(folder) -> bool:
+    if not folder or not str(folder).strip():
+        return False
+    root = Path(str(folder).strip())
+    return (_class_name(root / "transformer" / "config.json") == TRANSFORMER_CLASS
+            or _class_name(root / "model_index.json") == PIPELINE_CLASS)
+
+
+def load_from_settings(source: str, device, storage: str, compute_dtype: str, transformer=None,
+                       diffusers_folder=None):
+    """The 2.1 model set the Load settings name (source files or diffusers folder), or None when they are not 2.1."""
+    from ...models.source import DIFFUSERS, FILES, resolve_compute_dtype
+    from .folder import load_qwen_image21_folder
+
+    dtype = resolve_compute_dtype(compute_dtype, device)
+    if source == FILES and is_qwen_image21_file(transformer):
+        if not is_qwen_image21_folder(diffusers_folder):
+            raise UserInputError(
+                f"transformer file {transformer} is Qwen-Image 2.1: its Qwen3-VL text encoder and VAE are read from a "
+                f"diffusers Qwen-Image 2.1 folder, not from single files. Set diffusers_folder to that folder (it "
+                f"holds text_encoder/, vae/ and processor/; now {str(diffusers_folder or '').strip() or 'empty'}).")
+        return load_qwen_image21_folder(str(diffusers_folder).strip(), transformer_file=transformer, storage=storage,
+                                        compute_dtype=dtype, device=device)
+    if source == DIFFUSERS and is_qwen_image21_folder(diffusers_folder):
+        return load_qwen_image21_folder(str(diffusers_folder).strip(), storage=storage, compute_dtype=dtype,
+                                        device=device)
+    return None
