@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..trainer_core.core.config import LoadConfig
+from ..trainer_core.core.config import NOT_USED, LoadConfig
 from ..trainer_core.families.recognise import is_qwen_image21_file, load_recognised
 from ..trainer_core.models.source import FILES
 from ..trainer_core.models.tokenizer import tokenizer_candidates
@@ -36,8 +36,9 @@ class QwenLoRALoadModels:
             if source != FILES:  # the tiny model, or a diffusers folder (a path typed in the node)
                 return (load_recognised(source, host.compute_device(), diffusers_folder=diffusers_folder, **settings),)
             first = host.model_file_path("diffusion_models", transformer)
-            if is_qwen_image21_file(first):  # its text encoder and VAE come from diffusers_folder, not the lists
-                return (load_recognised(source, host.compute_device(), transformer=first,
+            if is_qwen_image21_file(first):  # its VAE (and text encoder unless chosen) from diffusers_folder
+                encoder = None if text_encoder == NOT_USED else host.model_file_path("text_encoders", text_encoder)
+                return (load_recognised(source, host.compute_device(), transformer=first, text_encoder=encoder,
                                         diffusers_folder=diffusers_folder, **settings),)
             paths = [first] + [host.model_file_path(kind, name) for kind, name in
                                (("text_encoders", text_encoder), ("vae", vae))]

@@ -51,7 +51,7 @@ def test_a_21_transformer_file_loads_as_21_with_the_folders_other_parts(files21,
 
 
 def test_a_21_transformer_file_without_its_folder_is_refused_naming_both(files21, tmp_path):
-    with pytest.raises(UserInputError, match="is Qwen-Image 2.1: its Qwen3-VL text encoder and VAE") as e:
+    with pytest.raises(UserInputError, match="is Qwen-Image 2.1: its VAE and processor .and its Qwen3-VL text encoder, unless its file is chosen. are read from") as e:
         load_recognised(FILES, CPU, transformer=files21["transformer_bf16"], diffusers_folder=str(tmp_path))
     assert str(files21["transformer_bf16"]) in str(e.value) and "diffusers_folder" in str(e.value)
 
@@ -95,8 +95,10 @@ def test_the_shipped_21_workflow_trains_on_the_tiny_files(pack, files21, demo_fo
 
 
 @pytest.mark.slow
-def test_the_shipped_21_run_file_trains_on_the_tiny_files(files21, demo_folder, tmp_path, capsys):
-    """run_files/qwen_image21.toml as shipped, [model] and [[dataset]] pointed at the tiny files and demo images."""
+@pytest.mark.parametrize("encoder_file", [False, True])
+def test_the_shipped_21_run_file_trains_on_the_tiny_files(files21, demo_folder, tmp_path, capsys, encoder_file):
+    """run_files/qwen_image21.toml as shipped, [model] and [[dataset]] pointed at the tiny files and demo images;
+    the text encoder from the folder, or from its ComfyUI-layout file."""
     from trainer_core.runs.cli import main
     from trainer_core.runs.run_file import render
 
@@ -104,6 +106,8 @@ def test_the_shipped_21_run_file_trains_on_the_tiny_files(files21, demo_folder, 
     assert data["model"]["source"] == "files" and "text_encoder" not in data["model"]
     data["model"].update(transformer=str(files21["transformer_bf16_split_mlp"]),
                          diffusers_folder=str(files21["diffusers_folder"]), compute_dtype="float32")
+    if encoder_file:
+        data["model"]["text_encoder"] = str(files21["text_encoder"])
     data["dataset"][0].update(folder=str(demo_folder), resolution=64, min_bucket_side=32, max_bucket_side=128)
     data["train"].update(blocks_to_swap=0)
     data["previews"].update(preview_every=0, preview_size=64)

@@ -168,13 +168,14 @@ LAYERED_NODES = [
 ]
 LAYERED = {3: {"preview_prompts": "a poster: a title over a photo"}, 6: {"run_name": "my_qwen_layered_lora"}}
 
-# Qwen-Image 2.1: the text-to-image graph; the Load node reads 2.1 from the transformer file and takes its Qwen3-VL
-# text encoder and VAE from a diffusers 2.1 folder (their single files are not read yet). The file name is the one
+# Qwen-Image 2.1: the text-to-image graph; the Load node reads 2.1 from the transformer file and takes its VAE (its
+# single file is not read) and, with text_encoder (not used), its Qwen3-VL text encoder from a diffusers 2.1 folder. The file name is the one
 # other 2.1 workflows use for ComfyUI's bf16 transformer.
 QWEN21_NOTE = """How to train a Qwen-Image 2.1 LoRA (text-to-image)
 1. Models: the 2.1 transformer (qwen_image_2.1_bf16) in models/diffusion_models
    (the Load node reads 2.1 from the file), and the diffusers Qwen-Image 2.1
-   folder in diffusers_folder: its text_encoder/, vae/ and processor/ are used.
+   folder in diffusers_folder (its vae/, processor/, text_encoder/; or pick
+   ComfyUI's Qwen3-VL-8B file as text_encoder).
 2. Data: per sample name.png + name.txt (its caption), as for Qwen-Image.
 3. Queue; queue again to continue. Preview samples with the 2.1 pipeline;
    Save writes to models/loras (ComfyUI's 2.1 layout, the MLP pair fused)."""

@@ -343,8 +343,8 @@ def _model(settings: dict[str, Any], where: str) -> LoadConfig:
     if source == SOURCE_NAMES["files"] and settings["transformer"]:
         from ..families.recognise import is_qwen_image21_file
 
-        if is_qwen_image21_file(settings["transformer"]):  # 2.1: its text encoder and VAE from its diffusers folder
-            files = ("transformer",)
+        if is_qwen_image21_file(settings["transformer"]):  # 2.1: VAE (and text encoder unless set) from its folder
+            files = ("transformer",) + (("text_encoder",) if settings["text_encoder"] else ())
             if not Path(settings.get("diffusers_folder") or ".").is_dir():
                 raise UserInputError(f"{where}: [model] transformer is Qwen-Image 2.1: set diffusers_folder to the "
                                      "diffusers Qwen-Image 2.1 folder its text encoder, VAE and processor come from.")

@@ -1,9 +1,9 @@
 """How a Load setting says it is Qwen-Image 2.1, and its model set from those settings.
 
 From files: the transformer file has 2.1's text projection (`txt_in.text_norm.weight`, under any prefix ComfyUI's
-files use; Qwen-Image's has `txt_norm.weight`). Its text encoder (Qwen3-VL) and VAE are not read from single
-files here (their ComfyUI layouts are not checked against ComfyUI's 2.1 code), so they come from a diffusers
-2.1 folder: the Load setting `diffusers_folder`, with the transformer from the file (folder.py). From a folder:
+files use; Qwen-Image's has `txt_norm.weight`). Its Qwen3-VL text encoder may be ComfyUI's single file too
+(text_file.py); its VAE and processor come from a diffusers 2.1 folder (the Load setting `diffusers_folder`):
+ComfyUI's layout of the 2.1 VAE file is in no source here, so it is not read from a single file. From a folder:
 its transformer's config (or its model_index.json) names 2.1's classes.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ...core.choices import NOT_USED
 from ...core.errors import UserInputError
 from ...models.qwen21_arch import TRANSFORMER_CLASS, TRANSFORMER_PROBE
 
@@ -47,20 +48,25 @@ def is_qwen_image21_folder(folder) -> bool:
 
 
 def load_from_settings(source: str, device, storage: str, compute_dtype: str, transformer=None,
-                       diffusers_folder=None):
-    """The 2.1 model set the Load settings name (source files or diffusers folder), or None when they are not 2.1."""
+                       diffusers_folder=None, text_encoder=None):
+    """The 2.1 model set the Load settings name (source files or diffusers folder), or None when they are not 2.1.
+    With a 2.1 transformer file, `text_encoder` (a path, or None) is ComfyUI's Qwen3-VL file (text_file.py);
+    without it the folder's text encoder is read."""
     from ...models.source import DIFFUSERS, FILES, resolve_compute_dtype
     from .folder import load_qwen_image21_folder
 
     dtype = resolve_compute_dtype(compute_dtype, device)
+    if not text_encoder or str(text_encoder) == NOT_USED:
+        text_encoder = None
     if source == FILES and is_qwen_image21_file(transformer):
         if not is_qwen_image21_folder(diffusers_folder):
             raise UserInputError(
-                f"transformer file {transformer} is Qwen-Image 2.1: its Qwen3-VL text encoder and VAE are read from a "
-                f"diffusers Qwen-Image 2.1 folder, not from single files. Set diffusers_folder to that folder (it "
-                f"holds text_encoder/, vae/ and processor/; now {str(diffusers_folder or '').strip() or 'empty'}).")
+                f"transformer file {transformer} is Qwen-Image 2.1: its VAE and processor (and its Qwen3-VL text "
+                f"encoder, unless its file is chosen) are read from a diffusers Qwen-Image 2.1 folder. Set "
+                f"diffusers_folder to that folder (it holds vae/, processor/ and text_encoder/; now "
+                f"{str(diffusers_folder or '').strip() or 'empty'}).")
         return load_qwen_image21_folder(str(diffusers_folder).strip(), transformer_file=transformer, storage=storage,
-                                        compute_dtype=dtype, device=device)
+                                        compute_dtype=dtype, device=device, text_encoder_file=text_encoder)
     if source == DIFFUSERS and is_qwen_image21_folder(diffusers_folder):
         return load_qwen_image21_folder(str(diffusers_folder).strip(), storage=storage, compute_dtype=dtype,
                                         device=device)
