@@ -3,7 +3,8 @@
 From files: the transformer file has 2.1's text projection (`txt_in.text_norm.weight`, under any prefix ComfyUI's
 files use; Qwen-Image's has `txt_norm.weight`). Its Qwen3-VL text encoder may be ComfyUI's single file too
 (text_file.py); its VAE and processor come from a diffusers 2.1 folder (the Load setting `diffusers_folder`):
-ComfyUI's layout of the 2.1 VAE file is in no source here, so it is not read from a single file. From a folder:
+ComfyUI reads the 2.1 VAE file as a Wan 2.2 layout variant no runnable ComfyUI or diffusers converter here checks,
+so it is not read from a single file (README, "Qwen-Image 2.1 LoRAs"). From a folder:
 its transformer's config (or its model_index.json) names 2.1's classes.
 """
 
