@@ -172,3 +172,17 @@ def test_a_whole_21_training_step_peaks_where_the_plan_says(checkpointing):
     names = ("LoRA gradients", "block inputs", "saved activations", "one block's", "backward working",
              "largest weight", "activations outside")
     assert sum(plan.term(n) for n in names) == pytest.approx(live.peak, rel=0.03)
+
+
+def test_a_loaded_21_model_set_is_planned_with_its_own_parts_and_2_1s_constants():
+    from trainer_core.families import get_family
+    from trainer_core.planner.arch import arch_for_components
+    from trainer_core.planner.inference import parts_for_components
+
+    tiny = get_family("qwen-image-2.1").tiny_components()
+    arch, parts = arch_for_components(tiny), parts_for_components(tiny)
+    assert arch.single_stream and arch.vae_scale_factor == 16
+    assert parts.text_encoder_params == sum(p.numel() for p in tiny.text_encoder.parameters())
+    assert parts.text_logits_per_token == tiny.text_encoder.lm_head.out_features  # the folder's encoder keeps it
+    assert parts.vae_params == sum(p.numel() for p in tiny.vae.parameters())
+    assert parts.vae_decode_per_pixel_channel == real_parts21().vae_decode_per_pixel_channel  # 2.1's, not Qwen-Image's

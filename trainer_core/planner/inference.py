@@ -141,7 +141,10 @@ def parts_for_components(components) -> PartSizes:
         fields.update(
             text_encoder_params=sum(p.numel() for p in params.values()), text_encoder_linear_params=linears,
             text_encoder_largest=max(p.numel() for p in params.values()), text_hidden=text.hidden_size,
-            text_layers=text.num_hidden_layers, text_intermediate=text.intermediate_size)
+            text_layers=text.num_hidden_layers, text_intermediate=text.intermediate_size,
+            # logits the forward computes: 2.1's folder encoder keeps its lm_head; the file loaders drop it
+            text_logits_per_token=head.out_features if isinstance(head := getattr(encoder, "lm_head", None),
+                                                                  nn.Linear) else 0)
     # The real model's constants and the sizes of a part not loaded.
     return dataclasses.replace(real_parts21() if is_qwen_image21(components.skeleton()) else real_parts(), **fields)
 
