@@ -63,9 +63,12 @@ def test_a_21_diffusers_folder_loads_as_21(files21):
 
 
 @pytest.mark.slow
-def test_the_shipped_21_workflow_trains_on_the_tiny_files(pack, files21, demo_folder, tmp_path, monkeypatch):
+@pytest.mark.parametrize("encoder_file", [False, True])
+def test_the_shipped_21_workflow_trains_on_the_tiny_files(pack, files21, demo_folder, tmp_path, monkeypatch,
+                                                          encoder_file):
     """workflows/api/qwen_image21_lora_training.api.json as shipped, its model pointed at the tiny export (the
-    transformer found in the models folder by its name, as ComfyUI lists it) and the demo images."""
+    transformer found in the models folder by its name, as ComfyUI lists it; the text encoder from the folder, or
+    its ComfyUI-layout file picked in models/text_encoders) and the demo images."""
     from graph_runner import GraphRunner
 
     models = tmp_path / "models"
@@ -80,6 +83,11 @@ def test_the_shipped_21_workflow_trains_on_the_tiny_files(pack, files21, demo_fo
     assert prompt["1"]["inputs"]["transformer"] == "qwen_image_2.1_bf16.safetensors"
     prompt["1"]["inputs"].update(diffusers_folder=str(files21["diffusers_folder"]), storage="float8",
                                  compute_dtype="float32")
+    if encoder_file:
+        (models / "text_encoders").mkdir()
+        for suffix in (".safetensors", ".json"):
+            shutil.copy(files21["text_encoder"].with_suffix(suffix), models / "text_encoders" / f"qwen3vl_tiny{suffix}")
+        prompt["1"]["inputs"]["text_encoder"] = "qwen3vl_tiny.safetensors"
     prompt["2"]["inputs"].update(folder=str(demo_folder), resolution=64, min_bucket_side=32, max_bucket_side=128)
     prompt["3"]["inputs"].update(cache_folder="")
     prompt["6"]["inputs"].update(blocks_to_swap=0, checkpoint_every=0, run_name="t21")
@@ -88,6 +96,13 @@ def test_the_shipped_21_workflow_trains_on_the_tiny_files(pack, files21, demo_fo
     outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
     trainer = outputs["7"][0]
     assert trainer.step == 2 and trainer.components.family.name == FAMILY
+    # the encoder from where it was chosen: the file holds bf16 values, the folder the tiny model's float32 ones
+    from trainer_core.families import get_family
+
+    embed = get_family(FAMILY).tiny_components().text_encoder.model.language_model.embed_tokens.weight
+    read, _ = trainer.components.text_encoder_loader()
+    got = read.model.language_model.embed_tokens.weight
+    assert torch.equal(got, embed.bfloat16().float() if encoder_file else embed) and not torch.equal(embed.bfloat16().float(), embed)
     from safetensors.torch import load_file
 
     keys = load_file(outputs["10"][0]).keys()
