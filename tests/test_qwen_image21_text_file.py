@@ -90,3 +90,24 @@ def test_the_21_load_path_reads_the_text_encoder_file_and_the_folders_vae(tmp_pa
     prompt = "a red square on white"
     assert torch.equal(encode_prompt(components.text_encoder, components.tokenizer, prompt),
                        encode_prompt(tiny.text_encoder, tiny.tokenizer, prompt))
+
+
+def test_a_scaled_float8_file_reads_as_its_dequantized_values(tmp_path):
+    """ComfyUI's scaled-fp8 text encoder files: each decoder Linear in float8 with a `scale_weight` and the
+    `scaled_fp8` marker; read back as float8 x scale in the compute dtype."""
+    from trainer_core.models.float8 import FLOAT8, quantize_per_tensor
+    from trainer_core.models.layouts import SCALE_WEIGHT, SCALED_FP8_MARKER
+
+    encoder = small_encoder()
+    tensors = comfyui_text_encoder_tensors(encoder, torch.float32)
+    expected = {}
+    for name in [n for n in tensors if n.startswith("model.layers.") and n.endswith("_proj.weight")]:
+        tensors[name], scale = quantize_per_tensor(tensors[name])
+        tensors[name.removesuffix(".weight") + SCALE_WEIGHT] = scale
+        expected[name] = tensors[name].float() * scale
+    tensors[SCALED_FP8_MARKER] = torch.tensor([], dtype=FLOAT8)
+    loaded = load_qwen3_vl_file(write(tmp_path, tensors, encoder.config), torch.float32).state_dict()
+    assert len(expected) == 2 * 7  # q, k, v, o, gate, up, down of both layers
+    for name, want in expected.items():
+        assert torch.equal(loaded["model.language_model." + name.removeprefix("model.")], want)
+    assert torch.equal(loaded["model.visual.patch_embed.proj.weight"], encoder.model.visual.patch_embed.proj.weight)
