@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..trainer_core.core.config import LoadConfig
-from ..trainer_core.families.recognise import recognise_family
-from ..trainer_core.models.source import FILES, load_model_set
+from ..trainer_core.core.config import NOT_USED, LoadConfig
+from ..trainer_core.families.recognise import is_qwen_image21_file, load_recognised
+from ..trainer_core.models.source import FILES
 from ..trainer_core.models.tokenizer import tokenizer_candidates
 from . import host
 from .common import CATEGORY, MODELS, engine_mode
@@ -14,8 +14,10 @@ from .widgets import widgets
 class QwenLoRALoadModels:
     DESCRIPTION = (
         "Loads Qwen-Image for LoRA training from the files ComfyUI already uses (diffusion_models, "
-        "text_encoders, vae; fp8, fp8-scaled or bf16), or from a diffusers folder. The transformer's block "
-        "weights are stored in float8 to halve their memory. The output feeds the Cache and Init Trainer nodes."
+        "text_encoders, vae; fp8, fp8-scaled or bf16), or from a diffusers folder. The model is recognised from "
+        "the transformer: Qwen-Image, Qwen-Image-Layered, or Qwen-Image 2.1 (whose text encoder and VAE come from "
+        "the diffusers 2.1 folder named in diffusers_folder). The transformer's block weights are stored in float8 "
+        "to halve their memory. The output feeds the Cache and Init Trainer nodes."
     )
     CATEGORY = CATEGORY
     FUNCTION = "load"
@@ -32,13 +34,16 @@ class QwenLoRALoadModels:
         settings = dict(storage=storage, compute_dtype=compute_dtype, text_encoder_fp8=text_encoder_fp8)
         with engine_mode():
             if source != FILES:  # the tiny model, or a diffusers folder (a path typed in the node)
-                return (recognise_family(load_model_set(source, host.compute_device(), diffusers_folder=diffusers_folder,
-                                                        **settings)),)
-            paths = [host.model_file_path(kind, name) for kind, name in
-                     (("diffusion_models", transformer), ("text_encoders", text_encoder), ("vae", vae))]
+                return (load_recognised(source, host.compute_device(), diffusers_folder=diffusers_folder, **settings),)
+            first = host.model_file_path("diffusion_models", transformer)
+            if is_qwen_image21_file(first):  # its VAE (and text encoder unless chosen) from diffusers_folder
+                encoder = None if text_encoder == NOT_USED else host.model_file_path("text_encoders", text_encoder)
+                return (load_recognised(source, host.compute_device(), transformer=first, text_encoder=encoder,
+                                        diffusers_folder=diffusers_folder, **settings),)
+            paths = [first] + [host.model_file_path(kind, name) for kind, name in
+                               (("text_encoders", text_encoder), ("vae", vae))]
             # A tokenizer folder beside the files wins; otherwise the Qwen2.5 tokenizer ComfyUI ships.
             beside = any(c.is_dir() for c in tokenizer_candidates(None, paths[1]))
             tokenizer = None if beside else host.bundled_qwen_tokenizer()
-            return (recognise_family(load_model_set(source, host.compute_device(), transformer=paths[0],
-                                                    text_encoder=paths[1], vae=paths[2], tokenizer=tokenizer,
-                                                    **settings)),)
+            return (load_recognised(source, host.compute_device(), transformer=paths[0], text_encoder=paths[1],
+                                    vae=paths[2], tokenizer=tokenizer, diffusers_folder=diffusers_folder, **settings),)

@@ -26,7 +26,7 @@ TITLE_H = 30  # LiteGraph draws a node's title bar above its `pos`
 # The example workflow names ComfyUI's repackaged Qwen-Image files; a user has them in the model
 # folders, which the loader lists. Validate as that user: the files exist (as empty stand-ins).
 USER_FILES = {"diffusion_models": ("qwen_image_fp8_e4m3fn.safetensors", "qwen_image_edit_2511_fp8_e4m3fn.safetensors",
-                                   "qwen_image_layered_bf16.safetensors"),
+                                   "qwen_image_layered_bf16.safetensors", "qwen_image_2.1_bf16.safetensors"),
               "text_encoders": ("qwen_2.5_vl_7b_fp8_scaled.safetensors",),
               "vae": ("qwen_image_vae.safetensors", "qwen_image_layered_vae.safetensors")}
 

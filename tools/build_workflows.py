@@ -170,11 +170,32 @@ LAYERED_NODES = [
 ]
 LAYERED = {3: {"preview_prompts": "a poster: a title over a photo"}, 6: {"run_name": "my_qwen_layered_lora"}}
 
+# Qwen-Image 2.1: the text-to-image graph; the Load node reads 2.1 from the transformer file and takes its VAE (its
+# single file is not read) and, with text_encoder (not used), its Qwen3-VL text encoder from a diffusers 2.1 folder. The file name is the one
+# other 2.1 workflows use for ComfyUI's bf16 transformer.
+QWEN21_NOTE = """How to train a Qwen-Image 2.1 LoRA (text-to-image)
+1. Models: the 2.1 transformer (qwen_image_2.1_bf16) in models/diffusion_models
+   (the Load node reads 2.1 from the file), and the diffusers Qwen-Image 2.1
+   folder in diffusers_folder (its vae/, processor/, text_encoder/; or pick
+   ComfyUI's Qwen3-VL-8B file as text_encoder).
+2. Data: per sample name.png + name.txt (its caption), as for Qwen-Image.
+3. Queue; queue again to continue. Preview samples with the 2.1 pipeline;
+   Save writes to models/loras (ComfyUI's 2.1 layout, the MLP pair fused)."""
+
+QWEN21_NODES = [
+    (1, NODES[0][1], {**dict(NODES[0][2]), "transformer": "qwen_image_2.1_bf16.safetensors",
+                      "text_encoder": "(not used)", "vae": "(not used)",
+                      "diffusers_folder": "models/diffusers/Qwen-Image-2.1"}, NODES[0][3]),
+    *[(i, c, v, place) for i, c, v, place in NODES if i != 1],
+]
+QWEN21 = {3: {"preview_prompts": "a lighthouse on a cliff at dusk"}, 6: {"run_name": "my_qwen_image21_lora"}}
+
 WORKFLOWS = {  # file stem -> (value overrides by node id, note text[, nodes])
     "qwen_image_lora_training": ({}, MAIN_NOTE),
     "qwen_image_lora_tiny_first_run": (TINY, TINY_NOTE),
     "qwen_image_edit_lora_training": (EDIT, EDIT_NOTE, EDIT_NODES),
     "qwen_image_layered_lora_training": (LAYERED, LAYERED_NOTE, LAYERED_NODES),
+    "qwen_image21_lora_training": (QWEN21, QWEN21_NOTE, QWEN21_NODES),
 }
 
 # Core nodes the workflow uses, as ComfyUI declares them (name, type) for inputs; outputs none.

@@ -46,7 +46,8 @@ class LoadConfig:
     # when present: the file names of ComfyUI's repackaged Qwen-Image.
     transformer: str = _f(
         "qwen_image_fp8_e4m3fn.safetensors", "Qwen-Image transformer file from models/diffusion_models "
-        "(qwen_image_fp8_e4m3fn or qwen_image_bf16; Qwen-Image-2512's qwen_image_2512_fp8_e4m3fn too).",
+        "(qwen_image_fp8_e4m3fn or qwen_image_bf16; Qwen-Image-2512's qwen_image_2512_fp8_e4m3fn too; Qwen-Image "
+        "2.1's file, whose text encoder and VAE then come from diffusers_folder).",
         file_list="diffusion_models", extra_choices=(NOT_USED,),
     )
     text_encoder: str = _f(
@@ -57,7 +58,8 @@ class LoadConfig:
               extra_choices=(NOT_USED,))
     diffusers_folder: str = _f(
         "", "Path of a diffusers Qwen-Image folder (with transformer/, vae/, text_encoder/, tokenizer/). Used when "
-        "source is 'diffusers folder'.",
+        "source is 'diffusers folder', and with a Qwen-Image 2.1 transformer file: the 2.1 folder its text encoder, "
+        "VAE and processor come from (text_encoder and vae are then not used).",
     )
     storage: str = _f(
         "float8", "How the transformer's block weights are stored: float8 (half of bf16's memory), float8_scaled "

@@ -2,8 +2,9 @@
 
     layout comfyui:    DIR/diffusion_models/qwen_image21_tiny_{bf16,fp8_e4m3fn,fp8_e4m3fn_scaled}.safetensors
                        (MLP fused as `gate_up`, as ComfyUI's files hold it) and ..._bf16_split_mlp.safetensors,
-                       each with its config JSON; DIR/qwen_image21_tiny/ a diffusers folder for the text encoder,
-                       VAE and processor (their ComfyUI single-file layouts are not read here yet)
+                       each with its config JSON; DIR/text_encoders/qwen3vl_tiny_bf16.safetensors, the Qwen3-VL text
+                       encoder in ComfyUI's layout (with its config JSON); DIR/qwen_image21_tiny/ a diffusers folder for
+                       the VAE and processor (and the text encoder again; the VAE's single-file layout is not read)
     layout diffusers:  DIR/qwen_image21_tiny/ (transformer/ too)
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from ..core.files import write_safetensors_atomic
 from ..families.qwen_image21.files import comfyui_transformer_tensors
 from ..families.qwen_image21.folder import save_qwen_image21_folder
+from ..families.qwen_image21.text_file import comfyui_text_encoder_tensors
 
 FORMATS = ("bf16", "fp8_e4m3fn", "fp8_e4m3fn_scaled")
 
@@ -37,4 +39,10 @@ def export_tiny_qwen_image21(folder: str | Path, layout: str = "comfyui", seed: 
                                  metadata={"format": "pt"})
         path.with_suffix(".json").write_text(json.dumps({"part": "transformer", "format": fmt, "config": sidecar}))
         out[f"transformer_{fmt}" + ("_split_mlp" if mlp == "split" else "")] = path
+    encoder = root / "text_encoders" / "qwen3vl_tiny_bf16.safetensors"  # ComfyUI's layout (text_file.py)
+    encoder.parent.mkdir(parents=True, exist_ok=True)
+    write_safetensors_atomic(comfyui_text_encoder_tensors(components.text_encoder), encoder, metadata={"format": "pt"})
+    encoder.with_suffix(".json").write_text(json.dumps({"part": "text encoder",
+                                                        "config": components.text_encoder.config.to_dict()}))
+    out["text_encoder"] = encoder
     return out

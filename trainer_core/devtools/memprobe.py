@@ -152,3 +152,46 @@ def probe_block(transformer: torch.nn.Module, batch: int, grid: tuple[int, int],
     for p in transformer.parameters():
         p.grad = None
     return BlockProbe(saved_bytes=saved.bytes, peak_bytes=live.peak)
+
+
+def block21_inputs(transformer: torch.nn.Module, batch: int, grid: tuple[int, int], text_tokens: int, seed: int = 0):
+    """(joint hidden states, the block's other arguments) of a Qwen-Image 2.1 block for a text-to-image step: the
+    prompt's `text_tokens` rows then grid[0] x grid[1] target rows, as the transformer's forward builds them
+    (modulation with its t = 0 row, the target mask, RoPE factors, the prefix's one text segment)."""
+    from diffusers.models.transformers.transformer_qwenimage21 import _qwenimage21_prefix_segments
+
+    param = next(p for p in transformer.parameters() if p.is_floating_point() and p.dtype.itemsize > 1)
+    device, dtype = param.device, param.dtype
+    dim = transformer.config.num_attention_heads * transformer.config.attention_head_dim
+    n_img = grid[0] * grid[1]
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(device, dtype)  # noqa: E731
+    hidden = rand(batch, text_tokens + n_img, dim).requires_grad_(True)  # (B, L + N, D)
+    modulation = rand(batch + 1, 4 * dim)  # (B + 1, 4 D): the sampled timesteps' rows and the t = 0 row
+    image = torch.cat([torch.zeros(text_tokens, dtype=torch.bool), torch.ones(n_img, dtype=torch.bool)]).to(device)
+    rope = transformer.pos_embed([(1, *grid)], image, device=device)
+    image_ids, target = transformer.build_token_metadata(image, [(1, *grid)])
+    segments = _qwenimage21_prefix_segments(image_ids, text_tokens)
+    return hidden, (modulation, rope, None, target, None, None, None, segments, None)
+
+
+def probe_block21(transformer: torch.nn.Module, batch: int, grid: tuple[int, int], text_tokens: int,
+                  checkpointing: bool, block_index: int = 0, seed: int = 0) -> BlockProbe:
+    """`probe_block` for a Qwen-Image 2.1 (single-stream) block: its one input, the joint sequence, requires grad."""
+    block = transformer.transformer_blocks[block_index]
+    hidden, rest = block21_inputs(transformer, batch, grid, text_tokens, seed)
+    upstream = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(seed + 1)).to(hidden)
+    excluded = [*transformer.parameters(), rest[0], rest[1]]
+    with SavedTensors(exclude=excluded) as saved:
+        output = block(hidden, *rest)
+    del output
+    with LiveBytes() as live:
+        if checkpointing:
+            output = torch.utils.checkpoint.checkpoint(block, hidden, *rest, use_reentrant=False)
+        else:
+            output = block(hidden, *rest)
+        torch.autograd.backward(output, upstream)
+        del output
+    for p in transformer.parameters():
+        p.grad = None
+    return BlockProbe(saved_bytes=saved.bytes, peak_bytes=live.peak)

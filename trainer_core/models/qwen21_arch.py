@@ -39,3 +39,22 @@ LATENT_CHANNELS = 64
 def is_qwen_image21(transformer) -> bool:
     """Whether `transformer` (loaded or a meta skeleton) is a Qwen-Image 2.1 transformer."""
     return type(transformer).__name__ == TRANSFORMER_CLASS
+
+
+# The real text encoder's shapes, for the memory planner only (no weights are built from it): Qwen3-VL-8B as
+# published (its language model is Qwen3-8B: 36 layers of width 4096 = the transformer's `context_in_dim`, 32
+# heads, 8 KV heads, MLP 12288, untied embeddings; a 27-block vision tower of width 1152 merged to 4096).
+# Assumed from the published Qwen3-VL-8B config, not read from a file here: transformers' own Qwen3VLConfig
+# defaults are another size (MLP 22016, 32 KV heads). Keys as `transformers.Qwen3VLConfig` takes them.
+QWEN3_VL_8B_CONFIG: dict = {
+    "text_config": {
+        "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False,
+    },
+    "vision_config": {
+        "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "patch_size": 16,
+        "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 4096, "num_position_embeddings": 2304,
+        "deepstack_visual_indexes": [8, 16, 24],
+    },
+    "tie_word_embeddings": False,
+}

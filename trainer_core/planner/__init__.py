@@ -9,6 +9,7 @@
 One concern per module, so the maths can be read and tested without a GPU or a model:
     arch.py         parameter counts read off a transformer (meta device for the real one)
     activations.py  one block's saved activations (exact) and working memory (measured)
+    single_stream.py  the same for a Qwen-Image 2.1 (single-stream) block
     inference.py    no-grad working memory: preview forward, VAE encode/decode, text encoder (measured)
     plan.py         PlanInputs -> MemoryPlan: the byte formulas, term by term, of training
     phases.py       every phase of a run (load, cache, init, train, preview, save), GPU and host RAM,

@@ -124,6 +124,10 @@ def _stream_saved(arch: QwenImageArch, s: ActivationSettings, batch: int, tokens
 
 def block_saved_bytes(arch: QwenImageArch, s: ActivationSettings, batch: int, n_img: int, n_txt: int) -> int:
     """Bytes autograd keeps for one block's backward (parameters and the shared RoPE table excluded)."""
+    if arch.single_stream:  # Qwen-Image 2.1
+        from . import single_stream
+
+        return single_stream.block_saved_bytes(arch, s, batch, n_img, n_txt)
     weight_casts = 0
     if s.as_computed() is not s:
         lora = [arch.linear(m) for m in s.targets]
@@ -179,6 +183,10 @@ WORKING_PER_TOKEN = {
 
 def block_working_bytes(arch: QwenImageArch, s: ActivationSettings, batch: int, n_img: int, n_txt: int) -> int:
     """A block's working memory on top of its saved activations (see `WORKING_PER_TOKEN`)."""
+    if arch.single_stream:  # Qwen-Image 2.1: measured for its own block
+        from . import single_stream
+
+        return single_stream.block_working_bytes(arch, s, batch, n_img, n_txt)
     s = s.as_computed()
     ratio = WORKING_PER_TOKEN[(s.preset, "float32" if s.lora_bytes == 4 else "bfloat16", s.dropout, s.checkpointing)]
     return int(ratio * arch.mlp_dim * batch * max(n_img, n_txt))

@@ -54,6 +54,11 @@ class PartSizes:
     text_intermediate: int
     vae_params: int
     vae_base_dim: int
+    # The model's own measured constants (Qwen-Image's by default; Qwen-Image 2.1's in `real_parts21`).
+    vae_encode_per_pixel_channel: float = VAE_ENCODE_BYTES_PER_PIXEL_CHANNEL
+    vae_decode_per_pixel_channel: float = VAE_DECODE_BYTES_PER_PIXEL_CHANNEL
+    text_extra_per_token: int = TEXT_ENCODER_EXTRA_PER_TOKEN
+    text_logits_per_token: int = 0  # vocabulary entries of logits the forward computes (Qwen-Image's loader drops lm_head)
 
 
 @functools.lru_cache(maxsize=1)
@@ -73,10 +78,55 @@ def real_parts() -> PartSizes:
         vae_params=vae_params(), vae_base_dim=base_dim)
 
 
+# Qwen-Image 2.1's parts, measured by tools/calibrate_qwen21.py (same method as above): its VAE
+# (`AutoencoderKLQwenImage21`, RGBA, 16x) per pixel per base channel, and what its Qwen3-VL forward holds per token
+# beyond the hidden states, the MLP's transients and the logits (the pipeline runs the whole model, lm_head too).
+# VAE at base_dim 96, 256 and 512 px: encode 139.2 / 556.8 MB, decode 421.5 / 1685.8 MB (its decoder is 144 wide,
+# hence the larger decode figure per base channel). The text encoder's remainder measured -8184 B per token (hidden
+# 512, 4 layers, 300 tokens): the other terms already cover its forward, so 0 keeps the sum on the safe side.
+VAE21_ENCODE_BYTES_PER_PIXEL_CHANNEL = 22.12
+VAE21_DECODE_BYTES_PER_PIXEL_CHANNEL = 66.99
+TEXT21_EXTRA_PER_TOKEN = 0
+
+
+@functools.lru_cache(maxsize=1)
+def real_parts21() -> PartSizes:
+    """Qwen-Image 2.1's Qwen3-VL-8B (`models.qwen21_arch.QWEN3_VL_8B_CONFIG`, loaded whole: the folder loader
+    reads `Qwen3VLForConditionalGeneration`, vision tower and lm_head included) and its VAE, on the meta device."""
+    import torch
+    from diffusers import AutoencoderKLQwenImage21
+    from torch import nn
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from ..models.qwen21_arch import QWEN3_VL_8B_CONFIG
+
+    text = QWEN3_VL_8B_CONFIG["text_config"]
+    with torch.device("meta"):
+        encoder = Qwen3VLForConditionalGeneration(Qwen3VLConfig(**QWEN3_VL_8B_CONFIG))
+        vae = AutoencoderKLQwenImage21()
+    linears = sum(m.weight.numel() for n, m in encoder.named_modules()
+                  if isinstance(m, nn.Linear) and ".layers." in f".{n}")
+    return PartSizes(
+        text_encoder_params=sum(p.numel() for p in encoder.parameters()), text_encoder_linear_params=linears,
+        text_encoder_largest=text["vocab_size"] * text["hidden_size"], text_hidden=text["hidden_size"],
+        text_layers=text["num_hidden_layers"], text_intermediate=text["intermediate_size"],
+        vae_params=sum(p.numel() for p in vae.parameters()), vae_base_dim=vae.config.base_dim,
+        vae_encode_per_pixel_channel=VAE21_ENCODE_BYTES_PER_PIXEL_CHANNEL,
+        vae_decode_per_pixel_channel=VAE21_DECODE_BYTES_PER_PIXEL_CHANNEL,
+        text_extra_per_token=TEXT21_EXTRA_PER_TOKEN, text_logits_per_token=text["vocab_size"])
+
+
+def parts_for_model(model: str) -> PartSizes:
+    """The real parts the `plan` command plans for `model` (arch.PLANNED_MODELS)."""
+    return real_parts21() if model == "qwen-image-2.1" else real_parts()
+
+
 def parts_for_components(components) -> PartSizes:
     """The sizes of a loaded model set's VAE (and text encoder, while it is loaded); the real model's for a
     part that is not there (a released text encoder: caching is over by the time a run is planned)."""
     from torch import nn
+
+    from ..models.qwen21_arch import is_qwen_image21
 
     fields: dict = {}
     vae = components.vae
@@ -91,14 +141,20 @@ def parts_for_components(components) -> PartSizes:
         fields.update(
             text_encoder_params=sum(p.numel() for p in params.values()), text_encoder_linear_params=linears,
             text_encoder_largest=max(p.numel() for p in params.values()), text_hidden=text.hidden_size,
-            text_layers=text.num_hidden_layers, text_intermediate=text.intermediate_size)
-    if len(fields) == len(dataclasses.fields(PartSizes)):
-        return PartSizes(**fields)
-    return dataclasses.replace(real_parts(), **fields)
+            text_layers=text.num_hidden_layers, text_intermediate=text.intermediate_size,
+            # logits the forward computes: 2.1's folder encoder keeps its lm_head; the file loaders drop it
+            text_logits_per_token=head.out_features if isinstance(head := getattr(encoder, "lm_head", None),
+                                                                  nn.Linear) else 0)
+    # The real model's constants and the sizes of a part not loaded.
+    return dataclasses.replace(real_parts21() if is_qwen_image21(components.skeleton()) else real_parts(), **fields)
 
 
 def preview_block_working_bytes(arch: QwenImageArch, targets: str, lora_dtype: str, n_img: int, n_txt: int) -> int:
     """One block's forward transients in a denoising step (batch 1: true CFG runs its two forwards in turn)."""
+    if arch.single_stream:  # Qwen-Image 2.1: measured for its own block
+        from . import single_stream
+
+        return single_stream.preview_block_working_bytes(arch, targets, lora_dtype, n_img, n_txt)
     return int(PREVIEW_WORKING_PER_TOKEN[(targets, lora_dtype)] * arch.mlp_dim * (n_img + n_txt))
 
 
@@ -111,16 +167,16 @@ def vae_element_bytes(p) -> int:
 
 def vae_encode_bytes(parts: PartSizes, width: int, height: int, element_bytes: int = 2) -> int:
     """The encode's peak above its input; the per-pixel figure is bf16's, and every live tensor has the VAE's dtype."""
-    return int(VAE_ENCODE_BYTES_PER_PIXEL_CHANNEL * parts.vae_base_dim * width * height * element_bytes / 2)
+    return int(parts.vae_encode_per_pixel_channel * parts.vae_base_dim * width * height * element_bytes / 2)
 
 
 def vae_decode_bytes(parts: PartSizes, width: int, height: int, element_bytes: int = 2) -> int:
-    return int(VAE_DECODE_BYTES_PER_PIXEL_CHANNEL * parts.vae_base_dim * width * height * element_bytes / 2)
+    return int(parts.vae_decode_per_pixel_channel * parts.vae_base_dim * width * height * element_bytes / 2)
 
 
 def text_encoder_working_bytes(parts: PartSizes, prompt_tokens: int, act_bytes: int = 2) -> int:
     """The text encoder's forward on one prompt of `prompt_tokens` tokens (the chat template added here)."""
     tokens = prompt_tokens + TEMPLATE_TOKENS
     per_token = (3 * parts.text_layers * parts.text_hidden + 3 * parts.text_intermediate * act_bytes
-                 + TEXT_ENCODER_EXTRA_PER_TOKEN)
+                 + parts.text_logits_per_token * act_bytes + parts.text_extra_per_token)
     return tokens * per_token

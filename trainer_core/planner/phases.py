@@ -205,7 +205,7 @@ def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes) -> Te
     """The larger of one denoising forward (batch 1, no grad) and the VAE's decode, at the preview size."""
     act = DTYPE_BYTES[p.compute_dtype]
     n_img, n_txt = arch.image_tokens(p.preview_width, p.preview_height), p.text_tokens
-    packed = 4 * arch.latent_channels  # channels of a packed latent token (2 x 2 cells)
+    packed = arch.patch_size ** 2 * arch.latent_channels  # channels of a packed latent token (2 x 2 cells; 2.1: 1)
     latents = n_img * packed * act * (3 if p.preview_cfg else 2)  # latents, prediction(s) of this step
     upcast = {"float8": 1, "float8_scaled": 2, "bfloat16": 0}[p.storage] * _largest_block_weight(arch) * act
     upcast = max(upcast, fp8_input_bytes(arch, dataclasses.replace(p, batch=1), n_img))  # one Linear call at a time
@@ -339,10 +339,11 @@ def fewest_swapped_fitting(inputs: PlanInputs, arch: QwenImageArch, parts: PartS
     return (hi if found.fits else None), found
 
 
-def _candidates(p: PlanInputs, failing: set[str]) -> list[tuple[str, dict]]:
+def _candidates(p: PlanInputs, failing: set[str], arch: QwenImageArch) -> list[tuple[str, dict]]:
     """Single changes worth trying, each as (label, PlanInputs fields)."""
     out: list[tuple[str, dict]] = []
-    if "cache" in failing and p.text_encoder_storage == "bfloat16":
+    # (2.1's text encoder comes from a diffusers folder: no float8 file of it to suggest)
+    if "cache" in failing and p.text_encoder_storage == "bfloat16" and not arch.single_stream:
         out.append(("text encoder in float8 while caching (Load node: text_encoder_fp8 = keep" +
                     (")" if p.text_encoder_file_fp8 else ", with the qwen_2.5_vl_7b_fp8_scaled file)"),
                     dict(text_encoder_storage="float8", text_encoder_file_fp8=True)))
@@ -393,7 +394,7 @@ def suggest_changes(plan: PhasePlan, arch: QwenImageArch | None = None, parts: P
     swap_only, fitting = fewest_swapped_fitting(p, arch, parts, plan.ram_bytes, plan.gpu_budget_bytes)
     if swap_only is not None and swap_only != p.blocks_to_swap:
         lines.append(f"blocks_to_swap={swap_only}{_peaks(fitting)}")
-    for label, change in _candidates(p, failing):
+    for label, change in _candidates(p, failing, arch):
         k, fitting = fewest_swapped_fitting(dataclasses.replace(p, **change), arch, parts, plan.ram_bytes,
                                             plan.gpu_budget_bytes)
         # Worth listing when it fits where nothing else does, or with fewer swapped blocks (faster, less RAM).

@@ -242,7 +242,8 @@ def _outside_activation_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int, ac
     so they never add to the block peak (measured: the whole-model check in tests/test_memory.py).
     """
     grads_in = p.batch * (n_img + p.text_tokens) * arch.dim * act
-    rope = p.batch * n_img * arch.rope_complex_per_token * 8
+    # 2.1's RoPE factors cover the joint sequence once (its samples share a layout)
+    rope = (n_img + p.text_tokens if arch.single_stream else p.batch * n_img) * arch.rope_complex_per_token * 8
     return grads_in + rope
 
 
@@ -263,7 +264,9 @@ def fp8_input_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int) -> int:
     image_side = set(IMG_STREAM.values())
     largest = 0
     for s in arch.block_linears:
-        if s.name in MODULATION_LINEARS:
+        if arch.single_stream:  # 2.1: every block Linear reads the joint sequence
+            rows = p.batch * (n_img + p.text_tokens)
+        elif s.name in MODULATION_LINEARS:
             rows = p.batch
         else:
             rows = p.batch * (n_img if s.name in image_side else p.text_tokens)

@@ -181,16 +181,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..core.config import AUTO_SWAP, PlanConfig, field_default
     from ..core.errors import UserInputError
     from ..planner import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
-    from ..planner.arch import real_arch
+    from ..planner.arch import arch_for_model
+    from ..planner.inference import parts_for_model
     from ..planner.phases import plan_phases
     from ..planner.render import render_phases
 
-    num_blocks = real_arch().num_blocks
+    arch, parts = arch_for_model(args.model), parts_for_model(args.model)
+    label, num_blocks = ("Qwen-Image 2.1" if arch.single_stream else "Qwen-Image"), arch.num_blocks
     if args.blocks_to_swap > num_blocks - 1:
         raise UserInputError(
-            f"--blocks-to-swap {args.blocks_to_swap}: Qwen-Image has {num_blocks} transformer blocks and at least one "
+            f"--blocks-to-swap {args.blocks_to_swap}: {label} has {num_blocks} transformer blocks and at least one "
             f"must stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' (or leave it out) to let the planner choose."
         )
+    # 2.1's text encoder is read from a diffusers folder in the compute dtype: no float8 file to keep Linears of.
+    te_fp8_file = not arch.single_stream
+    if not te_fp8_file and args.text_encoder_storage == "float8":
+        raise UserInputError("--text-encoder-storage float8: Qwen-Image 2.1's text encoder is read from a diffusers "
+                             "folder in bfloat16 (no float8 file of it is read here): use bfloat16 or auto.")
+    if arch.single_stream and args.gpu is not None:
+        raise UserInputError("--gpu: the step-time model (planner/timeline.py) is Qwen-Image's dual-stream one; "
+                             "it does not model Qwen-Image 2.1 yet. Leave --gpu out.")
     width = args.width if args.width is not None else args.resolution
     height = args.height if args.height is not None else args.resolution
     auto = args.blocks_to_swap == AUTO_SWAP
@@ -202,21 +212,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
         checkpointing=not args.no_checkpointing, blocks_to_swap=0 if auto else args.blocks_to_swap,
         optimizer=args.optimizer, grad_accum_steps=args.grad_accum, dataset_images=args.images,
         text_encoder_storage=args.text_encoder_storage, preview_width=args.preview_size,
-        preview_height=args.preview_size,
+        preview_height=args.preview_size, text_encoder_file_fp8=te_fp8_file,
     )
     if not auto:
         budget = int(args.budget_gb * GIB) if args.budget_gb is not None else None
-        print(render_plan(plan_memory(inputs), budget))
+        print(render_plan(plan_memory(inputs, arch), budget))
     else:
         budget_gb = args.budget_gb if args.budget_gb is not None else field_default(PlanConfig, "budget_gb")
         budget = int(budget_gb * GIB)
-        choice = auto_blocks_to_swap(inputs, budget)
+        choice = auto_blocks_to_swap(inputs, budget, arch, parts)
         # When nothing fits, the phase table below lists the changes that would (GPU and host RAM together).
         print(render_choice(choice) if choice.fits else render_plan(choice.plan, budget))
         inputs = dataclasses.replace(inputs, blocks_to_swap=choice.plan.inputs.blocks_to_swap)
     if not auto or choice.fits:
         _print_timeline(args, inputs)
-    phases = plan_phases(inputs, ram_bytes=ram, gpu_budget_bytes=budget)
+    phases = plan_phases(inputs, arch, ram_bytes=ram, gpu_budget_bytes=budget, parts=parts)
     print()
     print(render_phases(phases))
     if args.gpus == 1:
@@ -329,12 +339,18 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=cmd_export_tiny)
 
     plan = sub.add_parser(
-        "plan", help="predict GPU memory and host RAM of a training setup (real Qwen-Image), term by term",
+        "plan", help="predict GPU memory and host RAM of a training setup (real Qwen-Image or 2.1), term by term",
         description="Without --blocks-to-swap (or with 'auto'), picks the fewest swapped blocks that fit "
                     "--budget-gb; with a number, plans that swap count (and compares it with --budget-gb when given). "
                     "Then prints each phase's GPU and host RAM peak (load, cache, init, train, preview, save), "
                     "checked against --budget-gb and --ram-gb; exits 1 when a phase does not fit, with the changes "
                     "that would. Defaults are the nodes' defaults.")
+    from ..planner.arch import PLANNED_MODELS
+
+    plan.add_argument("--model", choices=PLANNED_MODELS, default=PLANNED_MODELS[0],
+                      help="the real model to plan for: qwen-image (also Edit and 2512: the same transformer) or "
+                           "qwen-image-2.1 (32 single-stream blocks of width 4096, its Qwen3-VL-8B text encoder "
+                           "and 16x VAE)")
     plan.add_argument("--resolution", **config_arg(DatasetConfig, "resolution", help="square side in pixels"))
     plan.add_argument("--width", **config_arg(PlanConfig, "width", default=None,
                                               help="image width in pixels, a multiple of 32 (default: --resolution)"))

@@ -39,8 +39,7 @@ from ..core.files import inside, write_bytes_atomic, write_error
 from ..core.names import require_step
 from ..data.cache import CachedDataset, build_cache
 from ..data.mixture import combined
-from ..families.recognise import recognise_family
-from ..models.source import load_model_set
+from ..families.recognise import load_recognised
 from ..training import Every, StepReport, Trainer, every
 from ..training.distributed import Replicas, lost_peer, lost_peer_message
 from ..training.live import StepPreview, keep_preview, step_grid
@@ -103,12 +102,12 @@ def train_run(run: RunFile, replicas: Replicas, config_text: str = "", steps: in
     lora_output_path(run_dir, run.save.filename, run.train.run_name, 0)  # a bad name fails before any work
     if run.steps_cfg.snapshot_every or run.headless.snapshot_every_epochs:  # named by filename: {step}, or overwritten
         require_step(run.save.filename, f"{run.where}: [output] filename", "[output] snapshot_every(_epochs)")
-    components = load_model_set(run.load.source, replicas.device, storage=run.load.storage,
-                                compute_dtype=run.load.compute_dtype, transformer=run.load.transformer,
-                                text_encoder=run.load.text_encoder, vae=run.load.vae,
-                                tokenizer=run.headless.tokenizer or None,
-                                diffusers_folder=run.load.diffusers_folder, text_encoder_fp8=run.load.text_encoder_fp8)
-    components = recognise_family(components)  # Qwen-Image-Layered says so in its transformer
+    # The family from the files: Layered and 2.1 say so in their transformers (2.1: the rest from its folder).
+    components = load_recognised(run.load.source, replicas.device, storage=run.load.storage,
+                                 compute_dtype=run.load.compute_dtype, transformer=run.load.transformer,
+                                 text_encoder=run.load.text_encoder, vae=run.load.vae,
+                                 tokenizer=run.headless.tokenizer or None,
+                                 diffusers_folder=run.load.diffusers_folder, text_encoder_fp8=run.load.text_encoder_fp8)
     say(f"model: {components.name} ({components.num_blocks} blocks, {run.load.storage} blocks, compute "
         f"{str(components.compute_dtype).removeprefix('torch.')}, {components.device})"
         + (f"; {replicas.size} processes" if replicas.size > 1 else ""))

@@ -109,7 +109,8 @@ KEYS = (
         help=f"Qwen-Image VAE file (qwen_image_vae; ComfyUI's or diffusers' names). {_PATH}"),
     Key("model", "tokenizer", HeadlessConfig, "tokenizer", path=True),
     Key("model", "diffusers_folder", LoadConfig, "diffusers_folder", path=True,
-        help=f"A diffusers Qwen-Image folder (transformer/, vae/, text_encoder/, tokenizer/). {_PATH}"),
+        help=f"A diffusers Qwen-Image folder (transformer/, vae/, text_encoder/, tokenizer/); with a Qwen-Image 2.1 "
+             f"transformer file, the 2.1 folder its text encoder, VAE and processor come from. {_PATH}"),
     Key("model", "storage", LoadConfig, "storage"),
     Key("model", "compute_dtype", LoadConfig, "compute_dtype"),
     Key("model", "text_encoder_fp8", LoadConfig, "text_encoder_fp8"),
@@ -340,6 +341,14 @@ def _model(settings: dict[str, Any], where: str) -> LoadConfig:
                 f"{where}: [model] says no model: set source = \"tiny\" (the built-in test model), diffusers_folder, "
                 "or transformer, text_encoder and vae (model files).")
     settings["source"] = source
+    if source == SOURCE_NAMES["files"] and settings["transformer"]:
+        from ..families.recognise import is_qwen_image21_file
+
+        if is_qwen_image21_file(settings["transformer"]):  # 2.1: VAE (and text encoder unless set) from its folder
+            files = ("transformer",) + (("text_encoder",) if settings["text_encoder"] else ())
+            if not Path(settings.get("diffusers_folder") or ".").is_dir():
+                raise UserInputError(f"{where}: [model] transformer is Qwen-Image 2.1: set diffusers_folder to the "
+                                     "diffusers Qwen-Image 2.1 folder its text encoder, VAE and processor come from.")
     if source == SOURCE_NAMES["files"]:
         missing = [name for name in files if not settings[name]]
         if missing:

@@ -12,6 +12,8 @@ Modules, one concern each:
     text.py       prompt encoding by the pipeline's own method
     processor.py  the Qwen3-VL processor built offline (tiny model, files without one)
     files.py      ComfyUI's single transformer file (MLP fused or split; bf16, float8): reader and writer
+    text_file.py  ComfyUI's single Qwen3-VL-8B text encoder file: reader and writer
     folder.py     a diffusers folder (optionally with the transformer from files.py): loader and writer
     tiny.py       the tiny model set (random weights) for tests and the demo
+    recognise.py  whether Load settings name 2.1 (its transformer file, its folder), and its model set from them
 """

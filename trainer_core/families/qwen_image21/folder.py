@@ -33,9 +33,10 @@ def _tokenizer(root: Path):
 
 
 def load_qwen_image21_folder(folder: str | Path, transformer_file: str | Path | None = None, storage: str = "float8",
-                             compute_dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"
-                             ) -> QwenImageComponents:
-    """The model set of a diffusers folder; block Linears stored as `storage`, the rest in `compute_dtype`."""
+                             compute_dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
+                             text_encoder_file: str | Path | None = None) -> QwenImageComponents:
+    """The model set of a diffusers folder; block Linears stored as `storage`, the rest in `compute_dtype`. The
+    transformer and the text encoder may come from ComfyUI's single files instead (files.py, text_file.py)."""
     from diffusers import AutoencoderKLQwenImage21, QwenImage21Transformer2DModel
     from transformers import Qwen3VLForConditionalGeneration
 
@@ -45,7 +46,7 @@ def load_qwen_image21_folder(folder: str | Path, transformer_file: str | Path | 
     from .tiny import QWEN_IMAGE21_SCHEDULER_CONFIG
 
     root = Path(folder).expanduser()
-    for part in ("vae", "text_encoder"):
+    for part in ("vae",) + (("text_encoder",) if text_encoder_file is None else ()):
         if not (root / part / "config.json").is_file():
             raise UserInputError(f"{root / part} has no config.json: is {root} a diffusers Qwen-Image 2.1 folder?")
     device = torch.device(device)
@@ -60,8 +61,13 @@ def load_qwen_image21_folder(folder: str | Path, transformer_file: str | Path | 
     vae.to(device).requires_grad_(False).eval()
 
     def load_text_encoder():
-        encoder = Qwen3VLForConditionalGeneration.from_pretrained(str(root / "text_encoder"), torch_dtype=compute_dtype,
-                                                                   **local)
+        if text_encoder_file is not None:
+            from .text_file import load_qwen3_vl_file
+
+            encoder = load_qwen3_vl_file(text_encoder_file, compute_dtype)
+        else:
+            encoder = Qwen3VLForConditionalGeneration.from_pretrained(str(root / "text_encoder"),
+                                                                       torch_dtype=compute_dtype, **local)
         return encoder.requires_grad_(False).eval(), build_processor(_tokenizer(root), encoder.config.vision_config)
 
     text_encoder, processor = load_text_encoder()

@@ -1,0 +1,133 @@
+"""Qwen-Image 2.1 on the canvas and headless: the Load path recognises 2.1 from its transformer file (the tiny
+export, in ComfyUI's key layout with the MLP fused or split) and takes its text encoder, VAE and processor from a
+diffusers 2.1 folder; the shipped workflow's API twin and `run_files/qwen_image21.toml` train on the tiny files.
+"""
+
+import json
+import shutil
+import tomllib
+
+import pytest
+import torch
+
+from conftest import REPO
+from trainer_core.core.errors import UserInputError
+from trainer_core.families.recognise import is_qwen_image21_file, load_recognised
+from trainer_core.models.source import DIFFUSERS, FILES
+
+FAMILY = "qwen-image-2.1"
+API_WORKFLOW = REPO / "workflows" / "api" / "qwen_image21_lora_training.api.json"
+RUN_FILE = REPO / "run_files" / "qwen_image21.toml"
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def files21(tmp_path_factory):
+    from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
+
+    return export_tiny_qwen_image21(tmp_path_factory.mktemp("tiny21"), layout="comfyui")
+
+
+def test_every_exported_21_transformer_file_says_21_and_a_qwen_image_file_does_not(files21, tiny_files):
+    transformers = [p for name, p in files21.items() if name.startswith("transformer_")]
+    assert len(transformers) == 4  # bf16, fp8, scaled fp8 (MLP fused) and bf16 with the MLP split
+    assert all(is_qwen_image21_file(p) for p in transformers)
+    assert not any(is_qwen_image21_file(p) for name, p in tiny_files.items() if name.startswith("transformer"))
+    assert not is_qwen_image21_file(files21["diffusers_folder"] / "missing.safetensors")
+
+
+@pytest.mark.parametrize("name", ["transformer_bf16", "transformer_bf16_split_mlp"])
+def test_a_21_transformer_file_loads_as_21_with_the_folders_other_parts(files21, name):
+    from trainer_core.families import get_family
+
+    tiny = get_family(FAMILY).tiny_components(storage="float32")
+    components = load_recognised(FILES, CPU, storage="float32", compute_dtype="float32", transformer=files21[name],
+                                 text_encoder="(not used)", vae="(not used)", diffusers_folder=files21["diffusers_folder"])
+    assert components.family.name == FAMILY
+    want = {k: v.to(torch.bfloat16).float() for k, v in tiny.transformer.state_dict().items()}  # the file is bf16
+    got = components.transformer.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k].float(), want[k]) for k in want)
+    assert all(torch.equal(a, b) for a, b in zip(components.vae.state_dict().values(), tiny.vae.state_dict().values()))
+
+
+def test_a_21_transformer_file_without_its_folder_is_refused_naming_both(files21, tmp_path):
+    with pytest.raises(UserInputError, match="is Qwen-Image 2.1: its VAE and processor .and its Qwen3-VL text encoder, unless its file is chosen. are read from") as e:
+        load_recognised(FILES, CPU, transformer=files21["transformer_bf16"], diffusers_folder=str(tmp_path))
+    assert str(files21["transformer_bf16"]) in str(e.value) and "diffusers_folder" in str(e.value)
+
+
+def test_a_21_diffusers_folder_loads_as_21(files21):
+    components = load_recognised(DIFFUSERS, CPU, storage="float32", compute_dtype="float32",
+                                 diffusers_folder=files21["diffusers_folder"])
+    assert components.family.name == FAMILY and components.num_blocks == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoder_file", [False, True])
+def test_the_shipped_21_workflow_trains_on_the_tiny_files(pack, files21, demo_folder, tmp_path, monkeypatch,
+                                                          encoder_file):
+    """workflows/api/qwen_image21_lora_training.api.json as shipped, its model pointed at the tiny export (the
+    transformer found in the models folder by its name, as ComfyUI lists it; the text encoder from the folder, or
+    its ComfyUI-layout file picked in models/text_encoders) and the demo images."""
+    from graph_runner import GraphRunner
+
+    models = tmp_path / "models"
+    (models / "diffusion_models").mkdir(parents=True)
+    target = models / "diffusion_models" / "qwen_image_2.1_bf16.safetensors"
+    shutil.copy(files21["transformer_bf16"], target)
+    shutil.copy(files21["transformer_bf16"].with_suffix(".json"), target.with_suffix(".json"))  # tiny: its RoPE axes
+    monkeypatch.setenv("QWEN_LORA_MODELS", str(models))
+    monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
+    monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
+    prompt = json.loads(API_WORKFLOW.read_text())
+    assert prompt["1"]["inputs"]["transformer"] == "qwen_image_2.1_bf16.safetensors"
+    prompt["1"]["inputs"].update(diffusers_folder=str(files21["diffusers_folder"]), storage="float8",
+                                 compute_dtype="float32")
+    if encoder_file:
+        (models / "text_encoders").mkdir()
+        for suffix in (".safetensors", ".json"):
+            shutil.copy(files21["text_encoder"].with_suffix(suffix), models / "text_encoders" / f"qwen3vl_tiny{suffix}")
+        prompt["1"]["inputs"]["text_encoder"] = "qwen3vl_tiny.safetensors"
+    prompt["2"]["inputs"].update(folder=str(demo_folder), resolution=64, min_bucket_side=32, max_bucket_side=128)
+    prompt["3"]["inputs"].update(cache_folder="")
+    prompt["6"]["inputs"].update(blocks_to_swap=0, checkpoint_every=0, run_name="t21")
+    prompt["7"]["inputs"].update(steps=2, preview_every=0, preview_size=64, preview_sampling_steps=2, snapshot_every=0)
+    prompt["8"]["inputs"].update(width=64, height=64, steps=2)
+    outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
+    trainer = outputs["7"][0]
+    assert trainer.step == 2 and trainer.components.family.name == FAMILY
+    # the encoder from where it was chosen: the file holds bf16 values, the folder the tiny model's float32 ones
+    from trainer_core.families import get_family
+
+    embed = get_family(FAMILY).tiny_components().text_encoder.model.language_model.embed_tokens.weight
+    read, _ = trainer.components.text_encoder_loader()
+    got = read.model.language_model.embed_tokens.weight
+    assert torch.equal(got, embed.bfloat16().float() if encoder_file else embed) and not torch.equal(embed.bfloat16().float(), embed)
+    from safetensors.torch import load_file
+
+    keys = load_file(outputs["10"][0]).keys()
+    assert any(".img_mlp.gate_up." in k for k in keys)  # ComfyUI's 2.1 layout: the MLP pair fused
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoder_file", [False, True])
+def test_the_shipped_21_run_file_trains_on_the_tiny_files(files21, demo_folder, tmp_path, capsys, encoder_file):
+    """run_files/qwen_image21.toml as shipped, [model] and [[dataset]] pointed at the tiny files and demo images;
+    the text encoder from the folder, or from its ComfyUI-layout file."""
+    from trainer_core.runs.cli import main
+    from trainer_core.runs.run_file import render
+
+    data = tomllib.loads(RUN_FILE.read_text())
+    assert data["model"]["source"] == "files" and "text_encoder" not in data["model"]
+    data["model"].update(transformer=str(files21["transformer_bf16_split_mlp"]),
+                         diffusers_folder=str(files21["diffusers_folder"]), compute_dtype="float32")
+    if encoder_file:
+        data["model"]["text_encoder"] = str(files21["text_encoder"])
+    data["dataset"][0].update(folder=str(demo_folder), resolution=64, min_bucket_side=32, max_bucket_side=128)
+    data["train"].update(blocks_to_swap=0)
+    data["previews"].update(preview_every=0, preview_size=64)
+    path = tmp_path / "run.toml"
+    path.write_text(render(data))
+    assert main(["train", "--config", str(path), "--output", str(tmp_path / "out"), "--steps", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "lora: " in printed and "qwen_image21_tiny" in printed  # the model set is named after its folder
