@@ -53,25 +53,26 @@ def pytest_configure(config):
     gc.freeze()
 
 
-# The longest test files (seconds in `make test` on 2 cores, measured), run first. pytest-xdist's --dist loadfile
+# The longest test files (seconds each took in `make test` on a busy 2-core machine), run first. pytest-xdist's --dist loadfile
 # gives each worker whole files and, by default, hands out the files with the most tests first: the few long
 # files of one or two tests (a torchrun launch, a new process, Inductor's compiles) came last, and one worker ran
 # the last of them while the other had nothing left. Longest first, the short files fill the end. A file not
 # listed keeps its place in the collection order, after these.
 LONGEST_FILES = (
-    "test_float8_compiled.py",  # 51 s: Inductor compiles C++ (cold disk cache on a fresh machine)
-    "test_distributed.py",  # 42 s: two torchrun launches
-    "test_bad_disk.py",  # 36 s
-    "test_optimizers.py",  # 35 s
-    "test_resume.py",  # 32 s: a new process
-    "test_trainer.py",  # 27 s
-    "test_memory.py",  # 22 s
-    "test_device_check.py",  # 20 s: a new process with the whole stack
-    "test_headless.py",  # 19 s
-    "test_bad_inputs.py",  # 17 s
+    "test_float8_compiled.py",  # 46-51 s with Inductor's disk cache cold (a fresh machine), ~9 s warm
+    "test_distributed.py",  # 38 s: two torchrun launches
+    "test_device_check.py",  # 37 s: a new process with the whole stack
+    "test_bad_disk.py",  # 34 s
+    "test_headless.py",  # 27 s
+    "test_trainer.py",  # 26 s
+    "test_bad_inputs.py",  # 26 s
+    "test_resume.py",  # 21 s: a new process
+    "test_silent_cases.py",  # 21 s: a new process
+    "test_distributed_kill.py",  # 20 s: a torchrun launch
+    "test_optimizers.py",  # 18 s
+    "test_memory.py",  # 17 s
     "test_runs.py",  # 16 s
-    "test_silent_cases.py",  # 15 s
-    "test_phases.py",  # 14 s
+    "test_phases.py",  # 15 s
 )
 
 
