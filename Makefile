@@ -47,7 +47,8 @@ demo: $(STAMP)
 
 # Every test, on two worker processes (pytest-xdist; tests/conftest.py gives each one OpenMP thread): the
 # tiny models use one core each, so a 2-core machine runs two tests at once. --dist loadfile keeps each test
-# file on one worker: a module's shared fixtures (a torchrun launch, real-width models) are built once.
+# file on one worker: a module's shared fixtures (a torchrun launch, real-width models) are built once;
+# tests/conftest.py hands out the longest files first (LONGEST_FILES), so that short ones fill the end.
 # TEST_WORKERS=0 runs them in this process; `-m "not slow"` (pytest directly) leaves out the longest ones.
 TEST_WORKERS ?= 2
 

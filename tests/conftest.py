@@ -30,8 +30,16 @@ def pytest_configure(config):
     The engine collects garbage whenever it releases a model (core/host_memory.give_back_freed_memory), and a
     full collection walks every tracked object: ~0.47 s with these libraries imported (~490k objects), paid
     several times per test. Frozen, the import-time objects (modules, functions, classes: never freed anyway)
-    are skipped; what tests create is still collected."""
+    are skipped; what tests create is still collected. Not in pytest-xdist's controller, which runs no test
+    and starts its workers only after this hook: the imports there delayed every worker by their ~5 s."""
     import gc
+
+    # pytest-xdist's controller (which collects nothing) hands out the files in the workers' collection order
+    # (pytest_collection_modifyitems: longest first), not its default of the files with the most tests first.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # the controller
 
     import diffusers.models.autoencoders  # noqa: F401  (imports every autoencoder: the tiny models' VAE is one)
     import peft  # noqa: F401
@@ -43,6 +51,49 @@ def pytest_configure(config):
 
     gc.collect()
     gc.freeze()
+
+
+# The longest test files (seconds each took in `make test` on a busy 2-core machine), run first. pytest-xdist's --dist loadfile
+# gives each worker whole files and, by default, hands out the files with the most tests first: the few long
+# files of one or two tests (a torchrun launch, a new process, Inductor's compiles) came last, and one worker ran
+# the last of them while the other had nothing left. Longest first, the short files fill the end. A file not
+# listed keeps its place in the collection order, after these.
+LONGEST_FILES = (
+    "test_float8_compiled.py",  # 46-51 s with Inductor's disk cache cold (a fresh machine), ~9 s warm
+    "test_distributed.py",  # 38 s: two torchrun launches
+    "test_device_check.py",  # 37 s: a new process with the whole stack
+    "test_bad_disk.py",  # 34 s
+    "test_headless.py",  # 27 s
+    "test_trainer.py",  # 26 s
+    "test_bad_inputs.py",  # 26 s
+    "test_resume.py",  # 21 s: a new process
+    "test_silent_cases.py",  # 21 s: a new process
+    "test_distributed_kill.py",  # 20 s: a torchrun launch
+    "test_optimizers.py",  # 18 s
+    "test_memory.py",  # 17 s
+    "test_runs.py",  # 16 s
+    "test_phases.py",  # 15 s
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Longest files first (LONGEST_FILES); the tests of a file stay together and in their order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+@pytest.fixture(scope="module", autouse=True)
+def frozen_before_each_module():
+    """What is alive when a test file starts, moved to gc's permanent generation (as pytest_configure does
+    with the libraries). Tests import more as they go (pipelines, Dynamo, other test modules at collection),
+    and session fixtures stay: a worker tracked ~100k objects by mid-run, and every model released collects
+    them all (~40 ms, several times per test). Collected first, so only what is alive is frozen; what a
+    file's tests create is collected as before."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    yield
 
 
 def load_pack():

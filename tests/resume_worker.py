@@ -21,9 +21,10 @@ from trainer_core.models import build_tiny_components  # noqa: E402
 from trainer_core.training import Trainer  # noqa: E402
 
 
-def main(data: str, work: str, total_steps: int, resume: bool, out: str) -> None:
+def main(data: str, work: str, total_steps: int, resume: bool, out: str, cache: str | None = None) -> None:
+    """`cache`: the latent + prompt cache folder (default WORK/cache), so that runs in one test can share one."""
     components = build_tiny_components(seed=0, storage="float8")
-    cached = cached_demo(components, data, Path(work) / "cache")
+    cached = cached_demo(components, data, Path(cache) if cache else Path(work) / "cache")
     trainer = Trainer(
         components, cached,
         LoraConfig(rank=4, alpha=8.0, targets="all", dropout=0.1),

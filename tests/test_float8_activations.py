@@ -122,6 +122,7 @@ def test_flag_off_and_uninstalled_runner_leave_the_eager_path_bit_for_bit():
 
 
 def fp8_trainer(tmp_path, demo_folder, fp8_activations: bool) -> Trainer:
+    """Trainers of one test share TMP/cache: the demo dataset is encoded once per test, not per trainer."""
     components = build_tiny_components(seed=0, storage="float8", compute_dtype=torch.bfloat16)
     cached = cached_demo(components, demo_folder, tmp_path / "cache")
     return Trainer(components, cached, LoraConfig(rank=4, alpha=4.0),
@@ -132,16 +133,16 @@ def fp8_trainer(tmp_path, demo_folder, fp8_activations: bool) -> Trainer:
 def test_chunked_training_with_fp8_activations_stays_bit_identical(tmp_path, demo_folder):
     """bf16 compute, float8 blocks, a streamed block, checkpointing (the recompute runs the float8 path again):
     2 + 2 steps equal 4 steps bit for bit; the losses stay near those of bf16 compute on the same batches."""
-    whole = fp8_trainer(tmp_path / "a", demo_folder, True)
+    whole = fp8_trainer(tmp_path, demo_folder, True)
     assert "fp8 activations: on" in whole.memory_plan
     losses = whole.train(4).losses
     after = [p.detach().clone() for p in whole.params]
     whole.close()
-    chunked = fp8_trainer(tmp_path / "b", demo_folder, True)
+    chunked = fp8_trainer(tmp_path, demo_folder, True)
     assert chunked.train(2).losses + chunked.train(2).losses == losses
     assert all(torch.equal(a, b) for a, b in zip(after, chunked.params))
     chunked.close()
-    bf16 = fp8_trainer(tmp_path / "c", demo_folder, False)
+    bf16 = fp8_trainer(tmp_path, demo_folder, False)
     bf16_losses = bf16.train(4).losses
     bf16.close()
     assert bf16_losses != losses

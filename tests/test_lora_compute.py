@@ -11,6 +11,7 @@ from trainer_core.training import Trainer
 
 
 def bf16_trainer(tmp_path, demo_folder, lr):
+    """Trainers of one test share TMP/cache: the demo dataset is encoded once per test, not per trainer."""
     components = build_tiny_components(seed=0, storage="float8", compute_dtype=torch.bfloat16)
     cached = cached_demo(components, demo_folder, tmp_path / "cache")
     return Trainer(components, cached, LoraConfig(rank=4, alpha=4.0, dtype="float32"),
@@ -34,7 +35,7 @@ def test_updates_too_small_for_bf16_are_kept_and_chunks_stay_bit_identical(tmp_p
     """bf16 compute (the LoRA in bf16, fp32 masters), float8 blocks, a streamed block, checkpointing (modulation
     outputs kept, the last block's text stream detached): 2 + 2 steps equal 4 steps, bit for bit; and updates of
     ~lr = 1e-5 per step, far below bf16's resolution at values ~0.1 (2^-11), are kept by the fp32 masters."""
-    whole = bf16_trainer(tmp_path / "a", demo_folder, 1e-5)
+    whole = bf16_trainer(tmp_path, demo_folder, 1e-5)
     before = [p.detach().clone() for p in whole.params]
     whole.train(4)
     after = [p.detach().clone() for p in whole.params]
@@ -42,7 +43,7 @@ def test_updates_too_small_for_bf16_are_kept_and_chunks_stay_bit_identical(tmp_p
     assert all(p.dtype == torch.float32 for p in after)
     assert all((a != b).any() for a, b in zip(after, before))  # every tensor learnt
     assert ((after[0] != before[0]) & (after[0].bfloat16() == before[0].bfloat16())).any()
-    chunked = bf16_trainer(tmp_path / "b", demo_folder, 1e-5)
+    chunked = bf16_trainer(tmp_path, demo_folder, 1e-5)
     chunked.train(2)
     chunked.train(2)
     assert all(torch.equal(a, b) for a, b in zip(after, chunked.params))

@@ -24,9 +24,12 @@ def settings(name: str, **kw) -> OptimizerConfig:
     return OptimizerConfig(**{"optimizer": name, "learning_rate": 1.0 if name == "prodigy" else 1e-3, **kw})
 
 
-def make(tmp_path, demo_folder, name, dtype="float32", run="run"):
+def make(tmp_path, demo_folder, cache, name, dtype="float32", run="run"):
+    """A trainer on the seed-0 tiny model. `cache`: the session's shared cache folder (conftest.tiny_cache; its
+    entries are content-addressed): encoding the demo dataset again for every trainer was most of this file's
+    time, and no test here is about the cache."""
     components = build_tiny_components(seed=0, storage="float32")
-    cached = cached_demo(components, demo_folder, tmp_path / "cache")
+    cached = cached_demo(components, demo_folder, cache)
     return Trainer(components, cached, LoraConfig(rank=4, alpha=4.0, dtype=dtype), settings(name, warmup_steps=2),
                    TrainConfig(seed=1), run_dir=tmp_path / run)
 
@@ -53,23 +56,23 @@ def state_equal(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> None:
 
 @pytest.mark.parametrize("name,dtype", [(n, "float32") for n in OPTIMIZERS] +
                          [("adamw_kahan", "bfloat16"), ("automagic", "bfloat16"), ("came", "bfloat16")])
-def test_every_optimizer_resumes_bit_exactly(demo_folder, tmp_path, name, dtype):
+def test_every_optimizer_resumes_bit_exactly(demo_folder, tiny_cache, tmp_path, name, dtype):
     """4 steps in one go == 2 steps, a checkpoint, a new trainer resumes, 2 more: LoRA and optimizer state bit
     for bit. The split run also saves and previews its LoRA (a LoRA file's tensors, the validation path) in
     between: for schedule-free AdamW that swaps to the averaged weights and back, which must change nothing."""
-    whole = make(tmp_path / "whole", demo_folder, name, dtype)
+    whole = make(tmp_path / "whole", demo_folder, tiny_cache, name, dtype)
     whole.train(4)
-    split = make(tmp_path / "split", demo_folder, name, dtype)
+    split = make(tmp_path / "split", demo_folder, tiny_cache, name, dtype)
     split.train(1)
     split.lora_state_dict()
     split.train(1)
     split.close()  # one trainer per run folder
-    again = make(tmp_path / "split", demo_folder, name, dtype)
+    again = make(tmp_path / "split", demo_folder, tiny_cache, name, dtype)
     assert again.resume() and again.step == 2
     again.train(2)
     assert all(torch.equal(a, b) for a, b in zip(whole.params, again.params))
-    assert any(not torch.equal(a, b) for a, b in zip(whole.params, make(tmp_path / "fresh", demo_folder, name,
-                                                                         dtype).params)), "training changed nothing"
+    fresh = make(tmp_path / "fresh", demo_folder, tiny_cache, name, dtype)
+    assert any(not torch.equal(a, b) for a, b in zip(whole.params, fresh.params)), "training changed nothing"
     state_equal(whole.optimizer, again.optimizer)
 
 
@@ -99,10 +102,10 @@ def test_state_survives_the_checkpoints_flattening_and_json(name):
     assert all(torch.equal(p, q) for p, q in zip(params, copies))
 
 
-def test_schedule_free_previews_and_saves_see_its_averaged_weights(demo_folder, tmp_path):
+def test_schedule_free_previews_and_saves_see_its_averaged_weights(demo_folder, tiny_cache, tmp_path):
     """Schedule-free AdamW trains at y, between its average x and its iterate z; a LoRA file and validation see
     x (what the library's eval() sets), and training continues from y exactly."""
-    t = make(tmp_path, demo_folder, "schedulefree_adamw")
+    t = make(tmp_path, demo_folder, tiny_cache, "schedulefree_adamw")
     t.train(3)
     y = [p.detach().clone() for p in t.params]
     beta1 = t.optimizer.param_groups[0]["betas"][0]

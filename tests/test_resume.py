@@ -37,7 +37,8 @@ def test_resume_in_a_new_process_is_bit_exact(demo_folder, tmp_path):
     from trainer_core.runs.cli import main
 
     resume_worker.main(demo_folder, tmp_path / "split", 3, False, tmp_path / "first.safetensors")
-    resume_worker.main(demo_folder, tmp_path / "whole", 7, False, tmp_path / "whole.safetensors")
+    resume_worker.main(demo_folder, tmp_path / "whole", 7, False, tmp_path / "whole.safetensors",
+                       cache=tmp_path / "split" / "cache")  # the split run's cache (the same entries): encoded once
     assert main(["demo", "--model", "qwen-image", "--steps", "3", "--out", str(tmp_path / "D")]) == 0
     assert main(["demo", "--model", "qwen-image", "--steps", "6", "--out", str(tmp_path / "E")]) == 0
     args = [demo_folder, tmp_path / "split", 7, "resume", tmp_path / "split.safetensors",
@@ -50,63 +51,66 @@ def test_resume_in_a_new_process_is_bit_exact(demo_folder, tmp_path):
     assert_same_tensors(tmp_path / "D" / "demo_lora.safetensors", tmp_path / "E" / "demo_lora.safetensors")
 
 
-def make(tmp_path, demo_folder, lora=None, optimizer="adamw8bit", run="run", **train):
+def make(tmp_path, demo_folder, cache, lora=None, optimizer="adamw8bit", run="run", **train):
+    """A trainer on the seed-0 tiny model; `cache` is the session's shared cache folder (conftest.tiny_cache:
+    content-addressed entries), since no test below is about the cache and encoding was much of their time."""
     components = build_tiny_components(seed=0, storage="float32")
-    cached = cached_demo(components, demo_folder, tmp_path / "cache")
+    cached = cached_demo(components, demo_folder, cache)
     return Trainer(components, cached, lora or LoraConfig(rank=4, alpha=4.0),
                    OptimizerConfig(optimizer=optimizer, learning_rate=1e-3),
                    TrainConfig(seed=1, **train), run_dir=tmp_path / run)
 
 
-def test_checkpoints_every_n_steps_and_at_the_end_keeping_two(demo_folder, tmp_path):
-    t = make(tmp_path, demo_folder, checkpoint_every=2)
+def test_checkpoints_every_n_steps_and_at_the_end_keeping_two(demo_folder, tiny_cache, tmp_path):
+    t = make(tmp_path, demo_folder, tiny_cache, checkpoint_every=2)
     t.train(5)
     root = ckpt.checkpoints_dir(tmp_path / "run")
     assert sorted(p.name for p in root.glob("step_*")) == ["step_000004", "step_000005"]
     assert json.loads((root / "latest.json").read_text()) == {"dir": "step_000005", "step": 5}
 
 
-def test_8bit_adamw_state_whose_quantisation_maps_are_shared_checkpoints_and_resumes_exactly(demo_folder, tmp_path):
+def test_8bit_adamw_state_whose_quantisation_maps_are_shared_checkpoints_and_resumes_exactly(demo_folder, tiny_cache,
+                                                                                              tmp_path):
     """bitsandbytes gives every parameter of 4096 elements or more (every LoRA tensor of the real model; rank 64
     here) the same two quantisation-map tensors, which safetensors refuses to write twice."""
     big = LoraConfig(rank=64, alpha=64.0)
-    whole = make(tmp_path / "whole", demo_folder, lora=big)
+    whole = make(tmp_path / "whole", demo_folder, tiny_cache, lora=big)
     whole.train(4)
     assert any(p.numel() >= 4096 for p in whole.params)
-    split = make(tmp_path / "split", demo_folder, lora=big)
+    split = make(tmp_path / "split", demo_folder, tiny_cache, lora=big)
     split.train(2)
     split.close()  # one trainer per run folder
-    again = make(tmp_path / "split", demo_folder, lora=big)
+    again = make(tmp_path / "split", demo_folder, tiny_cache, lora=big)
     assert again.resume() and again.step == 2
     again.train(2)
     assert all(torch.equal(a, b) for a, b in zip(whole.params, again.params))
 
 
-def test_resuming_with_another_rank_or_optimizer_names_the_difference(demo_folder, tmp_path):
-    first = make(tmp_path, demo_folder)
+def test_resuming_with_another_rank_or_optimizer_names_the_difference(demo_folder, tiny_cache, tmp_path):
+    first = make(tmp_path, demo_folder, tiny_cache)
     first.train(2)
     first.close()  # one trainer per run folder
     with pytest.raises(UserInputError, match=r"rank: checkpoint 4, now 8.*use a\s+new run_name"):
-        make(tmp_path, demo_folder, lora=LoraConfig(rank=8, alpha=4.0)).resume()
+        make(tmp_path, demo_folder, tiny_cache, lora=LoraConfig(rank=8, alpha=4.0)).resume()
     with pytest.raises(UserInputError, match="optimizer: checkpoint 'adamw8bit', now 'adamw'"):
-        make(tmp_path, demo_folder, optimizer="adamw").resume()
+        make(tmp_path, demo_folder, tiny_cache, optimizer="adamw").resume()
 
 
-def test_resume_uses_the_newest_complete_checkpoint(demo_folder, tmp_path):
-    t = make(tmp_path, demo_folder, checkpoint_every=1)
+def test_resume_uses_the_newest_complete_checkpoint(demo_folder, tiny_cache, tmp_path):
+    t = make(tmp_path, demo_folder, tiny_cache, checkpoint_every=1)
     t.train(3)
     root = ckpt.checkpoints_dir(tmp_path / "run")
     (root / "step_000003" / "state.safetensors").write_bytes(b"cut short")  # as if the disk filled up
     (root / "latest.json").unlink()
     t.close()  # one trainer per run folder
-    again = make(tmp_path, demo_folder)
+    again = make(tmp_path, demo_folder, tiny_cache)
     assert again.resume() and again.step == 2
 
 
-def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(demo_folder, tmp_path, monkeypatch):
+def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(demo_folder, tiny_cache, tmp_path, monkeypatch):
     import errno
 
-    t = make(tmp_path, demo_folder)
+    t = make(tmp_path, demo_folder, tiny_cache)
     t.train(2)
     root = ckpt.checkpoints_dir(tmp_path / "run")
     before = (root / "step_000002" / "state.safetensors").read_bytes()
@@ -127,10 +131,10 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(demo_folder
     assert json.loads((root / "latest.json").read_text())["step"] == 4
 
 
-def test_nonfinite_loss_skips_the_step_and_several_stop_training(demo_folder, tmp_path):
+def test_nonfinite_loss_skips_the_step_and_several_stop_training(demo_folder, tiny_cache, tmp_path):
     from trainer_core.core.errors import TrainingStopped
 
-    t = make(tmp_path, demo_folder, max_nonfinite_steps=2)
+    t = make(tmp_path, demo_folder, tiny_cache, max_nonfinite_steps=2)
     t.train(2)
     # Poison one cached latent in memory: the micro-batch that holds it gives a NaN loss.
     key = t.dataset.samples[0].latent_key

@@ -10,6 +10,8 @@ from trainer_core.training import Trainer
 
 
 def make_trainer(cache_dir, folder, storage="float32", lora=None, optim=None, **train):
+    """`cache_dir`: the session's shared cache (conftest.tiny_cache, content-addressed): the demo dataset is
+    encoded once, not for every trainer (no test here is about the cache)."""
     components = build_tiny_components(seed=0, storage=storage)
     cached = cached_demo(components, folder, cache_dir, preview_prompts=["a red circle on a white background"])
     settings = dict(seed=3, micro_batch_size=2)
@@ -27,10 +29,10 @@ def assert_same_adapter(a, b):
 
 
 @pytest.mark.parametrize("optimizer", ["adamw8bit", "adamw"])
-def test_four_chunks_of_five_equal_one_chunk_of_twenty(demo_folder, tmp_path, optimizer):
+def test_four_chunks_of_five_equal_one_chunk_of_twenty(demo_folder, tiny_cache, optimizer):
     optim = OptimizerConfig(optimizer=optimizer, learning_rate=1e-3, warmup_steps=3, schedule="cosine", schedule_steps=20)
-    whole = make_trainer(tmp_path, demo_folder, optim=optim, grad_accum_steps=2, caption_dropout=0.3)
-    chunked = make_trainer(tmp_path, demo_folder, optim=optim, grad_accum_steps=2, caption_dropout=0.3)
+    whole = make_trainer(tiny_cache, demo_folder, optim=optim, grad_accum_steps=2, caption_dropout=0.3)
+    chunked = make_trainer(tiny_cache, demo_folder, optim=optim, grad_accum_steps=2, caption_dropout=0.3)
     report = whole.train(20)
     for _ in range(4):
         chunked.train(5)
@@ -42,9 +44,9 @@ def test_four_chunks_of_five_equal_one_chunk_of_twenty(demo_folder, tmp_path, op
 
 @pytest.mark.parametrize("blocks_to_swap", [1])  # the tiny model has 2 blocks: 1 is all-but-one
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_block_swapping_gives_identical_weights(demo_folder, tmp_path, blocks_to_swap, checkpointing):
-    plain = make_trainer(tmp_path, demo_folder, storage="float8", gradient_checkpointing=checkpointing)
-    swapped = make_trainer(tmp_path, demo_folder, storage="float8", gradient_checkpointing=checkpointing,
+def test_block_swapping_gives_identical_weights(demo_folder, tiny_cache, blocks_to_swap, checkpointing):
+    plain = make_trainer(tiny_cache, demo_folder, storage="float8", gradient_checkpointing=checkpointing)
+    swapped = make_trainer(tiny_cache, demo_folder, storage="float8", gradient_checkpointing=checkpointing,
                            blocks_to_swap=blocks_to_swap)
     plain.train(6)
     swapped.train(6)
@@ -52,14 +54,14 @@ def test_block_swapping_gives_identical_weights(demo_folder, tmp_path, blocks_to
     assert swapped.runner.swapper.bytes_copied > 0  # weights really travelled through the slots
 
 
-def test_block_swapping_on_a_deeper_model_all_but_one(demo_folder, tmp_path):
+def test_block_swapping_on_a_deeper_model_all_but_one(demo_folder, tiny_cache):
     """4 blocks: swapping 0, 1 and 3 (all but one) gives the same gradients and weights."""
     from trainer_core.models import tiny as tiny_models
 
     original = dict(tiny_models.TINY_TRANSFORMER)
     tiny_models.TINY_TRANSFORMER["num_layers"] = 4
     try:
-        runs = [make_trainer(tmp_path / str(k), demo_folder, storage="float8", blocks_to_swap=k) for k in (0, 1, 3)]
+        runs = [make_trainer(tiny_cache, demo_folder, storage="float8", blocks_to_swap=k) for k in (0, 1, 3)]
         grads = []
         for t in runs:
             t.train(3)
@@ -75,17 +77,17 @@ def test_block_swapping_on_a_deeper_model_all_but_one(demo_folder, tmp_path):
         assert all(torch.equal(grads[0][n], other_grads[n]) for n in grads[0])
 
 
-def test_checkpointing_gives_identical_weights(demo_folder, tmp_path):
-    a = make_trainer(tmp_path, demo_folder, gradient_checkpointing=False)
-    b = make_trainer(tmp_path, demo_folder, gradient_checkpointing=True)
+def test_checkpointing_gives_identical_weights(demo_folder, tiny_cache):
+    a = make_trainer(tiny_cache, demo_folder, gradient_checkpointing=False)
+    b = make_trainer(tiny_cache, demo_folder, gradient_checkpointing=True)
     a.train(5)
     b.train(5)
     assert_same_adapter(a, b)
 
 
-def test_every_lora_tensor_learns(demo_folder, tmp_path):
+def test_every_lora_tensor_learns(demo_folder, tiny_cache):
     """No target is dead: in particular the last block's text-stream modules are left out."""
-    t = make_trainer(tmp_path, demo_folder, lora=LoraConfig(rank=4, alpha=4.0, targets="all"),
+    t = make_trainer(tiny_cache, demo_folder, lora=LoraConfig(rank=4, alpha=4.0, targets="all"),
                      optim=OptimizerConfig(learning_rate=1e-3, weight_decay=0.0))
     before = adapter_snapshot(t)
     t.train(3)
@@ -95,23 +97,23 @@ def test_every_lora_tensor_learns(demo_folder, tmp_path):
     assert not any("transformer_blocks.1.attn.add_q_proj" in n for n in before)
 
 
-def test_loss_falls_on_the_demo_dataset(demo_folder, tmp_path):
-    t = make_trainer(tmp_path, demo_folder, lora=LoraConfig(rank=8, alpha=8.0, targets="all"),
+def test_loss_falls_on_the_demo_dataset(demo_folder, tiny_cache):
+    t = make_trainer(tiny_cache, demo_folder, lora=LoraConfig(rank=8, alpha=8.0, targets="all"),
                      optim=OptimizerConfig(learning_rate=2e-3, warmup_steps=10))
     losses = t.train(120).losses
     assert sum(losses[-20:]) / 20 < 0.75 * sum(losses[:20]) / 20
 
 
-def test_adapter_starts_as_a_no_op(demo_folder, tmp_path):
+def test_adapter_starts_as_a_no_op(demo_folder, tiny_cache):
     from trainer_core.adapters.lora import adapter_weights
 
-    t = make_trainer(tmp_path, demo_folder)
+    t = make_trainer(tiny_cache, demo_folder)
     assert all(torch.count_nonzero(b) == 0 for _, b in adapter_weights(t.transformer).values())
     assert all(torch.count_nonzero(a) > 0 for a, _ in adapter_weights(t.transformer).values())
 
 
-def test_close_returns_the_model_unchanged(demo_folder, tmp_path):
-    t = make_trainer(tmp_path, demo_folder, storage="float8", blocks_to_swap=1, gradient_checkpointing=True)
+def test_close_returns_the_model_unchanged(demo_folder, tiny_cache):
+    t = make_trainer(tiny_cache, demo_folder, storage="float8", blocks_to_swap=1, gradient_checkpointing=True)
     names_before = {n for n, _ in t.transformer.named_parameters() if ".lora_" not in n}
     t.train(2)
     t.close()

@@ -69,8 +69,20 @@ class QwenImageArch:
     def total_params(self) -> int:
         return self.num_blocks * self.block_params + self.outside_params
 
+    @functools.cached_property
+    def _linears_by_name(self) -> dict[str, LinearShape]:
+        return {s.name: s for s in self.block_linears}
+
+    @functools.cached_property
+    def planner_memo(self) -> dict:
+        """The planner's lists derived from this arch alone (plan._memo), kept with it: not fields, so an arch
+        compares and copies as its numbers."""
+        return {}
+
     def linear(self, module: str) -> LinearShape:
-        return next(s for s in self.block_linears if s.name == module)
+        # A dict, not a search of block_linears: the planner asks once per LoRA'd module of every block, for
+        # every swap count it tries (the auto search plans hundreds of setups, ~2M lookups at 60 blocks).
+        return self._linears_by_name[module]
 
     def image_tokens(self, width: int, height: int) -> int:
         """Packed latent tokens of one image of width x height pixels."""

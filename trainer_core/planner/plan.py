@@ -191,25 +191,39 @@ def _weight_bytes(params: int, storage: str) -> int:
     return params * DTYPE_BYTES[storage]
 
 
+def _memo(arch: QwenImageArch, key: tuple, compute) -> list:
+    """`compute()` once per arch and key (a copy each call, so a caller may change its list): the auto search
+    plans hundreds of setups of one arch, and at 60 blocks each list walks ~1400 modules' adapter tensors."""
+    memo = arch.planner_memo
+    if key not in memo:
+        memo[key] = tuple(compute())
+    return list(memo[key])
+
+
 def lora_shapes(arch: QwenImageArch, targets: str) -> list[tuple[int, int, int]]:
     """(block, in_features, out_features) of every LoRA'd Linear, in model order."""
-    return [(b, arch.linear(m).in_features, arch.linear(m).out_features) for b, m in arch.lora_targets[targets]]
+    return _memo(arch, ("shapes", targets), lambda: [
+        (b, arch.linear(m).in_features, arch.linear(m).out_features) for b, m in arch.lora_targets[targets]])
+
+
+def _tensor_shapes(arch: QwenImageArch, targets: str, rank: int, adapter: dict) -> list[tuple[int, int, int]]:
+    """(block, rows, columns) of every adapter tensor, module by module (see lora_tensor_shapes)."""
+    kind, factor, both = adapter.get("adapter", "lora"), adapter.get("factor", -1), adapter.get("decompose_both", False)
+    return _memo(arch, ("tensors", targets, rank, kind, factor, both), lambda: [
+        (block, r, c) for block, fan_in, fan_out in lora_shapes(arch, targets)
+        for r, c in tensor_shapes(kind, rank, fan_in, fan_out, factor, both)])
 
 
 def lora_tensor_sizes(arch: QwenImageArch, targets: str, rank: int, **adapter) -> list[tuple[int, int]]:
     """(block, numel) of every adapter tensor, in lora_tensor_shapes' order."""
-    return [(block, r * c) for block, fan_in, fan_out in lora_shapes(arch, targets)
-            for r, c in tensor_shapes(adapter.get("adapter", "lora"), rank, fan_in, fan_out,
-                                      adapter.get("factor", -1), adapter.get("decompose_both", False))]
+    return [(block, r * c) for block, r, c in _tensor_shapes(arch, targets, rank, adapter)]
 
 
 def lora_tensor_shapes(arch: QwenImageArch, targets: str, rank: int, **adapter) -> list[tuple[int, int]]:
     """(rows, columns) of every adapter tensor, module by module: a LoRA's A (rank, in) then B (out, rank); a
     LoKr's or LoHa's as peft creates them (`adapters.lycoris.tensor_shapes`). `adapter`: adapter (lora, lokr,
     loha), factor and decompose_both (LoKr), as `adapter_settings` gives them."""
-    return [shape for _, fan_in, fan_out in lora_shapes(arch, targets)
-            for shape in tensor_shapes(adapter.get("adapter", "lora"), rank, fan_in, fan_out,
-                                       adapter.get("factor", -1), adapter.get("decompose_both", False))]
+    return [(r, c) for _, r, c in _tensor_shapes(arch, targets, rank, adapter)]
 
 
 def adapter_settings(p: PlanInputs) -> dict:
