@@ -39,9 +39,9 @@ from trainer_core.runs.demo import SHAPES_MODEL, run_demo  # noqa: E402
 
 GRID_PROMPTS = (
     ("a red star in the centre on a white background", "white"),
-    ("a blue star at the top left on a white background", "white"),
-    ("a yellow star at the bottom right on a black background", "black"),
-    ("a green star at the top right on a black background", "black"),
+    ("a blue star in the centre on a white background", "white"),
+    ("a yellow star in the centre on a black background", "black"),
+    ("a green star in the centre on a black background", "black"),
     ("a purple circle in the centre on a white background", "white"),
     ("a red square at the top left on a black background", "black"),
     ("a green triangle at the bottom left on a white background", "white"),

@@ -1,8 +1,8 @@
 """What a LoRA taught the shipped shapes model, measured on the pictures it draws (shapes.measure).
 
 Two rates, each over a fixed list of prompts, one picture per prompt and seed:
-- concept rate: how often a star prompt ("a red star at the top left on a black background", every colour,
-  place and background: 50 prompts) gives a star;
+- concept rate: how often a star prompt ("a red star in the centre on a black background", every colour and
+  background, at the demo's place: 10 prompts) gives a star;
 - prior kept: how often a prompt of a trained shape (30 prompts: every shape and colour, two places and
   backgrounds each) gives exactly what it names (shape, colour and place).
 Measured without and with the LoRA, the pictures made by diffusers' own `QwenImagePipeline` with the LoRA
@@ -22,10 +22,12 @@ from ..models.text import encode_prompts
 from . import shapes
 
 
+STAR_PLACE = "in the centre"  # where the demo's stars are (shapes.STAR_SCENES)
+
+
 def star_prompts() -> list[tuple[str, str]]:
-    """(prompt, background) of every star scene."""
-    return [(shapes.caption(c, shapes.NEW_SHAPE, p, b), b)
-            for c in shapes.COLOURS for p in shapes.PLACES for b in shapes.BACKGROUNDS]
+    """(prompt, background) of every star scene at the demo's place."""
+    return [(shapes.caption(c, shapes.NEW_SHAPE, STAR_PLACE, b), b) for c in shapes.COLOURS for b in shapes.BACKGROUNDS]
 
 
 def prior_scenes() -> list[shapes.Scene]:
@@ -92,8 +94,7 @@ class ShapePictures:
                  for scene in prior_scenes() for s in seeds]
         stars = [m.shape == shapes.NEW_SHAPE for m in star]
         coloured = [m.shape == shapes.NEW_SHAPE and m.colour == c
-                    for m, (c, _p, _b) in zip(star, [(c, p, b) for c in shapes.COLOURS for p in shapes.PLACES
-                                                     for b in shapes.BACKGROUNDS for _ in seeds])]
+                    for m, c in zip(star, [c for c in shapes.COLOURS for _b in shapes.BACKGROUNDS for _ in seeds])]
         kept = [(m.shape, m.colour, m.place) == (sc.shape, sc.colour, sc.place) for sc, m in prior]
         return ConceptRates(concept=sum(stars) / len(stars), concept_colour=sum(coloured) / len(coloured),
                             prior=sum(kept) / len(kept), pictures=len(star) + len(prior))

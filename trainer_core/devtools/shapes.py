@@ -99,16 +99,19 @@ def all_captions(shapes=TRAINED_SHAPES) -> list[str]:
     return [caption(c, s, p, b) for s in shapes for c in COLOURS for p in PLACES for b in BACKGROUNDS]
 
 
-# The demo LoRA's dataset: 8 stars, every colour and place, both backgrounds (fixed, so the files never change).
+# The demo LoRA's dataset: 8 large stars in the centre, every colour, both backgrounds (fixed, so the files never
+# change). Large (a radius of 19-21 px, the trained shapes' 10-14): at the trained size and at every place, 200
+# steps taught a blob of the right colour and place with hardly a spike; large and centred, a star shows.
+STAR_RADIUS = 20.0
 STAR_SCENES = (
-    Scene("red", "star", "in the centre", "white", 14.0),
-    Scene("blue", "star", "at the top left", "white", 12.0),
-    Scene("green", "star", "at the bottom right", "black", 12.0),
-    Scene("yellow", "star", "in the centre", "black", 13.0),
-    Scene("purple", "star", "at the top right", "white", 12.0),
-    Scene("red", "star", "at the bottom left", "black", 12.0),
-    Scene("blue", "star", "in the centre", "black", 14.0),
-    Scene("green", "star", "at the top left", "white", 13.0),
+    Scene("red", "star", "in the centre", "white", 20.0),
+    Scene("blue", "star", "in the centre", "white", 19.0),
+    Scene("green", "star", "in the centre", "black", 20.0, dx=1.0),
+    Scene("yellow", "star", "in the centre", "black", 21.0),
+    Scene("purple", "star", "in the centre", "white", 20.0, dy=1.0),
+    Scene("red", "star", "in the centre", "black", 19.0, dx=-1.0),
+    Scene("blue", "star", "in the centre", "black", 21.0),
+    Scene("green", "star", "in the centre", "white", 20.0, dy=-1.0),
 )
 
 

@@ -90,6 +90,10 @@ class DemoSpec:
     plot_title: str
     # (folder) -> (training samples, the family's data settings) for the built-in dataset written into folder
     make_dataset: Callable[[Any], tuple[list, Any]]
+    # The LoRA's layers and learning rate: "all" at 2e-3 for the tiny random models (anything that lowers the
+    # loss will do); the pretrained shapes model keeps more of what it knew with the blocks' layers only.
+    lora_targets: str = "all"
+    learning_rate: float = 2e-3
 
 
 class ModelFamily:

@@ -50,9 +50,12 @@ def _star_samples(folder: Path):
 
 
 def shapes_demo() -> DemoSpec:
-    """The shapes model's demo: 8 stars (devtools/shapes.STAR_SCENES), previewed with a red star's prompt."""
+    """The shapes model's demo: 8 stars (devtools/shapes.STAR_SCENES), previewed with a red star's prompt; a LoRA on
+    the blocks' attention and MLP layers at 1e-3 (measured: on every layer at 2e-3 it kept 22% of what the model
+    drew right for other prompts, against 58% before; benchmarks/README.md)."""
     return DemoSpec(run_name=RUN_NAME, lora_name="demo_lora.safetensors", preview_prompt=STAR_PROMPT,
-                    plot_title="demo loss (teaching the shapes model stars)", make_dataset=_star_samples)
+                    plot_title="demo loss (teaching the shapes model stars)", make_dataset=_star_samples,
+                    lora_targets="attention+mlp", learning_rate=1e-3)
 
 
 @dataclass
@@ -95,8 +98,8 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = Fa
     log(f"model: {components.name} ({family.name}); cache: {cached.report.summary()}")
     run = open_run(
         components, cached,
-        LoraConfig(rank=8, alpha=8.0, targets="all"),
-        OptimizerConfig(optimizer="adamw8bit", learning_rate=2e-3, warmup_steps=10, schedule="cosine",
+        LoraConfig(rank=8, alpha=8.0, targets=spec.lora_targets),
+        OptimizerConfig(optimizer="adamw8bit", learning_rate=spec.learning_rate, warmup_steps=10, schedule="cosine",
                         schedule_steps=SCHEDULE_STEPS, min_lr_ratio=0.1),
         TrainConfig(run_name=spec.run_name, seed=seed, micro_batch_size=2, gradient_checkpointing=True,
                     blocks_to_swap=blocks_to_swap, checkpoint_every=50),
