@@ -43,7 +43,8 @@ def test_the_demo_models_are_the_registered_families():
     from trainer_core.runs.cli import DEMO_MODELS
     from trainer_core.families import FAMILIES
 
-    assert set(DEMO_MODELS) - {"edit-auto"} == set(FAMILIES)  # edit-auto: the Edit variant read from the files
+    # edit-auto: the Edit variant read from the files; qwen-image-shapes: a model (the shipped one) of qwen-image
+    assert set(DEMO_MODELS) - {"edit-auto", "qwen-image-shapes"} == set(FAMILIES)
     assert all(name == family.name for name, family in FAMILIES.items())
 
 

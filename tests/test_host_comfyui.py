@@ -280,15 +280,13 @@ def test_live_previews_arrive_while_train_steps_runs_and_compare_steps_after_in_
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result.get("status") == "execution_success", json.dumps(result)[:3000] + server.log()[-3000:]
 
-    # Train Steps (node 7) showed an image after every step: the loss plot alone after step 1, then the
-    # newest preview (64 px) beside it from step 2 on.
+    # Train Steps (node 7) showed an image after every step: the newest preview (64 px: the untrained model's
+    # at step 1) beside the loss plot.
     frames = [f for f in result["frames"] if f["node"] == "7"]
     composite = 64 + 8 + 512
     assert [f["value"] for f in frames] == [1, 2, 3, 4, 5, 6], frames
-    assert [f["width"] for f in frames] == [512, composite, composite, composite, composite, composite], frames
-    with_preview = [f for f in frames if f["width"] == composite]
-    print(f"\npreview frames of Train Steps: {len(frames)} in all, {len(with_preview)} with a sampled preview "
-          f"(sampled at steps 2, 4, 6)")
+    assert [f["width"] for f in frames] == [composite] * 6, frames
+    print(f"\npreview frames of Train Steps: {len(frames)}, each with a sampled preview (steps 0, 2, 4, 6)")
 
     history = server.get(f"/history/{result['prompt_id']}")[result["prompt_id"]]
     report = history["outputs"]["14"]["text"][0]
@@ -296,13 +294,14 @@ def test_live_previews_arrive_while_train_steps_runs_and_compare_steps_after_in_
     saved = history["outputs"]["17"]["images"]
     assert len(saved) == 1
     grid = Image.open(base / "output" / saved[0]["subfolder"] / saved[0]["filename"])
-    assert grid.size == (2 * 64, 2 * (64 + 20))  # three tiles (steps 2, 4, 6), two per row, labels under them
-    print(f"compare image: {grid.size[0]}x{grid.size[1]}, 3 tiles")
+    assert grid.size == (2 * 64, 2 * (64 + 20))  # four tiles (steps 0, 2, 4, 6), two per row, labels under them
+    print(f"compare image: {grid.size[0]}x{grid.size[1]}, 4 tiles")
 
 
 def test_the_tiny_first_run_workflow_runs_as_shipped_in_real_comfyui(comfy, tmp_path):
-    """The second example workflow, unchanged but for its run name, validates and trains in a real ComfyUI:
-    the built-in tiny model, the example images shipped with the pack, the '(not used)' file choices."""
+    """The first-run workflow, unchanged but for its run name, validates and trains in a real ComfyUI: the
+    shapes model shipped in the pack's pretrained/ folder, the example stars, the '(not used)' file choices; its
+    previews at step 0 (the untrained model) and every 50 steps."""
     server, base = comfy
     prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_first_run.api.json").read_text())
     prompt["6"]["inputs"]["run_name"] = f"tiny_{tmp_path.name}"[:60]
@@ -311,7 +310,7 @@ def test_the_tiny_first_run_workflow_runs_as_shipped_in_real_comfyui(comfy, tmp_
     done = server.run(prompt)
     assert done["status"]["status_str"] == "success", json.dumps(done["status"], indent=1)[-3000:]
     report = " ".join(done["outputs"]["14"]["text"])
-    assert "steps 1-200" in report, report
+    assert "steps 1-200" in report and "previews at steps 50, 100, 150, 200: " in report, report
     assert lora_steps(base)[-1] == 200
 
 

@@ -304,7 +304,8 @@ def test_a_model_file_name_outside_its_folder_is_refused_standalone(pack, name, 
 def test_compare_steps_says_when_the_first_preview_comes_when_preview_every_is_set(pack, tmp_path, demo_folder,
                                                                                    monkeypatch):
     """Before: 'no previews yet. Set Train Steps' preview_every above 0' although it was set (the queue ran fewer
-    steps than preview_every)."""
+    steps than preview_every). A run that starts with previews on has the untrained model's at step 0; this one
+    turned them on later (a first queue without, then a second with preview_every 5, ending at step 3)."""
     import host_standin
     import numpy as np
     from graph_runner import GraphRunner
@@ -321,11 +322,13 @@ def test_compare_steps_says_when_the_first_preview_comes_when_preview_every_is_s
                                            "2:\nthe first comes at step 5. Queue\nTrain Steps again, or lower "
                                            "preview_every.")
     assert "Set Train Steps' preview_every above 0" in live.no_previews_text(0, 2)
-    outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(
-        with_compare(tiny_prompt(tmp_path, demo_folder, steps=2, **{"7": {"preview_every": 5}})))
+    runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
+    runner.run(tiny_prompt(tmp_path, demo_folder, steps=2, **{"7": {"preview_every": 0}}))
+    outputs = runner.run(with_compare(tiny_prompt(tmp_path, demo_folder, steps=1, **{"7": {"preview_every": 5}})))
     trainer, (grid,) = outputs["7"][0], outputs["16"]
     name = trainer.train_cfg.run_name
-    expected = np.asarray(live.step_grid([], 0, 64, title=name, preview_every=5, step=2))
+    assert trainer.step == 3 and trainer.step_previews == []
+    expected = np.asarray(live.step_grid([], 0, 64, title=name, preview_every=5, step=3))
     assert np.array_equal((grid[0].numpy() * 255).round().astype(np.uint8), expected)
     assert not np.array_equal(expected, np.asarray(live.step_grid([], 0, 64, title=name)))
 

@@ -117,6 +117,16 @@ class BlockProbe:
     peak_bytes: int  # most bytes alive at once during forward + backward, above inputs and upstream grads
 
 
+def _random_block_inputs(transformer: torch.nn.Module, seed: int):
+    """(device, inner width, rand(*shape)): random block inputs on the transformer's device in its compute dtype (the
+    first floating parameter wider than float8), drawn from a generator seeded with `seed`."""
+    param = next(p for p in transformer.parameters() if p.is_floating_point() and p.dtype.itemsize > 1)
+    device, dtype = param.device, param.dtype
+    dim = transformer.config.num_attention_heads * transformer.config.attention_head_dim
+    g = torch.Generator().manual_seed(seed)
+    return device, dim, lambda *shape: torch.randn(*shape, generator=g).to(device, dtype)
+
+
 def probe_block(transformer: torch.nn.Module, batch: int, grid: tuple[int, int], text_tokens: int,
                 checkpointing: bool, block_index: int = 0, seed: int = 0) -> BlockProbe:
     """Run one block of `transformer` forward and backward on random inputs and measure its memory.
@@ -126,12 +136,8 @@ def probe_block(transformer: torch.nn.Module, batch: int, grid: tuple[int, int],
     factors, the gradients arriving from the next block) are not counted.
     """
     block = transformer.transformer_blocks[block_index]
-    param = next(p for p in transformer.parameters() if p.is_floating_point() and p.dtype.itemsize > 1)
-    device, dtype = param.device, param.dtype
-    dim = transformer.config.num_attention_heads * transformer.config.attention_head_dim
+    device, dim, rand = _random_block_inputs(transformer, seed)
     n_img = grid[0] * grid[1]
-    g = torch.Generator().manual_seed(seed)
-    rand = lambda *shape: torch.randn(*shape, generator=g).to(device, dtype)  # noqa: E731
     hidden = rand(batch, n_img, dim).requires_grad_(True)  # (B, N_img, D)
     text = rand(batch, text_tokens, dim).requires_grad_(True)  # (B, N_txt, D)
     temb = rand(batch, dim)  # (B, D)
@@ -160,12 +166,8 @@ def block21_inputs(transformer: torch.nn.Module, batch: int, grid: tuple[int, in
     (modulation with its t = 0 row, the target mask, RoPE factors, the prefix's one text segment)."""
     from diffusers.models.transformers.transformer_qwenimage21 import _qwenimage21_prefix_segments
 
-    param = next(p for p in transformer.parameters() if p.is_floating_point() and p.dtype.itemsize > 1)
-    device, dtype = param.device, param.dtype
-    dim = transformer.config.num_attention_heads * transformer.config.attention_head_dim
+    device, dim, rand = _random_block_inputs(transformer, seed)
     n_img = grid[0] * grid[1]
-    g = torch.Generator().manual_seed(seed)
-    rand = lambda *shape: torch.randn(*shape, generator=g).to(device, dtype)  # noqa: E731
     hidden = rand(batch, text_tokens + n_img, dim).requires_grad_(True)  # (B, L + N, D)
     modulation = rand(batch + 1, 4 * dim)  # (B + 1, 4 D): the sampled timesteps' rows and the t = 0 row
     image = torch.cat([torch.zeros(text_tokens, dtype=torch.bool), torch.ones(n_img, dtype=torch.bool)]).to(device)

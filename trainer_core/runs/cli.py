@@ -329,8 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--layout", choices=EXPORT_LAYOUTS, default=EXPORT_LAYOUTS[0],
                         help=f"ComfyUI single files or a diffusers folder (default: {EXPORT_LAYOUTS[0]})")
     export.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0, help="seed of the random weights"))
-    export.add_argument("--model", choices=(DEMO_MODELS[0], "qwen-image-2512", *DEMO_MODELS[1:-1]),
-                        default=DEMO_MODELS[0],
+    tiny_models = tuple(m for m in DEMO_MODELS if m not in (SHAPES_MODEL, "edit-auto"))  # the shapes model ships
+    export.add_argument("--model", choices=(tiny_models[0], "qwen-image-2512", *tiny_models[1:]),
+                        default=tiny_models[0],
                         help="qwen-image (qwen-image-2512: the same files named as ComfyUI's Qwen-Image-2512 "
                              "release), a tiny Qwen-Image-Edit variant (Edit-2511's transformer files carry "
                              "ComfyUI's marker key), qwen-image-2.1 (transformer files with the MLP fused and "
