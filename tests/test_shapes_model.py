@@ -138,6 +138,20 @@ def test_the_default_demo_teaches_the_shipped_model_and_writes_it_before_and_aft
 
 
 @needs_weights
+def test_the_regularized_shapes_run_file_trains_both_sets(tmp_path, capsys):
+    """run_files/shapes_stars_regularized.toml as shipped, 2 steps: the stars (3 repeats) and the regularisation set
+    of known shapes, the set's loss reported on its own."""
+    from trainer_core.runs.cli import main
+
+    out = tmp_path / "out"
+    assert main(["train", "--config", str(REPO / "run_files" / "shapes_stars_regularized.toml"), "--output", str(out),
+                 "--steps", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "shapes_regularization (regularisation)" in printed, printed
+    assert (out / "shapes_stars_regularized" / "shapes_stars_regularized_000002.safetensors").is_file()
+
+
+@needs_weights
 def test_the_shapes_run_file_trains_as_shipped(tmp_path, capsys):
     """run_files/shapes_stars.toml (the README's first headless run) as shipped, 2 of its steps: the shapes model
     and the example stars, previews of both its prompts at step 0 (the model before the LoRA) and the LoRA."""
@@ -152,18 +166,21 @@ def test_the_shapes_run_file_trains_as_shipped(tmp_path, capsys):
     assert "started run 'shapes_stars' at step 0" in capsys.readouterr().out
 
 
-def test_the_example_stars_are_the_demos_pictures(tmp_path):
-    """example_dataset/stars (the first-run workflow's dataset) holds what `shapes.write_star_dataset` draws: the
-    same pixels and captions, so the workflow and `make demo` teach the same thing."""
+@pytest.mark.parametrize("folder", ["stars", "shapes_regularization"])
+def test_the_example_pictures_are_what_the_shapes_module_draws(tmp_path, folder):
+    """example_dataset/stars (the first-run workflow's dataset) holds what `shapes.write_star_dataset` draws, and
+    example_dataset/shapes_regularization what `regularization_scenes` are: the same pixels and captions, so the
+    workflow, the run files and `make demo` teach the same thing."""
     import numpy as np
     from PIL import Image
 
-    from trainer_core.devtools.shapes import write_star_dataset
+    from trainer_core.devtools.shapes import regularization_scenes, write_pictures, write_star_dataset
 
-    fresh = write_star_dataset(tmp_path / "stars")
-    shipped = REPO / "example_dataset" / "stars"
+    fresh = (write_star_dataset(tmp_path / folder) if folder == "stars"
+             else write_pictures(regularization_scenes(), tmp_path / folder))
+    shipped = REPO / "example_dataset" / folder
     names = sorted(p.name for p in fresh.iterdir())
-    assert names == sorted(p.name for p in shipped.iterdir()) and len(names) == 16
+    assert names == sorted(p.name for p in shipped.iterdir()) and len(names) == (16 if folder == "stars" else 48)
     for name in names:
         if name.endswith(".png"):
             assert np.array_equal(np.asarray(Image.open(fresh / name)), np.asarray(Image.open(shipped / name))), name

@@ -115,15 +115,30 @@ STAR_SCENES = (
 )
 
 
-def write_star_dataset(folder: str | Path) -> Path:
-    """The demo's 8 star pictures with same-name .txt captions in `folder` (example_dataset/stars holds them too)."""
+def regularization_scenes(count: int = 24) -> list[Scene]:
+    """Pictures of the shapes the model knows (every shape, colour, place and background in turn, sizes and jitters
+    from a fixed seed): a regularisation set for the star LoRA (example_dataset/shapes_regularization)."""
+    rng = random.Random(7)
+    combos = [(s, c, p, b) for s in TRAINED_SHAPES for c in COLOURS for p in PLACES for b in BACKGROUNDS]
+    rng.shuffle(combos)
+    return [Scene(c, s, p, b, radius=rng.uniform(10.0, 14.0), dx=rng.uniform(-2.0, 2.0), dy=rng.uniform(-2.0, 2.0))
+            for s, c, p, b in combos[:count]]
+
+
+def write_pictures(scenes, folder: str | Path) -> Path:
+    """`scenes` as NN_colour_shape.png with same-name .txt captions in `folder`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    for n, scene in enumerate(STAR_SCENES):
+    for n, scene in enumerate(scenes):
         stem = f"{n:02d}_{scene.colour}_{scene.shape}"
         draw(scene).save(folder / f"{stem}.png")
         (folder / f"{stem}.txt").write_text(scene.caption + "\n")
     return folder
+
+
+def write_star_dataset(folder: str | Path) -> Path:
+    """The demo's 8 star pictures with same-name .txt captions in `folder` (example_dataset/stars holds them too)."""
+    return write_pictures(STAR_SCENES, folder)
 
 
 # ---------------------------------------------------------------------------------------------------
