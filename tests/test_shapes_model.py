@@ -120,9 +120,10 @@ def test_the_default_demo_teaches_the_shipped_model_and_writes_it_before_and_aft
     from safetensors.torch import load_file
 
     from trainer_core.devtools.shapes import STAR_SCENES
-    from trainer_core.models.pretrained import SHAPES_TRANSFORMER
-    from trainer_core.runs.cli import main
+    from trainer_core.models.pretrained import NAME, SHAPES_TRANSFORMER
+    from trainer_core.runs.cli import SHAPES_MODEL, main
 
+    assert SHAPES_MODEL == NAME  # the command line's name of it (spelled out there: cli imports no torch)
     out = tmp_path / "out"
     assert main(["demo", "--steps", "2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out

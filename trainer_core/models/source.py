@@ -1,7 +1,7 @@
 """The Qwen-Image a run trains, from any of the Load settings' sources: model files, a diffusers folder, the
-tiny test model or the small pretrained shapes model. The Load node and the command line's `train` both load through `load_model_set`; each only
-finds the paths its own way (ComfyUI's model folders, or a run file). The small pretrained shapes model ships in the
-repository (models/pretrained.py) and loads through the loader of ComfyUI's own files."""
+tiny test model or the small pretrained shapes model. The Load node and the command line's `train` both load
+through `load_model_set`; each only finds the paths its own way (ComfyUI's model folders, or a run file). The
+shapes model ships in the repository (models/pretrained.py) and loads through the loader of ComfyUI's own files."""
 
 from __future__ import annotations
 

@@ -35,7 +35,9 @@ def _quiet_libraries() -> None:
 
 # The demo's models: the shipped shapes model (the default: it learns a visible star), the tiny random text-to-image,
 # a Qwen-Image-Edit variant (edit-auto: read from the files), 2.1 or Layered.
-SHAPES_MODEL = "qwen-image-shapes"  # runs/demo.SHAPES_MODEL: the shipped small pretrained model
+# The shipped small pretrained model: models/pretrained.NAME, spelled out here because this module imports no torch
+# (tests/test_shapes_model.py checks the two agree).
+SHAPES_MODEL = "qwen-image-shapes"
 LAYERED = "qwen-image-layered"  # trainer_core/families/qwen_image_layered/
 QWEN_IMAGE21 = "qwen-image-2.1"  # trainer_core/families/qwen_image21/
 DEMO_MODELS = (SHAPES_MODEL, "qwen-image", "edit-2511", "edit-2509", "edit", QWEN_IMAGE21, LAYERED, "edit-auto")

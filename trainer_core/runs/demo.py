@@ -28,6 +28,7 @@ from ..data.cache import build_cache
 from ..families import get_family
 from ..families.qwen_image import COLOURS, PREVIEW_PROMPT, SHAPES, make_demo_dataset  # noqa: F401 (the demo's data)
 from ..models.components import QwenImageComponents
+from ..models.pretrained import NAME as SHAPES_MODEL  # the shipped small pretrained model
 from ..training import checkpoint
 from ..training.plot import loss_plot
 from .registry import open_run, release
@@ -36,7 +37,6 @@ from .registry import open_run, release
 # same learning rates as `demo --steps 6`.
 SCHEDULE_STEPS = 200
 RUN_NAME = "demo"
-SHAPES_MODEL = "qwen-image-shapes"  # the shipped small pretrained model (models/pretrained.py)
 STAR_PROMPT = "a red star in the centre on a white background"  # the shapes demo's preview (shapes.STAR_SCENES[0])
 
 
@@ -124,7 +124,8 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = Fa
                          trainer.step)
     _write_output(json.dumps(trainer.loss_history).encode(), out / "losses.json", "loss history", trainer.step)
     losses = [loss for _, loss in trainer.loss_history]
-    return DemoResult(lora=lora, preview=preview, preview_before=before, loss_plot=plot, first_loss=losses[0] if losses else float("nan"),
+    return DemoResult(lora=lora, preview=preview, preview_before=before, loss_plot=plot,
+                      first_loss=losses[0] if losses else float("nan"),
                       last_loss=losses[-1] if losses else float("nan"), steps=trainer.step)
 
 
