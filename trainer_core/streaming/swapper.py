@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..models.float8 import frozen_linears
+from ..models.float8 import frozen_linears, mark_weight_moves
 from ..models.modulation import is_modulation_linear
 from .arena import PinnedArena, blob_arena_layout
 from .placement import BACKWARD_PART, Load, Placement, Ring, blob_layout
@@ -44,6 +44,8 @@ class BlockSwapper:
         named = {i: frozen_linears(blocks[i]) for i in self.swapped}
         self.linears = {i: [m for _, m in named[i]] for i in self.swapped}
         flat = [lin for i in self.swapped for lin in self.linears[i]]
+        for lin in flat:  # their weights point at ring slots that later blocks reuse: read again at backward
+            mark_weight_moves(lin, True)
         first = self.swapped[0]
         sizes = [lin.weight.numel() * lin.weight.element_size() for lin in self.linears[first]]
         self.forward_only = [is_modulation_linear(name) for name, _ in named[first]]
@@ -188,6 +190,7 @@ class BlockSwapper:
         for i in self.swapped:
             for lin, w in zip(self.linears[i], self.master[i]):
                 lin.weight.data = w
+                mark_weight_moves(lin, False)
         self.slot_owner = [None] * self.placement.slots
         self.ring = Ring(self.placement)
         self.slots, self.slot_buffers, self.regions = [], [], {}

@@ -20,6 +20,7 @@ from .storage import (  # noqa: F401  (the storage names every loader and writer
     frozen_block_linears,
     frozen_linears,
     install_frozen_compute,
+    mark_weight_moves,
     quantize_per_tensor,
     quantize_weight,
     restore_forwards,

@@ -5,7 +5,8 @@ upcast inside `forward` would let autograd keep the upcast bf16 copy of every we
 backward, which costs more memory than storing bf16 in the first place. `FrozenLinearFunction` upcasts
 in forward, saves nothing but a reference to the module, and upcasts again in backward. Reading the
 weight from the module at backward time is also what lets block swapping move weights in and out
-between forward and backward.
+between forward and backward. A weight that needs neither (stored in the activations' dtype, not streamed)
+takes plain `F.linear` instead (`_frozen_forward`), which saves only a reference to it.
 
 Storage modes:
 - "float8": plain cast to `float8_e4m3fn` (values clamped to +-448).
@@ -94,7 +95,22 @@ class FrozenLinearFunction(torch.autograd.Function):
         return (grad_out * scale) @ _weight_as(ctx.linear, grad_out.dtype), None
 
 
+# Set on a Linear whose weight storage changes between its forward and its backward (a streamed block's: the
+# swapper points it at a GPU slot that the next blocks reuse). Such a weight must be read again at backward.
+WEIGHT_MOVES = "frozen_weight_moves"
+
+
 def _frozen_forward(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    # Read through the module's own dicts: nn.Module's attribute lookup is a Python call, and this runs per Linear.
+    params, weight_moves = linear._parameters, linear.__dict__.get(WEIGHT_MOVES)
+    weight, bias = params["weight"], params["bias"]
+    if (weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype)
+            and SCALE_BUFFER not in linear._buffers and not weight_moves):
+        # Stored in the activations' dtype and staying where it is (bf16 storage with bf16 compute, fp32 on the
+        # CPU): plain F.linear, the same product. Its autograd keeps a reference to the weight, not a copy (the
+        # same bytes as FrozenLinearFunction), and skips a Python autograd.Function per call, which costs a few
+        # percent of a small model's step (benchmarks/README.md, step time).
+        return F.linear(x, weight, bias)
     return FrozenLinearFunction.apply(x, linear)
 
 
@@ -104,6 +120,12 @@ def install_frozen_compute(linear: nn.Linear) -> None:
     if linear.bias is not None:
         linear.bias.requires_grad_(False)
     linear.forward = functools.partial(_frozen_forward, linear)
+
+
+def mark_weight_moves(linear: nn.Linear, moves: bool) -> None:
+    """Say whether `linear`'s weight may point elsewhere between its forward and backward (the swapper's blocks):
+    then every call goes through `FrozenLinearFunction`, which reads the weight again at backward."""
+    linear.__dict__[WEIGHT_MOVES] = moves
 
 
 def quantize_weight(weight: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor | None]:
