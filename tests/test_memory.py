@@ -6,6 +6,8 @@ import dataclasses
 import pytest
 import torch
 
+from conftest import planned_step_peak
+
 from trainer_core.core.config import LoraConfig, OptimizerConfig, choices
 from trainer_core.devtools.memprobe import LiveBytes, probe_block
 from trainer_core.devtools.random_weights import random_transformer
@@ -166,12 +168,7 @@ def test_whole_model_step_peak_matches_the_plan(checkpointing):
         flow_loss(prediction, target).backward()
         del prediction
     runner.uninstall()
-    plan = plan_memory(PlanInputs(width=grid * 16, height=grid * 16, text_tokens=text, rank=4, device="cpu",
-                                  checkpointing=checkpointing, blocks_to_swap=3, lora_in_compute_dtype=False),
-                       arch_from_transformer(model))  # peft's own fp32 LoRA compute: no Trainer here
-    names = ("LoRA gradients", "block inputs", "saved activations", "one block's", "backward working",
-             "largest weight", "activations outside")
-    assert sum(plan.term(n) for n in names) == pytest.approx(live.peak, rel=0.03)
+    assert planned_step_peak(model, grid, text, checkpointing) == pytest.approx(live.peak, rel=0.03)
 
 
 # ---------------------------------------------------------------------------------------------------

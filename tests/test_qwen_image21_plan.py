@@ -12,6 +12,8 @@ import inspect
 import pytest
 import torch
 
+from conftest import planned_step_peak
+
 from trainer_core.planner import GIB, PlanInputs, auto_blocks_to_swap, plan_memory
 from trainer_core.planner.activations import ActivationSettings, block_saved_bytes
 from trainer_core.planner.arch import arch_from_transformer, real_arch21
@@ -166,12 +168,7 @@ def test_a_whole_21_training_step_peaks_where_the_plan_says(checkpointing):
         flow_loss(output[:, -grid * grid:], target).backward()
         del output
     runner.uninstall()
-    plan = plan_memory(PlanInputs(width=grid * 16, height=grid * 16, text_tokens=text, rank=4, device="cpu",
-                                  checkpointing=checkpointing, blocks_to_swap=3, lora_in_compute_dtype=False),
-                       arch_from_transformer(model))  # peft's own fp32 LoRA compute: no Trainer here
-    names = ("LoRA gradients", "block inputs", "saved activations", "one block's", "backward working",
-             "largest weight", "activations outside")
-    assert sum(plan.term(n) for n in names) == pytest.approx(live.peak, rel=0.03)
+    assert planned_step_peak(model, grid, text, checkpointing) == pytest.approx(live.peak, rel=0.03)
 
 
 def test_a_loaded_21_model_set_is_planned_with_its_own_parts_and_2_1s_constants():
