@@ -107,7 +107,7 @@ class CachedDataset:
     # Whose conditions the preview and negative prompts were encoded with (the first training sample).
     preview_sample: CachedSample | None = None
     settings: object = None  # the family's data settings the cache was built with (Edit: EditDataConfig)
-    _memory: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    _memory: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict, repr=False)
 
     def latents(self, key: str) -> torch.Tensor:
         """(C, h, w) normalised latents."""
@@ -116,6 +116,10 @@ class CachedDataset:
     def embedding(self, key: str) -> torch.Tensor:
         """(L, D) prompt embedding."""
         return self._read("text", key, "embedding")
+
+    def text_tensor(self, key: str, name: str) -> torch.Tensor:
+        """Another tensor a family cached beside a prompt's embedding (Qwen-Image 2.1: "image_slots" (L,))."""
+        return self._read("text", key, name)
 
     def mask_weights(self, key: str) -> torch.Tensor:
         """(h, w) fp32 loss weights of a masked sample (`CachedSample.mask_key`)."""
@@ -128,10 +132,11 @@ class CachedDataset:
         return self.embedding(self.prompt_keys[prompt])
 
     def _read(self, kind: str, key: str, tensor_name: str) -> torch.Tensor:
-        if key not in self._memory:
+        memo = (key, tensor_name)  # one entry may hold several tensors (text_tensor)
+        if memo not in self._memory:
             path = self.cache_dir / kind / f"{key}.safetensors"
             try:
-                self._memory[key] = load_file(str(path))[tensor_name]
+                self._memory[memo] = load_file(str(path))[tensor_name]
             except (OSError, SafetensorError, KeyError) as e:  # deleted, moved or overwritten while in use
                 error = os_error(e)
                 reason = ("missing" if isinstance(e, FileNotFoundError)
@@ -140,7 +145,7 @@ class CachedDataset:
                     f"the cache entry {path} cannot be read ({reason}): the "
                     "cache folder was changed or deleted while this run used it. Run the Cache node again (or "
                     "restore the folder): only the missing entries are encoded.") from None
-        return self._memory[key]
+        return self._memory[memo]
 
 
 def latent_key(sample: Sample, vae_fingerprint: str) -> str:

@@ -1,14 +1,18 @@
 """Qwen-Image 2.1 as a model family: what differs from Qwen-Image, behind the seam's hooks.
 
-A sample is a target image and its caption (text-to-image; reference images are not trained yet). What the
-pinned `QwenImage21Pipeline` feeds its transformer, and so what training feeds it (objective.py):
-    hidden_states          the noisy target latents unpacked, one token per latent cell (B, N = h * w, C)
-    encoder_hidden_states  the prompt's Qwen3-VL embedding (B, L, D) (text.py), right-padded with its mask
-    img_mask               (B, L + N / 4): False over the text, True over the target's slots (one per 2 x 2 cells)
-    img_shapes             [[(1, h, w)]] per sample; timestep: the noise level s in (0, 1) (the pipeline's t / 1000)
+A sample is a target image and its caption (a text-to-image dataset), or a target, its caption and 1 to 3
+reference images (an edit dataset, qwen_image_edit/data.py's convention: the controls are the references).
+One model set trains either: it trains reference-image editing when its dataset has reference images. What
+the pinned `QwenImage21Pipeline` feeds its transformer, and so what training feeds it (objective.py):
+    hidden_states          [reference tokens | noisy target tokens], one token per latent cell (B, M + N, C)
+    encoder_hidden_states  the prompt's Qwen3-VL embedding (B, L, D), seen with the references' vision tokens
+                           (text.py alone, references.py with images), right-padded with its mask
+    img_mask               (B, L + N / 4): the prompt's image slots (its references'), then the target's
+    img_shapes             [[*references, (1, h, w)]] per sample; timestep: the noise level s in (0, 1)
 The output covers the whole joint sequence; the loss takes its last N rows, as the pipeline's prediction.
 
-Tensors: latents (C = 64, h, w) per sample (16x VAE: h = H / 16); prompt embeddings (L, D = 4096).
+Tensors: latents (C = 64, h, w) per sample (16x VAE: h = H / 16); prompt embeddings (L, D = 4096) with their
+image slots (L,) when seen with references; reference latents (C, h_i, w_i).
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import hashlib
 
 from ...core.errors import UserInputError
 from ..base import CacheConditioning, DemoSpec, ModelFamily
-from ..qwen_image import PromptsOnly
 
 NAME = "qwen-image-2.1"
 
@@ -30,18 +33,6 @@ def text_key(prompt: str, text_fingerprint: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
-class _Prompts(PromptsOnly):
-    """Text-to-image caching: each prompt encoded alone by the pipeline's method; no condition latents."""
-
-    def text_key(self, prompt: str, sample) -> str:
-        return text_key(prompt, self.text_fingerprint)
-
-    def encode_one(self, prompt: str):
-        from .text import encode_prompt
-
-        return encode_prompt(self.components.text_encoder, self.components.tokenizer, prompt)  # (L, D)
-
-
 class QwenImage21(ModelFamily):
     name = NAME
     patch_size = 1  # the transformer takes latent cells unpacked (its config's patch_size 1)
@@ -49,43 +40,70 @@ class QwenImage21(ModelFamily):
     # data and cache
 
     def check_samples(self, samples) -> None:
-        from ..qwen_image_edit.data import EditSample
+        from ..qwen_image_layered.data import LayeredSample
 
-        if any(isinstance(s, EditSample) for s in samples):
-            raise UserInputError("the loaded model is Qwen-Image 2.1, which trains on text-to-image datasets here (its "
-                                 "reference images are not trained yet): use the Dataset node, not Edit Dataset.")
+        if any(isinstance(s, LayeredSample) for s in samples):
+            raise UserInputError("the loaded model is Qwen-Image 2.1, but this dataset is a layered dataset: load a "
+                                 "Qwen-Image-Layered transformer (qwen_image_layered_bf16.safetensors).")
+
+    def data_settings(self, dataset):
+        from ..qwen_image_edit.data import EditDataset
+
+        return dataset.edit if isinstance(dataset, EditDataset) else None
 
     def cache_conditioning(self, components, samples, settings) -> CacheConditioning:
+        from .conditioning import Conditioning21
+
         self.check_samples(samples)
-        return _Prompts(components)
+        return Conditioning21(components, samples, getattr(settings, "control_resolution", 0) or 0)
 
     # training step
+
+    def batch_group(self, sample):
+        """Samples of one micro-batch share the target's bucket and the references' sizes (they are stacked, and
+        the transformer reads one layout of image slots)."""
+        return (sample.bucket, sample.condition_sizes)
+
+    def dropped_text_key(self, dataset, sample) -> str:
+        """The empty caption seen with the sample's own references (caption dropout keeps the images)."""
+        return sample.empty_text_key if sample.condition_keys else dataset.prompt_keys[""]
+
+    def conditions(self, dataset, samples):
+        if not any(s.condition_keys for s in samples):
+            return None
+        return [[dataset.latents(k).float() for k in s.condition_keys] for s in samples]
 
     def transformer_kwargs(self, hidden, grid, conditions, text, text_mask, text_keys=None, dataset=None):
         from .objective import transformer_kwargs
 
-        return transformer_kwargs(hidden, grid, text, text_mask)
+        slots = None
+        if conditions:
+            if text_keys is None or dataset is None:
+                raise ValueError("Qwen-Image 2.1 with reference images needs the prompts' cache keys (their image slots)")
+            slots = [dataset.text_tensor(k, "image_slots") for k in text_keys]
+        return transformer_kwargs(hidden, grid, text, text_mask, conditions, slots)
 
     def target_prediction(self, output, grid):
         return output[:, -grid[0] * grid[1]:]  # the target's tokens close the joint sequence
 
+    # memory plan
+
+    def planned_image_size(self, dataset):
+        from ..qwen_image_edit.objective import planned_image_size
+
+        return planned_image_size(dataset)  # reference tokens lengthen the image sequence as target tokens do
+
     # previews
 
     def preview_inputs(self, components, dataset, prompts, condition_images):
-        from ..sampling import prompt_embedding
+        from .sampling import preview_inputs
 
-        if condition_images:
-            raise UserInputError("reference images were connected to Preview, but Qwen-Image 2.1 previews are "
-                                 "text-to-image here: disconnect them.")
-        return None, {p: prompt_embedding(dataset, p) for p in dict.fromkeys(prompts)}
+        return preview_inputs(components, dataset, prompts, condition_images)
 
     def preview_pipeline(self, components, conditions):
-        from diffusers import FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline
+        from .sampling import preview_pipeline
 
-        processor = components.tokenizer if components.tokenizer is not None else components.processor_loader()
-        return QwenImage21Pipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_config(components.scheduler_config),
-                                   vae=components.vae, text_encoder=None, processor=processor,
-                                   transformer=components.transformer)
+        return preview_pipeline(components, conditions)
 
     # built-ins
 

@@ -1,0 +1,208 @@
+"""Qwen-Image 2.1 reference-image editing (families/qwen_image21/ with an Edit dataset), against the pinned
+`QwenImage21Pipeline`: its pieces for the loss, its `__call__` for what the transformer is handed and for previews.
+
+- One training step's loss on a sample with a reference image equals, bit for bit, the loss rebuilt from the
+  pipeline's pieces: step 1 of `__call__` (its `calculate_dimensions`, the RGBA copy, `image_processor.resize` and
+  `preprocess`), `encode_prompt` with the image (vision tokens, image slots), `prepare_latents` (the reference's
+  latents and the noise), `calculate_shift` and the scheduler's `time_shift`; `__call__` with that image hands its
+  transformer the same inputs (reference tokens first, their `img_shapes`, the prompt's slots in `img_mask`).
+- Cache keys of prompts and reference latents follow the reference image's bytes.
+- Previews with the reference (cached, or given now), with a LoRA and with true CFG, equal `__call__` run from the
+  prompt and the image itself (fp32, tiny).
+"""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.families import get_family
+from trainer_core.training import Trainer, randomness
+
+FAMILY = "qwen-image-2.1"
+RESOLUTION = 288  # references sized to 288² px of area: small, yet over the 256² px Qwen3-VL's processor enlarges to
+
+
+@pytest.fixture(scope="module")
+def tiny21():
+    return get_family(FAMILY).tiny_components(storage="float32")
+
+
+def reference_picture(size=(320, 200), colour=(40, 70, 220)) -> Image.Image:
+    img = Image.new("RGB", size, "white")
+    ImageDraw.Draw(img).ellipse((60, 40, 200, 160), fill=colour)
+    return img
+
+
+def edit_dataset(folder, reference: Image.Image | None = None, resolution: int = RESOLUTION):
+    """One not-square target with its caption and one reference beside it (name_control.png)."""
+    from conftest import tiny_dataset_config
+    from trainer_core.families.qwen_image_edit.config import EditDataConfig
+    from trainer_core.families.qwen_image_edit.data import load_edit_dataset
+
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (192, 64), (200, 60, 40)).save(folder / "a.png")
+    (folder / "a.txt").write_text("paint the circle red")
+    (reference or reference_picture()).save(folder / "a_control.png")
+    return load_edit_dataset(tiny_dataset_config(folder), EditDataConfig(control_resolution=resolution))
+
+
+def pipeline(components, scheduler_config=None):
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline
+
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config or components.scheduler_config)
+    pipe = QwenImage21Pipeline(scheduler=scheduler, vae=components.vae, text_encoder=components.text_encoder,
+                               processor=components.tokenizer, transformer=components.transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def reference_loss(components, sample, reference: Image.Image, seed):
+    """(loss, the transformer's inputs, the level before its shift) from the pipeline's pieces."""
+    from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_dimensions, calculate_shift
+
+    from trainer_core.data.images import load_cropped
+
+    pipe = pipeline(components)
+    w, h = sample.bucket
+    f = pipe.vae_scale_factor
+    c = components.transformer.config.in_channels
+    cpu = torch.device("cpu")
+    # __call__'s step 1 with output_resolution = RESOLUTION: one size for the encoder's image and the VAE's
+    rgba = reference.convert("RGBA")
+    rw, rh, _ = calculate_dimensions(RESOLUTION * RESOLUTION, rgba.width / rgba.height)
+    encoder_image = pipe.image_processor.resize(rgba, width=rw, height=rh)
+    vae_image = pipe.image_processor.preprocess(rgba, width=rw, height=rh).unsqueeze(2)  # (1, 4, 1, rh, rw)
+    prompt, mask, slots = pipe.encode_prompt(sample.caption, image=[encoder_image], device=cpu)
+    assert int(slots.sum()) == (rw // 32) * (rh // 32)  # one vision token per 2 x 2 latent cells of the reference
+    rgb = load_cropped(sample.image_path, sample.bucket)  # the target as the text-to-image oracle takes it
+    crop = Image.fromarray(((rgb.permute(1, 2, 0) + 1) * 127.5).round().to(torch.uint8).numpy())
+    target = pipe.image_processor.preprocess(crop.convert("RGBA"), width=w, height=h)
+    with torch.no_grad():
+        x0 = pipe._pack_latents(pipe._encode_vae_image(target.unsqueeze(2), None), 1, c, h // f, w // f)  # (1, N, C)
+        noise, ref_tokens = pipe.prepare_latents([vae_image], 1, c, h, w, torch.float32, cpu,
+                                                 randomness.generator(seed, 0, randomness.NOISE))
+    unshifted = torch.sigmoid(torch.randn(1, generator=randomness.generator(seed, 0, randomness.NOISE_LEVELS)))
+    config = pipe.scheduler.config
+    mu = calculate_shift(noise.shape[1], config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
+                         config.get("base_shift", 0.5), config.get("max_shift", 1.15))
+    s = pipe.scheduler.time_shift(mu, 1.0, unshifted)
+    x_t = (1 - s) * x0 + s * noise
+    img_mask = torch.cat([slots, slots.new_ones(1, noise.shape[1] // 4)], dim=1)  # __call__'s append_target_slots
+    inputs = dict(hidden_states=torch.cat([ref_tokens, x_t], dim=1), timestep=s, encoder_hidden_states=prompt,
+                  encoder_hidden_states_mask=mask, img_shapes=[[(1, rh // f, rw // f), (1, h // f, w // f)]],
+                  img_mask=img_mask, return_dict=False)
+    with torch.no_grad():
+        prediction = components.transformer(**inputs)[0][:, -noise.shape[1]:]
+    return float(torch.nn.functional.mse_loss(prediction.float(), (noise - x0).float())), inputs, unshifted, x_t
+
+
+def test_one_training_step_with_a_reference_image_equals_the_reference_from_the_pipelines_pieces(tiny21, tmp_path):
+    from trainer_core.data.cache import build_cache
+
+    components = tiny21
+    reference = reference_picture()
+    dataset = edit_dataset(tmp_path / "d", reference)
+    (sample,) = dataset.samples
+    assert sample.bucket == (96, 32)
+    expected, inputs, unshifted, x_t = reference_loss(components, sample, reference, seed=7)
+
+    pipe = pipeline(components, {**components.scheduler_config, "shift_terminal": None})
+    seen = {}
+
+    def first_call(_module, _args, kwargs):
+        seen.setdefault("kw", kwargs)
+
+    handle = components.transformer.register_forward_pre_hook(first_call, with_kwargs=True)
+    try:
+        w, h = sample.bucket
+        pipe(prompt=sample.caption, image=reference, width=w, height=h, sigmas=[float(unshifted)], latents=x_t,
+             output_type="latent", use_kv_cache=False, output_resolution=RESOLUTION)
+    finally:
+        handle.remove()
+    called = seen["kw"]
+    for name in ("hidden_states", "encoder_hidden_states", "img_mask"):
+        assert torch.equal(called[name], inputs[name]), name
+    assert called["encoder_hidden_states_mask"] is None and inputs["encoder_hidden_states_mask"] is None
+    assert called["img_shapes"] == inputs["img_shapes"]
+    assert torch.allclose(called["timestep"], inputs["timestep"], rtol=1e-6, atol=0)
+
+    family = components.family
+    cached = build_cache(components, list(dataset.samples), tmp_path / "cache",
+                         settings=family.data_settings(dataset))
+    (entry,) = cached.samples
+    assert entry.condition_sizes == ((352, 224),) and family.dropped_text_key(cached, entry) == entry.empty_text_key
+    trainer = Trainer(components, cached, LoraConfig(rank=4), OptimizerConfig(optimizer="adamw"),
+                      TrainConfig(run_name="q21edit", seed=7, blocks_to_swap=0, gradient_checkpointing=False))
+    try:
+        loss = trainer.train(1).losses[0]
+    finally:
+        trainer.close()
+    assert loss == expected  # the same operations on the same numbers (the adapter starts as a no-op)
+
+
+def test_cache_keys_follow_the_reference_images_bytes(tiny21, tmp_path):
+    from trainer_core.families.qwen_image21.conditioning import Conditioning21
+
+    def keys(folder, reference):
+        (sample,) = edit_dataset(folder, reference).samples
+        conditioning = Conditioning21(tiny21, [sample], RESOLUTION)
+        return conditioning.text_key(sample.caption, sample), tuple(conditioning.condition_jobs(sample))
+
+    first = keys(tmp_path / "a", reference_picture())
+    assert keys(tmp_path / "b", reference_picture()) == first  # same bytes, another folder: the same entries
+    other = keys(tmp_path / "c", reference_picture(colour=(40, 170, 60)))
+    assert other[0] != first[0] and other[1] != first[1]
+    text_only = Conditioning21(tiny21, [], 0).text_key("paint the circle red", None)
+    assert text_only not in (first[0], other[0])
+
+
+def test_a_reference_too_small_for_the_text_encoder_is_refused_by_name(tiny21, tmp_path):
+    from trainer_core.core.errors import UserInputError
+    from trainer_core.data.cache import build_cache
+
+    dataset = edit_dataset(tmp_path / "d", resolution=128)
+    with pytest.raises(UserInputError, match="a_control.png.*control_resolution"):
+        build_cache(tiny21, list(dataset.samples), tmp_path / "cache", settings=dataset.edit)
+
+
+@pytest.fixture(scope="module")
+def with_lora():
+    """A tiny 2.1 model set whose transformer carries a LoRA with non-zero weights (shared with the pipeline)."""
+    from trainer_core.adapters.lora import inject_lora
+
+    components = get_family(FAMILY).tiny_components(seed=1, storage="float32")
+    generator = torch.Generator().manual_seed(5)
+    for p in inject_lora(components.transformer, LoraConfig(rank=4, targets="all"), seed=0):
+        with torch.no_grad():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    return components
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_preview_with_a_reference_equals_the_pipelines_own_sampling(with_lora, tmp_path, cfg):
+    """The preview (cached reference latents and prompts, or the reference given now) equals `QwenImage21Pipeline`
+    run from the prompt and the image itself, with the same LoRA, seed, size, steps and guidance."""
+    from trainer_core.data.cache import build_cache
+    from trainer_core.families.sampling import sample_image
+
+    components, prompt, negative = with_lora, "paint the circle green", "blurry"
+    reference = reference_picture()
+    dataset = edit_dataset(tmp_path / "d", reference)
+    cached = build_cache(components, list(dataset.samples), tmp_path / "cache", preview_prompts=[prompt],
+                         negative_prompt=negative, settings=dataset.edit)
+    settings = dict(width=64, height=96, steps=2, cfg_scale=cfg, seed=3)
+    ours = sample_image(components, cached, prompt, negative, **settings)
+    assert components.text_encoder is None  # the cached preview ran without the encoder
+    given = sample_image(components, cached, prompt, negative, **settings, condition_images=[reference])
+    components.ensure_text_encoder()  # for the pipeline's own encoding of the prompt and the image
+    theirs = pipeline(components)(prompt=prompt, image=reference, negative_prompt=negative, true_cfg_scale=cfg,
+                                  width=64, height=96, num_inference_steps=2, output_resolution=RESOLUTION,
+                                  generator=torch.Generator("cpu").manual_seed(3)).images[0]
+    plain = pipeline(components)(prompt=prompt, negative_prompt=negative, true_cfg_scale=cfg, width=64, height=96,
+                                 num_inference_steps=2, generator=torch.Generator("cpu").manual_seed(3)).images[0]
+    assert ours.size == (64, 96)
+    assert np.array_equal(np.asarray(ours), np.asarray(theirs))
+    assert np.array_equal(np.asarray(given), np.asarray(theirs))
+    assert not np.array_equal(np.asarray(plain), np.asarray(theirs))  # the reference changes the sample

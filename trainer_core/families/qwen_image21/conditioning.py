@@ -1,0 +1,121 @@
+"""Qwen-Image 2.1's part of the shared cache (`cache.build_cache`): prompts alone, or with reference images.
+
+A sample of a text-to-image dataset has its prompts encoded alone (`text.encode_prompt`, keyed by
+`family.text_key`, as before). A sample of an edit dataset (qwen_image_edit/data.py's convention: a target, its
+caption and 1 to 3 control images, here the references) has each prompt encoded *with* its references as the
+pipeline does (references.py), cached as {"embedding": (L, D), "image_slots": (L,) bool}, and each reference's
+latents (C, h_i, w_i). Caption dropout keeps the references (the empty caption is encoded with them), as for Edit.
+
+Keys, by content:
+- a reference latent: its bytes and decoding, its sized W x H, the VAE's identity;
+- a prompt with references: the prompt, every reference's bytes, decoding and size in order, the text encoder's
+  identity (tokenizer and vision tower included).
+The reference size follows `control_resolution` (the Edit Dataset's setting; 0: the pipeline's 1024).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from ...data.cache import CACHE_VERSION
+from ...data.images import open_image
+from ..base import CacheConditioning
+from .references import (
+    check_reference_size,
+    encode_reference_latents,
+    encode_reference_prompt,
+    prepare_reference,
+    reference_pipeline,
+)
+
+# Bump when the way references or image-conditioned prompts are made changes.
+REFERENCE_CACHE_VERSION = "1"
+
+
+def reference_key(control, size: tuple[int, int], vae_fingerprint: str) -> str:
+    from .family import NAME
+
+    parts = (CACHE_VERSION, REFERENCE_CACHE_VERSION, NAME, "reference", control.sha256, control.decode,
+             f"{size[0]}x{size[1]}", vae_fingerprint)
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+def referenced_text_key(prompt: str, controls, sizes: list[tuple[int, int]], text_fingerprint: str) -> str:
+    from .family import NAME
+
+    images = [f"{c.sha256}:{c.decode}:{w}x{h}" for c, (w, h) in zip(controls, sizes)]
+    parts = (CACHE_VERSION, REFERENCE_CACHE_VERSION, NAME, "prompt", text_fingerprint, *images, prompt)
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+
+
+def references_of(sample) -> tuple:
+    """A sample's reference images (an edit sample's controls), () for a text-to-image sample or None."""
+    return getattr(sample, "controls", ()) if sample is not None else ()
+
+
+class Conditioning21(CacheConditioning):
+    """One cache build's prompts (alone or with references) and reference latents."""
+
+    def __init__(self, components, samples: list, control_resolution: int = 0):
+        self.components, self.control_resolution = components, control_resolution
+        self.text_fingerprint = components.fingerprint("text_encoder")
+        self.vae_fingerprint = components.fingerprint("vae")
+        self.sizes = {s.image_path: [check_reference_size(Path(c.path).name, c.width, c.height, control_resolution)
+                                     for c in references_of(s)] for s in samples}
+
+    def _sizes(self, sample) -> list[tuple[int, int]]:
+        if sample.image_path not in self.sizes:  # a sample of another build (the preview's): sized the same way
+            self.sizes[sample.image_path] = [check_reference_size(Path(c.path).name, c.width, c.height,
+                                                                  self.control_resolution) for c in sample.controls]
+        return self.sizes[sample.image_path]
+
+    def text_key(self, prompt: str, sample) -> str:
+        from .family import text_key
+
+        controls = references_of(sample)
+        if not controls:
+            return text_key(prompt, self.text_fingerprint)
+        return referenced_text_key(prompt, controls, self._sizes(sample), self.text_fingerprint)
+
+    def condition_jobs(self, sample) -> dict:
+        return {reference_key(c, z, self.vae_fingerprint): (c, z, sample)
+                for c, z in zip(references_of(sample), self._sizes(sample))}
+
+    def entry_fields(self, sample) -> dict:
+        controls = references_of(sample)
+        if not controls:
+            return {}
+        sizes = self._sizes(sample)
+        return {"condition_keys": tuple(reference_key(c, z, self.vae_fingerprint) for c, z in zip(controls, sizes)),
+                "condition_sizes": tuple(sizes), "condition_paths": tuple(c.path for c in controls)}
+
+    def _prepared(self, pipe, control, size, sample):
+        return prepare_reference(pipe, open_image(Path(control.path), sample.background, sample.allow_large_images),
+                                 size)
+
+    def encode_conditions(self, jobs: dict, write) -> None:
+        if not jobs:
+            return
+        pipe = reference_pipeline(self.components, encoder=False)
+        for key, (c, size, s) in jobs.items():
+            latents = encode_reference_latents(pipe, self._prepared(pipe, c, size, s).pixels,
+                                               self.components.compute_dtype)
+            write({"latents": latents}, "latents", key, f"reference image {Path(c.path).name}")
+
+    def encode_prompts(self, jobs: dict, write) -> None:
+        from .text import encode_prompt
+
+        pipe = None
+        for key, (prompt, s) in jobs.items():
+            controls = references_of(s)
+            what = f"prompt {prompt[:40]!r}"
+            if not controls:
+                write({"embedding": encode_prompt(self.components.text_encoder, self.components.tokenizer, prompt)},
+                      "text", key, what)
+                continue
+            pipe = pipe or reference_pipeline(self.components)
+            prepared = [self._prepared(pipe, c, z, s) for c, z in zip(controls, self._sizes(s))]
+            embedding, slots = encode_reference_prompt(pipe, prompt, prepared, self.components.device,
+                                                       [Path(c.path).name for c in controls])
+            write({"embedding": embedding, "image_slots": slots}, "text", key, what)
