@@ -206,3 +206,46 @@ def test_preview_with_a_reference_equals_the_pipelines_own_sampling(with_lora, t
     assert np.array_equal(np.asarray(ours), np.asarray(theirs))
     assert np.array_equal(np.asarray(given), np.asarray(theirs))
     assert not np.array_equal(np.asarray(plain), np.asarray(theirs))  # the reference changes the sample
+
+
+def test_a_micro_batch_of_two_edits_lays_out_its_prompts_slots_as_the_pipeline_batches_them(tiny21, tmp_path):
+    """Two samples with captions of different lengths and references of one size: our img_mask rows are the
+    pipeline's for the two prompts encoded as one batch with the image (slots right-padded, target slots after),
+    and a step on the micro-batch trains."""
+    from trainer_core.data.cache import build_cache
+    from trainer_core.families.qwen_image21.objective import transformer_kwargs
+    from trainer_core.models.text import pad_prompt_batch
+
+    folder = tmp_path / "d"
+    folder.mkdir()
+    Image.new("RGB", (192, 64), (40, 60, 200)).save(folder / "b.png")
+    (folder / "b.txt").write_text("paint the circle a deep ocean blue with a thin white outline")
+    reference_picture(colour=(220, 200, 30)).save(folder / "b_control.png")
+    dataset = edit_dataset(folder)
+    assert len(dataset.samples) == 2
+    cached = build_cache(tiny21, list(dataset.samples), tmp_path / "cache", settings=dataset.edit)
+    keys = [s.text_key for s in cached.samples]
+    embeds = [cached.embedding(k) for k in keys]
+    text, mask = pad_prompt_batch(embeds)
+    grid = (2, 6)
+    references = [[cached.latents(k) for k in s.condition_keys] for s in cached.samples]
+    ours = transformer_kwargs(torch.zeros(2, 12, 8), grid, text, mask, references,
+                              [cached.text_tensor(k, "image_slots") for k in keys])
+    tiny21.ensure_text_encoder()
+    pipe = pipeline(tiny21)
+    rgba = reference_picture().convert("RGBA")
+    image = pipe.image_processor.resize(rgba, width=352, height=224)
+    _e, their_mask, slots = pipe.encode_prompt([s.caption for s in cached.samples], image=[image],
+                                               device=torch.device("cpu"))
+    assert torch.equal(ours["img_mask"], torch.cat([slots, slots.new_ones(2, 12 // 4)], dim=1))
+    assert torch.equal(ours["encoder_hidden_states_mask"].bool(), their_mask.bool())
+    assert ours["img_shapes"] == [[(1, 14, 22), (1, 2, 6)]] * 2 and ours["hidden_states"].shape == (2, 308 + 12, 8)
+
+    trainer = Trainer(tiny21, cached, LoraConfig(rank=4), OptimizerConfig(optimizer="adamw"),
+                      TrainConfig(run_name="q21edit2", seed=7, blocks_to_swap=0, gradient_checkpointing=False,
+                                  micro_batch_size=2, caption_dropout=0.5))
+    try:
+        losses = trainer.train(2).losses
+    finally:
+        trainer.close()
+    assert len(losses) == 2 and all(np.isfinite(losses))
