@@ -8,14 +8,16 @@ text-to-image Preview shows no control image sockets.
 
 from __future__ import annotations
 
-from ..trainer_core.core.config import CUSTOM_FOLDER, DatasetConfig
+from ..trainer_core.core.config import CUSTOM_FOLDER, NOT_USED, DatasetConfig
 from ..trainer_core.core.errors import UserInputError
+from ..trainer_core.families.qwen_image21.recognise import is_qwen_image21_file, is_qwen_image21_folder
 from ..trainer_core.families.qwen_image_edit.config import EditDataConfig, EditLoadConfig
 from ..trainer_core.families.qwen_image_edit.data import load_edit_dataset
 from ..trainer_core.families.qwen_image_edit.files import load_edit_diffusers_dir, load_edit_single_files
 from ..trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
 from ..trainer_core.families.qwen_image_edit.variants import AUTO
-from ..trainer_core.models.source import DIFFUSERS, TINY, resolve_compute_dtype
+from ..trainer_core.families.recognise import load_recognised
+from ..trainer_core.models.source import DIFFUSERS, FILES, TINY, resolve_compute_dtype
 from ..trainer_core.models.tokenizer import tokenizer_candidates
 from . import host
 from .common import CATEGORY, DATASET, MODELS, engine_mode
@@ -27,11 +29,24 @@ from .widgets import widgets
 TINY_AUTO_VARIANT = "edit-2511"
 
 
+def qwen_image21_settings(source, transformer, text_encoder, diffusers_folder) -> dict | None:
+    """The 2.1 loader's file settings when the Load Edit settings name a 2.1 transformer file or folder, else None."""
+    if source == FILES:
+        first = host.model_file_path("diffusion_models", transformer) if transformer != NOT_USED else None
+        if first is not None and is_qwen_image21_file(first):
+            encoder = None if text_encoder == NOT_USED else host.model_file_path("text_encoders", text_encoder)
+            return dict(transformer=first, text_encoder=encoder)
+    elif source == DIFFUSERS and is_qwen_image21_folder(diffusers_folder):
+        return {}
+    return None
+
+
 class QwenLoRALoadEditModels:
     DESCRIPTION = (
         "Loads Qwen-Image-Edit (Edit, Edit-2509 or Edit-2511) for LoRA training from ComfyUI's files (the text "
         "encoder with its vision tower) or a diffusers folder; the variant is read from the file unless chosen. "
-        "The output feeds the Cache and Init Trainer nodes, with an Edit Dataset."
+        "A Qwen-Image 2.1 transformer or folder loads as by the Load node (it edits with an Edit Dataset). The "
+        "output feeds the Cache and Init Trainer nodes, with an Edit Dataset."
     )
     CATEGORY = CATEGORY
     FUNCTION = "load"
@@ -51,6 +66,13 @@ class QwenLoRALoadEditModels:
             if source == TINY:
                 variant = TINY_AUTO_VARIANT if edit_variant == AUTO else edit_variant
                 return (build_tiny_edit_components(variant, storage=storage, compute_dtype=dtype, device=device),)
+            qwen21 = qwen_image21_settings(source, transformer, text_encoder, diffusers_folder)
+            if qwen21 is not None:  # 2.1 has no variants: it edits when its dataset has reference images
+                if edit_variant != AUTO:
+                    raise UserInputError(f"edit_variant is {edit_variant!r}, but the model is Qwen-Image 2.1, which has "
+                                         "no Edit variants: set edit_variant to auto.")
+                return (load_recognised(source, device, storage=storage, compute_dtype=compute_dtype,
+                                        diffusers_folder=diffusers_folder, **qwen21),)
             if source == DIFFUSERS:
                 if not diffusers_folder.strip():
                     raise UserInputError("diffusers_folder is empty: enter the path of a diffusers Qwen-Image-Edit folder.")
@@ -69,7 +91,8 @@ class QwenLoRAEditDataset:
         "An edit dataset: per sample a target image, its .txt caption (the edit instruction) and 1 to 3 control "
         "images: name_control.png, name_control_2.png, name_control_3.png beside it, or control/name.png, "
         "control/name_2.png, ... Buckets come from the target; controls keep their aspect ratio and are sized by "
-        "the edit model's rule. Errors name the file to fix."
+        "the edit model's rule. Qwen-Image 2.1 (from either Load node) trains reference-image editing on it: the "
+        "controls are its reference images. Errors name the file to fix."
     )
     CATEGORY = CATEGORY
     FUNCTION = "discover"
@@ -93,8 +116,9 @@ class QwenLoRAEditDataset:
 
 class QwenLoRAEditPreview:
     DESCRIPTION = (
-        "Qwen-Image-Edit: edits control images with the LoRA as it is now (fixed seed, so previews compare across "
-        "steps): the images wired in, else the first training sample's controls. The prompt must be one of the "
+        "Qwen-Image-Edit, or Qwen-Image 2.1 trained on an Edit Dataset (its reference images): edits control images "
+        "with the LoRA as it is now (fixed seed, so previews compare across steps): the images wired in, else the "
+        "first training sample's controls. The prompt must be one of the "
         "Cache node's preview prompts; empty uses the first."
     )
     CATEGORY = CATEGORY
@@ -118,6 +142,7 @@ class QwenLoRAEditPreview:
         if not takes_control_images(trainer):
             raise UserInputError(f"{EDIT_PREVIEW} edits control images, but this trainer trains "
                                  f"{trainer.components.family.name}, a text-to-image model: use {PREVIEW} "
-                                 "(QwenLoRAPreview) instead.")
+                                 "(QwenLoRAPreview) instead (Qwen-Image 2.1 edits when it trains on an Edit "
+                                 "Dataset).")
         controls = [c for c in (control_image_1, control_image_2, control_image_3) if c is not None]
         return preview_image(trainer, prompt, width, height, steps, cfg, preview_seed, controls, weights)

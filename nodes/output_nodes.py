@@ -7,6 +7,7 @@ import torch
 from ..trainer_core.adapters.lora_files import lora_output_path
 from ..trainer_core.core.config import CompareStepsConfig, LossPlotConfig, PreviewConfig, SaveConfig
 from ..trainer_core.core.errors import UserInputError
+from ..trainer_core.families.qwen_image21.family import NAME as QWEN_IMAGE21_NAME
 from ..trainer_core.families.qwen_image_edit.family import QwenImageEdit
 from ..trainer_core.training.live import step_grid
 from ..trainer_core.training.plot import loss_plot
@@ -26,7 +27,7 @@ class QwenLoRAPreview:
     DESCRIPTION = (
         "Samples an image with the LoRA as it is now (fixed seed, so previews compare across steps). The "
         "prompt must be one of the Cache node's preview prompts; empty uses the first. Text-to-image; for "
-        "Qwen-Image-Edit use Qwen LoRA Preview (Edit)."
+        "Qwen-Image-Edit (and Qwen-Image 2.1 trained on an Edit Dataset) use Qwen LoRA Preview (Edit)."
     )
     CATEGORY = CATEGORY
     FUNCTION = "preview"
@@ -55,8 +56,13 @@ class QwenLoRAPreview:
 
 
 def takes_control_images(trainer) -> bool:
-    """Whether the trainer's model edits control images (Qwen-Image-Edit) rather than sampling from text alone."""
-    return isinstance(trainer.components.family, QwenImageEdit)
+    """Whether the trainer's model edits control images rather than sampling from text alone: Qwen-Image-Edit, or
+    Qwen-Image 2.1 trained on an edit dataset (its first training sample has reference images)."""
+    family = trainer.components.family
+    if isinstance(family, QwenImageEdit):
+        return True
+    sample = trainer.dataset.preview_sample
+    return family.name == QWEN_IMAGE21_NAME and sample is not None and bool(sample.condition_keys)
 
 
 def preview_image(trainer, prompt: str, width: int, height: int, steps: int, cfg: float, seed: int,
