@@ -69,8 +69,8 @@ class QwenLoRALoadEditModels:
             qwen21 = qwen_image21_settings(source, transformer, text_encoder, diffusers_folder)
             if qwen21 is not None:  # 2.1 has no variants: it edits when its dataset has reference images
                 if edit_variant != AUTO:
-                    raise UserInputError(f"edit_variant is {edit_variant!r}, but the model is Qwen-Image 2.1, which has "
-                                         "no Edit variants: set edit_variant to auto.")
+                    raise UserInputError(f"edit_variant is {edit_variant!r}, but the model is Qwen-Image 2.1, which "
+                                         "has no Edit variants: set edit_variant to auto.")
                 return (load_recognised(source, device, storage=storage, compute_dtype=compute_dtype,
                                         diffusers_folder=diffusers_folder, **qwen21),)
             if source == DIFFUSERS:

@@ -180,7 +180,9 @@ QWEN21_NOTE = """How to train a Qwen-Image 2.1 LoRA (text-to-image)
    ComfyUI's Qwen3-VL-8B file as text_encoder).
 2. Data: per sample name.png + name.txt (its caption), as for Qwen-Image.
 3. Queue; queue again to continue. Preview samples with the 2.1 pipeline;
-   Save writes to models/loras (ComfyUI's 2.1 layout, the MLP pair fused)."""
+   Save writes to models/loras (ComfyUI's 2.1 layout, the MLP pair fused).
+To edit with 2.1: the Edit workflow, these files in its Load Edit node, an
+Edit Dataset (its controls are the reference images), Preview (Edit)."""
 
 QWEN21_NODES = [
     (1, NODES[0][1], {**dict(NODES[0][2]), "transformer": "qwen_image_2.1_bf16.safetensors",

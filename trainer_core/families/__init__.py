@@ -3,7 +3,8 @@
     base.py             the seam: `ModelFamily` (its hooks) and `CacheConditioning` (its part of caching)
     qwen_image.py       Qwen-Image text-to-image (its loaders and tiny model are models/'s own)
     qwen_image_edit/    Qwen-Image-Edit, Edit-2509, Edit-2511: one family instance per variant
-    qwen_image21/       Qwen-Image 2.1 (single-stream, Qwen3-VL, 16x VAE; patch 1: `ModelFamily.patch_size`)
+    qwen_image21/       Qwen-Image 2.1 (single-stream, Qwen3-VL, 16x VAE; patch 1: `ModelFamily.patch_size`),
+                        text-to-image and, on an edit dataset, reference-image editing
     qwen_image_layered/ Qwen-Image-Layered: a composite and its RGBA layers as latent frames
 
 A model set carries its family (`QwenImageComponents.family`); the shared engine (cache.py, the trainer,

@@ -4,12 +4,16 @@
 It differs from Qwen-Image in almost every part: single-stream blocks with one shared modulation and a SwiGLU
 MLP (models/qwen21_arch.py), 64 latent channels taken one cell per token (patch 1), a 16x RGBA VAE, a
 Qwen3-VL text encoder whose last hidden states before the final norm are the prompt embedding, and a
-transformer whose output covers the joint text + image sequence.
+transformer whose output covers the joint text + image sequence. It trains text-to-image, and reference-image
+editing when its dataset is an edit dataset (qwen_image_edit/data.py's convention; the controls are its references).
 
 Modules, one concern each:
     family.py     the family's hooks (families/base.py)
-    objective.py  the transformer's inputs as the pinned pipeline builds them
+    objective.py  the transformer's inputs as the pinned pipeline builds them (with references or without)
     text.py       prompt encoding by the pipeline's own method
+    references.py reference images by the pipeline's pieces: sizing, prompt with vision tokens, latents
+    conditioning.py its part of the shared cache: prompts alone or with references, reference latents
+    sampling.py   previews: the pipeline, around a transformer that puts the references in when there are some
     processor.py  the Qwen3-VL processor built offline (tiny model, files without one)
     files.py      ComfyUI's single transformer file (MLP fused or split; bf16, float8): reader and writer
     text_file.py  ComfyUI's single Qwen3-VL-8B text encoder file: reader and writer

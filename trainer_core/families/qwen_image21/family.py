@@ -79,7 +79,7 @@ class QwenImage21(ModelFamily):
         slots = None
         if conditions:
             if text_keys is None or dataset is None:
-                raise ValueError("Qwen-Image 2.1 with reference images needs the prompts' cache keys (their image slots)")
+                raise ValueError("Qwen-Image 2.1 with reference images needs the prompts' cache keys (image slots)")
             slots = [dataset.text_tensor(k, "image_slots") for k in text_keys]
         return transformer_kwargs(hidden, grid, text, text_mask, conditions, slots)
 

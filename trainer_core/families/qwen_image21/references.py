@@ -95,8 +95,8 @@ def encode_reference_prompt(pipe, prompt: str, references: list[PreparedReferenc
     expected = sum((r.size[0] // 32) * (r.size[1] // 32) for r in references)
     if int(slots.sum()) != expected:
         raise UserInputError(
-            f"the text encoder gave {int(slots.sum())} vision tokens for reference images {', '.join(names)}, but their "
-            f"latents fill {expected} slots (one per 32 x 32 px): its processor resized them again. Use a "
+            f"the text encoder gave {int(slots.sum())} vision tokens for reference images {', '.join(names)}, but "
+            f"their latents fill {expected} slots (one per 32 x 32 px): its processor resized them again. Use a "
             "control_resolution of 256 or more (or 0).")
     return embeds[0].clone(), slots[0].clone()
 
