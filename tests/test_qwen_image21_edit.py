@@ -35,8 +35,9 @@ def reference_picture(size=(320, 200), colour=(40, 70, 220)) -> Image.Image:
     return img
 
 
-def edit_dataset(folder, reference: Image.Image | None = None, resolution: int = RESOLUTION):
-    """One not-square target with its caption and one reference beside it (name_control.png)."""
+def edit_dataset(folder, reference: Image.Image | None = None, resolution: int = RESOLUTION, more=()):
+    """One not-square target with its caption and one reference beside it (name_control.png), and `more`
+    references after it (name_control_2.png, ...)."""
     from conftest import tiny_dataset_config
     from trainer_core.families.qwen_image_edit.config import EditDataConfig
     from trainer_core.families.qwen_image_edit.data import load_edit_dataset
@@ -45,6 +46,8 @@ def edit_dataset(folder, reference: Image.Image | None = None, resolution: int =
     Image.new("RGB", (192, 64), (200, 60, 40)).save(folder / "a.png")
     (folder / "a.txt").write_text("paint the circle red")
     (reference or reference_picture()).save(folder / "a_control.png")
+    for n, picture in enumerate(more, start=2):
+        picture.save(folder / f"a_control_{n}.png")
     return load_edit_dataset(tiny_dataset_config(folder), EditDataConfig(control_resolution=resolution))
 
 
@@ -58,8 +61,8 @@ def pipeline(components, scheduler_config=None):
     return pipe
 
 
-def reference_loss(components, sample, reference: Image.Image, seed):
-    """(loss, the transformer's inputs, the level before its shift) from the pipeline's pieces."""
+def reference_loss(components, sample, references: list[Image.Image], seed):
+    """(loss, the transformer's inputs, the level before its shift, x_t) from the pipeline's pieces."""
     from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_dimensions, calculate_shift
 
     from trainer_core.data.images import load_cropped
@@ -69,19 +72,22 @@ def reference_loss(components, sample, reference: Image.Image, seed):
     f = pipe.vae_scale_factor
     c = components.transformer.config.in_channels
     cpu = torch.device("cpu")
-    # __call__'s step 1 with output_resolution = RESOLUTION: one size for the encoder's image and the VAE's
-    rgba = reference.convert("RGBA")
-    rw, rh, _ = calculate_dimensions(RESOLUTION * RESOLUTION, rgba.width / rgba.height)
-    encoder_image = pipe.image_processor.resize(rgba, width=rw, height=rh)
-    vae_image = pipe.image_processor.preprocess(rgba, width=rw, height=rh).unsqueeze(2)  # (1, 4, 1, rh, rw)
-    prompt, mask, slots = pipe.encode_prompt(sample.caption, image=[encoder_image], device=cpu)
-    assert int(slots.sum()) == (rw // 32) * (rh // 32)  # one vision token per 2 x 2 latent cells of the reference
+    # __call__'s step 1 with output_resolution = RESOLUTION: one size for each encoder image and its VAE image
+    sizes, encoder_images, vae_images = [], [], []
+    for reference in references:
+        rgba = reference.convert("RGBA")
+        rw, rh, _ = calculate_dimensions(RESOLUTION * RESOLUTION, rgba.width / rgba.height)
+        sizes.append((rw, rh))
+        encoder_images.append(pipe.image_processor.resize(rgba, width=rw, height=rh))
+        vae_images.append(pipe.image_processor.preprocess(rgba, width=rw, height=rh).unsqueeze(2))  # (1, 4, 1, rh, rw)
+    prompt, mask, slots = pipe.encode_prompt(sample.caption, image=encoder_images, device=cpu)
+    assert int(slots.sum()) == sum((rw // 32) * (rh // 32) for rw, rh in sizes)  # one per 2 x 2 latent cells
     rgb = load_cropped(sample.image_path, sample.bucket)  # the target as the text-to-image oracle takes it
     crop = Image.fromarray(((rgb.permute(1, 2, 0) + 1) * 127.5).round().to(torch.uint8).numpy())
     target = pipe.image_processor.preprocess(crop.convert("RGBA"), width=w, height=h)
     with torch.no_grad():
         x0 = pipe._pack_latents(pipe._encode_vae_image(target.unsqueeze(2), None), 1, c, h // f, w // f)  # (1, N, C)
-        noise, ref_tokens = pipe.prepare_latents([vae_image], 1, c, h, w, torch.float32, cpu,
+        noise, ref_tokens = pipe.prepare_latents(vae_images, 1, c, h, w, torch.float32, cpu,
                                                  randomness.generator(seed, 0, randomness.NOISE))
     unshifted = torch.sigmoid(torch.randn(1, generator=randomness.generator(seed, 0, randomness.NOISE_LEVELS)))
     config = pipe.scheduler.config
@@ -91,22 +97,25 @@ def reference_loss(components, sample, reference: Image.Image, seed):
     x_t = (1 - s) * x0 + s * noise
     img_mask = torch.cat([slots, slots.new_ones(1, noise.shape[1] // 4)], dim=1)  # __call__'s append_target_slots
     inputs = dict(hidden_states=torch.cat([ref_tokens, x_t], dim=1), timestep=s, encoder_hidden_states=prompt,
-                  encoder_hidden_states_mask=mask, img_shapes=[[(1, rh // f, rw // f), (1, h // f, w // f)]],
+                  encoder_hidden_states_mask=mask, img_shapes=[[*[(1, rh // f, rw // f) for rw, rh in sizes], (1, h // f, w // f)]],
                   img_mask=img_mask, return_dict=False)
     with torch.no_grad():
         prediction = components.transformer(**inputs)[0][:, -noise.shape[1]:]
     return float(torch.nn.functional.mse_loss(prediction.float(), (noise - x0).float())), inputs, unshifted, x_t
 
 
-def test_one_training_step_with_a_reference_image_equals_the_reference_from_the_pipelines_pieces(tiny21, tmp_path):
+@pytest.mark.parametrize("count", [1, 2])
+def test_one_training_step_with_reference_images_equals_the_reference_from_the_pipelines_pieces(tiny21, tmp_path,
+                                                                                                 count):
     from trainer_core.data.cache import build_cache
 
     components = tiny21
-    reference = reference_picture()
-    dataset = edit_dataset(tmp_path / "d", reference)
+    components.ensure_text_encoder()  # an earlier cache build released it
+    references = [reference_picture(), reference_picture((300, 300), (40, 170, 60))][:count]
+    dataset = edit_dataset(tmp_path / "d", references[0], more=references[1:])
     (sample,) = dataset.samples
-    assert sample.bucket == (96, 32)
-    expected, inputs, unshifted, x_t = reference_loss(components, sample, reference, seed=7)
+    assert sample.bucket == (96, 32) and len(sample.controls) == count
+    expected, inputs, unshifted, x_t = reference_loss(components, sample, references, seed=7)
 
     pipe = pipeline(components, {**components.scheduler_config, "shift_terminal": None})
     seen = {}
@@ -117,7 +126,7 @@ def test_one_training_step_with_a_reference_image_equals_the_reference_from_the_
     handle = components.transformer.register_forward_pre_hook(first_call, with_kwargs=True)
     try:
         w, h = sample.bucket
-        pipe(prompt=sample.caption, image=reference, width=w, height=h, sigmas=[float(unshifted)], latents=x_t,
+        pipe(prompt=sample.caption, image=references, width=w, height=h, sigmas=[float(unshifted)], latents=x_t,
              output_type="latent", use_kv_cache=False, output_resolution=RESOLUTION)
     finally:
         handle.remove()
@@ -132,13 +141,21 @@ def test_one_training_step_with_a_reference_image_equals_the_reference_from_the_
     cached = build_cache(components, list(dataset.samples), tmp_path / "cache",
                          settings=family.data_settings(dataset))
     (entry,) = cached.samples
-    assert entry.condition_sizes == ((352, 224),) and family.dropped_text_key(cached, entry) == entry.empty_text_key
+    assert entry.condition_sizes == ((352, 224), (288, 288))[:count]
+    assert family.dropped_text_key(cached, entry) == entry.empty_text_key  # caption dropout keeps the references
     trainer = Trainer(components, cached, LoraConfig(rank=4), OptimizerConfig(optimizer="adamw"),
                       TrainConfig(run_name="q21edit", seed=7, blocks_to_swap=0, gradient_checkpointing=False))
+    seen.clear()
+    handle = components.transformer.register_forward_pre_hook(first_call, with_kwargs=True)
     try:
         loss = trainer.train(1).losses[0]
     finally:
+        handle.remove()
         trainer.close()
+    ours = seen["kw"]  # the step's own call: the pipeline's inputs, bit for bit
+    for name in ("hidden_states", "encoder_hidden_states", "img_mask", "timestep"):
+        assert torch.equal(ours[name], inputs[name]), name
+    assert ours["img_shapes"] == inputs["img_shapes"] and ours["encoder_hidden_states_mask"] is None
     assert loss == expected  # the same operations on the same numbers (the adapter starts as a no-op)
 
 

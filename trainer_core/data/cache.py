@@ -256,7 +256,8 @@ def build_cache(
                   {"image": Path(s.image_path).name, "bucket": f"{s.bucket[0]}x{s.bucket[1]}"})
         conditioning.encode_conditions(todo_conditions, write)
     for key, s in todo_masks.items():  # on the grid of the image's latent, cached by now (no VAE needed)
-        with safe_open(str(cache_dir / "latents" / f"{latent_key(s, vae_fp)}.safetensors"), framework="pt") as f:
+        target = conditioning.target_key(s, vae_fp)
+        with safe_open(str(cache_dir / "latents" / f"{target}.safetensors"), framework="pt") as f:
             grid = tuple(f.get_slice("latents").get_shape()[-2:])  # (h, w)
         write({"weights": loss_weights(s.mask, (s.width, s.height), s.bucket, grid)}, "masks", key,
               f"mask {Path(s.mask.path).name}", {"mask": Path(s.mask.path).name, "image": Path(s.image_path).name})

@@ -11,6 +11,11 @@ Keys, by content:
 - a prompt with references: the prompt, every reference's bytes, decoding and size in order, the text encoder's
   identity (tokenizer and vision tower included).
 The reference size follows `control_resolution` (the Edit Dataset's setting; 0: the pipeline's 1024).
+
+Targets are encoded through the pipeline's own image processor too (the crop as a PIL image, its RGBA copy,
+`image_processor.preprocess`): its tensor is laid out channels-last, and the CPU's convolutions round a
+channels-last input differently from a contiguous one (by an ulp), so a target encoded so is bit-equal to what the
+pipeline's pieces make of it, and a reference equal to a target gives the same latents. Their key says so.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from .references import (
 
 # Bump when the way references or image-conditioned prompts are made changes.
 REFERENCE_CACHE_VERSION = "1"
+# Added to the shared target key: targets encoded through the pipeline's image processor (module docstring).
+TARGET_RECIPE = "qwen-image-2.1-pipeline-preprocess-1"
 
 
 def reference_key(control, size: tuple[int, int], vae_fingerprint: str) -> str:
@@ -70,6 +77,27 @@ class Conditioning21(CacheConditioning):
                                                                   self.control_resolution) for c in sample.controls]
         return self.sizes[sample.image_path]
 
+    def target_key(self, sample, vae_fingerprint: str) -> str:
+        from ...data.cache import latent_key
+
+        return hashlib.sha256(f"{latent_key(sample, vae_fingerprint)}|{TARGET_RECIPE}".encode()).hexdigest()[:32]
+
+    def encode_target(self, sample):
+        from ...data.images import load_cropped
+        from ...data.pixels import tensor_to_pil
+        from ...models.latents import encode_images
+
+        crop = tensor_to_pil(load_cropped(sample.image_path, sample.bucket, sample.background,
+                                          sample.allow_large_images))  # exact: the crop's 8-bit values
+        w, h = sample.bucket
+        pixels = self._vae_pipe().image_processor.preprocess(crop.convert("RGBA"), width=w, height=h)  # (1, 4, H, W)
+        return encode_images(self.components.vae, pixels)[0]  # (C, h, w); fp32 on a CPU whatever the VAE's dtype
+
+    def _vae_pipe(self):
+        if getattr(self, "_pipe", None) is None:
+            self._pipe = reference_pipeline(self.components, encoder=False)
+        return self._pipe
+
     def text_key(self, prompt: str, sample) -> str:
         from .family import text_key
 
@@ -97,7 +125,7 @@ class Conditioning21(CacheConditioning):
     def encode_conditions(self, jobs: dict, write) -> None:
         if not jobs:
             return
-        pipe = reference_pipeline(self.components, encoder=False)
+        pipe = self._vae_pipe()
         for key, (c, size, s) in jobs.items():
             latents = encode_reference_latents(pipe, self._prepared(pipe, c, size, s).pixels,
                                                self.components.compute_dtype)
