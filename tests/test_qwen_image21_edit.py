@@ -143,6 +143,8 @@ def test_one_training_step_with_reference_images_equals_the_reference_from_the_p
     (entry,) = cached.samples
     assert entry.condition_sizes == ((352, 224), (288, 288))[:count]
     assert family.dropped_text_key(cached, entry) == entry.empty_text_key  # caption dropout keeps the references
+    width, height = family.planned_image_size(cached)  # the memory plan counts the references' tokens as rows
+    assert width * height >= 96 * 32 + sum(w * h for w, h in entry.condition_sizes)
     trainer = Trainer(components, cached, LoraConfig(rank=4), OptimizerConfig(optimizer="adamw"),
                       TrainConfig(run_name="q21edit", seed=7, blocks_to_swap=0, gradient_checkpointing=False))
     seen.clear()
