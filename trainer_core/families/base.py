@@ -17,7 +17,8 @@ the samples or the model set what they happen to carry:
 Tensor shapes (text-to-image Qwen-Image; another family documents its own):
     latents      (C, h, w) per sample, normalised; a micro-batch stacks them to (B, C, h, w)
     hidden       (B, N, D_in) packed noisy target tokens, N = grid[0] * grid[1]
-    conditions   per sample a list of condition latents [(C, h_i, w_i)] (Edit: the control images), or None
+    conditions   per sample a list of condition latents [(C, h_i, w_i)] (Edit: the control images; Qwen-Image
+                 2.1: its reference images), or None
     embedding    (L, D) prompt embedding per prompt
 (Layered: latents (C, F, h, w), the composite and its layers as frames; its grid (F, h/2, w/2).)
 

@@ -15,7 +15,9 @@ class EditDataConfig:
     control_resolution: int = _f(
         0, "Size of the control images the model sees, as the side of a square of the same area (sides multiples "
         "of 32, each control keeps its aspect ratio). 0 = the edit model's own rule: about 1024x1024 px for the "
-        "VAE and 384x384 px for the text encoder's view (Edit-2509/2511). Smaller trains faster with less memory.",
+        "VAE and 384x384 px for the text encoder's view (Edit-2509/2511); Qwen-Image 2.1's reference images: one "
+        "size for both, 1024x1024 px of area at 0, and 256 or more (Qwen3-VL enlarges smaller images). Smaller "
+        "trains faster with less memory.",
         min=0, max=4096, step=32,
     )
 
