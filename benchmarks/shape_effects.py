@@ -4,14 +4,14 @@
     .venv/bin/python benchmarks/shape_effects.py dop [--run-file run_files/shapes_stars_dop.toml] [--seeds 0,1]
 
 Each trains its run file headless as shipped and with the feature changed (the same file, one setting changed:
-masks: `mask_background_weight` 1 (no masking) and 0 (`--mask-weights`); dop: no `preservation_trigger` and
+masks: `mask_background_weight` 1 (no masking) and 0.1 (`--mask-weights`); dop: no `preservation_trigger` and
 `preservation_weight = 0`), then
 draws fixed prompts at fixed seeds without a LoRA and with each, with diffusers' own `QwenImagePipeline` and the
 LoRA loaded by diffusers' `load_lora_weights` (shape_check.ShapePictures), and reads the pictures with
 `shapes.measure` (no learned part). Prints one JSON line per trained variant and one for the base model.
 
-masks (example_dataset/stars_on_floor: the demo's stars on a yellow floor band the captions never name, masks on the
-stars):
+masks (example_dataset/stars_on_floor: the demo's stars on a yellow floor band the captions never name, masks black
+on the band):
 - stars: share of the 10 star prompts (every colour and background, in the centre) whose picture, above the floor
   band, is a star (and of the named colour);
 - floor: share of those pictures that draw the floor (over half of the band's pixels the floor's yellow), and the
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("kind", choices=("masks", "dop"))
     parser.add_argument("--run-file", type=Path, default=None, help="the run file (default: the shipped one)")
     parser.add_argument("--seeds", default="0,1", help="sampling seeds: one picture per prompt and seed")
-    parser.add_argument("--mask-weights", default="1,0", type=lambda t: [float(w) for w in t.split(",")],
+    parser.add_argument("--mask-weights", default="1,0.1", type=lambda t: [float(w) for w in t.split(",")],
                         help="masks: also train with these mask_background_weight values (1 = no masking)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a temporary one)")
     args = parser.parse_args(argv)

@@ -192,10 +192,10 @@ def test_the_example_pictures_are_what_the_shapes_module_draws(tmp_path, folder)
             assert (fresh / name).read_text() == (shipped / name).read_text(), name
 
 
-def test_the_masked_run_file_masks_the_star_and_leaves_the_floor_out():
+def test_the_masked_run_file_trains_the_star_and_leaves_the_floor_out():
     """run_files/shapes_stars_masked.toml parses, and its dataset loads as 8 stars on the yellow floor band, each
-    with its mask: on the latent grid the loss weighs 1 on the star's centre and mask_background_weight (0.1) on
-    the whole floor band, which the captions never name."""
+    with its mask: on the latent grid the loss weighs 0 (mask_background_weight) on the floor band, which the
+    captions never name, and 1 on the star and the plain background above the band."""
     import torch
 
     from trainer_core.data.images import load_dataset
@@ -205,7 +205,7 @@ def test_the_masked_run_file_masks_the_star_and_leaves_the_floor_out():
 
     run, _ = read_run_file(REPO / "run_files" / "shapes_stars_masked.toml")
     (cfg,) = run.datasets
-    assert cfg.mask_background_weight == 0.1 and cfg.folder == str(REPO / "example_dataset" / "stars_on_floor")
+    assert cfg.mask_background_weight == 0.0 and cfg.folder == str(REPO / "example_dataset" / "stars_on_floor")
     dataset = load_dataset(cfg)
     assert len(dataset.samples) == 8 and all(s.mask is not None for s in dataset.samples)
     factor = 4  # the shapes model's VAE
@@ -213,8 +213,10 @@ def test_the_masked_run_file_masks_the_star_and_leaves_the_floor_out():
     for sample in dataset.samples:
         assert "floor" not in sample.caption and "star" in sample.caption
         weights = loss_weights(sample.mask, (shapes.SIZE, shapes.SIZE), (shapes.SIZE, shapes.SIZE), grid)  # (16, 16)
-        assert torch.equal(weights[shapes.FLOOR_TOP // factor + 1:], torch.full((2, 16), 0.1))
-        assert weights[7:9, 7:9].eq(1.0).all()  # the star's centre
+        floor = shapes.FLOOR_TOP // factor  # latent row 13 holds pixel rows 52..55: half floor
+        assert torch.equal(weights[floor + 1:], torch.zeros(2, 16))
+        assert torch.equal(weights[floor], torch.full((16,), 0.5))
+        assert torch.equal(weights[:floor], torch.ones(floor, 16))
 
 
 def test_the_dop_run_file_preserves_known_circle_prompts():

@@ -142,9 +142,10 @@ def write_star_dataset(folder: str | Path) -> Path:
 
 
 # The masked-loss demo (example_dataset/stars_on_floor): the demo's stars standing on a yellow floor band that the
-# captions never name, as a subject photographed in a cluttered room. Each picture's mask (name_mask.png) is white
-# on the star, grown by FLOOR_MASK_GROW px so its anti-aliased edge trains too, black elsewhere: with masks the LoRA
-# should learn the star and leave the floor out; without them it learns the floor with it. The floor is the palette's
+# captions never name, as a subject photographed in a cluttered room. Each picture's mask (name_mask.png) is black
+# on the floor band and white elsewhere: with masks the LoRA learns the star and the plain background and leaves the
+# floor out; without them it learns the floor with them. (A mask white on the star only, grown by FLOOR_MASK_GROW px
+# so its anti-aliased edge trains too, was measured as well: it leaves the background untrained.) The floor is the palette's
 # yellow: the shapes model's VAE was trained on the palette, and gives a grey band back blue-purple (measured: 1% of a
 # grey band's pixels within 50 of grey after encoding and decoding, 94-96% of a yellow one's within 50 of yellow). The
 # band starts below the largest star (radius 21 + 1 px of jitter ends at row 50).
@@ -174,15 +175,23 @@ def subject_mask(scene: Scene, size: int = SIZE, grow: float = FLOOR_MASK_GROW) 
     return big.resize((size, size), Image.Resampling.BOX)
 
 
-def write_floor_star_dataset(folder: str | Path) -> Path:
-    """The 8 demo stars on the floor band, with captions (the floor unnamed) and masks (NN_colour_star_mask.png),
-    in `folder` (example_dataset/stars_on_floor holds them)."""
+def floor_mask(size: int = SIZE) -> Image.Image:
+    """White everywhere but the floor band, black there: the star and its plain background train, the floor not."""
+    mask = Image.new("L", (size, size), 255)
+    ImageDraw.Draw(mask).rectangle((0, FLOOR_TOP, size - 1, size - 1), fill=0)
+    return mask
+
+
+def write_floor_star_dataset(folder: str | Path, masks: str = "floor") -> Path:
+    """The 8 demo stars on the floor band, with captions (the floor unnamed) and masks (NN_colour_star_mask.png), in
+    `folder` (example_dataset/stars_on_floor holds them). masks "floor": black on the floor band only (the shipped
+    ones); "subject": white on the star only (`subject_mask`; measured too, benchmarks/README.md)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for n, scene in enumerate(STAR_SCENES):
         stem = f"{n:02d}_{scene.colour}_{scene.shape}"
         draw_on_floor(scene).save(folder / f"{stem}.png")
-        subject_mask(scene).save(folder / f"{stem}_mask.png")
+        (floor_mask() if masks == "floor" else subject_mask(scene)).save(folder / f"{stem}_mask.png")
         (folder / f"{stem}.txt").write_text(scene.caption + "\n")
     return folder
 
