@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"trained": "none (the shipped model)", "seeds": seeds, **mask_figures(pictures, seeds)}))
         else:
             base = dop_pictures(pictures, seeds)
-            print(json.dumps({"trained": "none (the shipped model)", "seeds": seeds, **dop_figures(pictures, seeds, base, base)}))
+            print(json.dumps({"trained": "none (the shipped model)", "seeds": seeds,
+                              **dop_figures(pictures, seeds, base, base)}))
         for name, (lora, record) in trained.items():
             pictures.load_lora(lora)
             figures = mask_figures(pictures, seeds) if args.kind == "masks" else dop_figures(pictures, seeds, base)

@@ -7,8 +7,8 @@ its nodes.
 The workflows come from one graph (NODES, LINKS): the real one (Qwen-Image files, settings a real
 run wants), the Edit, Layered and 2.1 variants, a first-run one (the small pretrained shapes model and the star
 pictures shipped with the pack) that trains and previews in about a minute on a CPU, and that one with a
-regularisation set mixed in by a Dataset Mix node (REG_NODES, REG_LINKS). Node sizes and positions are computed here, not
-stored: a node's size follows its sockets and widgets (see `node_size`), nodes are stacked in columns
+regularisation set mixed in by a Dataset Mix node (REG_NODES, REG_LINKS). Node sizes and positions are computed
+here, not stored: a node's size follows its sockets and widgets (see `node_size`), nodes are stacked in columns
 inside their stage's group, so a widget added to a node moves the nodes below it instead of hiding them.
 """
 

@@ -145,10 +145,10 @@ def write_star_dataset(folder: str | Path) -> Path:
 # captions never name, as a subject photographed in a cluttered room. Each picture's mask (name_mask.png) is black
 # on the floor band and white elsewhere: with masks the LoRA learns the star and the plain background and leaves the
 # floor out; without them it learns the floor with them. (A mask white on the star only, grown by FLOOR_MASK_GROW px
-# so its anti-aliased edge trains too, was measured as well: it leaves the background untrained.) The floor is the palette's
-# yellow: the shapes model's VAE was trained on the palette, and gives a grey band back blue-purple (measured: 1% of a
-# grey band's pixels within 50 of grey after encoding and decoding, 94-96% of a yellow one's within 50 of yellow). The
-# band starts below the largest star (radius 21 + 1 px of jitter ends at row 50).
+# so its anti-aliased edge trains too, was measured as well: it leaves the background untrained.) The floor is the
+# palette's yellow: the shapes model's VAE was trained on the palette, and gives a grey band back blue-purple
+# (measured: at most 1% of a grey band's pixels within 50 of grey after encoding and decoding, 94-96% of a yellow
+# one's within 50 of yellow). The band starts below the largest star (radius 21 + 1 px of jitter ends at row 50).
 FLOOR_TOP = 54  # px: the band covers rows 54..63 (at the VAE's 4x: latent rows 13.5..15)
 FLOOR_COLOUR = COLOURS["yellow"]
 FLOOR_MASK_GROW = 2.0
