@@ -17,9 +17,12 @@ from .widgets import widgets
 
 # Folder values that name the examples shipped with the pack: a path relative to the pack would depend on where
 # ComfyUI was started and on the pack's folder name. The stars are the first-run workflow's: 8 pictures of a shape
-# the shipped shapes model never saw (trainer_core/devtools/shapes.py writes them).
+# the shipped shapes model never saw (trainer_core/devtools/shapes.py writes them); the shapes regularisation set is
+# the regularised first-run workflow's second dataset; the stars on a floor carry loss masks.
 EXAMPLES = Path(__file__).resolve().parents[1] / "example_dataset"
-EXAMPLE_DATASETS = {"(example: stars)": EXAMPLES / "stars", "(example: coloured shapes)": EXAMPLES / "coloured_shapes"}
+EXAMPLE_DATASETS = {"(example: stars)": EXAMPLES / "stars", "(example: coloured shapes)": EXAMPLES / "coloured_shapes",
+                    "(example: shapes regularization)": EXAMPLES / "shapes_regularization",
+                    "(example: stars on a floor, masked)": EXAMPLES / "stars_on_floor"}
 
 
 class QwenLoRADataset:

@@ -13,7 +13,8 @@ from ..trainer_core.core.errors import UserInputError
 from ..trainer_core.families.qwen_image21.recognise import is_qwen_image21_file, is_qwen_image21_folder
 from ..trainer_core.families.qwen_image_edit.config import EditDataConfig, EditLoadConfig
 from ..trainer_core.families.qwen_image_edit.data import load_edit_dataset
-from ..trainer_core.families.qwen_image_edit.files import load_edit_diffusers_dir, load_edit_single_files
+from ..trainer_core.families.qwen_image_edit.files import (TINY_AUTO_VARIANT, load_edit_diffusers_dir,
+                                                           load_edit_single_files)
 from ..trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
 from ..trainer_core.families.qwen_image_edit.variants import AUTO
 from ..trainer_core.families.recognise import load_recognised
@@ -24,9 +25,6 @@ from .common import CATEGORY, DATASET, MODELS, engine_mode
 from .data_nodes import QwenLoRADataset, dataset_folder
 from .output_nodes import EDIT_PREVIEW, PREVIEW, QwenLoRAPreview, preview_image, takes_control_images
 from .widgets import widgets
-
-# The tiny test model's variant when the choice is auto (no file to read it from).
-TINY_AUTO_VARIANT = "edit-2511"
 
 
 def qwen_image21_settings(source, transformer, text_encoder, diffusers_folder) -> dict | None:

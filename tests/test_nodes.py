@@ -120,6 +120,29 @@ def test_the_tiny_first_run_workflow_runs_as_shipped_and_its_loss_falls(pack, tm
     assert Path(outputs["10"][0]).is_file()
 
 
+def test_the_regularized_first_run_workflow_mixes_both_example_sets_and_reports_each(pack, tmp_path, loras_dir,
+                                                                                    monkeypatch):
+    """The first-run workflow with a regularisation set (the Dataset Mix node's shipped example): as shipped (cut to
+    6 of its steps) it needs no model file, caches the 8 stars (3 repeats) and the 24 known-shape pictures as one
+    dataset, and the loss report keeps each set's mean, the regularisation set's weighted as its node says."""
+    monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path / "no_models"))
+    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_regularized.api.json").read_text())
+    assert prompt["3"]["inputs"]["dataset"] == ["18", 0] and prompt["18"]["class_type"] == "QwenLoRADatasetMix"
+    regularization = prompt["17"]["inputs"]
+    assert regularization["is_regularization"] and regularization["loss_weight"] < 1.0
+    prompt["6"]["inputs"]["run_name"] = f"reg_{tmp_path.name}"[:60]
+    prompt["7"]["inputs"].update(steps=6, preview_every=0)
+    prompt["8"]["inputs"]["steps"] = 2
+    outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
+    summary = outputs["18"][1]
+    assert summary.startswith("2 datasets, 32 images in all:") and "(regularisation, loss weight 0.5)" in summary
+    trainer = outputs["7"][0]
+    assert trainer.step == 6 and len(trainer.dataset_loss_history) == 6
+    assert len(trainer.dataset.samples) == 8 + 24
+    labels = set().union(*(means for _step, means in trainer.dataset_loss_history))
+    assert len(labels) == 2, labels
+
+
 def test_queueing_again_trains_more_and_loads_nothing_again(pack, tmp_path, demo_folder, loras_dir):
     runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
     prompt = tiny_prompt(tmp_path, demo_folder, steps=2, **{"6": {"blocks_to_swap": -1}})

@@ -167,23 +167,70 @@ def test_the_shapes_run_file_trains_as_shipped(tmp_path, capsys):
     assert "started run 'shapes_stars' at step 0" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("folder", ["stars", "shapes_regularization"])
+@pytest.mark.parametrize("folder", ["stars", "shapes_regularization", "stars_on_floor"])
 def test_the_example_pictures_are_what_the_shapes_module_draws(tmp_path, folder):
-    """example_dataset/stars (the first-run workflow's dataset) holds what `shapes.write_star_dataset` draws, and
-    example_dataset/shapes_regularization what `regularization_scenes` are: the same pixels and captions, so the
-    workflow, the run files and `make demo` teach the same thing."""
+    """example_dataset/stars (the first-run workflow's dataset) holds what `shapes.write_star_dataset` draws,
+    example_dataset/shapes_regularization what `regularization_scenes` are and example_dataset/stars_on_floor what
+    `write_floor_star_dataset` draws (masks too): the same pixels and captions, so the workflows, the run files and
+    `make demo` teach the same thing."""
     import numpy as np
     from PIL import Image
 
-    from trainer_core.devtools.shapes import regularization_scenes, write_pictures, write_star_dataset
+    from trainer_core.devtools.shapes import (regularization_scenes, write_floor_star_dataset, write_pictures,
+                                              write_star_dataset)
 
-    fresh = (write_star_dataset(tmp_path / folder) if folder == "stars"
-             else write_pictures(regularization_scenes(), tmp_path / folder))
+    fresh = {"stars": lambda f: write_star_dataset(f), "stars_on_floor": lambda f: write_floor_star_dataset(f),
+             "shapes_regularization": lambda f: write_pictures(regularization_scenes(), f)}[folder](tmp_path / folder)
     shipped = REPO / "example_dataset" / folder
     names = sorted(p.name for p in fresh.iterdir())
-    assert names == sorted(p.name for p in shipped.iterdir()) and len(names) == (16 if folder == "stars" else 48)
+    assert names == sorted(p.name for p in shipped.iterdir())
+    assert len(names) == {"stars": 16, "shapes_regularization": 48, "stars_on_floor": 24}[folder]
     for name in names:
         if name.endswith(".png"):
             assert np.array_equal(np.asarray(Image.open(fresh / name)), np.asarray(Image.open(shipped / name))), name
         else:
             assert (fresh / name).read_text() == (shipped / name).read_text(), name
+
+
+def test_the_masked_run_file_trains_the_star_and_leaves_the_floor_out():
+    """run_files/shapes_stars_masked.toml parses, and its dataset loads as 8 stars on the yellow floor band, each
+    with its mask: on the latent grid the loss weighs 0 (mask_background_weight) on the floor band, which the
+    captions never name, and 1 on the star and the plain background above the band."""
+    import torch
+
+    from trainer_core.data.images import load_dataset
+    from trainer_core.data.masks import loss_weights
+    from trainer_core.devtools import shapes
+    from trainer_core.runs.run_file import read_run_file
+
+    run, _ = read_run_file(REPO / "run_files" / "shapes_stars_masked.toml")
+    (cfg,) = run.datasets
+    assert cfg.mask_background_weight == 0.0 and cfg.folder == str(REPO / "example_dataset" / "stars_on_floor")
+    dataset = load_dataset(cfg)
+    assert len(dataset.samples) == 8 and all(s.mask is not None for s in dataset.samples)
+    factor = 4  # the shapes model's VAE
+    grid = (shapes.SIZE // factor, shapes.SIZE // factor)
+    for sample in dataset.samples:
+        assert "floor" not in sample.caption and "star" in sample.caption
+        weights = loss_weights(sample.mask, (shapes.SIZE, shapes.SIZE), (shapes.SIZE, shapes.SIZE), grid)  # (16, 16)
+        floor = shapes.FLOOR_TOP // factor  # latent row 13 holds pixel rows 52..55: half floor
+        assert torch.equal(weights[floor + 1:], torch.zeros(2, 16))
+        assert torch.equal(weights[floor], torch.full((16,), 0.5))
+        assert torch.equal(weights[:floor], torch.ones(floor, 16))
+
+
+def test_the_dop_run_file_preserves_known_circle_prompts():
+    """run_files/shapes_stars_dop.toml parses: trigger "star", class word "circle" (a shape the shapes model was
+    trained on), so every star caption's class caption is a prompt of the model's own training vocabulary."""
+    from trainer_core.data.images import load_dataset
+    from trainer_core.data.preservation import class_captions
+    from trainer_core.devtools import shapes
+    from trainer_core.runs.run_file import read_run_file
+
+    run, _ = read_run_file(REPO / "run_files" / "shapes_stars_dop.toml")
+    assert (run.cache.preservation_trigger, run.cache.preservation_class) == ("star", "circle")
+    assert run.train.preservation_weight == 1.0
+    (cfg,) = run.datasets
+    samples = load_dataset(cfg).samples
+    known = set(shapes.all_captions())
+    assert len(samples) == 8 and all(c in known for c in class_captions(samples, "star", "circle"))

@@ -4,10 +4,11 @@ Run after changing a node's inputs: `python tools/build_workflows.py`. tests/tes
 every file against the node definitions, that no two nodes overlap and that each stage's group holds
 its nodes.
 
-Two workflows come from the same graph (NODES, LINKS): the real one (Qwen-Image files, settings a real
-run wants) and a first-run one (the small pretrained shapes model and the star pictures shipped with the pack)
-that trains and previews in about a minute on a CPU. Node sizes and positions are computed here, not
-stored: a node's size follows its sockets and widgets (see `node_size`), nodes are stacked in columns
+The workflows come from one graph (NODES, LINKS): the real one (Qwen-Image files, settings a real
+run wants), the Edit, Layered and 2.1 variants, a first-run one (the small pretrained shapes model and the star
+pictures shipped with the pack) that trains and previews in about a minute on a CPU, and that one with a
+regularisation set mixed in by a Dataset Mix node (REG_NODES, REG_LINKS). Node sizes and positions are computed
+here, not stored: a node's size follows its sockets and widgets (see `node_size`), nodes are stacked in columns
 inside their stage's group, so a widget added to a node moves the nodes below it instead of hiding them.
 """
 
@@ -192,12 +193,43 @@ QWEN21_NODES = [
 ]
 QWEN21 = {3: {"preview_prompts": "a lighthouse on a cliff at dusk"}, 6: {"run_name": "my_qwen_image21_lora"}}
 
-WORKFLOWS = {  # file stem -> (value overrides by node id, note text[, nodes])
+# The first-run workflow with a regularisation set mixed in (run_files/shapes_stars_regularized.toml in the canvas):
+# a second Dataset node with the 24 known-shape pictures shipped with the pack, marked is_regularization at a lower
+# loss_weight, and a Dataset Mix that hands both to the Cache node; the stars come up 3 times a round.
+REG_NOTE = """First run with a regularisation set: the shapes model learns stars while
+24 pictures of the shapes it already draws (circles, squares, triangles)
+train beside them, so it forgets less of them (benchmarks/README.md).
+Dataset Mix joins the two Dataset nodes for the Cache node; each keeps its own
+repeats and loss_weight, and the loss report shows each set's mean.
+Queue it: 200 steps train in a few minutes on a CPU; queue again to continue."""
+
+REG_WEIGHT = 0.5  # the regularisation set's loss_weight: it keeps the prior without outweighing the stars
+
+REG_NODES = [
+    *NODES,
+    (17, "QwenLoRADataset", dict(NODES[1][2]), ("data", 1)),  # the regularisation set
+    (18, "QwenLoRADatasetMix", {}, ("data", 1)),
+    (19, "PreviewAny", {}, ("data", 1)),  # Dataset Mix's summary: each set's images, buckets and weight
+]
+REG_LINKS = [
+    *[(src, slot, dst, name) for src, slot, dst, name in LINKS if (dst, name) != (3, "dataset")],
+    (2, 0, 18, "dataset_1"), (17, 0, 18, "dataset_2"), (18, 0, 3, "dataset"), (18, 1, 19, "source"),
+]
+REG = {
+    **TINY,
+    2: {**TINY[2], "repeats": 3},  # 24 star draws a round against the set's 24 pictures (kohya's balance)
+    17: {**TINY[2], "folder": "(example: shapes regularization)", "is_regularization": True, "loss_weight": REG_WEIGHT},
+    6: {**TINY[6], "run_name": "tiny_regularized"},
+    11: {"filename_prefix": "qwen_lora/tiny_regularized_preview"},
+}
+
+WORKFLOWS = {  # file stem -> (value overrides by node id, note text[, nodes[, links]])
     "qwen_image_lora_training": ({}, MAIN_NOTE),
     "qwen_image_lora_tiny_first_run": (TINY, TINY_NOTE),
     "qwen_image_edit_lora_training": (EDIT, EDIT_NOTE, EDIT_NODES),
     "qwen_image_layered_lora_training": (LAYERED, LAYERED_NOTE, LAYERED_NODES),
     "qwen_image21_lora_training": (QWEN21, QWEN21_NOTE, QWEN21_NODES),
+    "qwen_image_lora_tiny_regularized": (REG, REG_NOTE, REG_NODES, REG_LINKS),
 }
 
 # Core nodes the workflow uses, as ComfyUI declares them (name, type) for inputs; outputs none.
@@ -314,12 +346,13 @@ def layout(sizes: dict[int, tuple[int, int]], places: dict[int, tuple[str, int]]
 
 
 def build(mappings, titles: dict[str, str], overrides: dict | None = None, note: str = "",
-          graph_nodes: list | None = None) -> tuple[dict, dict]:
+          graph_nodes: list | None = None, graph_links: list | None = None) -> tuple[dict, dict]:
     overrides = overrides or {}
+    links = graph_links or LINKS
     nodes = [(i, c, {**v, **overrides.get(i, {})}, place) for i, c, v, place in (graph_nodes or NODES)]
     api, ui_nodes, ui_links = {}, [], []
     link_ids = {}
-    for link_id, (src, slot, dst, name) in enumerate(LINKS, start=1):
+    for link_id, (src, slot, dst, name) in enumerate(links, start=1):
         link_ids[(dst, name)] = link_id
         src_cls = next(c for i, c, *_ in nodes if i == src)
         out_type = mappings[src_cls].RETURN_TYPES[slot]
@@ -342,7 +375,7 @@ def build(mappings, titles: dict[str, str], overrides: dict | None = None, note:
                 api_inputs[name] = values[name]
                 widgets_values.append(values[name])
             else:
-                link = next(((s, sl) for s, sl, d, n in LINKS if d == node_id and n == name), None)
+                link = next(((s, sl) for s, sl, d, n in links if d == node_id and n == name), None)
                 if link is None:  # an optional socket left open (Edit Preview's control images): the canvas lists it
                     ui_inputs.append({"name": name, "type": spec[0], "link": None})
                     continue
@@ -354,8 +387,8 @@ def build(mappings, titles: dict[str, str], overrides: dict | None = None, note:
             cls = mappings[cls_name]
             names = getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)
             for slot, (out_type, out_name) in enumerate(zip(cls.RETURN_TYPES, names)):
-                links = [lid for lid, (s, sl, *_r) in enumerate(LINKS, start=1) if s == node_id and sl == slot]
-                outputs.append({"name": out_name, "type": out_type, "links": links, "slot_index": slot})
+                out_links = [lid for lid, (s, sl, *_r) in enumerate(links, start=1) if s == node_id and sl == slot]
+                outputs.append({"name": out_name, "type": out_type, "links": out_links, "slot_index": slot})
         ui_nodes.append({
             "id": node_id, "type": cls_name, "pos": list(positions[node_id]), "size": list(sizes[node_id]),
             "flags": {}, "order": order, "mode": 0, "inputs": ui_inputs, "outputs": outputs,
@@ -372,7 +405,7 @@ def build(mappings, titles: dict[str, str], overrides: dict | None = None, note:
     groups = [{"id": n, "title": GROUPS[key][0], "bounding": box, "color": GROUPS[key][2], "font_size": 24,
                "flags": {}} for n, (key, box) in enumerate(group_boxes.items(), start=1)]
     ui = {
-        "last_node_id": max(n["id"] for n in ui_nodes), "last_link_id": len(LINKS), "nodes": ui_nodes,
+        "last_node_id": max(n["id"] for n in ui_nodes), "last_link_id": len(links), "nodes": ui_nodes,
         "links": ui_links, "groups": groups, "config": {}, "extra": {}, "version": 0.4,
     }
     return ui, api

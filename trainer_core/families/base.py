@@ -107,9 +107,10 @@ class ModelFamily:
     # ----------------------------------------------------------------------------------------------
     # data and cache
 
-    def load_dataset(self, cfg):
+    def load_dataset(self, cfg, settings=None):
         """The `data.Dataset` a dataset folder holds under this family's convention (headless runs; the canvas
-        has a Dataset node per convention)."""
+        has a Dataset node per convention). `settings`: the family's own data settings from the run file (Edit:
+        an EditDataConfig), None: its defaults."""
         from ..data.images import load_dataset
 
         return load_dataset(cfg)

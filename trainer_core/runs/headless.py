@@ -38,7 +38,8 @@ from ..core.errors import UserInputError
 from ..core.files import inside, write_bytes_atomic, write_error
 from ..core.names import require_step
 from ..data.cache import CachedDataset, build_cache
-from ..data.mixture import combined
+from ..data.mixture import combined, data_settings, mix
+from ..families.qwen_image_edit.files import load_edit_model_set
 from ..families.recognise import load_recognised
 from ..training import Every, StepReport, Trainer, every
 from ..training.distributed import Replicas, lost_peer, lost_peer_message
@@ -102,12 +103,14 @@ def train_run(run: RunFile, replicas: Replicas, config_text: str = "", steps: in
     lora_output_path(run_dir, run.save.filename, run.train.run_name, 0)  # a bad name fails before any work
     if run.steps_cfg.snapshot_every or run.headless.snapshot_every_epochs:  # named by filename: {step}, or overwritten
         require_step(run.save.filename, f"{run.where}: [output] filename", "[output] snapshot_every(_epochs)")
-    # The family from the files: Layered and 2.1 say so in their transformers (2.1: the rest from its folder).
-    components = load_recognised(run.load.source, replicas.device, storage=run.load.storage,
-                                 compute_dtype=run.load.compute_dtype, transformer=run.load.transformer,
-                                 text_encoder=run.load.text_encoder, vae=run.load.vae,
-                                 tokenizer=run.headless.tokenizer or None,
-                                 diffusers_folder=run.load.diffusers_folder, text_encoder_fp8=run.load.text_encoder_fp8)
+    # The family from the files: Layered and 2.1 say so in their transformers (2.1: the rest from its folder); an
+    # Edit model where [edit] says so (the Load Edit node's loader: the variant, the text encoder's vision tower).
+    load = load_edit_model_set if run.edit is not None else load_recognised
+    extra = {"variant": run.edit.variant} if run.edit is not None else {}
+    components = load(run.load.source, replicas.device, storage=run.load.storage,
+                      compute_dtype=run.load.compute_dtype, transformer=run.load.transformer,
+                      text_encoder=run.load.text_encoder, vae=run.load.vae, tokenizer=run.headless.tokenizer or None,
+                      diffusers_folder=run.load.diffusers_folder, text_encoder_fp8=run.load.text_encoder_fp8, **extra)
     say(f"model: {components.name} ({components.num_blocks} blocks, {run.load.storage} blocks, compute "
         f"{str(components.compute_dtype).removeprefix('torch.')}, {components.device})"
         + (f"; {replicas.size} processes" if replicas.size > 1 else ""))
@@ -129,15 +132,18 @@ def cache_once(components, run: RunFile, replicas: Replicas, say) -> CachedDatas
     with other model files would miss them, and is stopped)."""
     datasets = []
     for cfg in run.datasets:
-        datasets.append(components.family.load_dataset(cfg))  # the family's folder convention (Layered: layers)
+        # the family's folder convention (Layered: layers; Edit: controls, sized by [edit] control_resolution)
+        datasets.append(components.family.load_dataset(cfg, run.edit.data if run.edit is not None else None))
         say(f"dataset {cfg.folder} at {cfg.resolution} px: {datasets[-1].summary()}")
     samples, validation, per_sample = combined(datasets)
+    # The family's data settings, as the Cache node takes them (Edit: control_resolution; one for every dataset)
+    settings = data_settings(components.family, datasets[0] if len(datasets) == 1 else mix(datasets))
     preservation = (run.cache.preservation_trigger, run.cache.preservation_class)
 
     def build(progress=None) -> CachedDataset:
         return build_cache(components, samples, run.cache_folder, preview_prompts=run.preview_prompts,
                            negative_prompt=run.cache.negative_prompt, batch_size=run.cache.caching_batch_size,
-                           repeats=per_sample, validation=validation, progress=progress,
+                           repeats=per_sample, validation=validation, progress=progress, settings=settings,
                            preservation=preservation if preservation[0].strip() else None)
 
     if replicas.writes:

@@ -13,6 +13,8 @@ key with that field's help and default. Tables and where their keys come from:
     [previews]    the Cache node's prompts, Train Steps' preview_every / size / sampling steps, the Preview
                   node's cfg and seed: images written to disk while training
     [output]      the output folder, the Save node's file name / dtype / layout, LoRA snapshots
+    [edit]        Qwen-Image-Edit: the Load Edit node's variant, the Edit Dataset node's control_resolution;
+                  with this table the run loads an Edit model and reads its datasets as edit datasets
 
 Relative paths are relative to the run file's folder (so a run file works from any working directory).
 A run file is parsed with the standard library's tomllib; `render` writes one (the diffusion-pipe
@@ -50,6 +52,7 @@ from ..core.config import (
     parse_blocks_to_swap,
 )
 from ..core.errors import UserInputError
+from ..families.qwen_image_edit.config import EditDataConfig, EditLoadConfig, EditRun
 
 _FIELD_DEFAULT = object()  # Key.shown when the template shows the field's own default
 # [model] source: the Load node's choices, or a short name for each.
@@ -91,6 +94,9 @@ TABLES = {
     "train": "The run: its name, batches, memory settings, noise levels, checkpoints, and how long it trains.",
     "previews": "Images sampled with the LoRA as it is while training, written to <output>/<run_name>/previews.",
     "output": "Where the run's files go, and the LoRA files it writes.",
+    "edit": "Qwen-Image-Edit: with this table the model loads as an Edit model (the Load Edit node: [model]'s "
+            "files, diffusers folder or source = \"tiny\" for the tiny Edit test model) and every [[dataset]] is an "
+            "edit dataset (the Edit Dataset node's folder convention: name.png + name.txt + name_control.png, ...).",
 }
 
 _PATH = "Relative: to the run file's folder."
@@ -154,6 +160,8 @@ KEYS = (
     Key("output", "snapshot_every", TrainStepsConfig, "snapshot_every",
         help="Also save the LoRA every N steps (0 = off), named by filename. The last step's is always saved."),
     Key("output", "snapshot_every_epochs", HeadlessConfig, "snapshot_every_epochs"),
+    Key("edit", "variant", EditLoadConfig, "edit_variant"),
+    Key("edit", "control_resolution", EditDataConfig, "control_resolution"),
 )
 _KEYS = {(k.table, k.name): k for k in KEYS}
 
@@ -174,6 +182,7 @@ class RunFile:
     preview: PreviewConfig  # cfg, preview_seed
     save: SaveConfig
     where: str = "run file"
+    edit: EditRun | None = None  # [edit]: a Qwen-Image-Edit run; None: the family the model files say
 
     @property
     def preview_prompts(self) -> list[str]:
@@ -237,6 +246,7 @@ def parse_run_tables(data: dict[str, Any], base: Path, where: str = "run file") 
             preview=PreviewConfig(**values.get(PreviewConfig, {})),
             save=SaveConfig(**values.get(SaveConfig, {})),
             where=where,
+            edit=_edit(data, values),
         )
     except UserInputError as e:  # (one that names `where` already, as [model]'s do, is not prefixed twice)
         raise (e if str(e).startswith(f"{where}: ") else UserInputError(f"{where}: {e}")) from None
@@ -244,6 +254,13 @@ def parse_run_tables(data: dict[str, Any], base: Path, where: str = "run file") 
         raise UserInputError(f"{where}: [previews] preview_every = {run.steps_cfg.preview_every} needs "
                              "preview_prompts: add a prompt, or set preview_every = 0.")
     return run
+
+
+def _edit(data: dict[str, Any], values: dict[type, dict[str, Any]]) -> EditRun | None:
+    if "edit" not in data:
+        return None
+    variant = values.get(EditLoadConfig, {}).get("edit_variant", field_default(EditLoadConfig, "edit_variant"))
+    return EditRun(variant, EditDataConfig(**values.get(EditDataConfig, {})))
 
 
 def _headless(settings: dict[str, Any], base: Path) -> HeadlessConfig:

@@ -9,6 +9,8 @@ from typing import Any
 from ..core.config import NO_LORA, InitConfig, TrainConfig, field_meta
 from .run_file import KEYS, SOURCE_NAMES, TABLES, Key, toml_value
 
+OPT_IN_TABLES = ("edit",)  # [edit] makes the run a Qwen-Image-Edit one
+
 
 def help_config(width: int = 100) -> str:
     """Every table and key with its help, allowed values and default, as a commented TOML template."""
@@ -17,12 +19,13 @@ def help_config(width: int = 100) -> str:
         "# Leave a setting out to take its default. Relative paths are relative to this file's folder.",
     ]
     for table, doc in TABLES.items():
-        out += ["", "[[dataset]]" if table == "dataset" else f"[{table}]"]
+        off = "# " if table in OPT_IN_TABLES else ""  # a table whose presence changes the run: shown commented out
+        out += ["", off + ("[[dataset]]" if table == "dataset" else f"[{table}]")]
         out += _comment(doc, width)
         for key in (k for k in KEYS if k.table == table):
             out.append("")
             out += _comment(f"{key.help_text}{_allowed(key)}", width)
-            out.append(f"{key.name} = {toml_value(_template_value(key))}")
+            out.append(f"{off}{key.name} = {toml_value(_template_value(key))}")
     return "\n".join(out) + "\n"
 
 

@@ -48,3 +48,12 @@ class EditLoadConfig(LoadConfig):
         "marker key, Edit-2509 by '2509' in the name or the folder's pipeline class, else Edit).",
         choices=VARIANT_CHOICES,
     )
+
+
+@dataclass(frozen=True)
+class EditRun:
+    """A run file's [edit] table (runs/run_file.py): the Load Edit node's variant and the Edit Dataset node's
+    settings."""
+
+    variant: str
+    data: EditDataConfig

@@ -28,6 +28,13 @@ class QwenImageEdit(ModelFamily):
 
     # data and cache
 
+    def load_dataset(self, cfg, settings=None):
+        """The edit dataset convention (the Edit Dataset node's): `settings` an EditDataConfig (a run file's [edit]
+        control_resolution), None: the model's own rule."""
+        from .data import load_edit_dataset
+
+        return load_edit_dataset(cfg, settings)
+
     def check_samples(self, samples) -> None:
         from .data import EditSample
 

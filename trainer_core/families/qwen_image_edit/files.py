@@ -16,11 +16,14 @@ from pathlib import Path
 
 import torch
 
+from ...core.errors import UserInputError
 from ...models.components import QwenImageComponents
 from ...models.safetensors_file import SafetensorsFile
 from ...models.single_file import load_single_files
 from .family import edit_family
 from .variants import AUTO, resolve_variant, variant_from_diffusers_dir, variant_from_file
+
+TINY_AUTO_VARIANT = "edit-2511"  # the tiny Edit model an 'auto' variant builds (the Load Edit node's too)
 
 
 def _choice(variant: str) -> str:
@@ -56,3 +59,29 @@ def load_edit_diffusers_dir(path: str | Path, storage: str = "float8", compute_d
     components = load_diffusers_dir(path, storage, compute_dtype, device)
     components.family = edit_family(edit)
     return components
+
+
+def load_edit_model_set(source: str, device, storage: str = "float8", compute_dtype: str = "auto",
+                        transformer=None, text_encoder=None, vae=None, tokenizer=None, diffusers_folder=None,
+                        text_encoder_fp8: str = "dequantize", variant: str = AUTO) -> QwenImageComponents:
+    """What the Load Edit node loads, from a run file's [model] settings (models/source.py's sources): the tiny
+    test model as `variant` (auto: Edit-2511, as the node), a diffusers Edit folder, or three files."""
+    from ...models.source import DIFFUSERS, FILES, SHAPES, TINY, resolve_compute_dtype
+    from .tiny import build_tiny_edit_components
+
+    dtype = resolve_compute_dtype(compute_dtype, device)
+    if source == TINY:
+        return build_tiny_edit_components(TINY_AUTO_VARIANT if _choice(variant) == AUTO else variant,
+                                          storage=storage, compute_dtype=dtype, device=device)
+    if source == SHAPES:
+        raise UserInputError("[edit] needs a Qwen-Image-Edit model, and the shapes model is a text-to-image one: set "
+                             "[model] source = \"tiny\" (the tiny Edit test model), an Edit diffusers_folder or Edit "
+                             "model files, or remove [edit].")
+    if source == DIFFUSERS:
+        return load_edit_diffusers_dir(str(diffusers_folder).strip(), storage=storage, compute_dtype=dtype,
+                                       device=device, variant=variant)
+    if source != FILES:
+        raise UserInputError(f"source={source!r} is not one of the Load Edit node's sources.")
+    return load_edit_single_files(transformer, text_encoder, vae, tokenizer_dir=tokenizer, storage=storage,
+                                  compute_dtype=dtype, device=device, text_encoder_fp8=text_encoder_fp8,
+                                  variant=variant)

@@ -24,7 +24,7 @@ class QwenImageLayered(ModelFamily):
 
     # data and cache
 
-    def load_dataset(self, cfg):
+    def load_dataset(self, cfg, settings=None):
         from .data import load_layered_dataset
 
         return load_layered_dataset(cfg)
