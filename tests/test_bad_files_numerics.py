@@ -232,7 +232,7 @@ def test_the_stop_after_nonfinite_losses_names_the_lora_file_and_claims_no_resto
     t = make(tmp_path, demo_folder, tiny_cache, init_lora=good, max_nonfinite_steps=2)
     t.train(1)
     for s in t.dataset.samples:  # every latent poisoned in memory: every loss is NaN
-        t.dataset._memory[s.latent_key] = torch.full_like(t.dataset.latents(s.latent_key), float("nan"))
+        t.dataset._memory[(s.latent_key, "latents")] = torch.full_like(t.dataset.latents(s.latent_key), float("nan"))
     with pytest.raises(TrainingStopped) as stopped:
         t.train(3)
     message = str(stopped.value)

@@ -139,13 +139,13 @@ def test_nonfinite_loss_skips_the_step_and_several_stop_training(demo_folder, ti
     # Poison one cached latent in memory: the micro-batch that holds it gives a NaN loss.
     key = t.dataset.samples[0].latent_key
     good = t.dataset.latents(key).clone()
-    t.dataset._memory[key] = torch.full_like(good, float("nan"))
+    t.dataset._memory[(key, "latents")] = torch.full_like(good, float("nan"))
     report = t.train(6)
     assert report.skipped >= 1 and t.step == 8
     assert all(torch.isfinite(p).all() for p in t.params)
     # Every latent poisoned: two bad steps in a row stop training with a message; the LoRA is kept.
     for s in t.dataset.samples:
-        t.dataset._memory[s.latent_key] = torch.full_like(t.dataset.latents(s.latent_key), float("inf"))
+        t.dataset._memory[(s.latent_key, "latents")] = torch.full_like(t.dataset.latents(s.latent_key), float("inf"))
     before = adapter_snapshot(t)
     with pytest.raises(TrainingStopped, match="2 steps in a row had a NaN/inf loss"):
         t.train(5)
