@@ -175,9 +175,11 @@ def load_shapes_model(*args, **kwargs):
 
 def load_model_set(source: str, device, *args, text_encoder_fp8: str = "dequantize", **kwargs):
     """`models.source.load_model_set` (any of the Load settings' sources), of this family; `text_encoder_fp8`
-    may be 'auto', decided here for `device`."""
+    may be 'auto', decided here for `device` when the source is model files (the only one that reads it)."""
+    from ..models.source import FILES
     from ..models.source import load_model_set as load
     from ..planner.device import resolve_text_encoder_fp8
 
-    return text_to_image(load(source, device, *args, text_encoder_fp8=resolve_text_encoder_fp8(text_encoder_fp8, device),
-                              **kwargs))
+    if source == FILES:
+        text_encoder_fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device)
+    return text_to_image(load(source, device, *args, text_encoder_fp8=text_encoder_fp8, **kwargs))
