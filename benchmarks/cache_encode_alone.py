@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer_core.models import build_tiny_components  # noqa: E402
+from trainer_core.families.qwen_image import build_tiny_components  # noqa: E402
 from trainer_core.models.latents import encode_images  # noqa: E402
 from trainer_core.models.text import encode_prompts  # noqa: E402
 

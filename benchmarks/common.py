@@ -17,6 +17,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from trainer_core.data.cache import CachedDataset, CachedSample  # noqa: E402
+from trainer_core.families.qwen_image import QWEN_IMAGE  # noqa: E402
 from trainer_core.models.components import QwenImageComponents  # noqa: E402
 from trainer_core.models.scheduler import QWEN_IMAGE_SCHEDULER_CONFIG  # noqa: E402
 
@@ -44,7 +45,7 @@ def synthetic_setup(transformer: torch.nn.Module, samples: int, latent_hw: tuple
     components = QwenImageComponents(
         transformer=transformer, vae=None, text_encoder=None, tokenizer=None,
         scheduler_config=dict(QWEN_IMAGE_SCHEDULER_CONFIG), compute_dtype=compute_dtype, device=device,
-        name="synthetic", storage=storage)
+        name="synthetic", storage=storage, family=QWEN_IMAGE)
     return components, dataset
 
 

@@ -59,7 +59,7 @@ def train_tiny(storage: str, fp8_activations: bool, steps: int, work: Path) -> t
     from trainer_core.core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
     from trainer_core.data.images import discover
     from trainer_core.runs.demo import make_demo_dataset
-    from trainer_core.models import build_tiny_components
+    from trainer_core.families.qwen_image import build_tiny_components
     from trainer_core.training import Trainer
 
     components = build_tiny_components(seed=0, storage=storage, compute_dtype=torch.bfloat16)

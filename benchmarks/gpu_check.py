@@ -89,7 +89,7 @@ def write_files(workdir: Path, tiny: bool, device: torch.device) -> dict[str, Pa
 
 def load_models(files: dict[str, Path], device: torch.device, storage: str = "float8"):
     """The Load node's call on these files (the one line to change when the Load node's call changes)."""
-    from trainer_core.models import load_single_files
+    from trainer_core.families.qwen_image import load_single_files
 
     return load_single_files(files["transformer"], files["text_encoder"], files["vae"], storage=storage,
                              compute_dtype=torch.bfloat16, device=device, text_encoder_fp8="auto")
@@ -126,8 +126,8 @@ def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, se
     from trainer_core.data.images import discover
     from trainer_core.devtools.memprobe import LiveBytes
     from trainer_core.adapters.lora_files import read_lora_file
-    from trainer_core.models.text_encoder_file import resolve_text_encoder_fp8
-    from trainer_core.planner import arch_for_components, auto_blocks_to_swap, inputs_for_run, plan_memory, plan_phases
+    from trainer_core.planner import (arch_for_components, auto_blocks_to_swap, inputs_for_run, plan_memory, plan_phases,
+                                      resolve_text_encoder_fp8)
     from trainer_core.planner.inference import parts_for_components
     from trainer_core.planner.phases import gpu_peak_after_caching
     from trainer_core.families.sampling import sample_image

@@ -39,7 +39,7 @@ def section(title: str, log) -> None:
 
 def float8_bytes_and_error(log, quick: bool) -> dict:
     from trainer_core.devtools.random_weights import random_transformer
-    from trainer_core.models import build_tiny_components
+    from trainer_core.families.qwen_image import build_tiny_components
     from trainer_core.models.float8 import block_linear_bytes, store_block_linears
 
     result = {}

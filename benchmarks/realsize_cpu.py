@@ -162,7 +162,7 @@ def rehearse(args, log) -> int:
     from trainer_core.data.cache import build_cache
     from trainer_core.core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
     from trainer_core.data.images import discover
-    from trainer_core.models import load_single_files
+    from trainer_core.families.qwen_image import load_single_files
     from trainer_core.models.tiny import build_tiny_tokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)

@@ -35,7 +35,7 @@ from PIL import Image, ImageDraw  # noqa: E402
 
 from trainer_core.devtools import shapes  # noqa: E402
 from trainer_core.devtools.shape_check import ShapePictures  # noqa: E402
-from trainer_core.models.pretrained import load_shapes_model  # noqa: E402
+from trainer_core.families.qwen_image import load_shapes_model  # noqa: E402
 from trainer_core.runs.demo import SHAPES_MODEL, run_demo  # noqa: E402
 
 

@@ -122,7 +122,7 @@ def pack():
 @pytest.fixture
 def tiny():
     """Fresh tiny components (fp32 storage) for a test that mutates the model."""
-    from trainer_core.models import build_tiny_components
+    from trainer_core.families.qwen_image import build_tiny_components
 
     return build_tiny_components(seed=0, storage="float32")
 
@@ -175,7 +175,7 @@ def trained_lora(tiny_cache, demo_folder):
     """A trainer after 4 steps of rank 4, alpha 6 on "all" targets (alpha != rank: the scale must survive
     every trip through a file). Read it, do not train it further."""
     from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
-    from trainer_core.models import build_tiny_components
+    from trainer_core.families.qwen_image import build_tiny_components
     from trainer_core.training import Trainer
 
     components = build_tiny_components(storage="float32")

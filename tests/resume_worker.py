@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import cached_demo  # noqa: E402
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig  # noqa: E402
-from trainer_core.models import build_tiny_components  # noqa: E402
+from trainer_core.families.qwen_image import build_tiny_components  # noqa: E402
 from trainer_core.training import Trainer  # noqa: E402
 
 

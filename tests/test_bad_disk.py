@@ -35,7 +35,7 @@ from trainer_core.training import checkpoint as ckpt
 from trainer_core.core import files
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import UserInputError
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training import Trainer
 
 
@@ -236,7 +236,7 @@ PERMISSION_WORKER = textwrap.dedent("""
     from conftest import cached_demo
     from trainer_core.core.errors import UserInputError
     from test_bad_disk import make_trainer
-    from trainer_core.models import build_tiny_components
+    from trainer_core.families.qwen_image import build_tiny_components
     work, data, cache = Path({work!r}), {data!r}, {cache!r}
     messages = {{}}
 

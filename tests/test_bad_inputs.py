@@ -15,7 +15,8 @@ from trainer_core.data import cache as cache_module
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.data.images import discover
 from trainer_core.core.errors import UserInputError
-from trainer_core.models import build_tiny_components, load_diffusers_dir, save_diffusers_dir
+from trainer_core.families.qwen_image import build_tiny_components, load_diffusers_dir
+from trainer_core.models import save_diffusers_dir
 
 
 def image(folder, name, size=(64, 64), caption="a caption"):

@@ -31,7 +31,7 @@ def test_second_run_makes_zero_encoder_calls(tiny, demo_folder, tmp_path):
     assert first.report.latents_encoded == 8 and first.report.prompts_encoded == 8 + 3
 
     # A fresh model set (same weights) over the same data: everything comes from disk.
-    from trainer_core.models import build_tiny_components
+    from trainer_core.families.qwen_image import build_tiny_components
 
     again = build_tiny_components(seed=0, storage="float32")
     vae_calls, text_calls = _count_encoder_calls(again)

@@ -32,7 +32,7 @@ def test_cli_help_lists_commands(capsys):
 
 def test_export_tiny_writes_a_diffusers_folder_that_loads(tmp_path, capsys):
     from trainer_core.runs.cli import main
-    from trainer_core.models import load_diffusers_dir
+    from trainer_core.families.qwen_image import load_diffusers_dir
 
     assert main(["export-tiny", str(tmp_path / "tiny"), "--layout", "diffusers"]) == 0
     assert f"diffusers_folder: {tmp_path / 'tiny'}" in capsys.readouterr().out

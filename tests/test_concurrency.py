@@ -14,7 +14,7 @@ from conftest import adapter_snapshot, cached_demo
 from trainer_core.runs import registry as runs
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import UserInputError
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training import Trainer
 
 STEPS = 4

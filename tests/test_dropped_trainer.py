@@ -15,7 +15,7 @@ import torch
 from conftest import cached_demo
 from test_float8_activations import tiny_forward
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.models.float8.storage import frozen_block_linears
 from trainer_core.streaming.runner import BlockRunner
 from trainer_core.training import Trainer

@@ -12,7 +12,7 @@ from torch.optim.swa_utils import get_ema_avg_fn
 from conftest import cached_demo
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import UserInputError
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training import Trainer
 from trainer_core.training.ema import ema_decay_at, ema_path
 from trainer_core.training.outputs import lora_state_dict

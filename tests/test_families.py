@@ -80,3 +80,31 @@ def test_the_trainer_refuses_a_text_to_image_cache_for_an_edit_model(tiny_cache,
     with pytest.raises(UserInputError, match="cached for the model family qwen-image, but the model trained is edit"):
         Trainer(get_family("edit").tiny_components(), cached, LoraConfig(rank=4), OptimizerConfig(),
                 TrainConfig(run_name="mismatch", blocks_to_swap=0))
+
+
+def test_a_model_set_of_the_models_loaders_has_no_family_and_the_engine_refuses_it(tiny_cache, demo_folder, tmp_path):
+    """models/ reads Qwen-Image's files and knows no family (it sits below them); the families' loaders hand it. A
+    model set straight from models/ is refused where the engine first asks its family, with the way to load it."""
+    import dataclasses
+
+    import pytest
+
+    from conftest import cached_demo
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.core.errors import UserInputError
+    from trainer_core.families.qwen_image import QWEN_IMAGE, build_tiny_components
+    from trainer_core.models.tiny import build_tiny_components as build_without_family
+    from trainer_core.planner import inputs_for_run
+    from trainer_core.training import Trainer
+
+    assert build_without_family().family is None and build_tiny_components().family is QWEN_IMAGE
+    bare = build_without_family(storage="float32")
+    with pytest.raises(UserInputError, match=r"caching: the model set .* has no family.*trainer_core\.families"):
+        cached_demo(bare, demo_folder, tmp_path)
+    cached = cached_demo(build_tiny_components(storage="float32"), demo_folder, tiny_cache)
+    configs = LoraConfig(rank=4), OptimizerConfig(), TrainConfig(run_name="no-family", blocks_to_swap=0)
+    with pytest.raises(UserInputError, match=r"the Trainer: the model set .* has no family.*load_recognised"):
+        Trainer(bare, cached, *configs)
+    with pytest.raises(UserInputError, match=r"the memory plan: the model set .* has no family"):
+        inputs_for_run(bare, cached, *configs)
+    assert dataclasses.replace(bare, family=QWEN_IMAGE).require_family("the Trainer") is QWEN_IMAGE

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.models.float8 import (
     FLOAT8, FrozenLinearFunction, block_linear_bytes, frozen_block_linears, install_frozen_compute,
 )

@@ -8,7 +8,7 @@ from torch import nn
 
 from conftest import cached_demo
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.models.float8 import activations as fa
 from trainer_core.models.float8 import FLOAT8, SCALE_BUFFER, install_frozen_compute, quantize_weight
 from trainer_core.streaming.runner import BlockRunner

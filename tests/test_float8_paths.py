@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from test_float8_activations import tiny_forward
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.models.float8 import COMPILED, EAGER, FP8_ACTIVATIONS, compute_path, frozen_block_linears, path_name
 
 CPU = torch.device("cpu")

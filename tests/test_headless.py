@@ -151,7 +151,7 @@ def test_several_dataset_folders_each_with_its_repeats_and_an_epoch_length(tmp_p
                 "repeats": 2}]
     run, _ = read_run_file(tiny_run_file(tmp_path, demo_folder, dataset=entries,
                                          train={"steps": 0, "epochs": 2, "grad_accum_steps": 3}))
-    from trainer_core.models.source import load_model_set
+    from trainer_core.families.qwen_image import load_model_set
 
     components = load_model_set("tiny test model (random weights)", torch.device("cpu"), storage="float32")
     cached = cache_once(components, run, ONE_PROCESS, print)

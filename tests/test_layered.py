@@ -96,7 +96,7 @@ def test_exported_files_load_as_layered_with_its_flags_and_rgba_vae(tmp_path, la
     from trainer_core.devtools.export import export_tiny_layered
     from trainer_core.families.qwen_image_layered.files import load_layered_single_files
     from trainer_core.families.recognise import recognise_family
-    from trainer_core.models.diffusers_dir import load_diffusers_dir
+    from trainer_core.families.qwen_image import load_diffusers_dir
 
     files = export_tiny_layered(tmp_path, layout=layout)
     if layout == "diffusers":

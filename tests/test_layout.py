@@ -151,18 +151,6 @@ def test_streaming_imports_only_downward_and_its_placement_policy_no_torch():
 # imports does (test_what_comfyui_imports_reaches_no_dev_tooling).
 LAYERS = ("core", "models", "adapters", "data", "streaming", "planner", "families", "training", "devtools", "runs")
 ENTRY_POINTS = ("__init__.py", "__main__.py")
-# The imports that still run upward, each inside a function, each a decision a lower part asks of a higher one.
-# Each is a place to mend (the loaders should be handed these decisions); the list may only shrink.
-UPWARD_ALLOWED = {
-    # A model set made without a family is text-to-image (the loaders of models/ build it).
-    ("trainer_core/models/components.py", "trainer_core/families/__init__.py"),
-    ("trainer_core/models/components.py", "trainer_core/families/qwen_image.py"),
-    # The text encoder file's fp8 'auto' asks the memory plan whether the dequantized encoder fits.
-    ("trainer_core/models/text_encoder_file.py", "trainer_core/planner/__init__.py"),
-    ("trainer_core/models/text_encoder_file.py", "trainer_core/planner/device.py"),
-    ("trainer_core/models/text_encoder_file.py", "trainer_core/planner/phases.py"),
-    ("trainer_core/models/text_encoder_file.py", "trainer_core/planner/plan.py"),
-}
 
 
 def _layer_of(path: Path) -> str | None:
@@ -177,6 +165,8 @@ def test_the_engine_is_a_handful_of_layers_and_entry_points():
 
 
 def test_imports_only_go_downward():
+    """Every import of the engine, also those inside functions: a decision a lower layer needs from a higher
+    one (the family of a model set, the text encoder's fp8 'auto') is handed down by the higher one's caller."""
     engine = REPO / "trainer_core"
     upward = set()
     for path in sorted(engine.rglob("*.py")):
@@ -189,8 +179,7 @@ def test_imports_only_go_downward():
                 continue
             if LAYERS.index(_layer_of(target)) > LAYERS.index(own):
                 upward.add((str(path.relative_to(REPO)), str(target.relative_to(REPO))))
-    assert upward <= UPWARD_ALLOWED, sorted(upward - UPWARD_ALLOWED)
-    assert upward == UPWARD_ALLOWED, f"allowed upward imports that are gone, take them off: {UPWARD_ALLOWED - upward}"
+    assert upward == set(), sorted(upward)
 
 
 def test_the_settings_name_the_architectures_lora_presets():

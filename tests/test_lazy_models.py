@@ -11,7 +11,7 @@ import torch
 
 from tests.conftest import cached_demo
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
-from trainer_core.models import load_single_files
+from trainer_core.families.qwen_image import load_single_files
 from trainer_core.models.safetensors_file import TENSOR_BYTES_READ, SafetensorsFile
 from trainer_core.models.streaming import empty_transformer
 

@@ -80,6 +80,35 @@ def test_previews_arrive_while_train_steps_runs_and_the_report_has_their_seconds
     assert outputs["16"][0].shape == (1, 2 * (64 + 20), 3 * 64, 3)
 
 
+def test_train_steps_and_train_config_preview_at_the_steps_of_the_one_scheduler(pack, tmp_path, demo_folder,
+                                                                                monkeypatch):
+    """Train Steps and `train --config` schedule their previews through one mechanism (training.periodic.StepExtras):
+    the untrained model at step 0, then every preview_every steps of the run. With the same settings both preview
+    at exactly the steps its `preview_due` names (what a preview is stays the host's: one kept image, or files)."""
+    from test_headless import tiny_run_file
+    from trainer_core.runs.cli import main
+    from trainer_core.training import StepExtras
+    from trainer_core.training.live import PreviewSettings
+
+    steps, every = 7, 3
+    scheduled = [s for s in range(steps + 1) if StepExtras(every, PreviewSettings("a red circle")).preview_due(s)]
+    assert scheduled == [0, 3, 6]
+
+    monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
+    monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
+    host_standin.install(monkeypatch)
+    outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(
+        tiny_prompt(tmp_path, demo_folder, steps=steps, **{"7": {"preview_every": every}}))
+    assert [p.step for p in outputs["7"][0].step_previews] == scheduled
+
+    path = tiny_run_file(tmp_path / "headless", demo_folder, train={"steps": steps},
+                         previews={"preview_prompts": ["a red circle", "a blue square"], "preview_every": every,
+                                   "preview_size": 64, "preview_sampling_steps": 2})
+    assert main(["train", "--config", str(path), "--output", str(tmp_path / "out")]) == 0
+    written = sorted(p.name for p in (tmp_path / "out" / "t" / "previews").glob("step_*"))
+    assert written == [f"step_{s:06d}_{i}.png" for s in scheduled for i in (0, 1)]
+
+
 def test_step_labels_are_drawn_from_the_step_numbers():
     """Two grids that differ only in their step numbers differ only in the label strip."""
     from trainer_core.training.live import StepPreview, step_grid

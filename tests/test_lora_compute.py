@@ -6,7 +6,7 @@ import torch
 from conftest import cached_demo
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.adapters.lora import compute_in_input_dtype
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training import Trainer
 
 

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from comfy_lora_rules import comfy_key_map, unmatched_keys
 from trainer_core.adapters.lora_files import LORA_LAYOUTS
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 
 # Per layout: (prefix of every key, suffixes of one module's keys).
 LAYOUT_KEYS = {

@@ -13,7 +13,7 @@ import torch
 from conftest import cached_demo
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import UserInputError
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training import Trainer
 
 # The tiny model's Linears (32 wide, MLP 128, modulation 192) at rank 4: every LoKr case occurs, w1 and w2 kept

@@ -19,7 +19,7 @@ from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import UserInputError
 from trainer_core.data.cache import build_cache
 from trainer_core.data.images import discover, load_cropped, load_dataset
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.models.latents import pack_latents, unpack_latents
 from trainer_core.models.text import pad_prompt_batch
 from trainer_core.runs.registry import run_signature

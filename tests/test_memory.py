@@ -245,7 +245,7 @@ def test_plan_for_loaded_components_while_training(demo_folder, tmp_path):
     from conftest import cached_demo
     from trainer_core.core.config import TrainConfig
     from trainer_core.planner import arch_for_components
-    from trainer_core.models import build_tiny_components
+    from trainer_core.families.qwen_image import build_tiny_components
     from trainer_core.training import Trainer
 
     fresh = arch_for_components(build_tiny_components(storage="float8"))

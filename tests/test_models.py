@@ -2,7 +2,8 @@
 
 import torch
 
-from trainer_core.models import build_tiny_components, load_diffusers_dir, save_diffusers_dir
+from trainer_core.families.qwen_image import build_tiny_components, load_diffusers_dir
+from trainer_core.models import save_diffusers_dir
 from trainer_core.models.float8 import FLOAT8, frozen_block_linears
 from trainer_core.models.latents import decode_latents, encode_images, pack_latents, unpack_latents
 from trainer_core.models.text import encode_prompts, pad_prompt_batch, pipeline_prompt_constants, template_prefix_length

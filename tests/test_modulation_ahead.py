@@ -19,7 +19,7 @@ from trainer_core.devtools.random_weights import random_transformer
 from trainer_core.training.live import PreviewSettings
 from trainer_core.training import StepExtras
 from trainer_core.adapters.lora import inject_lora
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.models.modulation import modulation_inputs, supports_modulation_ahead
 from trainer_core.training.objective import flow_loss
 from trainer_core.streaming.runner import BlockRunner

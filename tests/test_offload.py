@@ -34,7 +34,7 @@ def test_unpin_moves_the_masters_out_of_the_arena_and_frees_it():
     the arena's memory goes back; the weights are unchanged."""
     import weakref
 
-    from trainer_core.models import build_tiny_components
+    from trainer_core.families.qwen_image import build_tiny_components
     from trainer_core.streaming.runner import BlockRunner
 
     components = build_tiny_components(seed=0, storage="float32")

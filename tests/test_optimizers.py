@@ -13,7 +13,7 @@ from trainer_core.training.automagic import LR_BUMP, MAX_LR, MIN_LR, Automagic
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig, choices
 from trainer_core.core.errors import UserInputError
 from trainer_core.adapters.lora_files import lora_file_tensors
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training.optim import build_optimizer, evaluation_weights, load_state
 from trainer_core.training import Trainer
 

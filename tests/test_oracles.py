@@ -24,7 +24,7 @@ from test_lora_format import forward_inputs
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.adapters.lora import adapter_weights
 from trainer_core.adapters.lora_files import LORA_LAYOUTS, read_lora_file
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.models.scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
 from trainer_core.training.objective import resolution_mu, sample_noise_levels
 from trainer_core.training import Trainer, randomness

@@ -253,7 +253,7 @@ def test_init_trainer_refuses_a_run_that_does_not_fit_the_ram_before_touching_th
     the process itself) it is refused at once, the model left without an adapter."""
     from conftest import cached_demo
     from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
-    from trainer_core.models import build_tiny_components
+    from trainer_core.families.qwen_image import build_tiny_components
     from trainer_core.training import Trainer
 
     components = build_tiny_components(seed=0, storage="float8", compute_dtype=torch.bfloat16)
@@ -272,11 +272,23 @@ def test_text_encoder_fp8_auto_is_decided_for_the_device():
     """The Load node's text_encoder_fp8 'auto': on a CUDA device the caching phase's plan against its free
     memory (choose_text_encoder_storage, tested above); on the CPU float8 computes slowly: dequantize."""
     from trainer_core.core.config import LoadConfig
-    from trainer_core.models.text_encoder_file import resolve_text_encoder_fp8
+    from trainer_core.planner import resolve_text_encoder_fp8
 
     assert LoadConfig().text_encoder_fp8 == "auto"
     assert resolve_text_encoder_fp8("auto", "cpu") == "dequantize"
     assert resolve_text_encoder_fp8("keep", "cpu") == "keep" and resolve_text_encoder_fp8("dequantize", "cuda") == "dequantize"
+
+
+def test_the_model_loaders_take_a_decided_text_encoder_fp8_mode_only():
+    """'auto' is decided above models/ (the planner knows the device's memory): a loader of models/ that meets it
+    refuses at once, before any file is read, and names the function that decides it."""
+    from trainer_core.models.single_file import load_single_files
+    from trainer_core.models.text_encoder_file import TextEncoderFile
+
+    for load in (lambda: load_single_files("t.safetensors", "te.safetensors", "v.safetensors", text_encoder_fp8="auto"),
+                 lambda: TextEncoderFile("te.safetensors", fp8="auto")):
+        with pytest.raises(UserInputError, match=r"text_encoder_fp8='auto'.*planner\.resolve_text_encoder_fp8"):
+            load()
 
 
 def test_a_measured_process_baseline_moves_every_phase_by_the_same_bytes():

@@ -12,7 +12,7 @@ from trainer_core.core.errors import UserInputError
 from trainer_core.data.cache import build_cache
 from trainer_core.data.images import load_dataset
 from trainer_core.data.mixture import combined
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training import Trainer
 from trainer_core.training.step import FlowMatchingStep
 from trainer_core.training.weighting import DatasetLosses

@@ -16,7 +16,7 @@ from test_trainer import make_trainer
 from trainer_core.training import checkpoint
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import UserInputError
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training import Trainer, randomness
 
 

@@ -15,7 +15,7 @@ from trainer_core.training import checkpoint as ckpt
 from trainer_core.core import files
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import UserInputError
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training import Trainer
 
 WORKER = Path(__file__).with_name("resume_worker.py")

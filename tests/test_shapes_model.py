@@ -64,9 +64,11 @@ def test_the_scripts_files_load_in_both_layouts(tmp_path):
     """What the script writes loads through ComfyUI's single-file loader; written as a diffusers folder it loads
     through the diffusers-folder loader to the same model: same prompt features, same transformer output, same
     decoded picture. (A short run's files: the shipped ones are the same files of a longer run.)"""
-    from trainer_core.models import load_diffusers_dir, save_diffusers_dir
+    from trainer_core.families.qwen_image import load_diffusers_dir
+    from trainer_core.models import save_diffusers_dir
     from trainer_core.models.latents import decode_latents
-    from trainer_core.models.pretrained import LATENT_CHANNELS, SHAPES_TRANSFORMER, load_shapes_model
+    from trainer_core.families.qwen_image import load_shapes_model
+    from trainer_core.models.pretrained import LATENT_CHANNELS, SHAPES_TRANSFORMER
     from trainer_core.models.text import encode_prompts
 
     _short_run(tmp_path / "m")
@@ -90,7 +92,7 @@ def test_the_scripts_files_load_in_both_layouts(tmp_path):
 
 @pytest.fixture(scope="module")
 def shapes_pictures():  # the shipped model (tests that use it need its weights)
-    from trainer_core.models.pretrained import load_shapes_model
+    from trainer_core.families.qwen_image import load_shapes_model
     from trainer_core.devtools.shape_check import ShapePictures
 
     return ShapePictures(load_shapes_model(storage="float32", compute_dtype=torch.float32), steps=20)

@@ -22,7 +22,7 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="me
 
 
 def tiny_transformer(seed: int):
-    from trainer_core.models import build_tiny_components
+    from trainer_core.families.qwen_image import build_tiny_components
 
     return build_tiny_components(seed=seed, storage="float32", compute_dtype=torch.float32,
                                  device=torch.device("cpu")).transformer

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from trainer_core.core.errors import UserInputError
 from trainer_core.core.finite import has_nonfinite
-from trainer_core.models.single_file import load_single_files
+from trainer_core.families.qwen_image import load_single_files
 
 
 def copies_of(tiny_files, tmp_path, names):

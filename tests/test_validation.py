@@ -10,7 +10,7 @@ from trainer_core.data.cache import build_cache
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.data.images import load_dataset, validation_indices
 from trainer_core.core.errors import UserInputError
-from trainer_core.models import build_tiny_components
+from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training.plot import VALIDATION, loss_plot
 from trainer_core.training import Trainer
 

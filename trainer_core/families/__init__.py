@@ -1,7 +1,7 @@
 """Model families: what differs between Qwen-Image text-to-image, Qwen-Image-Edit and the families to come.
 
     base.py             the seam: `ModelFamily` (its hooks) and `CacheConditioning` (its part of caching)
-    qwen_image.py       Qwen-Image text-to-image (its loaders and tiny model are models/'s own)
+    qwen_image.py       Qwen-Image text-to-image, and its loaders: models/'s (which know no family), family handed
     qwen_image_edit/    Qwen-Image-Edit, Edit-2509, Edit-2511: one family instance per variant
     qwen_image21/       Qwen-Image 2.1 (single-stream, Qwen3-VL, 16x VAE; patch 1: `ModelFamily.patch_size`),
                         text-to-image and, on an edit dataset, reference-image editing

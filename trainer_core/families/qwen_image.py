@@ -2,8 +2,9 @@
 
 A sample is a target image and its caption; nothing else conditions it. The prompt is encoded alone with
 the text-to-image pipeline's template (models/text.py), the transformer sees the target's tokens only and
-the loss covers all of them. The loaders are models/single_file.py and models/diffusers_dir.py (a model
-set they build is of this family by default), the tiny model models/tiny.py.
+the loss covers all of them. The files are read by models/ (single_file.py, diffusers_dir.py, tiny.py,
+pretrained.py, source.py), whose loaders know no family; the entry points at the end of this module call them
+and hand the model set this family (and decide the text encoder's fp8 'auto' for the device first).
 
 Tensors: latents (C, h, w); packed tokens (B, N = h/2 * w/2, 4C); prompt embeddings (L, D).
 """
@@ -118,8 +119,6 @@ class QwenImage(ModelFamily):
     def tiny_components(self, seed=0, storage="float32", compute_dtype=None, device="cpu"):
         import torch
 
-        from ..models.tiny import build_tiny_components
-
         return build_tiny_components(seed=seed, storage=storage, compute_dtype=compute_dtype or torch.float32,
                                      device=device)
 
@@ -129,3 +128,58 @@ class QwenImage(ModelFamily):
 
 
 QWEN_IMAGE = QwenImage()
+
+
+# -- text-to-image model sets: models/'s loaders, with this family handed over ---------------------------------
+
+
+def text_to_image(components):
+    """`components` (read by a loader of models/) as a text-to-image Qwen-Image."""
+    components.family = QWEN_IMAGE
+    return components
+
+
+def build_tiny_components(*args, **kwargs):
+    """`models.tiny.build_tiny_components` (same arguments), of this family."""
+    from ..models.tiny import build_tiny_components as build
+
+    return text_to_image(build(*args, **kwargs))
+
+
+def load_single_files(transformer, text_encoder, vae, tokenizer_dir=None, storage: str = "float8",
+                      compute_dtype=None, device="cpu", text_encoder_fp8: str = "auto", **kwargs):
+    """`models.single_file.load_single_files`, of this family; `text_encoder_fp8` may be the Load settings'
+    'auto', decided here for `device` (`planner.resolve_text_encoder_fp8`) before anything takes its memory."""
+    import torch
+
+    from ..models.single_file import load_single_files as load
+    from ..planner.device import resolve_text_encoder_fp8
+
+    return text_to_image(load(transformer, text_encoder, vae, tokenizer_dir, storage, compute_dtype or torch.bfloat16,
+                              device, resolve_text_encoder_fp8(text_encoder_fp8, device), **kwargs))
+
+
+def load_diffusers_dir(*args, **kwargs):
+    """`models.diffusers_dir.load_diffusers_dir` (same arguments), of this family."""
+    from ..models.diffusers_dir import load_diffusers_dir as load
+
+    return text_to_image(load(*args, **kwargs))
+
+
+def load_shapes_model(*args, **kwargs):
+    """`models.pretrained.load_shapes_model` (same arguments: the shipped small model), of this family."""
+    from ..models.pretrained import load_shapes_model as load
+
+    return text_to_image(load(*args, **kwargs))
+
+
+def load_model_set(source: str, device, *args, text_encoder_fp8: str = "dequantize", **kwargs):
+    """`models.source.load_model_set` (any of the Load settings' sources), of this family; `text_encoder_fp8`
+    may be 'auto', decided here for `device` when the source is model files (the only one that reads it)."""
+    from ..models.source import FILES
+    from ..models.source import load_model_set as load
+    from ..planner.device import resolve_text_encoder_fp8
+
+    if source == FILES:
+        text_encoder_fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device)
+    return text_to_image(load(source, device, *args, text_encoder_fp8=text_encoder_fp8, **kwargs))

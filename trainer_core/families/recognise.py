@@ -2,7 +2,8 @@
 
 Qwen-Image 2.1 says so in its transformer file or its diffusers folder (qwen_image21/recognise.py) and is loaded
 by its own loaders; Qwen-Image-Layered says so in its transformer (`time_text_embed.addition_t_embedding`, the
-flag `use_additional_t_cond`); everything else the plain Load path reads is text-to-image. (Qwen-Image-Edit is
+flag `use_additional_t_cond`); everything else the plain Load path reads is text-to-image (qwen_image.py's
+loaders, which also decide the text encoder's fp8 'auto' for the device). (Qwen-Image-Edit is
 loaded by its own node, whose loader sets the variant's family.)
 """
 
@@ -12,10 +13,12 @@ from .qwen_image21.recognise import is_qwen_image21_file  # noqa: F401 (the Load
 
 
 def recognise_family(components):
-    """`components`, its family set from its transformer (and a VAE of the other kind refused by name)."""
+    """`components`, of the family its transformer says: Layered's, else text-to-image (and a VAE of the other
+    kind refused by name)."""
+    from .qwen_image import text_to_image
     from .qwen_image_layered.files import recognise
 
-    return recognise(components)
+    return recognise(text_to_image(components))
 
 
 def load_recognised(source: str, device, storage: str = "float8", compute_dtype: str = "auto", transformer=None,
@@ -24,8 +27,8 @@ def load_recognised(source: str, device, storage: str = "float8", compute_dtype:
     """The model set the Load settings name, of the family its files say: what the Load node and a run file load.
     A 2.1 transformer file takes its VAE and processor from `diffusers_folder`, its text encoder from the
     `text_encoder` file when one is given, else from that folder (`vae`, `tokenizer` and `text_encoder_fp8` are
-    Qwen-Image's and not read for it)."""
-    from ..models.source import load_model_set
+    Qwen-Image's and not read for it). `text_encoder_fp8` may be 'auto' (decided for `device`)."""
+    from .qwen_image import load_model_set
     from .qwen_image21.recognise import load_from_settings
 
     found = load_from_settings(source, device, storage, compute_dtype, transformer, diffusers_folder, text_encoder)

@@ -23,7 +23,7 @@ from .layouts import detect_layout, split_scaled_fp8, strip_prefix
 from .qwen_arch import PATCH_SIZE
 from .safetensors_file import SafetensorsFile
 from .scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
-from .text_encoder_file import TextEncoderFile, our_name, resolve_text_encoder_fp8
+from .text_encoder_file import TextEncoderFile, check_fp8_mode, our_name
 from .tokenizer import load_tokenizer
 from .transformer_file import TransformerFile
 from .vae_file import VaeFile
@@ -76,7 +76,7 @@ def load_single_files(
     storage: str = "float8",
     compute_dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
-    text_encoder_fp8: str = "auto",
+    text_encoder_fp8: str = "dequantize",
     vision: bool = False,
     extra_config: dict | None = None,
 ) -> QwenImageComponents:
@@ -86,14 +86,16 @@ def load_single_files(
     VAE and the text encoder load when the cache misses, the transformer at Init Trainer, streamed into its
     training placement (see `QwenImageComponents`). Block Linears are stored as `storage`; the VAE and text
     encoder run on `device`. `text_encoder_fp8` says what to do with a scaled-fp8 text encoder: "dequantize"
-    while loading, "keep" its float8 weights, or "auto": keep them when the dequantized encoder would not fit
-    the device (text_encoder_file.py, `resolve_text_encoder_fp8`; decided here, as the cache keys name it). For Qwen-Image-Edit (families/qwen_image_edit/files.py):
-    `vision` loads the encoder's vision tower, `extra_config` adds transformer config values no tensor tells.
+    while loading or "keep" its float8 weights (the cache keys name it); the Load settings' "auto" is decided
+    before this by `planner.resolve_text_encoder_fp8`, and refused here. For Qwen-Image-Edit
+    (families/qwen_image_edit/files.py): `vision` loads the encoder's vision tower, `extra_config` adds
+    transformer config values no tensor tells. The model set has no family: the families' loaders hand it one
+    (text-to-image: `families.qwen_image.load_single_files`).
     """
+    check_fp8_mode(text_encoder_fp8)
     vocab_rows = check_files_fit(transformer, text_encoder, vae)
     tokenizer = load_tokenizer(tokenizer_dir, text_encoder, vocab_rows)
     device = torch.device(device)
-    text_encoder_fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device)  # before anything takes device memory
     transformer_source = TransformerFile(transformer, storage, compute_dtype, extra_config)
     text_encoder_source = TextEncoderFile(text_encoder, compute_dtype, text_encoder_fp8, vision)
     vae_source = VaeFile(vae, compute_dtype)

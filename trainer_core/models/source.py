@@ -1,6 +1,6 @@
 """The Qwen-Image a run trains, from any of the Load settings' sources: model files, a diffusers folder, the
 tiny test model or the small pretrained shapes model. The Load node and the command line's `train` both load
-through `load_model_set`; each only finds the paths its own way (ComfyUI's model folders, or a run file). The
+through `load_model_set` (by way of families.recognise.load_recognised); each only finds the paths its own way (ComfyUI's model folders, or a run file). The
 shapes model ships in the repository (models/pretrained.py) and loads through the loader of ComfyUI's own files."""
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ def load_model_set(source: str, device: torch.device, storage: str = "float8", c
                    vae: str | Path | None = None, tokenizer: str | Path | None = None,
                    diffusers_folder: str | Path | None = None,
                    text_encoder_fp8: str = "dequantize") -> QwenImageComponents:
-    """Load the parts of `source` (one of MODEL_SOURCES) for training on `device`."""
+    """Load the parts of `source` (one of MODEL_SOURCES) for training on `device`. `text_encoder_fp8`: a decided
+    mode ('keep' or 'dequantize'), read for model files only. The model set has no family: it is loaded through
+    `families.qwen_image.load_model_set` (or `families.recognise.load_recognised`), which hands it one."""
     from . import build_tiny_components, load_diffusers_dir, load_single_files
 
     dtype = resolve_compute_dtype(compute_dtype, device)

@@ -16,8 +16,8 @@ Nothing stays on the meta device, so `.to(device)` works.
 fp8 files, two ways (`fp8`): "dequantize" multiplies each weight by its scale while loading, one tensor
 at a time, into `compute_dtype`; "keep" keeps the float8 weights (half of bf16's memory) with their
 scale as `weight_scale` and computes through float8/storage.py's `FrozenLinearFunction` (upcast per call).
-"auto" is decided by `resolve_text_encoder_fp8` for the device the encoder will run on (here, without a
-device, it dequantizes).
+The Load settings' "auto" is decided above this layer, for the device the encoder will run on
+(`planner.device.resolve_text_encoder_fp8`, which the families' loaders call); here it is refused.
 
 Config: the JSON beside the file when there is one (a test model), else `qwen_arch.QWEN25_VL_7B_CONFIG` when
 the tensor shapes are the 7B's; anything else is refused with a message that names what was found.
@@ -116,6 +116,16 @@ def empty_text_encoder(config: dict, vision: bool = False) -> nn.Module:
     return model
 
 
+def check_fp8_mode(fp8: str) -> None:
+    """The loaders take a concrete mode: 'auto' depends on the device's free memory, which the planner knows."""
+    if fp8 == "auto":
+        raise UserInputError("text_encoder_fp8='auto' reached a model loader, which takes 'keep' or 'dequantize' only: "
+                             "resolve it first with trainer_core.planner.resolve_text_encoder_fp8(mode, device) (the "
+                             "loaders of trainer_core.families do), or pass 'dequantize'.")
+    if fp8 not in TEXT_ENCODER_FP8_MODES:
+        raise UserInputError(f"text_encoder_fp8={fp8!r} is not one of {list(TEXT_ENCODER_FP8_MODES)}.")
+
+
 class TextEncoderFile:
     """A text encoder file whose header is read and checked at once; calling it reads the weights (a new model
     each call, see the module docstring)."""
@@ -123,8 +133,7 @@ class TextEncoderFile:
     def __init__(self, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fp8: str = "dequantize",
                  vision: bool = False):
         """`vision`: with the vision tower (`visual.*`), for Qwen-Image-Edit."""
-        if fp8 not in TEXT_ENCODER_FP8_MODES:
-            raise UserInputError(f"text_encoder_fp8={fp8!r} is not one of {list(TEXT_ENCODER_FP8_MODES)}.")
+        check_fp8_mode(fp8)
         self.compute_dtype, self.fp8, self.vision = compute_dtype, fp8, vision
         self.file = file = SafetensorsFile(path, "text encoder")
         _, prefix = detect_layout(file.path, "text encoder", file.keys)
@@ -158,27 +167,6 @@ class TextEncoderFile:
                    source=f"text encoder file {file.path}",
                    hint="Choose qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors.")
         return model.eval()
-
-
-def resolve_text_encoder_fp8(mode: str, device, inputs=None) -> str:
-    """"auto" -> "keep" when the memory plan's caching phase (`planner.phases.choose_text_encoder_storage`) says
-    the dequantized encoder would not fit the CUDA device's free memory now, else "dequantize" (always on the
-    CPU, where float8 computes slowly). Other modes are returned as they are. `inputs`: a `PlanInputs` with
-    the run's largest bucket and longest prompt (default: 1024 x 1024, 256 tokens)."""
-    if mode != "auto":
-        return mode
-    device = torch.device(device)
-    if device.type != "cuda":
-        return "dequantize"
-    import dataclasses
-
-    from ..planner.device import detect_budget
-    from ..planner.phases import choose_text_encoder_storage
-    from ..planner.plan import PlanInputs
-
-    inputs = dataclasses.replace(inputs or PlanInputs(), text_encoder_storage="auto", text_encoder_file_fp8=True,
-                                 device="cuda", cuda_context_bytes=0)  # the context exists: not in the free figure
-    return "keep" if choose_text_encoder_storage(inputs, detect_budget(device).bytes) == "float8" else "dequantize"
 
 
 def load_text_encoder_file(

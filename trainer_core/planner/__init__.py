@@ -16,13 +16,14 @@ One concern per module, so the maths can be read and tested without a GPU or a m
                     checked against the machine; what would fit; the text encoder's precision
     search.py       the fewest swapped blocks whose phases fit a budget; advice when nothing fits
     machine.py      several processes on one machine: its host RAM (one shared copy + per process), per GPU
-    device.py       the free memory of a CUDA device (the only part that probes one)
+    device.py       the free memory of a CUDA device (the only part that probes one), and the choices against
+                    it: the swap count, the text encoder file's fp8 mode 'auto' (`resolve_text_encoder_fp8`)
     render.py       plans and choices as text tables
     for_run.py      glue for a run: inputs from a model set and a cached dataset; `check_run`, `plan_run`
 """
 
 from .arch import QwenImageArch, arch_for_components, arch_from_transformer, real_arch
-from .device import Budget, auto_for_device, detect_budget
+from .device import Budget, auto_for_device, detect_budget, resolve_text_encoder_fp8
 from .for_run import SwapDecision, check_run, inputs_for_run, plan_run
 from .phases import (
     PHASES,
@@ -41,4 +42,5 @@ __all__ = [
     "arch_for_components", "arch_from_transformer", "auto_blocks_to_swap", "auto_for_device", "check_run",
     "choose_text_encoder_storage", "detect_budget", "inputs_for_run", "plan_memory", "plan_phases",
     "plan_run", "real_arch", "refuse_if_unfit", "render_budget_table", "render_choice", "render_phases", "render_plan",
+    "resolve_text_encoder_fp8",
 ]

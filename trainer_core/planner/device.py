@@ -1,4 +1,5 @@
-"""The memory budget of a CUDA device, probed now, and the swap choice against it.
+"""The memory budget of a CUDA device, probed now, and the choices made against it: the swap count, and the
+text encoder file's fp8 mode 'auto' (decided here, above the model loaders, which take only a concrete mode).
 
 The one part of the planner that touches a device (torch.cuda, imported when called): kept apart so
 the plan maths and the search stay pure and testable on any machine.
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from .arch import QwenImageArch
 from .inference import PartSizes
+from .phases import choose_text_encoder_storage
 from .plan import GIB, MIB, PlanInputs
 from .search import SwapChoice, auto_blocks_to_swap
 
@@ -42,3 +44,23 @@ def auto_for_device(inputs: PlanInputs, device=None, reserve_bytes: int = 512 * 
     """`auto_blocks_to_swap` against the free memory of a CUDA device."""
     budget = detect_budget(device, reserve_bytes)
     return auto_blocks_to_swap(dataclasses.replace(inputs, cuda_context_bytes=0), budget.bytes, arch, parts)
+
+
+def resolve_text_encoder_fp8(mode: str, device, inputs: PlanInputs | None = None) -> str:
+    """The Load settings' `text_encoder_fp8` as the model loaders take it ("keep" or "dequantize").
+
+    "auto" -> "keep" when the memory plan's caching phase (`phases.choose_text_encoder_storage`) says the
+    dequantized encoder would not fit the CUDA device's free memory now, else "dequantize" (always on the CPU,
+    where float8 computes slowly). Other modes are returned as they are. `inputs`: a `PlanInputs` with the
+    run's largest bucket and longest prompt (default: 1024 x 1024, 256 tokens). The families' loaders call this
+    before the model loaders (models/single_file.py), as the cache keys name the mode decided."""
+    if mode != "auto":
+        return mode
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "dequantize"
+    inputs = dataclasses.replace(inputs or PlanInputs(), text_encoder_storage="auto", text_encoder_file_fp8=True,
+                                 device="cuda", cuda_context_bytes=0)  # the context exists: not in the free figure
+    return "keep" if choose_text_encoder_storage(inputs, detect_budget(device).bytes) == "float8" else "dequantize"

@@ -29,7 +29,7 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
                    blocks_to_swap: int = 0) -> PlanInputs:
     """Plan inputs for training `components` on a cached dataset: its largest image sequence (the family's
     term: the largest bucket, with Edit's control tokens) and its longest caption."""
-    width, height = components.family.planned_image_size(dataset)  # Edit: with its control tokens' rows
+    width, height = components.require_family("the memory plan").planned_image_size(dataset)  # Edit: with its control tokens' rows
     text_tokens = max(dataset.embedding(s.text_key).shape[0] for s in dataset.samples)
     return PlanInputs.from_configs(
         lora, optimizer, dataclasses.replace(train, blocks_to_swap=blocks_to_swap), width, height,

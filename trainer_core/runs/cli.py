@@ -59,9 +59,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise UserInputError("demo --model qwen-image-2.1 trains the built-in tiny 2.1; from files it is not offered "
                              "yet (its text encoder and VAE single-file layouts are not read here).")
     if any(files):
+        from ..families.qwen_image import load_single_files
         from ..families.qwen_image_edit.files import load_edit_single_files
         from ..families.qwen_image_layered.files import load_layered_single_files
-        from ..models import load_single_files
 
         # As the built-in demo: float8 block weights, fp32 compute (the CPU has no fast bf16 matmul).
         loader = (lambda *a, **k: load_edit_single_files(*a, variant=args.model, **k)) if edit else (

@@ -77,10 +77,10 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = Fa
     the shipped shapes model for SHAPES_MODEL; given, their own family decides. `blocks_to_swap` may be 'auto'.
     The run goes through the same recipe as the nodes (`runs.open_run`) and is released at the end."""
     if model == SHAPES_MODEL and components is None:
-        from ..models.pretrained import load_shapes_model
+        from ..families.qwen_image import load_shapes_model
 
         components = load_shapes_model(storage="float8", compute_dtype=torch.float32)
-    family = components.family if components is not None else get_family(model)
+    family = components.require_family("the demo") if components is not None else get_family(model)
     spec = shapes_demo() if model == SHAPES_MODEL else family.demo()
     out = Path(out)
     run_dir = out / "run"

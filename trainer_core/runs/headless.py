@@ -41,7 +41,7 @@ from ..data.cache import CachedDataset, build_cache
 from ..data.mixture import combined, data_settings, mix
 from ..families.qwen_image_edit.files import load_edit_model_set
 from ..families.recognise import load_recognised
-from ..training import Every, StepReport, Trainer, every
+from ..training import Every, StepExtras, StepReport, Trainer, every
 from ..training.distributed import Replicas, lost_peer, lost_peer_message
 from ..training.live import StepPreview, keep_preview, step_grid
 from ..training.plot import loss_plot
@@ -223,8 +223,10 @@ def _train(trainer: Trainer, run: RunFile, run_dir: Path, replicas: Replicas, co
         if outputs is not None:
             outputs.finish()
         return 0
-    if outputs is not None and trainer.step == 0 and run.steps_cfg.preview_every:
-        outputs.previews()  # the untrained model: what the LoRA changes shows against it
+    # Previews on the one schedule every host uses (training.periodic.StepExtras): step 0, then every N steps.
+    extras = StepExtras(run.steps_cfg.preview_every, make_preview=outputs.previews) if outputs is not None else None
+    if extras is not None:
+        extras.untrained_preview(trainer)  # the untrained model: what the LoRA changes shows against it
     progress = _Progress(trainer.step, end, say) if replicas.writes else None
 
     def stop_if_asked(report: StepReport) -> None:
@@ -234,7 +236,7 @@ def _train(trainer: Trainer, run: RunFile, run_dir: Path, replicas: Replicas, co
     work = [every(1, progress.update, "progress")] if progress is not None else []
     work.append(every(1, stop_if_asked))
     if outputs is not None:
-        work += [Every(run.steps_cfg.preview_every, lambda *_: outputs.previews(), "previews", extra=True),
+        work += [*extras.work(),
                  # both may be due at one step: Outputs.lora writes a step's file once
                  Every(run.steps_cfg.snapshot_every, lambda *_: outputs.lora(), "snapshot", extra=True),
                  Every(snapshot_epoch_steps, lambda *_: outputs.lora(), "epoch snapshot", extra=True)]
@@ -285,10 +287,11 @@ class Outputs:
             self.written.append(path)
         return path
 
-    def previews(self) -> None:
-        """Every preview prompt at the current step, as PNG files. Sampling leaves the training untouched: it has
-        its own generator, and training's draws come from counters (training/randomness.py)."""
-        trainer, run = self.trainer, self.run
+    def previews(self, trainer: Trainer) -> StepPreview | None:
+        """Every preview prompt at the current step, as PNG files; the first prompt's preview (kept for the grid)
+        is returned. Sampling leaves the training untouched: it has its own generator, and training's draws come
+        from counters (training/randomness.py)."""
+        run, first = self.run, None
         for i, prompt in enumerate(run.preview_prompts):
             started = time.perf_counter()
             image = trainer.sample_preview(prompt, run.cache.negative_prompt, run.steps_cfg.preview_size,
@@ -297,7 +300,9 @@ class Outputs:
             path = self.run_dir / "previews" / f"step_{trainer.step:06d}_{i}.png"
             self.write(_png(image), path, "preview image")
             if i == 0:
-                keep_preview(self.kept, StepPreview(trainer.step, image, time.perf_counter() - started))
+                first = StepPreview(trainer.step, image, time.perf_counter() - started)
+                keep_preview(self.kept, first)
+        return first
 
     def finish(self) -> None:
         """The last step's LoRA, the loss plot, the losses and (with previews) the grid of previews by step."""

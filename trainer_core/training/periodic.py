@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .live import PreviewSettings
+from .live import PreviewSettings, StepPreview
 from .reports import StepReport, TrainReport
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
@@ -90,7 +90,12 @@ def training_work(trainer: "Trainer") -> list[Every]:
 class StepExtras:
     """`preview_every` / `snapshot_every`: every N steps (0 = off). `snapshot_path(step)` is where the
     LoRA snapshot of that step goes (the host decides the folder and name). The preview and the snapshot
-    are handed to later work on the step's report (`StepReport.preview`, `.snapshot`)."""
+    are handed to later work on the step's report (`StepReport.preview`, `.snapshot`).
+
+    The one schedule of previews for every host (Train Steps, `train --config`): the untrained model's at step 0
+    (`untrained_preview`), then every `preview_every` steps (`work`); `preview_due` says which steps. What a
+    preview is stays the host's: `preview` (one prompt, sampled by the trainer and kept in `step_previews`), or
+    `make_preview` (a run file's: every preview prompt into files)."""
 
     preview_every: int = 0
     preview: PreviewSettings | None = None
@@ -98,26 +103,44 @@ class StepExtras:
     snapshot_path: Callable[[int], Path] | None = None
     # Called after each sampling step of a preview (step, of steps); may raise to stop (a host's Cancel).
     on_sampling_step: Callable[[int, int], None] | None = None
+    # The host's own preview in place of sampling `preview`: returns what to hand on the step's report (None:
+    # nothing sampled).
+    make_preview: Callable[["Trainer"], StepPreview | None] | None = None
+
+    @property
+    def previews(self) -> bool:
+        return bool(self.preview_every) and (self.preview is not None or self.make_preview is not None)
+
+    def preview_due(self, step: int) -> bool:
+        """Whether a run previews at `step` (of the run, from 0): the untrained model at 0 (`untrained_preview`),
+        then where the preview's `Every` of `work` is due."""
+        return self.previews and (step == 0 or Every(self.preview_every, self._preview).due(step))
 
     def work(self) -> list[Every]:
         work = []
-        if self.preview_every and self.preview is not None:
+        if self.previews:
             work.append(Every(self.preview_every, self._preview, "preview", extra=True))
         if self.snapshot_every and self.snapshot_path is not None:
             work.append(Every(self.snapshot_every, self._snapshot, "snapshot", extra=True))
         return work
 
-    def untrained_preview(self, trainer: "Trainer") -> None:
+    def untrained_preview(self, trainer: "Trainer") -> StepPreview | None:
         """At step 0, with previews on: the untrained model's preview (kept as step 0 in `step_previews`), so the
-        previews that follow show what the LoRA changed against what the model drew without it (a headless run
-        does the same; ai-toolkit also samples before its first step)."""
-        if (self.preview_every and self.preview is not None and trainer.step == 0
-                and not any(p.step == 0 for p in trainer.step_previews)):
-            trainer.preview_step(self.preview, progress=self.on_sampling_step)
+        previews that follow show what the LoRA changed against what the model drew without it (ai-toolkit also
+        samples before its first step). Once: a step-0 preview already kept is not sampled again."""
+        if trainer.step == 0 and self.preview_due(0) and not any(p.step == 0 for p in trainer.step_previews):
+            return self._sample(trainer)
+        return None
+
+    def _sample(self, trainer: "Trainer") -> StepPreview | None:
+        if self.make_preview is not None:
+            return self.make_preview(trainer)
+        return trainer.preview_step(self.preview, progress=self.on_sampling_step)
 
     def _preview(self, trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
-        step.preview = trainer.preview_step(self.preview, progress=self.on_sampling_step)
-        report.previews.append((trainer.step, step.preview.seconds))
+        step.preview = self._sample(trainer)
+        if step.preview is not None:
+            report.previews.append((trainer.step, step.preview.seconds))
 
     def _snapshot(self, trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
         step.snapshot = trainer.save_lora(self.snapshot_path(trainer.step))

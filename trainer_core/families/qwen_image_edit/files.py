@@ -20,6 +20,7 @@ from ...core.errors import UserInputError
 from ...models.components import QwenImageComponents
 from ...models.safetensors_file import SafetensorsFile
 from ...models.single_file import load_single_files
+from ...planner.device import resolve_text_encoder_fp8
 from .family import edit_family
 from .variants import AUTO, resolve_variant, variant_from_diffusers_dir, variant_from_file
 
@@ -42,10 +43,12 @@ def load_edit_single_files(
     variant: str = AUTO,
 ) -> QwenImageComponents:
     """A lazy edit model set from three files and a tokenizer folder (as single_file.load_single_files).
-    `variant`: 'auto' (read from the transformer file) or one of variants.EDIT_VARIANTS."""
+    `variant`: 'auto' (read from the transformer file) or one of variants.EDIT_VARIANTS. `text_encoder_fp8` may
+    be the Load settings' 'auto', decided here for `device` (`planner.resolve_text_encoder_fp8`)."""
     edit = resolve_variant(_choice(variant), variant_from_file(transformer, SafetensorsFile(transformer, "transformer").keys))
     components = load_single_files(transformer, text_encoder, vae, tokenizer_dir, storage, compute_dtype, device,
-                                   text_encoder_fp8, vision=True, extra_config={"zero_cond_t": edit.zero_cond_t})
+                                   resolve_text_encoder_fp8(text_encoder_fp8, device), vision=True,
+                                   extra_config={"zero_cond_t": edit.zero_cond_t})
     components.family = edit_family(edit)
     return components
 

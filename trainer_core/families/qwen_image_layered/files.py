@@ -7,8 +7,8 @@ qwen_image_layered_bf16.safetensors is a Qwen-Image transformer with one more te
 qwen_image_layered_vae.safetensors is a Wan 2.1 VAE with 4 image channels (RGBA), which the VAE loader reads
 from its first convolution. A diffusers Qwen-Image-Layered folder says both in its configs.
 
-The loaders of models/ know no families; `recognise` gives a loaded model set the family its transformer
-is, and refuses a VAE of the other kind by its file's name.
+The loaders of models/ know no families; `recognise` gives a loaded model set Layered's family when its
+transformer is Layered's, and refuses a VAE of the other kind by its file's name.
 """
 
 from __future__ import annotations
@@ -49,13 +49,15 @@ def recognise(components):
 def load_layered_single_files(transformer, text_encoder, vae, tokenizer_dir=None, storage: str = "float8",
                               compute_dtype=None, device="cpu", text_encoder_fp8: str = "dequantize"):
     """A lazy Layered model set from three files (as single_file.load_single_files); refused by name when the
-    transformer is not Layered's."""
+    transformer is not Layered's. `text_encoder_fp8` may be 'auto' (`planner.resolve_text_encoder_fp8`)."""
     import torch
 
     from ...models.single_file import load_single_files
+    from ...planner.device import resolve_text_encoder_fp8
 
     components = recognise(load_single_files(transformer, text_encoder, vae, tokenizer_dir, storage,
-                                             compute_dtype or torch.bfloat16, device, text_encoder_fp8))
+                                             compute_dtype or torch.bfloat16, device,
+                                             resolve_text_encoder_fp8(text_encoder_fp8, device)))
     if components.family is not QWEN_IMAGE_LAYERED:
         raise UserInputError(f"transformer file {transformer} is not Qwen-Image-Layered (it has no "
                              "time_text_embed.addition_t_embedding): choose qwen_image_layered_bf16.safetensors.")
