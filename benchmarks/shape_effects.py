@@ -47,7 +47,7 @@ import torch  # noqa: E402
 from shape_concept import train_run_file  # noqa: E402
 from trainer_core.devtools import shapes  # noqa: E402
 from trainer_core.devtools.shape_check import STAR_PLACE, ShapePictures, prior_scenes, star_prompts  # noqa: E402
-from trainer_core.models.pretrained import load_shapes_model  # noqa: E402
+from trainer_core.families.qwen_image import load_shapes_model  # noqa: E402
 from trainer_core.runs.run_file import render  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
