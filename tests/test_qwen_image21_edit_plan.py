@@ -102,7 +102,8 @@ def test_references_raise_caching_and_previews_by_their_terms():
     from trainer_core.planner.inference import text_encoder_working_bytes
 
     tokens = 256 + 1024 + 8  # the prompt, its reference's vision tokens and their template
-    assert te["text encoder forward"].bytes == max(text_encoder_working_bytes(parts, tokens) + kept, peak)
+    embeddings = (tokens + 40) * 4096 * 2  # the prompt's embeddings, chat template included, made before the tower
+    assert te["text encoder forward"].bytes == max(text_encoder_working_bytes(parts, tokens) + kept, peak + embeddings)
     assert edit.phases["cache"].gpu_bytes > plain.phases["cache"].gpu_bytes
     assert edit.phases["preview"].gpu_bytes - plain.phases["preview"].gpu_bytes > 4 * GIB  # KV cache + reference rows
     assert edit.phases["train"].gpu_bytes > plain.phases["train"].gpu_bytes  # 4096 more image rows

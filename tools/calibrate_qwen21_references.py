@@ -84,7 +84,8 @@ def main() -> None:
     pixels = torch.randn(n, 3 * 2 * 16 * 16)
     with torch.no_grad(), LiveBytes() as live:
         model.model.visual(pixels.to(torch.bfloat16), grid_thw=torch.tensor([[1, g, g]]), output_hidden_states=True)
-    kept_before = 3 * 2 * 256 * 2 + args.depth * 1152 * 2 + len([i for i in deepstack if i < args.depth - 1]) * 4096 // 2
+    # per patch before the last block's transients: the cast pixels, the hidden states so far, DeepStack outputs
+    kept_before = 3 * 2 * 256 * 2 + args.depth * 1152 * 2 + sum(i < args.depth - 1 for i in deepstack) * 4096 // 2
     print(f"vision tower, {args.depth} blocks, {n} patches: peak {live.peak} B = {live.peak / n:.0f} B per patch; "
           f"the last block's working {(live.peak / n - kept_before) / 1152:.3f} B per patch per channel")
 
@@ -99,8 +100,9 @@ def main() -> None:
     tower_peak, kept = vision_bytes(parts, [(args.side, args.side)], 2)
     unseen = n * 3 * 2 * 256 * 4  # the processor's float32 pixels
     for label, extra in (("", 0), (f", with that remainder", int(remainder))):
-        lm = text_encoder_working_bytes(dataclasses.replace(parts, text_extra_per_token=extra), tokens - TEMPLATE_TOKENS)
-        plan = max(lm + kept, tower_peak) - unseen
+        lm = text_encoder_working_bytes(dataclasses.replace(parts, text_extra_per_token=extra),
+                                        tokens - TEMPLATE_TOKENS)
+        plan = max(lm + kept, tower_peak + tokens * parts.text_hidden * 2) - unseen  # the embeddings made before
         print(f"with a {args.side}² reference, {tokens} tokens: measured {peak / 2**20:.1f} MiB, plan{label} "
               f"{plan / 2**20:.1f} MiB: plan / measured {plan / peak:.4f}")
 

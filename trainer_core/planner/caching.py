@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from .inference import PartSizes, text_encoder_working_bytes, vae_element_bytes, vae_encode_bytes
+from .inference import TEMPLATE_TOKENS, PartSizes, text_encoder_working_bytes, vae_element_bytes, vae_encode_bytes
 from .plan import DTYPE_BYTES, GIB, PlanInputs, Term
 from .references import prompt_tokens, vision_bytes
 
@@ -32,7 +32,8 @@ def cache_steps(p: PlanInputs, parts: PartSizes) -> tuple[list[Term], list[Term]
         note = (f"one prompt of {p.text_tokens} tokens with {len(refs)} reference(s) ({sizes}): {tokens} tokens, "
                 f"every hidden state kept, {forward / GIB:.2f} GiB + the vision tower's outputs kept "
                 f"{kept / GIB:.2f} GiB; the tower's own forward before it peaks at {peak / GIB:.2f} GiB")
-        forward = max(forward + kept, peak)
+        embeddings = (tokens + TEMPLATE_TOKENS) * parts.text_hidden * act  # made before the tower runs
+        forward = max(forward + kept, peak + embeddings)
     prompts = [
         Term("text encoder weights", weights, f"{parts.text_encoder_params / 1e9:.2f}B params{tower}, "
                                       f"{'float8 Linears' if float8 else p.compute_dtype}"),

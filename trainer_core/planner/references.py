@@ -9,9 +9,10 @@ W x H px gives, with Qwen3-VL's vision tower (patch P = 16, 2 x 2 merge, tempora
 The pipeline asks for every hidden state (`output_hidden_states=True`), which transformers hands the vision tower
 too: it keeps its B + 1 hidden states (N, V) besides its merged outputs (1 + DeepStack of them, (N / 4, out)), and
 those stay alive through the language model's forward after it (the model's local `mm_encoder_outputs`), with a
-copy of the merged outputs each (`torch.cat(...).to(...)`); the pixels' cast is freed by then. The tower's own peak is in its last block: what is kept
-by then + that block's transients, measured (VISION_BLOCK_WORKING_PER_PATCH_CHANNEL); its attention runs per image,
-no N x N matrix (SDPA), so every term is linear in N. tests/test_qwen_image21_plan.py checks the tower's peak and
+copy of the merged outputs each (`torch.cat(...).to(...)`); the pixels' cast is freed by then. The tower's own
+peak is in its last block: what is kept by then + that block's transients, measured
+(VISION_BLOCK_WORKING_PER_PATCH_CHANNEL); its attention runs per image, no N x N matrix (SDPA), so every term is
+linear in N. The prompt's embeddings exist already while it runs (caching.py adds them). tests/test_qwen_image21_plan.py checks the tower's peak and
 the whole prompt encoding with a reference against `memprobe.LiveBytes` on real-width layers.
 
     with_references(inputs, count, resolution)   the CLI's inputs with `count` square references (rows, sizes)
