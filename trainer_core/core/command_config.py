@@ -216,6 +216,11 @@ class PlanConfig:
     preview_size: int = _f(
         1024, "Width and height of the previews to plan for (the Preview node's size).", min=64, max=4096, step=32,
     )
+    references: int = _f(
+        0, "Qwen-Image 2.1 editing: reference images per sample (square, sized by control_resolution). Their tokens "
+        "lengthen the training and preview sequences; caching adds the vision tower's forward and their encodes.",
+        min=0, max=3,
+    )
 
 
 @dataclass

@@ -14,6 +14,8 @@ One concern per module, so the maths can be read and tested without a GPU or a m
     plan.py         PlanInputs -> MemoryPlan: the byte formulas, term by term, of training
     phases.py       every phase of a run (load, cache, init, train, preview, save), GPU and host RAM,
                     checked against the machine; what would fit; the text encoder's precision
+    caching.py      the cache phase's two steps (prompts with the text encoder, latents with the VAE)
+    references.py   what 2.1's reference images add: vision tokens, the vision tower's forward, preview KV cache
     search.py       the fewest swapped blocks whose phases fit a budget; advice when nothing fits
     machine.py      several processes on one machine: its host RAM (one shared copy + per process), per GPU
     device.py       the free memory of a CUDA device (the only part that probes one), and the choices against

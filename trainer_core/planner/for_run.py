@@ -31,11 +31,15 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
     term: the largest bucket, with Edit's control tokens) and its longest caption."""
     width, height = components.require_family("the memory plan").planned_image_size(dataset)  # Edit: with its control tokens' rows
     text_tokens = max(dataset.embedding(s.text_key).shape[0] for s in dataset.samples)
+    # The references of the sample planned_image_size plans (the largest area): 2.1's caching and preview terms.
+    largest = max(dataset.samples, key=lambda s: s.bucket[0] * s.bucket[1] + sum(
+        w * h for w, h in getattr(s, "condition_sizes", ()) or ()))
     return PlanInputs.from_configs(
         lora, optimizer, dataclasses.replace(train, blocks_to_swap=blocks_to_swap), width, height,
         storage=components.storage if components.storage in ("float8", "float8_scaled") else "bfloat16",
         text_tokens=text_tokens, device="cuda" if components.device.type == "cuda" else "cpu",
         dataset_images=len(dataset.samples),
+        reference_sizes=tuple(tuple(z) for z in getattr(largest, "condition_sizes", ()) or ()),
     )
 
 

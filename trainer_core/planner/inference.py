@@ -46,7 +46,7 @@ TEMPLATE_TOKENS = 40
 class PartSizes:
     """The parts besides the transformer: what the phases of caching and previews hold."""
 
-    text_encoder_params: int  # loaded: the language model (no vision tower, no lm_head)
+    text_encoder_params: int  # as loaded: Qwen-Image's language model only (no vision tower, no lm_head); 2.1's whole
     text_encoder_linear_params: int  # its decoder Linears: float8 in the fp8_scaled file
     text_encoder_largest: int  # parameters of its largest tensor (the token embeddings)
     text_hidden: int
@@ -59,6 +59,16 @@ class PartSizes:
     vae_decode_per_pixel_channel: float = VAE_DECODE_BYTES_PER_PIXEL_CHANNEL
     text_extra_per_token: int = TEXT_ENCODER_EXTRA_PER_TOKEN
     text_logits_per_token: int = 0  # vocabulary entries of logits the forward computes (Qwen-Image's loader drops lm_head)
+    # The vision tower that encodes reference images with the prompt (planner/references.py), as loaded: 0 layers
+    # when none is planned (Qwen-Image: Edit's Qwen2.5-VL tower has no term yet).
+    vision_params: int = 0
+    vision_layers: int = 0
+    vision_hidden: int = 0  # V: width of its blocks
+    vision_out: int = 0  # width of its merged tokens (the text encoder's hidden size)
+    vision_patch: int = 16  # px per patch side
+    vision_merge: int = 2  # patches merged per side into one vision token
+    vision_temporal_patch: int = 2  # frames per patch (an image is repeated to fill them)
+    vision_deepstack: tuple[int, ...] = ()  # blocks whose outputs are merged again (DeepStack features)
 
 
 @functools.lru_cache(maxsize=1)
@@ -82,11 +92,12 @@ def real_parts() -> PartSizes:
 # (`AutoencoderKLQwenImage21`, RGBA, 16x) per pixel per base channel, and what its Qwen3-VL forward holds per token
 # beyond the hidden states, the MLP's transients and the logits (the pipeline runs the whole model, lm_head too).
 # VAE at base_dim 96, 256 and 512 px: encode 139.2 / 556.8 MB, decode 421.5 / 1685.8 MB (its decoder is 144 wide,
-# hence the larger decode figure per base channel). The text encoder's remainder measured -8184 B per token (hidden
-# 512, 4 layers, 300 tokens): the other terms already cover its forward, so 0 keeps the sum on the safe side.
+# hence the larger decode figure per base channel). The text encoder's remainder measured -8184 B per token at hidden
+# 512 (4 layers, 300 tokens) but +16104 B at the real width (4096, MLP 12288; 2 and 4 layers alike, 312 tokens:
+# tools/calibrate_qwen21_references.py), which is what the real encoder holds: 16104.
 VAE21_ENCODE_BYTES_PER_PIXEL_CHANNEL = 22.12
 VAE21_DECODE_BYTES_PER_PIXEL_CHANNEL = 66.99
-TEXT21_EXTRA_PER_TOKEN = 0
+TEXT21_EXTRA_PER_TOKEN = 16104
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,7 +124,17 @@ def real_parts21() -> PartSizes:
         vae_params=sum(p.numel() for p in vae.parameters()), vae_base_dim=vae.config.base_dim,
         vae_encode_per_pixel_channel=VAE21_ENCODE_BYTES_PER_PIXEL_CHANNEL,
         vae_decode_per_pixel_channel=VAE21_DECODE_BYTES_PER_PIXEL_CHANNEL,
-        text_extra_per_token=TEXT21_EXTRA_PER_TOKEN, text_logits_per_token=text["vocab_size"])
+        text_extra_per_token=TEXT21_EXTRA_PER_TOKEN, text_logits_per_token=text["vocab_size"],
+        **vision_fields(encoder))
+
+
+def vision_fields(encoder) -> dict:
+    """PartSizes' vision fields of a Qwen3-VL text encoder (meta or loaded): its `model.visual` and its config."""
+    visual, cfg = encoder.model.visual, encoder.config.vision_config
+    return dict(vision_params=sum(p.numel() for p in visual.parameters()), vision_layers=cfg.depth,
+                vision_hidden=cfg.hidden_size, vision_out=cfg.out_hidden_size, vision_patch=cfg.patch_size,
+                vision_merge=cfg.spatial_merge_size, vision_temporal_patch=cfg.temporal_patch_size,
+                vision_deepstack=tuple(cfg.deepstack_visual_indexes))
 
 
 def parts_for_model(model: str) -> PartSizes:
@@ -145,6 +166,8 @@ def parts_for_components(components) -> PartSizes:
             # logits the forward computes: 2.1's folder encoder keeps its lm_head; the file loaders drop it
             text_logits_per_token=head.out_features if isinstance(head := getattr(encoder, "lm_head", None),
                                                                   nn.Linear) else 0)
+        if getattr(getattr(encoder, "model", None), "visual", None) is not None and is_qwen_image21(components.skeleton()):
+            fields.update(vision_fields(encoder))  # 2.1's tower; a Qwen-Image encoder's is not planned
     # The real model's constants and the sizes of a part not loaded.
     return dataclasses.replace(real_parts21() if is_qwen_image21(components.skeleton()) else real_parts(), **fields)
 

@@ -9,7 +9,8 @@ Phases (`PHASES`), as the lazy model set runs them (each part loaded when first 
   load     the Load node reads file headers only: the process itself.
   cache    prompts, then latents, each part alone on the device (the transformer is not loaded yet): the
            text encoder (bf16, or its fp8 file's float8 Linears kept) and one prompt's forward; then the VAE
-           and one image's encode at the largest bucket. The phase's peak is the larger step.
+           and one image's encode at the largest bucket. The phase's peak is the larger step (caching.py; with
+           2.1's reference images, the vision tower's forward and the references' encodes: references.py).
   init     the transformer streamed tensor by tensor from its file into its final home: resident blocks on
            the device, swapped blocks' masters once in host RAM (a pinned arena, or pageable + a pinned
            staging buffer); one tensor in flight; the LoRA injected.
@@ -18,7 +19,8 @@ Phases (`PHASES`), as the lazy model set runs them (each part loaded when first 
   preview  the training state kept (no activations, no gradients) + the VAE on the device + the larger of
            one denoising forward at the preview size and the VAE's decode. True CFG (diffusers'
            `QwenImagePipeline`) runs the negative prompt as a second batch-1 forward after the first: it
-           keeps one more prediction, it does not double the batch.
+           keeps one more prediction, it does not double the batch. 2.1's pipeline also keeps every block's K and V
+           of the prompt (+ reference) prefix, once per prompt, and runs the references' rows before the target's.
   save     the training state + the LoRA copied to the CPU in the file's dtype.
 
 Every phase has `gpu_bytes` (allocated + allocator slack + CUDA context, as `plan_memory` counts) and
@@ -40,16 +42,10 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .arch import QwenImageArch, real_arch
-from .inference import (
-    PartSizes,
-    preview_block_working_bytes,
-    real_parts,
-    text_encoder_working_bytes,
-    vae_decode_bytes,
-    vae_element_bytes,
-    vae_encode_bytes,
-)
+from .caching import cache_steps
+from .inference import PartSizes, preview_block_working_bytes, real_parts, vae_decode_bytes, vae_element_bytes
 from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, baseline_note, fp8_input_bytes, plan_memory
+from .references import prefix_kv_bytes, reference_latent_tokens
 
 PHASES = ("load", "cache", "init", "train", "preview", "save")
 AFTER_CACHING = ("init", "train", "preview", "save")  # what Init Trainer checks; these depend on blocks_to_swap
@@ -143,30 +139,8 @@ def _baseline(p: PlanInputs) -> Term:
     return Term("process baseline", p.process_baseline_bytes, baseline_note(p))
 
 
-def _cache_steps(p: PlanInputs, parts: PartSizes) -> tuple[list[Term], list[Term]]:
-    """The device terms of caching's two steps: (prompts with the text encoder, latents with the VAE)."""
-    act = DTYPE_BYTES[p.compute_dtype]
-    float8 = p.text_encoder_storage == "float8"
-    weights = parts.text_encoder_params * act - (parts.text_encoder_linear_params * (act - 1) if float8 else 0)
-    upcast = parts.text_intermediate * parts.text_hidden * act if float8 else 0
-    prompts = [
-        Term("text encoder weights", weights, f"{parts.text_encoder_params / 1e9:.2f}B params, "
-                                      f"{'float8 Linears' if float8 else p.compute_dtype}"),
-        Term("text encoder forward", text_encoder_working_bytes(parts, p.text_tokens, act),
-             f"one prompt of {p.text_tokens} tokens, every hidden state kept"),
-        Term("largest weight upcast", upcast, "float8 -> bf16, transient"),
-    ]
-    vae_b = vae_element_bytes(p)
-    latents = [
-        Term("VAE weights", parts.vae_params * vae_b, f"{parts.vae_params / 1e6:.0f}M params"
-             + (", float32 on the CPU" if vae_b != act else "")),
-        Term("VAE encode", vae_encode_bytes(parts, p.width, p.height, vae_b), f"one {p.width}x{p.height} image"),
-    ]
-    return prompts, latents
-
-
 def _cache_phase(p: PlanInputs, parts: PartSizes) -> Phase:
-    prompts, latents = _cache_steps(p, parts)
+    prompts, latents = cache_steps(p, parts)
     prompt_bytes, latent_bytes = sum(t.bytes for t in prompts), sum(t.bytes for t in latents)
     larger = prompts if prompt_bytes >= latent_bytes else latents
     in_flight = Term("tensor in flight", parts.text_encoder_largest * DTYPE_BYTES[p.compute_dtype],
@@ -205,6 +179,9 @@ def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes) -> Te
     """The larger of one denoising forward (batch 1, no grad) and the VAE's decode, at the preview size."""
     act = DTYPE_BYTES[p.compute_dtype]
     n_img, n_txt = arch.image_tokens(p.preview_width, p.preview_height), p.text_tokens
+    n_refs = reference_latent_tokens(arch, p.reference_sizes) if arch.single_stream else 0  # 2.1: before the target
+    kv = prefix_kv_bytes(arch, p, n_txt, n_refs, act) if arch.single_stream else 0
+    n_img += n_refs
     packed = arch.patch_size ** 2 * arch.latent_channels  # channels of a packed latent token (2 x 2 cells; 2.1: 1)
     latents = n_img * packed * act * (3 if p.preview_cfg else 2)  # latents, prediction(s) of this step
     upcast = {"float8": 1, "float8_scaled": 2, "bfloat16": 0}[p.storage] * _largest_block_weight(arch) * act
@@ -214,14 +191,15 @@ def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes) -> Te
         + preview_block_working_bytes(arch, p.targets, p.lora_dtype, n_img, n_txt)
         + upcast
         + (n_img + n_txt) * arch.rope_complex_per_token * 8  # RoPE factors (complex64)
-        + latents
+        + latents + kv
     )
     vae_b = vae_element_bytes(p)
     # On the CPU a half-precision VAE is cast to float32 for the decode: its weights grow by the difference.
     decode = (vae_decode_bytes(parts, p.preview_width, p.preview_height, vae_b) + latents
-              + parts.vae_params * (vae_b - act))
+              + parts.vae_params * (vae_b - act) + kv)  # the pipeline decodes with its KV caches still alive
     size = f"{p.preview_width}x{p.preview_height}"
-    detail = (f"denoising step {denoise / GIB:.2f} GiB (batch 1{', CFG: one more prediction' if p.preview_cfg else ''}),"
+    detail = (f"denoising step {denoise / GIB:.2f} GiB (batch 1{', CFG: one more prediction' if p.preview_cfg else ''}"
+              f"{f', prefix KV cache {kv / GIB:.2f} GiB' if kv else ''}{f', {n_refs} reference rows' if n_refs else ''}),"
               f" VAE decode {decode / GIB:.2f} GiB")
     if denoise >= decode:
         return Term(f"preview denoising step at {size}", denoise, detail)

@@ -102,6 +102,9 @@ class PlanInputs:
     preview_width: int = 1024  # the Preview node's size
     preview_height: int = 1024
     preview_cfg: bool = True  # true CFG (the Preview node's cfg 4): the negative prompt runs a second forward
+    # Qwen-Image 2.1 editing: the largest sample's reference images, (W, H) px as sized; their rows are already in
+    # `height` (planned_image_size, references.with_references); caching and previews add their terms (references.py).
+    reference_sizes: tuple[tuple[int, int], ...] = ()
     save_dtype: str = "bfloat16"  # the Save node's LoRA precision
     pin_masters: bool = True  # swapped blocks' masters pinned; False: pageable, through a pinned staging buffer
     staging_bytes: int = 0  # that staging buffer (its size is the loader's), counted when pin_masters is False

@@ -16,11 +16,18 @@ from .search import SwapChoice, auto_blocks_to_swap
 ADAPTER_NAMES = {"lora": "LoRA", "lokr": "LoKr", "loha": "LoHa"}
 
 
+def _references(p) -> str:
+    if not p.reference_sizes:
+        return ""
+    sizes = ", ".join(f"{w}x{h}" for w, h in p.reference_sizes)
+    return f" (the target and {len(p.reference_sizes)} reference image(s) of {sizes} px as rows)"
+
+
 def render_plan(plan: MemoryPlan, budget_bytes: int | None = None) -> str:
     """The plan as a plain-text table (what the CLI prints and a node shows)."""
     p = plan.inputs
     lines = [
-        f"Memory plan: {p.width}x{p.height}, batch {p.batch}, {p.text_tokens} text tokens, {ADAPTER_NAMES[p.adapter]} rank {p.rank} "
+        f"Memory plan: {p.width}x{p.height}{_references(p)}, batch {p.batch}, {p.text_tokens} text tokens, {ADAPTER_NAMES[p.adapter]} rank {p.rank} "
         f"({p.targets}, {p.lora_dtype}), {p.storage} blocks, {p.optimizer}, "
         f"checkpointing {'on' if p.checkpointing else 'off'}, blocks_to_swap {p.blocks_to_swap}",
         "",

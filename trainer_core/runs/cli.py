@@ -216,6 +216,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         text_encoder_storage=args.text_encoder_storage, preview_width=args.preview_size,
         preview_height=args.preview_size, text_encoder_file_fp8=te_fp8_file,
     )
+    inputs = _with_references(args, inputs, arch)
     if not auto:
         budget = int(args.budget_gb * GIB) if args.budget_gb is not None else None
         print(render_plan(plan_memory(inputs, arch), budget))
@@ -239,6 +240,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print()
     print(render_machine(machine))
     return 0 if phases.fits and machine.fits() else 1
+
+
+def _with_references(args: argparse.Namespace, inputs, arch):
+    """`inputs` with --references square reference images at --control-resolution (Qwen-Image 2.1 editing)."""
+    from ..core.errors import UserInputError
+    from ..planner.references import reference_size, with_references
+
+    if not args.references:
+        return inputs
+    if not arch.single_stream:
+        raise UserInputError("--references: the plan counts reference images for --model qwen-image-2.1 only "
+                             "(Qwen-Image-Edit's control images and its vision tower have no terms here yet).")
+    w, h = reference_size(args.control_resolution)
+    if w * h < 256 * 256:
+        raise UserInputError(f"--control-resolution {args.control_resolution}: a reference would be {w}x{h} px, under "
+                             "the 256x256 px Qwen3-VL's processor enlarges smaller images to; use 0 or 256 and more.")
+    return with_references(inputs, args.references, args.control_resolution)
 
 
 def _print_timeline(args: argparse.Namespace, inputs) -> None:
@@ -390,6 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="GPUs of the machine, one training process each (torchrun --nproc-per-node): also print "
                            "the machine's host RAM, with one shared host copy of the frozen weights, and per GPU")
     plan.add_argument("--preview-size", **config_arg(PlanConfig, "preview_size"))
+    plan.add_argument("--references", **config_arg(PlanConfig, "references"))
+    from ..families.qwen_image_edit.config import EditDataConfig
+
+    plan.add_argument("--control-resolution", **config_arg(EditDataConfig, "control_resolution"))
     plan.set_defaults(func=cmd_plan)
     return parser
 
