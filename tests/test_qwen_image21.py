@@ -215,34 +215,37 @@ def test_diffusers_layout_lora_loads_into_the_pipeline_with_every_key_used_and_t
                                rtol=1e-5, atol=1e-6)
 
 
-def test_comfyui_layout_fuses_the_mlp_pair_and_matches_every_key_of_a_comfyui_file(with_lora, tiny21, tmp_path):
-    """Split gate_layer/proj LoRAs written as one rank-2r LoRA on `gate_up` (stacked A, block-diagonal B, alpha
-    doubled): its delta is the two deltas stacked, every module names a weight of a ComfyUI-layout 2.1 file
-    (0 unmatched), and reading the file back gives the trained pairs."""
+def test_comfyui_layout_reads_back_and_a_fused_gate_up_file_reads_as_the_two_halves(with_lora, tmp_path):
+    """Our comfyui-layout 2.1 file (bare names, the MLP pair on its own names: test_qwen_image21_comfy_keys.py)
+    reads back to the trained pairs; so does a file holding each pair as one rank-2r LoRA on ComfyUI's fused
+    `gate_up` (stacked A, block-diagonal B, alpha doubled: another trainer's, or ours before), built here."""
     from safetensors.torch import save_file
 
     from trainer_core.adapters.lora import adapter_weights
     from trainer_core.adapters.lora_files import lora_file_tensors, read_lora_file
-    from trainer_core.families.qwen_image21.files import comfyui_transformer_tensors
 
-    tensors = lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout="comfyui")
-    modules = {k.rsplit(".", 2)[0] if k.endswith(".weight") else k.rsplit(".", 1)[0] for k in tensors}
-    file_keys = set(comfyui_transformer_tensors(tiny21.transformer, "bf16", "fused"))  # the same seed's model
-    unmatched = [m for m in modules if "model." + m + ".weight" not in file_keys]
-    assert unmatched == [] and any(m.endswith("img_mlp.gate_up") for m in modules)
     trained = adapter_weights(with_lora.transformer)
-    block = "diffusion_model.transformer_blocks.1.img_mlp"
-    fused = tensors[f"{block}.gate_up.alpha"] / 4 * tensors[f"{block}.gate_up.lora_B.weight"] @ tensors[
-        f"{block}.gate_up.lora_A.weight"]
-    split = [1.5 * trained[f"transformer_blocks.1.img_mlp.{p}"][1] @ trained[f"transformer_blocks.1.img_mlp.{p}"][0]
-             for p in ("gate_layer", "proj")]
-    torch.testing.assert_close(fused, torch.cat(split), rtol=1e-6, atol=1e-7)
-
-    save_file(tensors, str(tmp_path / "lora.safetensors"))
-    back = read_lora_file(tmp_path / "lora.safetensors")
-    assert back.rank == 2 and back.alpha == 3.0 and sorted(back.weights) == sorted(trained)
+    tensors = lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout="comfyui")
+    assert not any(k.startswith("diffusion_model.") or ".gate_up." in k for k in tensors)
+    fused = {}
     for name, (a, b) in trained.items():
-        assert torch.equal(back.weights[name][0], a.float()) and torch.equal(back.weights[name][1], b.float()), name
+        if name.endswith("img_mlp.proj"):
+            continue
+        if name.endswith("img_mlp.gate_layer"):
+            a_p, b_p = trained[name.replace("gate_layer", "proj")]
+            a, b, alpha = torch.cat([a, a_p]), torch.block_diag(b, b_p), 6.0
+            name = name.replace("gate_layer", "gate_up")
+        else:
+            alpha = 3.0
+        fused |= {f"diffusion_model.{name}.lora_A.weight": a.contiguous(),
+                  f"diffusion_model.{name}.lora_B.weight": b.contiguous(),
+                  f"diffusion_model.{name}.alpha": torch.tensor(alpha)}
+    for file, what in ((tensors, "ours"), (fused, "fused")):
+        save_file(file, str(tmp_path / f"{what}.safetensors"))
+        back = read_lora_file(tmp_path / f"{what}.safetensors")
+        assert back.rank == 2 and back.alpha == 3.0 and sorted(back.weights) == sorted(trained), what
+        for name, (a, b) in trained.items():
+            assert torch.equal(back.weights[name][0], a.float()) and torch.equal(back.weights[name][1], b.float()), name
 
 
 def test_export_tiny_files_and_folder_load_back_to_the_tiny_model(tiny21, tmp_path):
