@@ -51,7 +51,8 @@ def test_a_21_transformer_file_loads_as_21_with_the_folders_other_parts(files21,
 
 
 def test_a_21_transformer_file_without_its_folder_is_refused_naming_both(files21, tmp_path):
-    with pytest.raises(UserInputError, match="is Qwen-Image 2.1: its VAE and processor .and its Qwen3-VL text encoder, unless its file is chosen. are read from") as e:
+    with pytest.raises(UserInputError, match="is Qwen-Image 2.1: its processor .and its VAE and Qwen3-VL text encoder, unless their files are chosen. are "
+                                         "read from") as e:
         load_recognised(FILES, CPU, transformer=files21["transformer_bf16"], diffusers_folder=str(tmp_path))
     assert str(files21["transformer_bf16"]) in str(e.value) and "diffusers_folder" in str(e.value)
 

@@ -1,5 +1,6 @@
 """Qwen-Image 2.1 from a diffusers folder (transformer/, vae/, text_encoder/, processor/, scheduler/), optionally
-with the transformer from ComfyUI's single file instead (files.py).
+with the transformer, the text encoder and the VAE from ComfyUI's single files instead (files.py, text_file.py,
+vae_file.py).
 
 The text encoder is transformers' `Qwen3VLForConditionalGeneration`, the VAE diffusers' `AutoencoderKLQwenImage21`,
 both read with `from_pretrained`. The processor is built from the folder's tokenizer (`processor/`, else
@@ -34,9 +35,11 @@ def _tokenizer(root: Path):
 
 def load_qwen_image21_folder(folder: str | Path, transformer_file: str | Path | None = None, storage: str = "float8",
                              compute_dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                             text_encoder_file: str | Path | None = None) -> QwenImageComponents:
+                             text_encoder_file: str | Path | None = None,
+                             vae_file: str | Path | None = None) -> QwenImageComponents:
     """The model set of a diffusers folder; block Linears stored as `storage`, the rest in `compute_dtype`. The
-    transformer and the text encoder may come from ComfyUI's single files instead (files.py, text_file.py)."""
+    transformer, the text encoder and the VAE may come from ComfyUI's single files instead (files.py,
+    text_file.py, vae_file.py)."""
     from diffusers import AutoencoderKLQwenImage21, QwenImage21Transformer2DModel
     from transformers import Qwen3VLForConditionalGeneration
 
@@ -46,7 +49,7 @@ def load_qwen_image21_folder(folder: str | Path, transformer_file: str | Path | 
     from .tiny import QWEN_IMAGE21_SCHEDULER_CONFIG
 
     root = Path(folder).expanduser()
-    for part in ("vae",) + (("text_encoder",) if text_encoder_file is None else ()):
+    for part in (("vae",) if vae_file is None else ()) + (("text_encoder",) if text_encoder_file is None else ()):
         if not (root / part / "config.json").is_file():
             raise UserInputError(f"{root / part} has no config.json: is {root} a diffusers Qwen-Image 2.1 folder?")
     device = torch.device(device)
@@ -57,7 +60,12 @@ def load_qwen_image21_folder(folder: str | Path, transformer_file: str | Path | 
                                                                     **local)
         transformer.requires_grad_(False).eval()
         store_block_linears(transformer, storage)
-    vae = AutoencoderKLQwenImage21.from_pretrained(str(root / "vae"), torch_dtype=compute_dtype, **local)
+    if vae_file is not None:
+        from .vae_file import QwenImage21VaeFile
+
+        vae = QwenImage21VaeFile(vae_file, compute_dtype)()
+    else:
+        vae = AutoencoderKLQwenImage21.from_pretrained(str(root / "vae"), torch_dtype=compute_dtype, **local)
     vae.to(device).requires_grad_(False).eval()
 
     def load_text_encoder():
