@@ -169,6 +169,28 @@ def test_comfyui_transformer_files_load_to_what_diffusers_converter_makes_of_the
         assert torch.equal(ours[name], tensor.float()), name
 
 
+def test_a_fused_mlp_half_holds_only_its_own_rows(tiny21, tmp_path):
+    """Float8 blocks from a float8 file are stored as read: each half of a fused `gate_up` must be a copy of its
+    rows, not a view that keeps the whole fused tensor alive (3 GiB more at the real size, the CPU rehearsal
+    found)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from trainer_core.families.qwen_image21.files import QwenImage21TransformerFile, comfyui_transformer_tensors
+
+    path = tmp_path / "qwen_image21.safetensors"
+    save_file(comfyui_transformer_tensors(tiny21.transformer, "fp8_e4m3fn", "fused"), str(path))
+    config = dict(tiny21.transformer.config)
+    path.with_suffix(".json").write_text(json.dumps({"part": "transformer", "config": {
+        "axes_dims_rope": list(config["axes_dims_rope"]), "causal_condition": config["causal_condition"]}}))
+    model = QwenImage21TransformerFile(path, storage="float8", compute_dtype=torch.float32).load()
+    halves = [n for n in dict(model.named_parameters()) if ".img_mlp.gate_layer." in n or ".img_mlp.proj." in n]
+    assert halves
+    for name, p in model.named_parameters():
+        assert p.untyped_storage().nbytes() == p.numel() * p.element_size(), name
+
+
 @pytest.fixture(scope="module")
 def with_lora():
     """A fresh tiny 2.1 with a rank-2 LoRA on every block Linear, its B random (not a no-op), alpha 3."""
