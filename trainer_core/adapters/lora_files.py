@@ -17,8 +17,8 @@ which then applies scale 1. With alpha / rank already inside B, every loader app
 strength at its default scale of 1. The trained alpha stays in the metadata (`qwen_lora.alpha`, with
 `qwen_lora.lora_B_scale` = alpha / rank) so that continuing from the file restores B and alpha.
 
-LoKr and LoHa (`lycoris.py`) are written in ComfyUI's LyCORIS keys, `diffusion_model.` (comfyui) or
-`lora_unet_` (kohya) before the module; diffusers' loaders read no LyCORIS file, so that layout is refused.
+LoKr and LoHa (`lycoris.py`) are written in ComfyUI's LyCORIS keys, `diffusion_model.` (comfyui; none for 2.1,
+as below) or `lora_unet_` (kohya) before the module; diffusers' loaders read no LyCORIS file, so that layout is refused.
 
 Qwen-Image 2.1 in the comfyui layout: the bare module names (`transformer_blocks.3.img_mlp.gate_layer.lora_A.weight`,
 no prefix), the MLP's gate and up LoRAs kept on their own names. ComfyUI's 2.1 model holds those two Linears fused
