@@ -1,6 +1,13 @@
 """Rehearse the real 20B Qwen-Image on the CPU: every phase of a run at real size, measured against the plan.
 
     make realsize                      # or: .venv/bin/python benchmarks/realsize_cpu.py [--dir D] [--clean]
+    .venv/bin/python benchmarks/realsize_cpu.py --model qwen-image-2.1 [--blocks N]    # Qwen-Image 2.1
+
+Qwen-Image 2.1 (`--model qwen-image-2.1`): the same phases on random-weight files in the layouts our 2.1
+loaders read (`devtools/random_files21.py`: the transformer in ComfyUI's fp8_e4m3fn layout with the MLP fused,
+7.2 GB at 32 blocks; Qwen3-VL-8B as a scaled-fp8 file, 10.5 GB; the 2.1 VAE file, bf16), loaded as the Load node
+does with those three files and a diffusers folder for the processor (`families/qwen_image21/folder.py`);
+`--blocks N` writes N real-width blocks instead of 32. Results go to benchmarks/realsize_cpu21.json.
 
 1. Writes random-weight files with the exact shapes, dtypes and key layouts of ComfyUI's real files
    (`devtools/random_files.py`: qwen_image_fp8_e4m3fn 20.4 GB, qwen_2.5_vl_7b_fp8_scaled 9.4 GB with its
@@ -40,6 +47,8 @@ import memory_cap
 
 GIB = 1 << 30
 OUT = Path(__file__).resolve().parent / "realsize_cpu.json"
+OUT21 = Path(__file__).resolve().parent / "realsize_cpu21.json"
+QWEN21 = "qwen-image-2.1"
 PHASES = ("load", "cache", "init", "train", "preview", "save")
 HOST_RESERVE_GIB = 4  # planner.phases.HOST_RESERVE_BYTES
 TOLERANCE = 0.10  # each phase's planned host RAM within 10% of the measured peak
@@ -106,6 +115,43 @@ def write_files(models: Path, log) -> dict[str, Path]:
     return files
 
 
+def write_files21(models: Path, blocks: int | None, log) -> dict[str, Path]:
+    """Qwen-Image 2.1's three real-size files and a diffusers folder with the processor (the offline tiny BPE:
+    the real tokenizer is not on this machine); a file already there is kept."""
+    import json as _json
+
+    from trainer_core.devtools.random_files21 import write_random_qwen3_vl, write_random_transformer21, write_vae21
+    from trainer_core.families.qwen_image21.tiny import QWEN_IMAGE21_SCHEDULER_CONFIG
+    from trainer_core.models.tiny import build_tiny_tokenizer
+
+    stem = "qwen_image_2.1_fp8_e4m3fn" + (f"_{blocks}blocks" if blocks is not None else "")
+    writers = {
+        "transformer": (f"diffusion_models/{stem}.safetensors",
+                        lambda path, seed: write_random_transformer21(path, num_layers=blocks, seed=seed)),
+        "text_encoder": ("text_encoders/qwen3vl_8b_fp8_scaled.safetensors", write_random_qwen3_vl),
+        "vae": ("vae/qwen_image_2.1_vae_bf16.safetensors", write_vae21),
+    }
+    files = {}
+    for seed, (part, (relative, write)) in enumerate(writers.items()):
+        path = models / relative
+        if not path.is_file():
+            log(f"writing {path}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp = path.with_name(path.name + ".part")  # a killed write leaves no file that looks complete
+            write(temp, seed=seed)
+            temp.replace(path)
+            if temp.with_suffix(".json").is_file():
+                temp.with_suffix(".json").replace(path.with_suffix(".json"))
+        files[part] = path
+    folder = models / "qwen_image21_folder"
+    build_tiny_tokenizer().save_pretrained(str(folder / "processor"))
+    (folder / "scheduler").mkdir(parents=True, exist_ok=True)
+    (folder / "scheduler" / "scheduler_config.json").write_text(_json.dumps(QWEN_IMAGE21_SCHEDULER_CONFIG))
+    (folder / "model_index.json").write_text(_json.dumps({"_class_name": "QwenImage21Pipeline"}))
+    files["folder"] = folder
+    return files
+
+
 def import_libraries() -> None:
     """Import the model classes the run uses (diffusers and transformers import them lazily, on first use), so
     the measured baseline is what the planner's term says: Python and the libraries, before any model."""
@@ -113,6 +159,14 @@ def import_libraries() -> None:
     import peft  # noqa: F401
     from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel  # noqa: F401
     from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer  # noqa: F401
+
+
+def import_libraries21() -> None:
+    """import_libraries for Qwen-Image 2.1's classes."""
+    import bitsandbytes  # noqa: F401
+    import peft  # noqa: F401
+    from diffusers import AutoencoderKLQwenImage21, QwenImage21Pipeline, QwenImage21Transformer2DModel  # noqa: F401
+    from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration  # noqa: F401
 
 
 def make_images(folder: Path, count: int, size: int) -> Path:
@@ -173,20 +227,31 @@ def rehearse(args, log) -> int:
     # planner leaves to the system) from this variable.
     os.environ["QWEN_LORA_HOST_RAM_GB"] = str(args.cap_gib + HOST_RESERVE_GIB)
     started = time.perf_counter()
-    files = write_files(root / "models", log)  # written by the parent already: found here
-    tokenizer = root / "models" / "tokenizer"  # the real one is not on this machine: the offline tiny BPE
-    build_tiny_tokenizer().save_pretrained(str(tokenizer))
+    qwen21 = args.model == QWEN21
+    if qwen21:
+        files = write_files21(root / "models", args.blocks, log)  # written by the parent already: found here
+    else:
+        files = write_files(root / "models", log)  # written by the parent already: found here
+        tokenizer = root / "models" / "tokenizer"  # the real one is not on this machine: the offline tiny BPE
+        build_tiny_tokenizer().save_pretrained(str(tokenizer))
     images = make_images(root / "images", args.images, args.cache_size)
     work = root / "work"
     shutil.rmtree(work, ignore_errors=True)  # a fresh cache and run each time: every phase does its work
 
     results: dict[str, dict] = {}
-    import_libraries()
+    import_libraries21() if qwen21 else import_libraries()
     baseline = memory_cap.rss_bytes()  # the process with its libraries, before any model
     with Phase("load", results, log):
-        components = load_single_files(files["transformer"], files["text_encoder"], files["vae"], tokenizer,
-                                       storage="float8", compute_dtype=torch.bfloat16, device="cpu",
-                                       text_encoder_fp8=args.text_encoder_fp8)
+        if qwen21:
+            from trainer_core.families.qwen_image21.folder import load_qwen_image21_folder
+
+            components = load_qwen_image21_folder(files["folder"], files["transformer"], storage="float8",
+                                                  compute_dtype=torch.bfloat16, device="cpu",
+                                                  text_encoder_file=files["text_encoder"], vae_file=files["vae"])
+        else:
+            components = load_single_files(files["transformer"], files["text_encoder"], files["vae"], tokenizer,
+                                           storage="float8", compute_dtype=torch.bfloat16, device="cpu",
+                                           text_encoder_fp8=args.text_encoder_fp8)
     with Phase("cache", results, log):
         for size in (args.cache_size, args.train_size):
             dataset = build_cache(components, discover(DatasetConfig(folder=str(images), resolution=size)),
@@ -211,13 +276,15 @@ def rehearse(args, log) -> int:
         runs.release("realsize")
     log(f"   LoRA: {lora} ({lora.stat().st_size / 2**20:.0f} MiB)")
 
-    OUT.write_text(json.dumps({"phases": results}, indent=2) + "\n")  # kept if planning fails below
+    out = OUT21 if qwen21 else OUT
+    out.write_text(json.dumps({"phases": results}, indent=2) + "\n")  # kept if planning fails below
     planned = planned_host_bytes(args, settings, dataset, components, baseline)
     return report_results(results, planned, log, total_seconds=time.perf_counter() - started,
-                          finite=all(x == x for x in report.losses))
+                          finite=all(x == x for x in report.losses), out=out)
 
 
-def report_results(results: dict, planned: dict[str, int], log, total_seconds: float, finite: bool) -> int:
+def report_results(results: dict, planned: dict[str, int], log, total_seconds: float, finite: bool,
+                   out: Path = OUT) -> int:
     log("")
     log("| phase | seconds | measured peak RSS (GiB) | planned host (GiB) | planned / measured |")
     log("|---|---:|---:|---:|---:|")
@@ -236,7 +303,7 @@ def report_results(results: dict, planned: dict[str, int], log, total_seconds: f
         failures.append(f"peak RSS {peak / GIB:.2f} GiB is over 22 GiB")
     if not finite:
         failures.append("a training loss was not finite")
-    OUT.write_text(json.dumps({"phases": results, "peak_rss_bytes": peak, "planned_peak_bytes": planned_peak,
+    out.write_text(json.dumps({"phases": results, "peak_rss_bytes": peak, "planned_peak_bytes": planned_peak,
                                "total_seconds": round(total_seconds), "failures": failures}, indent=2) + "\n")
     verdict = "ok" if not failures else "FAIL (" + "; ".join(failures) + ")"
     log(f"total {total_seconds / 60:.1f} min")
@@ -246,6 +313,9 @@ def report_results(results: dict, planned: dict[str, int], log, total_seconds: f
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="qwen-image", choices=("qwen-image", QWEN21))
+    parser.add_argument("--blocks", type=int, default=None, help="2.1: real-width transformer blocks (default: 32, "
+                        "the real model's)")
     parser.add_argument("--dir", default=str(default_dir()), help="where the 30 GB of model files go (default %(default)s)")
     parser.add_argument("--cap-gib", type=float, default=22.0, help="memory cap for the run (default %(default)s)")
     parser.add_argument("--images", type=int, default=4)
@@ -269,7 +339,10 @@ def main() -> int:
     # The files are written here, before the capped child starts: the measured process then holds nothing
     # of the writing (its pools, the VAE it builds) when the first phase begins.
     started = time.perf_counter()
-    write_files(Path(args.dir) / "models", log=print)
+    if args.model == QWEN21:
+        write_files21(Path(args.dir) / "models", args.blocks, log=print)
+    else:
+        write_files(Path(args.dir) / "models", log=print)
     print(f"model files ready in {time.perf_counter() - started:.0f} s")
     argv = [sys.executable, __file__, *sys.argv[1:], "--in-cap"]
     status = memory_cap.run_capped(argv, args.cap_gib)

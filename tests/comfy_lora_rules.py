@@ -35,3 +35,45 @@ def unmatched_keys(lora_keys, key_map) -> list[str]:
             if f"{prefix}{suffix}" in lora_keys:
                 loaded.add(f"{prefix}{suffix}")
     return sorted(set(lora_keys) - loaded)
+
+
+# --------------------------------------------------------------------------------------------------
+# A newer ComfyUI's rules, for models that no runnable snapshot here has (Qwen-Image 2.1)
+
+
+def comfy_key_map_newer(model_state: dict[str, tuple[int, ...]]) -> dict[str, tuple[str, tuple[int, int, int] | None]]:
+    """LoRA key prefix -> (ComfyUI model weight key, row offset or None) for a model_base.QwenImage subclass
+    (ComfyUI's QwenImage21 is one), restated from comfy/lora.py `model_lora_keys_unet` at Comfy-Org/ComfyUI
+    17358c8f (read in the search index; the same rule at ec93dcac). `model_state`: the model's state-dict keys
+    (all under `diffusion_model.`) and shapes.
+
+    - every `diffusion_model.X.weight`: `lora_unet_<X, '.' -> '_'>` and `diffusion_model.X` (any model);
+      comfy.utils.unet_to_diffusers adds nothing for a DiT (its config has no num_res_blocks);
+    - the QwenImage branch: `X`, `transformer.X` and `lycoris_<X, '.' -> '_'>`, except that a fused
+      `transformer_blocks.N.img_mlp.gate_up` ("Qwen Image 2.1 fuses gate_layer/proj at load; LoRAs address
+      the halves") maps its two halves instead: `...img_mlp.gate_layer` -> rows [0, half), `...img_mlp.proj` ->
+      rows [half, 2 half) of the fused weight (offset (dim 0, start, length), half = rows // 2), with the
+      same three spellings; the fused name itself is then reachable only as `diffusion_model.` / `lora_unet_`."""
+    key_map: dict[str, tuple[str, tuple[int, int, int] | None]] = {}
+    for k in model_state:
+        if k.startswith("diffusion_model."):
+            if k.endswith(".weight"):
+                stem = k[len("diffusion_model."):-len(".weight")]
+                key_map[f"lora_unet_{stem.replace('.', '_')}"] = (k, None)
+                key_map[k[:-len(".weight")]] = (k, None)
+            else:
+                key_map[k] = (k, None)
+    for k, shape in model_state.items():
+        if k.startswith("diffusion_model.") and k.endswith(".weight"):
+            stem = k[len("diffusion_model."):-len(".weight")]
+            targets = [(stem, (k, None))]
+            if stem.endswith(".img_mlp.gate_up"):
+                half = shape[0] // 2
+                targets = [(stem.replace(".gate_up", ".gate_layer"), (k, (0, 0, half))),
+                           (stem.replace(".gate_up", ".proj"), (k, (0, half, half)))]
+            for name, to in targets:
+                key_map[name] = to
+                key_map[f"transformer.{name}"] = to
+                key_map[f"lycoris_{name.replace('.', '_')}"] = to
+    return key_map
+

@@ -169,6 +169,28 @@ def test_comfyui_transformer_files_load_to_what_diffusers_converter_makes_of_the
         assert torch.equal(ours[name], tensor.float()), name
 
 
+def test_a_fused_mlp_half_holds_only_its_own_rows(tiny21, tmp_path):
+    """Float8 blocks from a float8 file are stored as read: each half of a fused `gate_up` must be a copy of its
+    rows, not a view that keeps the whole fused tensor alive (3 GiB more at the real size, the CPU rehearsal
+    found)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from trainer_core.families.qwen_image21.files import QwenImage21TransformerFile, comfyui_transformer_tensors
+
+    path = tmp_path / "qwen_image21.safetensors"
+    save_file(comfyui_transformer_tensors(tiny21.transformer, "fp8_e4m3fn", "fused"), str(path))
+    config = dict(tiny21.transformer.config)
+    path.with_suffix(".json").write_text(json.dumps({"part": "transformer", "config": {
+        "axes_dims_rope": list(config["axes_dims_rope"]), "causal_condition": config["causal_condition"]}}))
+    model = QwenImage21TransformerFile(path, storage="float8", compute_dtype=torch.float32).load()
+    halves = [n for n in dict(model.named_parameters()) if ".img_mlp.gate_layer." in n or ".img_mlp.proj." in n]
+    assert halves
+    for name, p in model.named_parameters():
+        assert p.untyped_storage().nbytes() == p.numel() * p.element_size(), name
+
+
 @pytest.fixture(scope="module")
 def with_lora():
     """A fresh tiny 2.1 with a rank-2 LoRA on every block Linear, its B random (not a no-op), alpha 3."""
@@ -215,39 +237,43 @@ def test_diffusers_layout_lora_loads_into_the_pipeline_with_every_key_used_and_t
                                rtol=1e-5, atol=1e-6)
 
 
-def test_comfyui_layout_fuses_the_mlp_pair_and_matches_every_key_of_a_comfyui_file(with_lora, tiny21, tmp_path):
-    """Split gate_layer/proj LoRAs written as one rank-2r LoRA on `gate_up` (stacked A, block-diagonal B, alpha
-    doubled): its delta is the two deltas stacked, every module names a weight of a ComfyUI-layout 2.1 file
-    (0 unmatched), and reading the file back gives the trained pairs."""
+def test_comfyui_layout_reads_back_and_a_fused_gate_up_file_reads_as_the_two_halves(with_lora, tmp_path):
+    """Our comfyui-layout 2.1 file (bare names, the MLP pair on its own names: test_qwen_image21_comfy_keys.py)
+    reads back to the trained pairs; so does a file holding each pair as one rank-2r LoRA on ComfyUI's fused
+    `gate_up` (stacked A, block-diagonal B, alpha doubled: another trainer's, or ours before), built here."""
     from safetensors.torch import save_file
 
     from trainer_core.adapters.lora import adapter_weights
     from trainer_core.adapters.lora_files import lora_file_tensors, read_lora_file
-    from trainer_core.families.qwen_image21.files import comfyui_transformer_tensors
 
-    tensors = lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout="comfyui")
-    modules = {k.rsplit(".", 2)[0] if k.endswith(".weight") else k.rsplit(".", 1)[0] for k in tensors}
-    file_keys = set(comfyui_transformer_tensors(tiny21.transformer, "bf16", "fused"))  # the same seed's model
-    unmatched = [m for m in modules if "model." + m + ".weight" not in file_keys]
-    assert unmatched == [] and any(m.endswith("img_mlp.gate_up") for m in modules)
     trained = adapter_weights(with_lora.transformer)
-    block = "diffusion_model.transformer_blocks.1.img_mlp"
-    fused = tensors[f"{block}.gate_up.alpha"] / 4 * tensors[f"{block}.gate_up.lora_B.weight"] @ tensors[
-        f"{block}.gate_up.lora_A.weight"]
-    split = [1.5 * trained[f"transformer_blocks.1.img_mlp.{p}"][1] @ trained[f"transformer_blocks.1.img_mlp.{p}"][0]
-             for p in ("gate_layer", "proj")]
-    torch.testing.assert_close(fused, torch.cat(split), rtol=1e-6, atol=1e-7)
-
-    save_file(tensors, str(tmp_path / "lora.safetensors"))
-    back = read_lora_file(tmp_path / "lora.safetensors")
-    assert back.rank == 2 and back.alpha == 3.0 and sorted(back.weights) == sorted(trained)
+    tensors = lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout="comfyui")
+    assert not any(k.startswith("diffusion_model.") or ".gate_up." in k for k in tensors)
+    fused = {}
     for name, (a, b) in trained.items():
-        assert torch.equal(back.weights[name][0], a.float()) and torch.equal(back.weights[name][1], b.float()), name
+        if name.endswith("img_mlp.proj"):
+            continue
+        if name.endswith("img_mlp.gate_layer"):
+            a_p, b_p = trained[name.replace("gate_layer", "proj")]
+            a, b, alpha = torch.cat([a, a_p]), torch.block_diag(b, b_p), 6.0
+            name = name.replace("gate_layer", "gate_up")
+        else:
+            alpha = 3.0
+        fused |= {f"diffusion_model.{name}.lora_A.weight": a.contiguous(),
+                  f"diffusion_model.{name}.lora_B.weight": b.contiguous(),
+                  f"diffusion_model.{name}.alpha": torch.tensor(alpha)}
+    for file, what in ((tensors, "ours"), (fused, "fused")):
+        save_file(file, str(tmp_path / f"{what}.safetensors"))
+        back = read_lora_file(tmp_path / f"{what}.safetensors")
+        assert back.rank == 2 and back.alpha == 3.0 and sorted(back.weights) == sorted(trained), what
+        for name, (a, b) in trained.items():
+            assert torch.equal(back.weights[name][0], a.float()) and torch.equal(back.weights[name][1], b.float()), name
 
 
 def test_export_tiny_files_and_folder_load_back_to_the_tiny_model(tiny21, tmp_path):
     """`export-tiny --model qwen-image-2.1`: the diffusers folder (alone, or beside a ComfyUI transformer file
-    with the MLP fused or split) loads to the same weights and the same prompt embedding."""
+    with the MLP fused or split) loads to the same weights and the same prompt embedding. Beside a transformer
+    file the set is lazy: nothing but headers read until a part is needed."""
     from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
     from trainer_core.families.qwen_image21.folder import load_qwen_image21_folder
     from trainer_core.families.qwen_image21.text import encode_prompt
@@ -259,7 +285,10 @@ def test_export_tiny_files_and_folder_load_back_to_the_tiny_model(tiny21, tmp_pa
         loaded = load_qwen_image21_folder(written["diffusers_folder"], transformer_file, storage="float32",
                                           compute_dtype=torch.float32)
         assert loaded.family.name == FAMILY
-        ours = dequantized_state_dict(loaded.transformer)
+        if transformer_file is not None:
+            assert loaded.transformer is None and loaded.text_encoder is None and loaded.num_blocks == 2
+            loaded.ensure_text_encoder()
+        ours = dequantized_state_dict(loaded.ensure_transformer())
         assert sorted(ours) == sorted(expected)
         rounding = torch.bfloat16 if transformer_file is not None else torch.float32  # the file is bf16
         for name, tensor in expected.items():

@@ -84,6 +84,8 @@ def test_the_21_load_path_reads_the_text_encoder_file_and_the_folders_vae(tmp_pa
                                  transformer=files["transformer_bf16"], text_encoder=files["text_encoder"],
                                  diffusers_folder=files["diffusers_folder"])
     rounded = {n: t.bfloat16().float() for n, t in tiny.text_encoder.state_dict().items() if not n.startswith("lm_")}
+    assert components.text_encoder is None  # lazy: read when the cache misses
+    components.ensure_text_encoder()
     got = components.text_encoder.state_dict()
     assert got.keys() == rounded.keys() and all(torch.equal(got[n], rounded[n]) for n in rounded)
     tiny.text_encoder.load_state_dict(rounded, strict=False)  # the same bf16 values: the same prompt embedding

@@ -1,13 +1,14 @@
-"""A LoRA on Qwen-Image 2.1's split SwiGLU input projections as one LoRA on ComfyUI's fused `img_mlp.gate_up`.
+"""Reading a LoRA on ComfyUI's fused Qwen-Image 2.1 MLP input projection `img_mlp.gate_up` as the two LoRAs we train.
 
-ComfyUI's 2.1 model holds the gate and up projections as one Linear `gate_up` (rows [gate_layer; proj]), so a
-LoRA file for it names `gate_up`, not the two diffusers Linears we train. Two LoRAs (A_g, B_g) and (A_p, B_p)
-of rank r and scale alpha / r are exactly one LoRA of rank 2r on the fused Linear:
+ComfyUI's 2.1 model may hold the gate and up projections as one Linear `gate_up` (rows [gate_layer; proj]); our
+own files name the two halves (lora_files.py: ComfyUI's key map addresses them), but a file that names `gate_up`
+(another trainer's, or ours before the halves were written) is read here. Two LoRAs (A_g, B_g) and (A_p, B_p) of
+rank r and scale alpha / r are exactly one LoRA of rank 2r on the fused Linear:
     A = [A_g; A_p]              (2r, in)       the down-projections stacked
     B = [[B_g, 0], [0, B_p]]    (2 out, 2r)    block-diagonal up-projection
     alpha' = 2 alpha            so alpha' / 2r = alpha / r (ComfyUI scales by alpha / rank)
-since B A = [B_g A_g; B_p A_p]. Reading such a file back splits A's halves and B's diagonal blocks; a fused
-LoRA whose B is not block-diagonal (another trainer's) has no rank-r split and is refused by name.
+since B A = [B_g A_g; B_p A_p]. Reading such a file splits A's halves and B's diagonal blocks; a fused LoRA
+whose B is not block-diagonal has no rank-r split and is refused by name.
 
 Shapes: A (rank, in_features), B (out_features, rank), as peft keeps them.
 """
@@ -18,20 +19,6 @@ import torch
 
 from ..core.errors import UserInputError
 from ..models.qwen21_arch import FUSED_MLP, FUSED_PARTS
-
-
-def fuse_mlp_pairs(weights: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """{module: (A, B)} with each block's gate_layer + proj pair replaced by one `gate_up` pair of twice the rank."""
-    out = dict(weights)
-    gates = [m for m in weights if m.endswith(FUSED_PARTS[0])]
-    for gate in gates:
-        block = gate[: -len(FUSED_PARTS[0])]
-        proj = block + FUSED_PARTS[1]
-        if proj not in weights:
-            continue  # a LoRA on the gate alone: it stays on its own Linear's name
-        (a_g, b_g), (a_p, b_p) = out.pop(gate), out.pop(proj)
-        out[block + FUSED_MLP] = (torch.cat([a_g, a_p]), torch.block_diag(b_g, b_p))
-    return out
 
 
 def split_mlp_pair(module: str, a: torch.Tensor, b: torch.Tensor, source: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

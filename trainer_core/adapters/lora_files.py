@@ -5,7 +5,7 @@ writer and a reader that disagree could otherwise both pass their own tests. The
 inject, its live weights) is `lora.py`; this module only turns it into file tensors and back.
 
 Written (`lora_file_tensors`), A = lora_A (rank, in_features), B = lora_B (out_features, rank):
-  comfyui (default)  diffusion_model.<module>.lora_A.weight / .lora_B.weight / .alpha
+  comfyui (default)  diffusion_model.<module>.lora_A.weight / .lora_B.weight / .alpha (2.1: <module>.…, below)
   kohya              lora_unet_<module, '.' -> '_'>.lora_down.weight (A) / .lora_up.weight (B) / .alpha
   diffusers          transformer.<module>.lora_A.weight / .lora_B.weight, no alpha, B stored as B * alpha / rank
 The ComfyUI layout is what ComfyUI's and diffusers' loaders both take (DESIGN §6); ComfyUI scales by
@@ -17,8 +17,16 @@ which then applies scale 1. With alpha / rank already inside B, every loader app
 strength at its default scale of 1. The trained alpha stays in the metadata (`qwen_lora.alpha`, with
 `qwen_lora.lora_B_scale` = alpha / rank) so that continuing from the file restores B and alpha.
 
-LoKr and LoHa (`lycoris.py`) are written in ComfyUI's LyCORIS keys, `diffusion_model.` (comfyui) or
-`lora_unet_` (kohya) before the module; diffusers' loaders read no LyCORIS file, so that layout is refused.
+LoKr and LoHa (`lycoris.py`) are written in ComfyUI's LyCORIS keys, `diffusion_model.` (comfyui; none for 2.1,
+as below) or `lora_unet_` (kohya) before the module; diffusers' loaders read no LyCORIS file, so that layout is refused.
+
+Qwen-Image 2.1 in the comfyui layout: the bare module names (`transformer_blocks.3.img_mlp.gate_layer.lora_A.weight`,
+no prefix), the MLP's gate and up LoRAs kept on their own names. ComfyUI's 2.1 model holds those two Linears fused
+as `img_mlp.gate_up` when its file does (and split when its file is split), and its LoRA key map (comfy/lora.py,
+the QwenImage branch) maps the bare `gate_layer` / `proj` names onto the fused weight's row halves, and onto the
+split weights themselves; a `diffusion_model.` name only reaches the weights the model actually holds. So the bare
+split names are the one set every ComfyUI 2.1 model matches (tests/test_qwen_image21_comfy_keys.py), and diffusers'
+Qwen loader reads them too (bare keys with `.alpha`).
 
 Read (`read_lora_file`): those three, bare `<module>.lora_A/B` (peft), `transformer.` with `.alpha`, and
 diffusers' own `lora_adapter_metadata`. Alpha comes from `.alpha` keys, else our metadata, else diffusers'
@@ -44,7 +52,7 @@ from ..core.names import check_component, fill_template
 from ..models.qwen21_arch import FUSED_MLP, is_qwen_image21
 from ..models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
 from . import lycoris
-from .fused_mlp_lora import fuse_mlp_pairs, split_mlp_pair
+from .fused_mlp_lora import split_mlp_pair
 from .lora import ADAPTER, adapter_weights, lora_layers
 
 COMFY_PREFIX = "diffusion_model."
@@ -92,20 +100,18 @@ class LoraFile:
 
 def comfyui_state_dict(transformer: nn.Module, alpha: float, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The adapter in the ComfyUI layout, tensors detached, on the CPU, in `dtype` (alpha stays fp32)."""
+    prefix = comfyui_prefix(transformer)
     out = {}
-    weights = {name: (a.detach().cpu(), b.detach().cpu()) for name, (a, b) in adapter_weights(transformer).items()}
-    fused = set()
-    if is_qwen_image21(transformer):  # ComfyUI's 2.1 model fuses the MLP's gate and up (fused_mlp_lora.py)
-        before = set(weights)
-        weights = fuse_mlp_pairs(weights)
-        fused = set(weights) - before
-    for name, (a, b) in weights.items():
-        out[f"{COMFY_PREFIX}{name}.lora_A.weight"] = a.to(dtype).contiguous()
-        out[f"{COMFY_PREFIX}{name}.lora_B.weight"] = b.to(dtype).contiguous()
-        # twice the rank on a fused pair: twice the alpha keeps alpha / rank
-        out[f"{COMFY_PREFIX}{name}.alpha"] = torch.tensor(float(alpha) * (2 if name in fused else 1),
-                                                          dtype=torch.float32)
+    for name, (a, b) in adapter_weights(transformer).items():
+        out[f"{prefix}{name}.lora_A.weight"] = a.detach().cpu().to(dtype).contiguous()
+        out[f"{prefix}{name}.lora_B.weight"] = b.detach().cpu().to(dtype).contiguous()
+        out[f"{prefix}{name}.alpha"] = torch.tensor(float(alpha), dtype=torch.float32)
     return out
+
+
+def comfyui_prefix(transformer: nn.Module) -> str:
+    """What goes before the module names in the comfyui layout: none for 2.1 (module docstring)."""
+    return "" if is_qwen_image21(transformer) else COMFY_PREFIX
 
 
 def lora_metadata(cfg: LoraConfig, steps: int, base_model: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -145,7 +151,7 @@ def lora_file_tensors(transformer: nn.Module, rank: int, alpha: float, dtype: to
             raise UserInputError("LoRA layout diffusers holds plain LoRAs only: diffusers loads no LoKr or LoHa "
                                  "file. Save this adapter in the comfyui layout (ComfyUI's LoRA loaders read it) or "
                                  "kohya.")
-        stem = ((lambda m: COMFY_PREFIX + m) if layout == "comfyui"
+        stem = ((lambda m: comfyui_prefix(transformer) + m) if layout == "comfyui"
                 else (lambda m: KOHYA_PREFIX + m.replace(".", "_")))
         return lycoris.file_tensors(transformer, alpha, dtype, stem)
     if layout == "comfyui":

@@ -3,8 +3,10 @@
     layout comfyui:    DIR/diffusion_models/qwen_image21_tiny_{bf16,fp8_e4m3fn,fp8_e4m3fn_scaled}.safetensors
                        (MLP fused as `gate_up`, as ComfyUI's files hold it) and ..._bf16_split_mlp.safetensors,
                        each with its config JSON; DIR/text_encoders/qwen3vl_tiny_bf16.safetensors, the Qwen3-VL text
-                       encoder in ComfyUI's layout (with its config JSON); DIR/qwen_image21_tiny/ a diffusers folder for
-                       the VAE and processor (and the text encoder again; the VAE's single-file layout is not read)
+                       encoder in ComfyUI's layout (with its config JSON); DIR/vae/qwen_image21_tiny_vae_bf16.safetensors,
+                       the VAE in the layout a newer ComfyUI reads (families/qwen_image21/vae_file.py; with its config
+                       JSON); DIR/qwen_image21_tiny/ a diffusers folder for the processor (and the VAE and text encoder
+                       again)
     layout diffusers:  DIR/qwen_image21_tiny/ (transformer/ too)
 """
 
@@ -17,6 +19,8 @@ from ..core.files import write_safetensors_atomic
 from ..families.qwen_image21.files import comfyui_transformer_tensors
 from ..families.qwen_image21.folder import save_qwen_image21_folder
 from ..families.qwen_image21.text_file import comfyui_text_encoder_tensors
+from ..families.qwen_image21.vae_file import comfyui_vae_tensors
+from .export import public_config
 
 FORMATS = ("bf16", "fp8_e4m3fn", "fp8_e4m3fn_scaled")
 
@@ -45,4 +49,10 @@ def export_tiny_qwen_image21(folder: str | Path, layout: str = "comfyui", seed: 
     encoder.with_suffix(".json").write_text(json.dumps({"part": "text encoder",
                                                         "config": components.text_encoder.config.to_dict()}))
     out["text_encoder"] = encoder
+    vae = root / "vae" / "qwen_image21_tiny_vae_bf16.safetensors"
+    vae.parent.mkdir(parents=True, exist_ok=True)
+    write_safetensors_atomic(comfyui_vae_tensors(components.vae), vae, metadata={"format": "pt"})
+    vae.with_suffix(".json").write_text(json.dumps({"part": "vae", "format": "bf16",
+                                                    "config": public_config(components.vae.config)}))
+    out["vae"] = vae
     return out

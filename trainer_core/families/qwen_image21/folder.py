@@ -1,5 +1,6 @@
 """Qwen-Image 2.1 from a diffusers folder (transformer/, vae/, text_encoder/, processor/, scheduler/), optionally
-with the transformer from ComfyUI's single file instead (files.py).
+with the transformer, the text encoder and the VAE from ComfyUI's single files instead (files.py, text_file.py,
+vae_file.py).
 
 The text encoder is transformers' `Qwen3VLForConditionalGeneration`, the VAE diffusers' `AutoencoderKLQwenImage21`,
 both read with `from_pretrained`. The processor is built from the folder's tokenizer (`processor/`, else
@@ -34,51 +35,122 @@ def _tokenizer(root: Path):
 
 def load_qwen_image21_folder(folder: str | Path, transformer_file: str | Path | None = None, storage: str = "float8",
                              compute_dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                             text_encoder_file: str | Path | None = None) -> QwenImageComponents:
+                             text_encoder_file: str | Path | None = None,
+                             vae_file: str | Path | None = None) -> QwenImageComponents:
     """The model set of a diffusers folder; block Linears stored as `storage`, the rest in `compute_dtype`. The
-    transformer and the text encoder may come from ComfyUI's single files instead (files.py, text_file.py)."""
-    from diffusers import AutoencoderKLQwenImage21, QwenImage21Transformer2DModel
-    from transformers import Qwen3VLForConditionalGeneration
+    transformer, the text encoder and the VAE may come from ComfyUI's single files instead (files.py,
+    text_file.py, vae_file.py).
 
-    from .family import QWEN_IMAGE21
-    from .files import QwenImage21TransformerFile
-    from .processor import build_processor
-    from .tiny import QWEN_IMAGE21_SCHEDULER_CONFIG
-
+    With the transformer from its file the set is lazy, as Qwen-Image's from files (models/components.py): here
+    only headers, configs and the tokenizer are read; the text encoder (and the VAE from its file) load when the
+    cache misses, the transformer streams in at Init Trainer. From the folder alone every part is loaded."""
     root = Path(folder).expanduser()
-    for part in ("vae",) + (("text_encoder",) if text_encoder_file is None else ()):
+    for part in (("vae",) if vae_file is None else ()) + (("text_encoder",) if text_encoder_file is None else ()):
         if not (root / part / "config.json").is_file():
             raise UserInputError(f"{root / part} has no config.json: is {root} a diffusers Qwen-Image 2.1 folder?")
     device = torch.device(device)
-    if transformer_file is not None:
-        transformer = QwenImage21TransformerFile(transformer_file, storage, compute_dtype).load()
-    else:
-        transformer = QwenImage21Transformer2DModel.from_pretrained(str(root / "transformer"), torch_dtype=compute_dtype,
-                                                                    **local)
-        transformer.requires_grad_(False).eval()
-        store_block_linears(transformer, storage)
+    if transformer_file is None:
+        return _loaded(root, storage, compute_dtype, device, text_encoder_file, vae_file)
+    return _lazy(root, transformer_file, storage, compute_dtype, device, text_encoder_file, vae_file)
+
+
+def _scheduler_config(root: Path) -> dict:
+    from .tiny import QWEN_IMAGE21_SCHEDULER_CONFIG
+
+    scheduler_file = root / "scheduler" / "scheduler_config.json"
+    return json.loads(scheduler_file.read_text()) if scheduler_file.is_file() else dict(QWEN_IMAGE21_SCHEDULER_CONFIG)
+
+
+def _folder_vae(root: Path, compute_dtype: torch.dtype, device: torch.device):
+    from diffusers import AutoencoderKLQwenImage21
+
     vae = AutoencoderKLQwenImage21.from_pretrained(str(root / "vae"), torch_dtype=compute_dtype, **local)
-    vae.to(device).requires_grad_(False).eval()
+    return vae.to(device).requires_grad_(False).eval()
+
+
+def _text_encoder_reader(root: Path, text_encoder_file, compute_dtype: torch.dtype):
+    """(its config, a function that reads it, the files it is read from): from its file, else the folder."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from .text_file import load_qwen3_vl_file, qwen3_vl_file_config
+
+    if text_encoder_file is not None:
+        return (Qwen3VLConfig(**qwen3_vl_file_config(text_encoder_file)),
+                lambda: load_qwen3_vl_file(text_encoder_file, compute_dtype), [Path(text_encoder_file)])
+    folder = root / "text_encoder"
+    return (Qwen3VLConfig.from_pretrained(str(folder), local_files_only=True),
+            lambda: Qwen3VLForConditionalGeneration.from_pretrained(str(folder), torch_dtype=compute_dtype, **local),
+            sorted(folder.glob("*.safetensors")))
+
+
+def _loaded(root: Path, storage: str, compute_dtype: torch.dtype, device: torch.device, text_encoder_file,
+            vae_file) -> QwenImageComponents:
+    from diffusers import QwenImage21Transformer2DModel
+
+    from .family import QWEN_IMAGE21
+    from .processor import build_processor
+
+    transformer = QwenImage21Transformer2DModel.from_pretrained(str(root / "transformer"), torch_dtype=compute_dtype,
+                                                                **local)
+    transformer.requires_grad_(False).eval()
+    store_block_linears(transformer, storage)
+    if vae_file is not None:
+        from .vae_file import QwenImage21VaeFile
+
+        vae = QwenImage21VaeFile(vae_file, compute_dtype)().to(device)
+    else:
+        vae = _folder_vae(root, compute_dtype, device)
+    _, read, _ = _text_encoder_reader(root, text_encoder_file, compute_dtype)
 
     def load_text_encoder():
-        if text_encoder_file is not None:
-            from .text_file import load_qwen3_vl_file
-
-            encoder = load_qwen3_vl_file(text_encoder_file, compute_dtype)
-        else:
-            encoder = Qwen3VLForConditionalGeneration.from_pretrained(str(root / "text_encoder"),
-                                                                       torch_dtype=compute_dtype, **local)
+        encoder = read()
         return encoder.requires_grad_(False).eval(), build_processor(_tokenizer(root), encoder.config.vision_config)
 
     text_encoder, processor = load_text_encoder()
-    scheduler_file = root / "scheduler" / "scheduler_config.json"
-    scheduler_config = (json.loads(scheduler_file.read_text()) if scheduler_file.is_file()
-                        else dict(QWEN_IMAGE21_SCHEDULER_CONFIG))
     return QwenImageComponents(
         transformer=transformer, vae=vae, text_encoder=text_encoder.to(device), tokenizer=processor,
-        scheduler_config=scheduler_config, compute_dtype=compute_dtype, device=device, name=root.name,
+        scheduler_config=_scheduler_config(root), compute_dtype=compute_dtype, device=device, name=root.name,
         storage=storage, family=QWEN_IMAGE21, text_encoder_loader=load_text_encoder,
         processor_loader=lambda: processor,
+    )
+
+
+def _lazy(root: Path, transformer_file, storage: str, compute_dtype: torch.dtype, device: torch.device,
+          text_encoder_file, vae_file) -> QwenImageComponents:
+    import hashlib
+
+    from ...models.components import vocabulary_bytes
+    from ...models.file_identity import combined_identity, file_identity
+    from .family import QWEN_IMAGE21
+    from .files import QwenImage21TransformerFile
+    from .processor import build_processor
+
+    source = QwenImage21TransformerFile(transformer_file, storage, compute_dtype)  # its header: checked now
+    config, read, encoder_files = _text_encoder_reader(root, text_encoder_file, compute_dtype)
+    processor = build_processor(_tokenizer(root), config.vision_config)
+    dtype = str(compute_dtype).removeprefix("torch.")
+    identities = {
+        "transformer": combined_identity(file_identity(transformer_file), "qwen-image-2.1"),
+        "text_encoder": combined_identity(*map(file_identity, encoder_files), dtype,
+                                          hashlib.sha256(vocabulary_bytes(processor)).hexdigest()),
+    }
+    vae, vae_loader = None, None
+    if vae_file is not None:
+        from .vae_file import QwenImage21VaeFile
+
+        vae_loader = QwenImage21VaeFile(vae_file, compute_dtype)  # its header: checked now; read when needed
+        identities["vae"] = combined_identity(file_identity(vae_file), dtype)
+    else:
+        vae = _folder_vae(root, compute_dtype, device)  # small; parked on the CPU after caching
+
+    def load_text_encoder():
+        return read().requires_grad_(False).eval(), processor
+
+    return QwenImageComponents(
+        transformer=None, vae=vae, text_encoder=None, tokenizer=None, scheduler_config=_scheduler_config(root),
+        compute_dtype=compute_dtype, device=device, name=Path(transformer_file).stem, storage=storage,
+        family=QWEN_IMAGE21, text_encoder_loader=load_text_encoder, processor_loader=lambda: processor,
+        vae_loader=vae_loader, transformer_source=source, _fingerprints=identities,
     )
 
 

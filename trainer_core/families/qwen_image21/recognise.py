@@ -2,9 +2,8 @@
 
 From files: the transformer file has 2.1's text projection (`txt_in.text_norm.weight`, under any prefix ComfyUI's
 files use; Qwen-Image's has `txt_norm.weight`). Its Qwen3-VL text encoder may be ComfyUI's single file too
-(text_file.py); its VAE and processor come from a diffusers 2.1 folder (the Load setting `diffusers_folder`):
-ComfyUI reads the 2.1 VAE file as a Wan 2.2 layout variant no runnable ComfyUI or diffusers converter here checks,
-so it is not read from a single file (README, "Qwen-Image 2.1 LoRAs"). From a folder:
+(text_file.py), and so may its VAE (vae_file.py: the layout a newer ComfyUI reads); its processor (and the VAE
+when no VAE file is chosen) come from a diffusers 2.1 folder (the Load setting `diffusers_folder`). From a folder:
 its transformer's config (or its model_index.json) names 2.1's classes.
 """
 
@@ -49,25 +48,28 @@ def is_qwen_image21_folder(folder) -> bool:
 
 
 def load_from_settings(source: str, device, storage: str, compute_dtype: str, transformer=None,
-                       diffusers_folder=None, text_encoder=None):
+                       diffusers_folder=None, text_encoder=None, vae=None):
     """The 2.1 model set the Load settings name (source files or diffusers folder), or None when they are not 2.1.
-    With a 2.1 transformer file, `text_encoder` (a path, or None) is ComfyUI's Qwen3-VL file (text_file.py);
-    without it the folder's text encoder is read."""
+    With a 2.1 transformer file, `text_encoder` (a path, or None) is ComfyUI's Qwen3-VL file (text_file.py) and
+    `vae` ComfyUI's 2.1 VAE file (vae_file.py); without them the folder's are read."""
     from ...models.source import DIFFUSERS, FILES, resolve_compute_dtype
     from .folder import load_qwen_image21_folder
 
     dtype = resolve_compute_dtype(compute_dtype, device)
     if not text_encoder or str(text_encoder) == NOT_USED:
         text_encoder = None
+    if not vae or str(vae) == NOT_USED:
+        vae = None
     if source == FILES and is_qwen_image21_file(transformer):
         if not is_qwen_image21_folder(diffusers_folder):
             raise UserInputError(
-                f"transformer file {transformer} is Qwen-Image 2.1: its VAE and processor (and its Qwen3-VL text "
-                f"encoder, unless its file is chosen) are read from a diffusers Qwen-Image 2.1 folder. Set "
-                f"diffusers_folder to that folder (it holds vae/, processor/ and text_encoder/; now "
+                f"transformer file {transformer} is Qwen-Image 2.1: its processor (and its VAE and Qwen3-VL text "
+                f"encoder, unless their files are chosen) are read from a diffusers Qwen-Image 2.1 folder. Set "
+                f"diffusers_folder to that folder (it holds processor/, vae/ and text_encoder/; now "
                 f"{str(diffusers_folder or '').strip() or 'empty'}).")
         return load_qwen_image21_folder(str(diffusers_folder).strip(), transformer_file=transformer, storage=storage,
-                                        compute_dtype=dtype, device=device, text_encoder_file=text_encoder)
+                                        compute_dtype=dtype, device=device, text_encoder_file=text_encoder,
+                                        vae_file=vae)
     if source == DIFFUSERS and is_qwen_image21_folder(diffusers_folder):
         return load_qwen_image21_folder(str(diffusers_folder).strip(), storage=storage, compute_dtype=dtype,
                                         device=device)

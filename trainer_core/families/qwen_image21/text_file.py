@@ -79,6 +79,14 @@ def empty_qwen3_vl(config: dict) -> nn.Module:
     return model
 
 
+def qwen3_vl_file_config(path: str | Path) -> dict:
+    """The file's Qwen3-VL config (`Qwen3VLConfig` keys) from its header and the JSON beside it: no weight read."""
+    file = SafetensorsFile(path, "text encoder")
+    names, _ = split_scaled_fp8({k: k for k in file.keys}, file)
+    shapes = {mine: file.shapes[key] for key in names if (mine := our_name(key)) is not None}
+    return _config(shapes, file.sidecar_config(), str(file.path))
+
+
 def load_qwen3_vl_file(path: str | Path, compute_dtype: torch.dtype = torch.bfloat16) -> nn.Module:
     """The text encoder of the file on the CPU, frozen, in eval mode."""
     file = SafetensorsFile(path, "text encoder")
