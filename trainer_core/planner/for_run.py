@@ -33,13 +33,13 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
     text_tokens = max(dataset.embedding(s.text_key).shape[0] for s in dataset.samples)
     # The references of the sample planned_image_size plans (the largest area): 2.1's caching and preview terms.
     largest = max(dataset.samples, key=lambda s: s.bucket[0] * s.bucket[1] + sum(
-        w * h for w, h in getattr(s, "condition_sizes", ()) or ()))
+        w * h for w, h in s.condition_sizes))
     return PlanInputs.from_configs(
         lora, optimizer, dataclasses.replace(train, blocks_to_swap=blocks_to_swap), width, height,
         storage=components.storage if components.storage in ("float8", "float8_scaled") else "bfloat16",
         text_tokens=text_tokens, device="cuda" if components.device.type == "cuda" else "cpu",
         dataset_images=len(dataset.samples),
-        reference_sizes=tuple(tuple(z) for z in getattr(largest, "condition_sizes", ()) or ()),
+        reference_sizes=tuple(tuple(z) for z in largest.condition_sizes),
     )
 
 
