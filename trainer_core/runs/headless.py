@@ -104,7 +104,8 @@ def train_run(run: RunFile, replicas: Replicas, config_text: str = "", steps: in
     if run.steps_cfg.snapshot_every or run.headless.snapshot_every_epochs:  # named by filename: {step}, or overwritten
         require_step(run.save.filename, f"{run.where}: [output] filename", "[output] snapshot_every(_epochs)")
     # The family from the files: Layered and 2.1 say so in their transformers (2.1: the rest from its folder); an
-    # Edit model where [edit] says so (the Load Edit node's loader: the variant, the text encoder's vision tower).
+    # Edit model where [edit] says so (the Load Edit node's loader: the variant, the text encoder's vision tower;
+    # 2.1 files or folder load as 2.1, and its family reads the datasets as edit datasets).
     load = load_edit_model_set if run.edit is not None else load_recognised
     extra = {"variant": run.edit.variant} if run.edit is not None else {}
     components = load(run.load.source, replicas.device, storage=run.load.storage,

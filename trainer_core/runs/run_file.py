@@ -14,7 +14,7 @@ key with that field's help and default. Tables and where their keys come from:
                   node's cfg and seed: images written to disk while training
     [output]      the output folder, the Save node's file name / dtype / layout, LoRA snapshots
     [edit]        Qwen-Image-Edit: the Load Edit node's variant, the Edit Dataset node's control_resolution;
-                  with this table the run loads an Edit model and reads its datasets as edit datasets
+                  with this table the run loads an Edit model (or 2.1) and reads its datasets as edit datasets
 
 Relative paths are relative to the run file's folder (so a run file works from any working directory).
 A run file is parsed with the standard library's tomllib; `render` writes one (the diffusion-pipe
@@ -96,7 +96,9 @@ TABLES = {
     "output": "Where the run's files go, and the LoRA files it writes.",
     "edit": "Qwen-Image-Edit: with this table the model loads as an Edit model (the Load Edit node: [model]'s "
             "files, diffusers folder or source = \"tiny\" for the tiny Edit test model) and every [[dataset]] is an "
-            "edit dataset (the Edit Dataset node's folder convention: name.png + name.txt + name_control.png, ...).",
+            "edit dataset (the Edit Dataset node's folder convention: name.png + name.txt + name_control.png, ...). "
+            "With a Qwen-Image 2.1 model it trains 2.1 reference-image editing: the controls are its reference "
+            "images (each 256 px or more), and variant must be auto.",
 }
 
 _PATH = "Relative: to the run file's folder."
@@ -160,7 +162,8 @@ KEYS = (
     Key("output", "snapshot_every", TrainStepsConfig, "snapshot_every",
         help="Also save the LoRA every N steps (0 = off), named by filename. The last step's is always saved."),
     Key("output", "snapshot_every_epochs", HeadlessConfig, "snapshot_every_epochs"),
-    Key("edit", "variant", EditLoadConfig, "edit_variant"),
+    Key("edit", "variant", EditLoadConfig, "edit_variant",
+        help=f"{field_meta(EditLoadConfig, 'edit_variant')['help']} Qwen-Image 2.1 has no variants: auto only."),
     Key("edit", "control_resolution", EditDataConfig, "control_resolution"),
 )
 _KEYS = {(k.table, k.name): k for k in KEYS}

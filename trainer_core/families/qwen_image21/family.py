@@ -39,6 +39,15 @@ class QwenImage21(ModelFamily):
 
     # data and cache
 
+    def load_dataset(self, cfg, settings=None):
+        """A run file's dataset folder: with [edit] (`settings` its EditDataConfig) an edit dataset, as the Edit
+        Dataset node finds it (the controls are the references), else a text-to-image one, as the Dataset node."""
+        if settings is None:
+            return super().load_dataset(cfg)
+        from ..qwen_image_edit.data import load_edit_dataset
+
+        return load_edit_dataset(cfg, settings)
+
     def check_samples(self, samples) -> None:
         from ..qwen_image_layered.data import LayeredSample
 

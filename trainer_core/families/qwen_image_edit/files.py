@@ -68,10 +68,21 @@ def load_edit_model_set(source: str, device, storage: str = "float8", compute_dt
                         transformer=None, text_encoder=None, vae=None, tokenizer=None, diffusers_folder=None,
                         text_encoder_fp8: str = "dequantize", variant: str = AUTO) -> QwenImageComponents:
     """What the Load Edit node loads, from a run file's [model] settings (models/source.py's sources): the tiny
-    test model as `variant` (auto: Edit-2511, as the node), a diffusers Edit folder, or three files."""
+    test model as `variant` (auto: Edit-2511, as the node), a diffusers Edit folder, or three files; a Qwen-Image
+    2.1 transformer file or folder loads as 2.1 (as the node: it edits when its dataset has references), which
+    has no variants, so `variant` must be auto."""
     from ...models.source import DIFFUSERS, FILES, SHAPES, TINY, resolve_compute_dtype
+    from ..qwen_image21.recognise import is_qwen_image21_file, is_qwen_image21_folder, load_from_settings
     from .tiny import build_tiny_edit_components
 
+    if ((source == FILES and is_qwen_image21_file(transformer))
+            or (source == DIFFUSERS and is_qwen_image21_folder(diffusers_folder))):
+        if _choice(variant) != AUTO:
+            raise UserInputError(f"[edit] variant = {variant!r}, but the model is Qwen-Image 2.1, which has no Edit "
+                                 "variants (it edits when its dataset has reference images): set variant = \"auto\" "
+                                 "or leave it out.")
+        # the text encoder file where one is set (vae and tokenizer are Qwen-Image's: 2.1 reads its folder's)
+        return load_from_settings(source, device, storage, compute_dtype, transformer, diffusers_folder, text_encoder)
     dtype = resolve_compute_dtype(compute_dtype, device)
     if source == TINY:
         return build_tiny_edit_components(TINY_AUTO_VARIANT if _choice(variant) == AUTO else variant,
