@@ -32,6 +32,7 @@ from .placement import BlobLayout, align_up, blob_layout
 from .shared_segment import SharedSegment
 
 CUDA_HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context of the process
+TRIM_EVERY = 256 << 20  # bytes copied into the segment between two trims of the C heap while filling it
 CUDA_HOST_REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the GPU only reads (needed for a read-only mapping)
 
 
@@ -136,10 +137,15 @@ class SharedHostCopy:
     def fill(self, transformer: nn.Module) -> None:
         """Copy every tensor in, one at a time, each parameter pointing at its copy at once (its own storage goes
         before the next is copied); then map the segment read-only like the other processes."""
+        since_trim = 0
         for entry in self.layout.entries:
             view = self.view(entry)
             view.copy_(current(transformer, entry.name))
             point_at(transformer, entry.name, view)
+            since_trim += entry.nbytes
+            if since_trim >= TRIM_EVERY:  # the C heap keeps freed tensors until trimmed: give them back as we go
+                give_back_freed_memory()
+                since_trim = 0
         self.segment = self.segment.read_only()
         self.adopt(transformer)  # the read-only views; the writable mapping goes with its last view
 
