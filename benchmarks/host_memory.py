@@ -6,12 +6,14 @@ frozen weights (issue 23).
 A transformer of real width (3072, float8 block Linears) with `--blocks` blocks is written to a temporary folder
 (`devtools.random_files`); each case starts `torchrun --standalone --nproc-per-node N` on this script's worker in a
 memory cgroup capped at `--cap-gib` (`memory_cap.py`). Every worker loads the transformer on the CPU (every weight in
-host memory, as on a CPU device; one process after the other, see `worker`), shares it
-(`training.host_copy.share_host_copy`, as Init Trainer does; the case
-"Np" sets TRAINER_CORE_HOST_COPY=private), waits for all, and process 0 sums the proportional set size (Pss of
-/proc/<pid>/smaps_rollup) of every worker and of torchrun's agent: memory mapped by k processes counts 1/k in each,
-so the sum is the machine's total. Measured once the weights are in place, before training (training adds per
-process what one process adds: gradients, optimizer state, activations). Prints one JSON line per case.
+host memory, as on a CPU device), all at once as a run's processes do: the first reads the file and shares its copy,
+the others wait for it and load from it, reading no weight from the file (`training.host_copy`, as Init Trainer
+does; the case "Np" sets TRAINER_CORE_HOST_COPY=private: every process reads its own). Process 0 sums the
+proportional set size (Pss of /proc/<pid>/smaps_rollup) of every worker and of torchrun's agent: memory mapped by k
+processes counts 1/k in each, so the sum is the machine's total; while the workers load it samples that sum every
+20 ms (the loading peak), and once the weights are in place, before training, it takes it again with each worker's
+parts (anonymous, files, shared memory); training adds per process what one process adds (gradients, optimizer
+state, activations). Prints one JSON line per case, with the weight bytes each worker read from the file.
 """
 
 from __future__ import annotations
@@ -29,49 +31,101 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 GIB = 1 << 30
 
 
-def pss_bytes(pid: int) -> int:
+ROLLUP = ("Pss", "Pss_Anon", "Pss_File", "Pss_Shmem")  # what /proc/<pid>/smaps_rollup says of a process
+
+
+def rollup(pid: int) -> dict[str, int]:
+    """The proportional set size of `pid` in bytes, and its parts: anonymous memory (the process's own), files
+    (libraries, shared among processes), shared memory (the host copy's memory file)."""
+    values = {}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) * 1024
-    return 0
+        name = line.split(":")[0]
+        if name in ROLLUP:
+            values[name] = int(line.split()[1]) * 1024
+    return values
+
+
+def pss_bytes(pid: int) -> int:
+    return rollup(pid).get("Pss", 0)
+
+
+class PeakSampler:
+    """Process 0, while every worker loads: the largest sum of Pss over `pids`, sampled every `every` seconds."""
+
+    def __init__(self, pids: list[int], every: float = 0.02):
+        import threading
+
+        self.pids, self.every, self.peak = pids, every, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, sum(pss_bytes(pid) for pid in self.pids))
+            except OSError:
+                pass
+            self._stop.wait(self.every)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, sum(pss_bytes(pid) for pid in self.pids))
+        return self.peak
 
 
 def worker(path: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from trainer_core.models.safetensors_file import TENSOR_BYTES_READ
     from trainer_core.models.transformer_file import TransformerFile
     from trainer_core.training.distributed import join
-    from trainer_core.training.host_copy import share_host_copy
+    from trainer_core.training.host_copy import attach_before_load, share_host_copy
 
     replicas = join()
     cpu = torch.device("cpu")
-    # One process after the other: a process still reads its own copy from the file before it attaches to the
-    # shared one (README: not done yet), so loading all at once would peak at N copies, past the cap.
-    for turn in range(replicas.size):
-        if turn == replicas.rank:
-            model = TransformerFile(path, storage="float8", compute_dtype=torch.float32).load(cpu)
-            copy = share_host_copy(model, (), replicas, cpu)
-        if replicas.size > 1:
-            dist.barrier(group=replicas.cpu_group)
+    pids = [os.getpid()]
+    if replicas.size > 1:
+        pids = [None] * replicas.size
+        dist.all_gather_object(pids, os.getpid(), group=replicas.cpu_group)
+    agent = os.getppid()  # torchrun's agent
+    source = TransformerFile(path, storage="float8", compute_dtype=torch.float32)
+    if replicas.size > 1:
+        dist.barrier(group=replicas.cpu_group)
+    sampler = PeakSampler([*pids, agent]) if replicas.rank == 0 else None
+    # Every worker loads at once, as a run's processes do (training/setup.py): the machine's first reads the file and
+    # posts its copy; the others wait for it and read from the file only what it does not hold (here: nothing).
+    read = sum(TENSOR_BYTES_READ.values())
+    posted = attach_before_load(replicas)
+    model = source.load(cpu, given=posted.given if posted is not None else None)
+    copy = share_host_copy(model, (), replicas, cpu, posted)
+    read = sum(TENSOR_BYTES_READ.values()) - read
+    reads = [read]
+    if replicas.size > 1:
+        dist.barrier(group=replicas.cpu_group)
+        reads = [None] * replicas.size
+        dist.all_gather_object(reads, read, group=replicas.cpu_group)
+    loading_peak = sampler.stop() if sampler is not None else 0
     # Read every weight once, as a training step does: a mapped page counts in a process's memory once it has touched
     # it (before, the shared copy's pages are in the memory file but in nobody's page table, so in no Pss).
     checksum = sum(float(p.detach().float().sum()) for p in model.parameters())
-    pids = [os.getpid()]
     if replicas.size > 1:
         if copy is not None:
             copy.seal()
-        gathered = [None] * replicas.size
-        dist.all_gather_object(gathered, os.getpid(), group=replicas.cpu_group)
-        pids = gathered
+        dist.barrier(group=replicas.cpu_group)
     if replicas.rank == 0:
-        workers = {pid: pss_bytes(pid) for pid in pids}
-        agent = pss_bytes(os.getppid())  # torchrun's agent
+        workers = {pid: rollup(pid) for pid in pids}
+        agent_pss = pss_bytes(agent)
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        Path(out).write_text(json.dumps({"processes": replicas.size, "shared": copy is not None, "checksum": checksum,
-                                         "weights_gib": weights / GIB, "workers_pss_gib": sum(workers.values()) / GIB,
-                                         "agent_pss_gib": agent / GIB,
-                                         "machine_pss_gib": (sum(workers.values()) + agent) / GIB}))
+        total = sum(w["Pss"] for w in workers.values())
+        Path(out).write_text(json.dumps({
+            "processes": replicas.size, "shared": copy is not None, "checksum": checksum,
+            "weights_gib": weights / GIB, "weight_bytes_read_per_worker_gib": [r / GIB for r in reads],
+            "workers_pss_gib": total / GIB, "agent_pss_gib": agent_pss / GIB,
+            "machine_pss_gib": (total + agent_pss) / GIB, "loading_peak_machine_pss_gib": loading_peak / GIB,
+            "per_worker_gib": [{k: round(v / GIB, 3) for k, v in w.items()} for w in workers.values()]}))
     if replicas.size > 1:
         dist.barrier(group=replicas.cpu_group)  # nobody leaves while process 0 reads the others' memory
     replicas.leave()
@@ -121,7 +175,8 @@ def main() -> int:
     if one:
         for r in results:
             print(f"{r['processes']} process(es), {'shared' if r['shared'] else 'private'} host copy: "
-                  f"{r['machine_pss_gib']:.2f} GiB = {r['machine_pss_gib'] / one:.2f} x one process")
+                  f"{r['machine_pss_gib']:.2f} GiB = {r['machine_pss_gib'] / one:.2f} x one process; loading peak "
+                  f"{r['loading_peak_machine_pss_gib']:.2f} GiB = {r['loading_peak_machine_pss_gib'] / one:.2f} x")
     return 0
 
 

@@ -4,7 +4,10 @@ Two launches of 2 processes (each new process pays its imports, so no more than 
   A  one node of 2 processes trains 8 steps (grad_accum_steps 2 per process, LoRA dropout on, a checkpoint at step
      4); its two processes share one host copy of the frozen weights (training/host_copy.py);
   B  two torchrun node groups of 1 process each (--nnodes 2, rendezvous on 127.0.0.1, as two machines): a copy of
-     A's output folder without its step-8 checkpoint, resumed at step 4 and trained to 8.
+     A's output folder without its step-8 checkpoint, resumed at step 4 and trained to 8; the second machine's run
+     file names a cache folder of its own (a machine that does not see the first's), which it fills itself.
+A reads the tiny model's files: A's second process takes its frozen weights from the first's shared copy instead of
+the file (test_shared_host.py counts the bytes it reads: none).
 B's LoRA and step-8 checkpoint equal A's bit for bit: the same world size resumes exactly across a change of the
 number of machines, and B's processes each hold their own host copy where A's shared one, so the shared copy
 trains what private copies train. Neither launch leaves anything in /dev/shm. A one-process run
@@ -60,15 +63,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_two_nodes(config: Path, output: Path) -> str:
+def torchrun_two_nodes(configs: tuple[Path, Path], output: Path) -> str:
     """Two torchrun node groups of one process each on this machine, their rendezvous on 127.0.0.1 (gloo), as two
-    machines would run: --nnodes 2 --node-rank 0|1. Returns what node 0 printed."""
+    machines would run: --nnodes 2 --node-rank 0|1, node k with run file configs[k]. Returns what node 0 printed."""
     port = free_port()
     before = shm_names()
     launchers = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
          str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "trainer_core", "train",
-         "--config", str(config), "--output", str(output)],
+         "--config", str(configs[node]), "--output", str(output)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
     outputs = [launcher.communicate(timeout=600) for launcher in launchers]
     for launcher, (out, err) in zip(launchers, outputs):
@@ -90,24 +93,28 @@ def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def run_file(folder: Path, images: Path, accum: int) -> Path:
+def run_file(folder: Path, images: Path, accum: int, files: dict[str, Path]) -> Path:
+    # The tiny model's files (export-tiny), so that the transformer is read from its file: the second process of a
+    # machine takes its frozen weights from the first's shared copy instead (host_copy.attach_before_load).
     # float32 blocks (float8 is slow on a CPU); rank 4 on attention+mlp, AdamW8bit; dropout on: its masks must
     # follow the micro-batch, not the process. One block streamed: the swapper copies it from the shared host copy.
-    return tiny_run_file(folder, images, lora={"dropout": 0.1},
+    model = {"source": "", "transformer": str(files["transformer_bf16"]), "text_encoder": str(files["text_encoder_bf16"]),
+             "vae": str(files["vae"]), "tokenizer": str(files["tokenizer"])}
+    return tiny_run_file(folder, images, model=model, lora={"dropout": 0.1},
                          train={"steps": STEPS, "grad_accum_steps": accum, "checkpoint_every": 4, "blocks_to_swap": 1})
 
 
 @pytest.fixture(scope="module")
-def two_processes(tmp_path_factory, demo_folder):
+def two_processes(tmp_path_factory, demo_folder, tiny_files):
     """Launch A: 2 processes, 8 steps. Returns (run file folder, output folder, what it printed)."""
     folder = tmp_path_factory.mktemp("ddp")
-    config = run_file(folder / "config", demo_folder, accum=2)
+    config = run_file(folder / "config", demo_folder, accum=2, files=tiny_files)
     result = torchrun(config, folder / "A")
     return config, folder / "A", result.stdout
 
 
 def test_two_processes_train_what_one_process_trains_with_twice_the_accumulation(two_processes, tmp_path,
-                                                                                 demo_folder, capsys):
+                                                                                 demo_folder, tiny_files, capsys):
     from trainer_core.runs.cli import main
 
     config, a, printed = two_processes
@@ -117,7 +124,7 @@ def test_two_processes_train_what_one_process_trains_with_twice_the_accumulation
     assert sorted(p.name for p in (a / "t" / "checkpoints").glob("step_*")) == ["step_000004", "step_000008"]
     assert json.loads((a / "t" / "checkpoints" / "step_000008" / "state.json").read_text())["processes"] == 2
 
-    one = run_file(tmp_path / "config", demo_folder, accum=4)
+    one = run_file(tmp_path / "config", demo_folder, accum=4, files=tiny_files)
     assert main(["train", "--config", str(one), "--output", str(tmp_path / "one")]) == 0
     capsys.readouterr()
     difference = largest_difference(lora_weights(a), lora_weights(tmp_path / "one"))
@@ -130,7 +137,7 @@ def test_two_processes_train_what_one_process_trains_with_twice_the_accumulation
 
 
 def test_two_machines_resume_a_checkpoint_of_one_bit_exactly_and_one_process_resumes_it_too(two_processes, tmp_path,
-                                                                                     demo_folder, capsys):
+                                                                                     demo_folder, tiny_files, capsys):
     from trainer_core.runs.cli import main
 
     config, a, _ = two_processes
@@ -139,11 +146,22 @@ def test_two_machines_resume_a_checkpoint_of_one_bit_exactly_and_one_process_res
         shutil.rmtree(tmp_path / name / "t" / "checkpoints" / "step_000008")
         (tmp_path / name / "t" / f"t_{STEPS:06d}.safetensors").unlink()
     # B: two node groups of one process each (as on two machines), so every process holds its own host copy of the
-    # frozen weights, where A's two processes on one node shared one. Same LoRA and state, bit for bit.
-    printed = torchrun_two_nodes(config, tmp_path / "B")
+    # frozen weights, where A's two processes on one node shared one. Same LoRA and state, bit for bit. The second
+    # machine does not see the first's cache folder (its run file names an empty one of its own): its first process
+    # encodes every entry there, the same entries, under the same content keys.
+    own_cache = tmp_path / "node1_cache"
+    node1 = tmp_path / "node1" / "run.toml"
+    node1.parent.mkdir()
+    assert "[cache]" not in config.read_text()
+    node1.write_text(config.read_text() + f"\n[cache]\ncache_folder = {json.dumps(str(own_cache))}\n")
+    printed = torchrun_two_nodes((config, node1), tmp_path / "B")
     assert "one host copy for this machine's processes" not in printed
     assert "resumed run 't' from its checkpoint at step 4" in printed
-    assert "cache" in printed and "0 encoded" in printed  # nothing encoded again
+    assert "cache" in printed and "0 encoded" in printed  # nothing encoded again on the first machine
+
+    def entries(folder: Path) -> set[str]:
+        return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+    assert entries(own_cache) and entries(own_cache) == entries(tmp_path / "B" / "cache")
     b_state, a_state = state(tmp_path / "B", STEPS), state(a, STEPS)
     assert b_state.keys() == a_state.keys()
     assert all(torch.equal(b_state[k], a_state[k]) for k in a_state)  # LoRA, optimizer state, generators
@@ -152,7 +170,7 @@ def test_two_machines_resume_a_checkpoint_of_one_bit_exactly_and_one_process_res
     assert all(torch.equal(lora_a[k], lora_b[k]) for k in lora_a)
 
     # One process continues the 2-process checkpoint with grad_accum_steps 4: the same micro-batches per step.
-    one = run_file(tmp_path / "config", demo_folder, accum=4)
+    one = run_file(tmp_path / "config", demo_folder, accum=4, files=tiny_files)
     assert main(["train", "--config", str(one), "--output", str(tmp_path / "C")]) == 0
     printed = capsys.readouterr().out
     assert ("the checkpoint of step 4 was written by 2 processes x grad_accum_steps 2, and 1 x 4 resume it: each "

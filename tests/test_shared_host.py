@@ -78,3 +78,55 @@ def test_two_models_point_at_one_read_only_copy_that_a_writing_process_cannot_ch
     del first, second, runner, writer, reader, model, p  # (the loop above left `model` and `p` bound)
     gc.collect()
     assert mapped_segments() == 0
+
+
+@linux_only
+def test_a_process_that_attaches_reads_no_weight_of_the_shared_part_from_the_file(tiny_files):
+    """The protocol of training/host_copy.py in one process, with a key-value store standing in for the process
+    group's: the machine's first process reads the file and posts its copy; a later process waits for the post, maps
+    the copy and loads its transformer with the copy's tensors standing in for the file's, reading from the file
+    exactly the tensors the copy does not hold (nothing, where the whole frozen model is in host memory, as on a CPU
+    device). float8_scaled storage: the scales made while quantising come from the copy too."""
+    import torch.distributed as dist
+
+    from trainer_core.models.safetensors_file import TENSOR_BYTES_READ
+    from trainer_core.models.transformer_file import TransformerFile
+    from trainer_core.training.distributed import Replicas
+    from trainer_core.training.host_copy import attach_before_load, share_host_copy
+
+    cpu, streamed = torch.device("cpu"), (1,)
+    path = tiny_files["transformer_bf16"]
+    source = TransformerFile(path, storage="float8_scaled", compute_dtype=torch.float32)
+    key = str(Path(path).resolve())
+    data_bytes = {n: end - first for n, k in source.names.items() for first, end in [source.file.byte_range(k)]}
+
+    first_replicas = Replicas(rank=0, size=2, local_rank=0, local_size=2)
+    second_replicas = Replicas(rank=1, size=2, local_rank=1, local_size=2)
+    store = dist.HashStore()
+    read = TENSOR_BYTES_READ[key]
+    first = source.load(cpu, set(streamed))
+    assert TENSOR_BYTES_READ[key] - read == sum(data_bytes.values())  # the first process reads every tensor
+    reference = {**{n: p.detach().clone() for n, p in first.named_parameters()},
+                 **{n: b.clone() for n, b in first.named_buffers() if n.endswith("weight_scale")}}
+    assert any(n.endswith("weight_scale") for n in reference)
+    copy = share_host_copy(first, streamed, first_replicas, cpu, store=store)
+    assert copy is not None and {e.name for e in copy.layout.entries} == set(reference)  # all of it, scales too
+
+    posted = attach_before_load(second_replicas, store)
+    read = TENSOR_BYTES_READ[key]
+    second = source.load(cpu, set(streamed), given=posted.given)
+    assert TENSOR_BYTES_READ[key] - read == 0  # not one byte of a weight read from the file
+    attached = share_host_copy(second, streamed, second_replicas, cpu, posted, store=store)
+    start = attached.segment.tensor.data_ptr()
+    for name, tensor in [*second.named_parameters(), *second.named_buffers()]:
+        if name in reference:
+            assert torch.equal(tensor, reference[name]), name
+            assert 0 <= tensor.data_ptr() - start < attached.nbytes, name  # in the mapped copy: no copy of its own
+
+    # Where part of the model is elsewhere (a GPU's resident blocks), only that part is read: here the copy stands
+    # in for the streamed block alone.
+    only_block = {n: t for n, t in posted.given.items() if n.startswith("transformer_blocks.1.")}
+    read = TENSOR_BYTES_READ[key]
+    source.load(cpu, set(streamed), given=only_block)
+    assert TENSOR_BYTES_READ[key] - read == sum(b for n, b in data_bytes.items() if n not in only_block)
+    assert only_block and all(n in data_bytes for n in only_block)

@@ -154,15 +154,25 @@ class QwenImageComponents:
     # ----------------------------------------------------------------------------------------------
     # transformer: loaded at Init Trainer, into its training placement
 
-    def ensure_transformer(self, device: torch.device | None = None, host_blocks: Iterable[int] = ()) -> nn.Module:
+    def ensure_transformer(self, device: torch.device | None = None, host_blocks: Iterable[int] = (),
+                           given=None) -> nn.Module:
         """The transformer, streamed from its file when it is not loaded: tensors of the blocks in
         `host_blocks` (their frozen Linear weights: the swapped blocks' masters) stay in host memory,
-        everything else goes to `device` (default: the CPU). A loaded transformer is returned as it is."""
+        everything else goes to `device` (default: the CPU). A loaded transformer is returned as it is.
+        `given`: tensors taken instead of read (the machine's shared host copy, `streaming.stream_into`)."""
         if self.transformer is None:
             if self.transformer_source is None:
                 raise RuntimeError("the transformer was released and this model set cannot load it again")
-            self.transformer = self.transformer_source.load(device or torch.device("cpu"), set(host_blocks))
+            load = self.transformer_source.load
+            where = (device or torch.device("cpu"), set(host_blocks))
+            self.transformer = load(*where, given=given) if given else load(*where)
         return self.transformer
+
+    @property
+    def streams_transformer(self) -> bool:
+        """Whether the transformer is still to be read from its file (so a shared host copy can stand in for
+        part of the file, `ensure_transformer`'s `given`)."""
+        return self.transformer is None and self.transformer_source is not None
 
     def unload_transformer(self) -> bool:
         """Drop the transformer (device and host memory) when its file can stream it again; False (and the

@@ -20,6 +20,8 @@ from .qwen_arch import BLOCKS
 
 # (module, leaf name, full name, tensor) -> None; stores `tensor` as `module.<leaf>`.
 Assign = Callable[[nn.Module, str, str, torch.Tensor], None]
+# name -> (tensor as stored, its float8 scale or None): tensors a loader takes instead of reading them (stream_into).
+Given = dict[str, tuple[torch.Tensor, "torch.Tensor | None"]]
 
 
 def empty_transformer(config: dict) -> nn.Module:
@@ -112,6 +114,7 @@ def stream_into(
     source: str,
     scales: dict[str, torch.Tensor] | None = None,
     device_for: Callable[[str], torch.device] | None = None,
+    given: Given | None = None,
 ) -> None:
     """Assign every (name, tensor) to the transformer; block Linear weights get `storage`, the rest
     `compute_dtype`. `device_for(name)` says where each stored tensor lives (default: where it was read,
@@ -122,15 +125,27 @@ def stream_into(
     mode is kept exactly as stored, with its scale as the `weight_scale` buffer: quantising it again
     could only lose precision. Anything else is dequantised and stored per `storage`.
     Raises a `UserInputError` naming `source` for unknown, missing or misshapen tensors.
+
+    `given` maps names to (tensor, scale or None) already stored as this function would store them (the machine's
+    shared host copy, `streaming.shared_host`): they are assigned as they are, with that scale, not converted again
+    (the caller passes them in `tensors` instead of reading the file).
     """
     block_linears = _block_linear_names(model)
     scales = scales or {}
+    given = given or {}
 
     def assign(module: nn.Module, leaf: str, name: str, tensor: torch.Tensor) -> None:
         scale = scales.get(name)
         module_name = name.rpartition(".")[0]
         home = device_for(name) if device_for is not None else tensor.device
-        if module_name in block_linears and leaf == "weight":
+        if name in given:  # stored already: only moved where it lives (the CPU, where the shared copy is)
+            stored, stored_scale = given[name]
+            if module_name in block_linears and leaf == "weight":
+                assign_frozen_linear_weight(module, stored.to(home),
+                                            None if stored_scale is None else stored_scale.to(home))
+            else:
+                assign_parameter(module, leaf, stored.to(home))
+        elif module_name in block_linears and leaf == "weight":
             if tensor.dtype == FLOAT8 and storage.startswith("float8"):
                 stored, stored_scale = tensor, scale
             else:

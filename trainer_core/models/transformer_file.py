@@ -33,7 +33,7 @@ from .layouts import (
 from .qwen_arch import AXES_DIMS_ROPE as QWEN_IMAGE_AXES_DIMS_ROPE
 from .qwen_arch import BLOCKS, PATCH_SIZE
 from .safetensors_file import SafetensorsFile
-from .streaming import empty_transformer, stream_into
+from .streaming import Given, empty_transformer, stream_into
 
 TRANSFORMER_FILE_FORMATS = ("bf16", "fp8_e4m3fn", "fp8_e4m3fn_scaled")
 _BLOCK = re.compile(BLOCKS + r"\.(\d+)\.")
@@ -125,14 +125,17 @@ class TransformerFile:
             self._skeleton = self._empty()
         return self._skeleton
 
-    def load(self, device: torch.device = torch.device("cpu"), host_blocks: set[int] = frozenset()) -> nn.Module:
+    def load(self, device: torch.device = torch.device("cpu"), host_blocks: set[int] = frozenset(),
+             given: Given | None = None) -> nn.Module:
         """The frozen model in eval mode: the frozen Linear weights of the blocks in `host_blocks` (and their
-        scales) in host memory, everything else on `device`. Block Linear weights stored per `storage`."""
-        return self.fill(self._empty(), device, host_blocks)
+        scales) in host memory, everything else on `device`. Block Linear weights stored per `storage`.
+        The tensors in `given` (the machine's shared host copy, as stored) are taken as they are, not read."""
+        return self.fill(self._empty(), device, host_blocks, given)
 
     def fill(self, model: nn.Module, device: torch.device = torch.device("cpu"),
-             host_blocks: set[int] = frozenset()) -> nn.Module:
+             host_blocks: set[int] = frozenset(), given: Given | None = None) -> nn.Module:
         """`load` into an empty model made by `empty_transformer(self.config)`."""
+        given = given or {}
         scales = {name: scale.clone() for name, scale in self.scales.items()}  # the model's own copies
         blocks = model.transformer_blocks
         host_weights = {f"{BLOCKS}.{i}.{name}.weight" for i in host_blocks for name, _ in frozen_linears(blocks[i])}
@@ -141,9 +144,9 @@ class TransformerFile:
         def device_for(name: str) -> torch.device:
             return cpu if name in host_weights else device
 
-        stream_into(model, ((n, self.file.tensor(k)) for n, k in self.names.items()), self.storage,
-                    self.compute_dtype, source=f"transformer file {self.file.path}", scales=scales,
-                    device_for=device_for)
+        tensors = ((n, given[n][0] if n in given else self.file.tensor(k)) for n, k in self.names.items())
+        stream_into(model, tensors, self.storage, self.compute_dtype, source=f"transformer file {self.file.path}",
+                    scales=scales, device_for=device_for, given=given)
         return model.eval()
 
 

@@ -8,8 +8,9 @@ their parameters at it, dropping their own copies (`training.host_copy` says who
 Layout (`host_layout`, the same in every process: it comes from the model's own modules): first the streamed blocks,
 each one contiguous blob in the swapper's blob layout (`placement.blob_layout`: backward part, then the modulation
 Linears), so that the swapper copies a block from the shared bytes in one range (`SharedHostCopy.blob`); then every
-other frozen parameter that is in host memory, in `named_parameters` order. Every tensor starts at a multiple of
-BLOB_ALIGN bytes.
+other frozen parameter that is in host memory, in `named_parameters` order; then the float8 scales (`weight_scale`
+buffers) of those Linears that have one in host memory (a scale made while quantising cannot be recomputed without
+the weight it came from). Every tensor starts at a multiple of BLOB_ALIGN bytes.
 
 On CUDA the mapping is registered as page-locked memory (cudaHostRegister; read-only where the driver supports it),
 so the swapper's copies from it are asynchronous, as from its own pinned arena. Where the registration is refused
@@ -25,12 +26,13 @@ import torch
 from torch import nn
 
 from ..core.host_memory import give_back_freed_memory
-from ..models.float8 import frozen_linears
+from ..models.float8 import SCALE_BUFFER, frozen_linears
 from ..models.modulation import is_modulation_linear
 from .placement import BlobLayout, align_up, blob_layout
 from .shared_segment import SharedSegment
 
 CUDA_HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: pinned for every CUDA context of the process
+TRIM_EVERY = 256 << 20  # bytes copied into the segment between two trims of the C heap while filling it
 CUDA_HOST_REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the GPU only reads (needed for a read-only mapping)
 
 
@@ -80,7 +82,29 @@ def host_layout(transformer: nn.Module, streamed: tuple[int, ...] | list[int]) -
             continue
         entries.append(HostEntry(name, tuple(p.shape), p.dtype, end))
         end = align_up(end + math.prod(p.shape) * p.dtype.itemsize)
+    weights = {e.name for e in entries}
+    for name, buffer in transformer.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        if leaf == SCALE_BUFFER and f"{owner}.weight" in weights and buffer.device.type == "cpu":
+            entries.append(HostEntry(name, tuple(buffer.shape), buffer.dtype, end))
+            end = align_up(end + math.prod(buffer.shape) * buffer.dtype.itemsize)
     return HostLayout(tuple(entries), blobs, blob, end)
+
+
+def current(transformer: nn.Module, name: str) -> torch.Tensor:
+    """The transformer's tensor `name` now: a parameter, or a scale buffer."""
+    owner, _, leaf = name.rpartition(".")
+    return getattr(transformer.get_submodule(owner), leaf)
+
+
+def point_at(transformer: nn.Module, name: str, view: torch.Tensor) -> None:
+    """Make tensor `name` of the transformer (a parameter or a scale buffer) `view`, dropping its own storage."""
+    owner, _, leaf = name.rpartition(".")
+    module = transformer.get_submodule(owner)
+    if leaf in module._parameters:
+        module._parameters[leaf].data = view
+    else:
+        module._buffers[leaf] = view
 
 
 class SharedHostCopy:
@@ -113,23 +137,37 @@ class SharedHostCopy:
     def fill(self, transformer: nn.Module) -> None:
         """Copy every tensor in, one at a time, each parameter pointing at its copy at once (its own storage goes
         before the next is copied); then map the segment read-only like the other processes."""
+        since_trim = 0
         for entry in self.layout.entries:
-            p = transformer.get_parameter(entry.name)
             view = self.view(entry)
-            view.copy_(p.data)
-            p.data = view
+            view.copy_(current(transformer, entry.name))
+            point_at(transformer, entry.name, view)
+            since_trim += entry.nbytes
+            if since_trim >= TRIM_EVERY:  # the C heap keeps freed tensors until trimmed: give them back as we go
+                give_back_freed_memory()
+                since_trim = 0
         self.segment = self.segment.read_only()
         self.adopt(transformer)  # the read-only views; the writable mapping goes with its last view
 
     def adopt(self, transformer: nn.Module) -> None:
-        """Point every parameter of the layout at the shared copy and drop this process's own copies."""
+        """Point every tensor of the layout at the shared copy and drop this process's own copies (nothing to drop
+        where the transformer was loaded from `given`: its tensors are the copy's already)."""
         for entry in self.layout.entries:
-            p = transformer.get_parameter(entry.name)
+            p = current(transformer, entry.name)
             if tuple(p.shape) != entry.shape or p.dtype != entry.dtype:
                 raise RuntimeError(f"{entry.name}: {tuple(p.shape)} {p.dtype} here, {entry.shape} {entry.dtype} in "
                                    "the shared host copy")
-            p.data = self.view(entry)
+            if p.data_ptr() != self.view(entry).data_ptr():
+                point_at(transformer, entry.name, self.view(entry))
         give_back_freed_memory()
+
+    def given(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """The copy's tensors as a loader takes them instead of reading the file (`stream_into`'s `given`): each
+        weight with its scale, each other parameter alone, all as stored."""
+        views = {e.name: self.view(e) for e in self.layout.entries}
+        suffix = f".{SCALE_BUFFER}"
+        return {name: (view, views.get(name.removesuffix(".weight") + suffix))
+                for name, view in views.items() if not name.endswith(suffix)}
 
     def blob(self, block: int) -> torch.Tensor:
         """Streamed block `block`'s blob: the bytes the swapper copies from."""

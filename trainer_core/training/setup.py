@@ -20,7 +20,7 @@ from ..planner.for_run import plan_run
 from ..streaming.placement import default_placement, tail_placement
 from ..streaming.runner import BlockRunner, swapped_blocks
 from .ema import build_average
-from .host_copy import share_host_copy
+from .host_copy import attach_before_load, share_host_copy
 from .optim import build_optimizer
 from .preservation import check_cached as check_preservation_cached
 from .step import FlowMatchingStep
@@ -66,9 +66,12 @@ def build(trainer: "Trainer", init_lora, preview_size) -> None:
                     processes=trainer.replicas.local_size)
     trainer.memory_plan = swap.text
     trainer.train_cfg = train = dataclasses.replace(train, blocks_to_swap=swap.blocks_to_swap)
-    # A lazy model set reads the transformer now, straight into this placement.
+    # A lazy model set reads the transformer now, straight into this placement. A process that is not its machine's
+    # first takes the frozen host weights from the machine's shared copy instead of the file (host_copy.py).
+    posted = attach_before_load(trainer.replicas) if components.streams_transformer else None
     trainer.transformer = transformer = components.ensure_transformer(
-        trainer.device, host_blocks=swapped_blocks(components.num_blocks, train.blocks_to_swap))
+        trainer.device, host_blocks=swapped_blocks(components.num_blocks, train.blocks_to_swap),
+        given=posted.given if posted is not None else None)
     # Checkpoints name the base model they were trained on. A model set read from files names it by its
     # file's identity; checkpoints written when every model set was named by its weights are still continued:
     # their name is the weights' fingerprint, taken here before the adapter joins.
@@ -91,7 +94,7 @@ def build(trainer: "Trainer", init_lora, preview_size) -> None:
     placement = place(components.num_blocks, train.blocks_to_swap, swap.ring_depth)
     # Several processes on a machine: one host copy of the frozen host weights for all of them (host_copy.py).
     trainer.host_copy = host_copy = share_host_copy(
-        transformer, placement.streamed if train.blocks_to_swap else (), trainer.replicas, trainer.device)
+        transformer, placement.streamed if train.blocks_to_swap else (), trainer.replicas, trainer.device, posted)
     trainer.runner = runner = BlockRunner(
         transformer, trainer.device, checkpointing=train.gradient_checkpointing,
         placement=placement if train.blocks_to_swap else None,

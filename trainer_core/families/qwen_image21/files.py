@@ -117,20 +117,27 @@ class QwenImage21TransformerFile:
     def skeleton(self) -> nn.Module:
         return self._skeleton
 
-    def _tensors(self):
+    def _tensors(self, given):
         for name, (source, half) in self.names.items():
+            if name in given:  # the machine's shared host copy holds it (as stored): not read again
+                yield name, given[name][0]
+                continue
             tensor = self.file.tensor(self.keys[source])
             # clone, not contiguous: a row half of a contiguous tensor is contiguous already, and that view would
             # keep the whole fused tensor alive (each half its own read of it: 3 GiB more at the real size)
             yield name, tensor if half is None else tensor.chunk(2, dim=0)[half].clone()
 
-    def load(self, device: torch.device = torch.device("cpu"), host_blocks: set[int] = frozenset()) -> nn.Module:
+    def load(self, device: torch.device = torch.device("cpu"), host_blocks: set[int] = frozenset(),
+             given=None) -> nn.Module:
+        """As `TransformerFile.load`, `given` included."""
+        given = given or {}
         model = empty_transformer21(self.config)
         host = {f"{BLOCKS}.{i}.{n}.weight" for i in host_blocks for n, _ in frozen_linears(model.transformer_blocks[i])}
         cpu = torch.device("cpu")
-        stream_into(model, self._tensors(), self.storage, self.compute_dtype, source=f"transformer file {self.file.path}",
+        stream_into(model, self._tensors(given), self.storage, self.compute_dtype,
+                    source=f"transformer file {self.file.path}",
                     scales={n: s.clone() for n, s in self.scales.items()},
-                    device_for=lambda name: cpu if name in host else device)
+                    device_for=lambda name: cpu if name in host else device, given=given)
         return model.eval()
 
 
