@@ -194,3 +194,19 @@ def test_memory_plan_counts_the_control_tokens(tmp_path):
     inputs = inputs_for_run(build_tiny_edit_components("edit-2509"), cached, LoraConfig(), OptimizerConfig(),
                             TrainConfig())
     assert (inputs.width, inputs.height) == planned_image_size(cached)
+    # Its caching plan sees the controls as the vision tower does: the encoder's view on the processor's 28 px grid.
+    from trainer_core.families.qwen_image_edit.pipelines import control_size, processor_view
+    from trainer_core.planner.caching import cache_steps
+    from trainer_core.planner.inference import parts_for_components
+    from trainer_core.planner.references import vision_bytes
+
+    variant = build_tiny_edit_components("edit-2509").family.variant
+    conditions = [control_size(variant, w, h, SMALL.control_resolution or None).condition
+                  for w, h in (c.size for c in control_images()[:2])]
+    views = tuple(processor_view(c) for c in conditions)
+    assert inputs.vision_sizes == views  # from the cached VAE sizes: the same encoder images here
+    parts = parts_for_components(build_tiny_edit_components("edit-2509"))
+    assert parts.vision_layers == 1 and parts.vision_working_per_patch_channel > 0
+    prompts, _ = cache_steps(inputs, parts)
+    assert f"with 2 image(s) ({', '.join(f'{w}x{h}' for w, h in views)})" in prompts[1].note
+    assert prompts[1].bytes >= vision_bytes(parts, views, 4)[0]  # float32 tiny model

@@ -207,6 +207,11 @@ class ModelFamily:
         """(width, height) px the memory plan plans the image sequence at: the largest bucket."""
         return max((s.bucket for s in dataset.samples), key=lambda b: b[0] * b[1])
 
+    def planned_vision_sizes(self, dataset) -> tuple[tuple[int, int], ...]:
+        """(W, H) px of the images the text encoder's vision tower sees with the planned sample's prompt: none, or
+        the references' own sizes (Qwen-Image 2.1: the plan reads them from `condition_sizes`)."""
+        return ()
+
     # ----------------------------------------------------------------------------------------------
     # previews (sampling.sample_image)
 

@@ -29,7 +29,8 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
                    blocks_to_swap: int = 0) -> PlanInputs:
     """Plan inputs for training `components` on a cached dataset: its largest image sequence (the family's
     term: the largest bucket, with Edit's control tokens) and its longest caption."""
-    width, height = components.require_family("the memory plan").planned_image_size(dataset)  # Edit: with its control tokens' rows
+    family = components.require_family("the memory plan")
+    width, height = family.planned_image_size(dataset)  # Edit: with its control tokens' rows
     text_tokens = max(dataset.embedding(s.text_key).shape[0] for s in dataset.samples)
     # The references of the sample planned_image_size plans (the largest area): 2.1's caching and preview terms.
     largest = max(dataset.samples, key=lambda s: s.bucket[0] * s.bucket[1] + sum(
@@ -40,6 +41,7 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
         text_tokens=text_tokens, device="cuda" if components.device.type == "cuda" else "cpu",
         dataset_images=len(dataset.samples),
         reference_sizes=tuple(tuple(z) for z in largest.condition_sizes),
+        vision_sizes=family.planned_vision_sizes(dataset),  # Edit: its controls as its vision tower sees them
     )
 
 

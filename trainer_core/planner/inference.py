@@ -59,8 +59,8 @@ class PartSizes:
     vae_decode_per_pixel_channel: float = VAE_DECODE_BYTES_PER_PIXEL_CHANNEL
     text_extra_per_token: int = TEXT_ENCODER_EXTRA_PER_TOKEN
     text_logits_per_token: int = 0  # vocabulary entries of logits the forward computes (Qwen-Image's loader drops lm_head)
-    # The vision tower that encodes reference images with the prompt (planner/references.py), as loaded: 0 layers
-    # when none is planned (Qwen-Image: Edit's Qwen2.5-VL tower has no term yet).
+    # The vision tower that encodes reference / control images with the prompt (planner/references.py), as loaded:
+    # 0 layers when there is none (Qwen-Image's text-to-image loader drops it; Edit's and 2.1's keep it).
     vision_params: int = 0
     vision_layers: int = 0
     vision_hidden: int = 0  # V: width of its blocks
@@ -69,6 +69,7 @@ class PartSizes:
     vision_merge: int = 2  # patches merged per side into one vision token
     vision_temporal_patch: int = 2  # frames per patch (an image is repeated to fill them)
     vision_deepstack: tuple[int, ...] = ()  # blocks whose outputs are merged again (DeepStack features)
+    vision_working_per_patch_channel: float = 0.0  # one block's transients (references.py), 2.1's or Edit's
 
 
 @functools.lru_cache(maxsize=1)
@@ -129,12 +130,18 @@ def real_parts21() -> PartSizes:
 
 
 def vision_fields(encoder) -> dict:
-    """PartSizes' vision fields of a Qwen3-VL text encoder (meta or loaded): its `model.visual` and its config."""
+    """PartSizes' vision fields of a Qwen3-VL (2.1) or Qwen2.5-VL (Edit) text encoder, meta or loaded: its
+    `model.visual` and its config (Qwen2.5-VL has no DeepStack)."""
+    from .references import QWEN25_VISION_BLOCK_WORKING_PER_PATCH_CHANNEL, VISION_BLOCK_WORKING_PER_PATCH_CHANNEL
+
     visual, cfg = encoder.model.visual, encoder.config.vision_config
+    deepstack = getattr(cfg, "deepstack_visual_indexes", None)
     return dict(vision_params=sum(p.numel() for p in visual.parameters()), vision_layers=cfg.depth,
                 vision_hidden=cfg.hidden_size, vision_out=cfg.out_hidden_size, vision_patch=cfg.patch_size,
                 vision_merge=cfg.spatial_merge_size, vision_temporal_patch=cfg.temporal_patch_size,
-                vision_deepstack=tuple(cfg.deepstack_visual_indexes))
+                vision_deepstack=tuple(deepstack or ()),
+                vision_working_per_patch_channel=VISION_BLOCK_WORKING_PER_PATCH_CHANNEL if deepstack is not None
+                else QWEN25_VISION_BLOCK_WORKING_PER_PATCH_CHANNEL)
 
 
 def parts_for_model(model: str) -> PartSizes:
@@ -166,8 +173,8 @@ def parts_for_components(components) -> PartSizes:
             # logits the forward computes: 2.1's folder encoder keeps its lm_head; the file loaders drop it
             text_logits_per_token=head.out_features if isinstance(head := getattr(encoder, "lm_head", None),
                                                                   nn.Linear) else 0)
-        if getattr(getattr(encoder, "model", None), "visual", None) is not None and is_qwen_image21(components.skeleton()):
-            fields.update(vision_fields(encoder))  # 2.1's tower; a Qwen-Image encoder's is not planned
+        if getattr(getattr(encoder, "model", None), "visual", None) is not None:
+            fields.update(vision_fields(encoder))  # 2.1's or Edit's tower (its weights are in the params above)
     # The real model's constants and the sizes of a part not loaded.
     return dataclasses.replace(real_parts21() if is_qwen_image21(components.skeleton()) else real_parts(), **fields)
 

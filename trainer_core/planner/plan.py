@@ -105,6 +105,9 @@ class PlanInputs:
     # Qwen-Image 2.1 editing: the largest sample's reference images, (W, H) px as sized; their rows are already in
     # `height` (planned_image_size, references.with_references); caching and previews add their terms (references.py).
     reference_sizes: tuple[tuple[int, int], ...] = ()
+    # Qwen-Image-Edit: (W, H) px of the largest sample's control images as its processor hands them to the vision
+    # tower (`planned_vision_sizes`; 2.1's tower sees reference_sizes). Caching adds the tower's terms.
+    vision_sizes: tuple[tuple[int, int], ...] = ()
     save_dtype: str = "bfloat16"  # the Save node's LoRA precision
     pin_masters: bool = True  # swapped blocks' masters pinned; False: pageable, through a pinned staging buffer
     staging_bytes: int = 0  # that staging buffer (its size is the loader's), counted when pin_masters is False

@@ -1,5 +1,6 @@
 """What reference images add to the memory of Qwen-Image 2.1 editing (families/qwen_image21/references.py): the
-caching phase's vision-tower forward and VAE encodes, and the preview's longer sequence and its prefix KV cache.
+caching phase's vision-tower forward and VAE encodes, and the preview's longer sequence and its prefix KV cache;
+and what Qwen-Image-Edit's control images add to its caching phase (its Qwen2.5-VL tower, the same terms: p.vision_sizes).
 
 A reference is sized by the pipeline to about control_resolution² px (sides multiples of 32; 0: 1024). One of
 W x H px gives, with Qwen3-VL's vision tower (patch P = 16, 2 x 2 merge, temporal patch 2, width V, depth B):
@@ -29,6 +30,11 @@ import dataclasses
 # attention's output and the MLP. Measured with `LiveBytes` at the real width (1152, 16 heads of 72): 42112 B per
 # patch, the same at 256² to 1024² px and at any depth (per-image SDPA: nothing quadratic).
 VISION_BLOCK_WORKING_PER_PATCH_CHANNEL = 36.556
+# The same for Qwen-Image-Edit's Qwen2.5-VL-7B tower (1280 wide, 16 heads of 80, MLP 3420, patch 14; window
+# attention, full in blocks 7/15/23/31), on the control images the text encoder sees: 41618.1 B per patch with
+# `LiveBytes` at the real width, the same at 392² to 784² px and with a window or a full-attention block (per-window /
+# per-image SDPA: nothing quadratic). Its hidden states are recorded as Qwen3-VL's are (tests/test_qwen_image_edit_plan.py).
+QWEN25_VISION_BLOCK_WORKING_PER_PATCH_CHANNEL = 32.514
 # Template tokens a reference adds around its vision tokens ("<imageN><|vision_start|>...<|vision_end|>"): assumed,
 # rounded up (the published tokenizer is not here).
 TEMPLATE_TOKENS_PER_REFERENCE = 8
@@ -82,7 +88,7 @@ def vision_bytes(parts, sizes, act: int) -> tuple[int, int]:
     merged = n // parts.vision_merge ** 2 * parts.vision_out * act  # one merged output (N / 4, out)
     deepstack_before_last = sum(1 for i in parts.vision_deepstack if i < parts.vision_layers - 1)
     peak = (pixels + cast + parts.vision_layers * hidden + deepstack_before_last * merged
-            + int(VISION_BLOCK_WORKING_PER_PATCH_CHANNEL * parts.vision_hidden) * n)
+            + int(parts.vision_working_per_patch_channel * parts.vision_hidden) * n)
     # After it: the pixels (the pipeline's inputs), every hidden state, the merged outputs and their copies.
     kept = pixels + (parts.vision_layers + 1) * hidden + 2 * (1 + len(parts.vision_deepstack)) * merged
     return peak, kept

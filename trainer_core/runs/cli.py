@@ -251,7 +251,7 @@ def _with_references(args: argparse.Namespace, inputs, arch):
         return inputs
     if not arch.single_stream:
         raise UserInputError("--references: the plan counts reference images for --model qwen-image-2.1 only "
-                             "(Qwen-Image-Edit's control images and its vision tower have no terms here yet).")
+                             "(Qwen-Image-Edit's control images and its vision tower: a run's own plan counts them, this command not yet).")
     w, h = reference_size(args.control_resolution)
     if w * h < 256 * 256:
         raise UserInputError(f"--control-resolution {args.control_resolution}: a reference would be {w}x{h} px, under "

@@ -80,6 +80,15 @@ class QwenImageEdit(ModelFamily):
 
         return planned_image_size(dataset)
 
+    def planned_vision_sizes(self, dataset):
+        """The planned sample's control images as the text encoder's vision tower sees them (Edit-Plus: about
+        384² px at the model's rule; Edit: the VAE's size), on the processor's 28 px grid: from the cached VAE
+        sizes (the cache keeps no control_resolution), see `pipelines.encoder_view`."""
+        from .objective import largest_sample
+        from .pipelines import encoder_view, processor_view
+
+        return tuple(processor_view(encoder_view(self.variant, size)) for size in largest_sample(dataset).condition_sizes)
+
     # previews
 
     def preview_inputs(self, components, dataset, prompts, condition_images):

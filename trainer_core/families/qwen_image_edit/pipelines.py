@@ -97,6 +97,27 @@ def control_size(variant: EditVariant, width: int, height: int, control_resoluti
     return ControlSize(vae=(int(vae[0]), int(vae[1])), condition=(int(condition[0]), int(condition[1])))
 
 
+def encoder_view(variant: EditVariant, vae: tuple[int, int]) -> tuple[int, int]:
+    """The encoder image `control_size` gives beside a VAE image of `vae` (W, H) px: Edit-Plus sizes both by one
+    scale (CONDITION_IMAGE_SIZE / VAE_IMAGE_SIZE of the area) at one aspect ratio, here the VAE image's (its sides
+    are rounded to 32 px, so a side may differ from the cache's by the rounding); Edit v1 shows the encoder the VAE's."""
+    if not variant.multi_image:
+        return vae
+    _, plus = _modules()
+    w, h = plus.calculate_dimensions(vae[0] * vae[1] * plus.CONDITION_IMAGE_SIZE / plus.VAE_IMAGE_SIZE, vae[0] / vae[1])
+    return int(w), int(h)
+
+
+def processor_view(size: tuple[int, int]) -> tuple[int, int]:
+    """(W, H) px the Qwen2.5-VL processor resizes a (W, H) encoder image to (its own 28 px grid and pixel bounds)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    from .processor import QWEN25_VL_MAX_PIXELS, QWEN25_VL_MIN_PIXELS
+
+    h, w = smart_resize(size[1], size[0], factor=28, min_pixels=QWEN25_VL_MIN_PIXELS, max_pixels=QWEN25_VL_MAX_PIXELS)
+    return int(w), int(h)
+
+
 def check_control_aspect(name: str, width: int, height: int, size: ControlSize, control_resolution: int | None) -> None:
     """A control whose aspect ratio its VAE image cannot keep is refused by name (the VAE image makes the control
     tokens and their positions). The text encoder's smaller view is only required to exist: the processor
