@@ -35,11 +35,12 @@ def synthetic_setup(transformer: torch.nn.Module, samples: int, latent_hw: tuple
     g = torch.Generator().manual_seed(seed)
     memory, entries = {}, []
     for i in range(samples):
-        memory[f"latent{i}"] = torch.randn(channels, *latent_hw, generator=g)  # (C, h, w) fp32, as cached
-        memory[f"text{i}"] = torch.randn(text_tokens, cfg.joint_attention_dim, generator=g).to(compute_dtype)
+        # The cache's in-memory entries are keyed (entry key, tensor name), as CachedDataset._read reads them.
+        memory[(f"latent{i}", "latents")] = torch.randn(channels, *latent_hw, generator=g)  # (C, h, w) fp32, as cached
+        memory[(f"text{i}", "embedding")] = torch.randn(text_tokens, cfg.joint_attention_dim, generator=g).to(compute_dtype)
         entries.append(CachedSample(latent_key=f"latent{i}", text_key=f"text{i}", bucket=(latent_hw[1] * 8, latent_hw[0] * 8),
                                     caption=f"sample {i}", image_path=f"synthetic/{i}.png"))
-    memory["text-empty"] = torch.zeros(text_tokens, cfg.joint_attention_dim).to(compute_dtype)
+    memory[("text-empty", "embedding")] = torch.zeros(text_tokens, cfg.joint_attention_dim).to(compute_dtype)
     dataset = CachedDataset(cache_dir=Path("synthetic"), samples=entries, prompt_keys={"": "text-empty"},
                             vae_fingerprint="synthetic", text_fingerprint="synthetic", _memory=memory)
     components = QwenImageComponents(
