@@ -60,16 +60,18 @@ def pytest_configure(config):
 # listed keeps its place in the collection order, after these.
 LONGEST_FILES = (
     "test_float8_compiled.py",  # 46-51 s with Inductor's disk cache cold (a fresh machine), ~9 s warm
+    "test_shapes_model.py",  # 45 s: the training script twice, the shipped model's pictures, run files
     "test_distributed.py",  # 38 s: two torchrun launches
-    "test_device_check.py",  # 37 s: a new process with the whole stack
+    "test_distributed_kill.py",  # 26 s: a torchrun launch, two killed node groups
+    "test_device_check.py",  # 24-37 s: a new process with the whole stack
     "test_bad_disk.py",  # 34 s
     "test_headless.py",  # 27 s
     "test_trainer.py",  # 26 s
     "test_bad_inputs.py",  # 26 s
     "test_resume.py",  # 21 s: a new process
     "test_silent_cases.py",  # 21 s: a new process
-    "test_distributed_kill.py",  # 20 s: a torchrun launch
     "test_optimizers.py",  # 18 s
+    "test_nodes.py",  # 14 s
     "test_memory.py",  # 17 s
     "test_runs.py",  # 16 s
     "test_phases.py",  # 15 s

@@ -47,9 +47,16 @@ def _short_run(out, seed=0):
     return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
-def test_training_script_reproduces_its_files_from_the_seed(tmp_path):
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    """(folder, file hashes) of one short run from seed 0, shared by the tests that only read its files."""
+    out = tmp_path_factory.mktemp("shapes_run") / "m"
+    return out, _short_run(out)
+
+
+def test_training_script_reproduces_its_files_from_the_seed(tmp_path, short_run):
     """Two short runs from one seed write the same bytes (every file of the model set); another seed differs."""
-    first = _short_run(tmp_path / "a")
+    first = short_run[1]
     assert _short_run(tmp_path / "b") == first
     assert {"diffusion_models/qwen_image_shapes_bf16.safetensors", "vae/qwen_image_shapes_vae.safetensors",
             "text_encoders/qwen_2.5_vl_shapes.safetensors", "tokenizer/tokenizer.json"} <= set(first)
@@ -60,7 +67,7 @@ def test_training_script_reproduces_its_files_from_the_seed(tmp_path):
     assert other[text_encoder] == first[text_encoder]  # the frozen tiny encoder, whatever the seed
 
 
-def test_the_scripts_files_load_in_both_layouts(tmp_path):
+def test_the_scripts_files_load_in_both_layouts(tmp_path, short_run):
     """What the script writes loads through ComfyUI's single-file loader; written as a diffusers folder it loads
     through the diffusers-folder loader to the same model: same prompt features, same transformer output, same
     decoded picture. (A short run's files: the shipped ones are the same files of a longer run.)"""
@@ -71,8 +78,7 @@ def test_the_scripts_files_load_in_both_layouts(tmp_path):
     from trainer_core.models.pretrained import LATENT_CHANNELS, SHAPES_TRANSFORMER
     from trainer_core.models.text import encode_prompts
 
-    _short_run(tmp_path / "m")
-    files = load_shapes_model(storage="float32", compute_dtype=torch.float32, root=tmp_path / "m")
+    files = load_shapes_model(storage="float32", compute_dtype=torch.float32, root=short_run[0])
     files.ensure_text_encoder(), files.ensure_vae(), files.ensure_transformer()
     assert files.num_blocks == SHAPES_TRANSFORMER["num_layers"]
     folder = load_diffusers_dir(save_diffusers_dir(files, tmp_path / "shapes"), storage="float32",
