@@ -25,15 +25,14 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
 def pytest_configure(config):
-    """Import the libraries nearly every test uses, then move everything alive to gc's permanent generation.
+    """Import the libraries nearly every test uses, then move everything alive to gc's permanent generation
+    (`runs.startup.load_engine`, as a training process does).
 
     The engine collects garbage whenever it releases a model (core/host_memory.give_back_freed_memory), and a
     full collection walks every tracked object: ~0.47 s with these libraries imported (~490k objects), paid
     several times per test. Frozen, the import-time objects (modules, functions, classes: never freed anyway)
     are skipped; what tests create is still collected. Not in pytest-xdist's controller, which runs no test
     and starts its workers only after this hook: the imports there delayed every worker by their ~5 s."""
-    import gc
-
     # pytest-xdist's controller (which collects nothing) hands out the files in the workers' collection order
     # (pytest_collection_modifyitems: longest first), not its default of the files with the most tests first.
     if hasattr(config.option, "loadscopereorder"):
@@ -41,16 +40,9 @@ def pytest_configure(config):
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return  # the controller
 
-    import diffusers.models.autoencoders  # noqa: F401  (imports every autoencoder: the tiny models' VAE is one)
-    import peft  # noqa: F401
-    import transformers  # noqa: F401
-    from diffusers import QwenImageTransformer2DModel  # noqa: F401
-    from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: F401
+    from trainer_core.runs.startup import load_engine
 
-    import trainer_core.training  # noqa: F401
-
-    gc.collect()
-    gc.freeze()
+    load_engine()
 
 
 # The longest test files (seconds each took in `make test` on a busy 2-core machine), run first. pytest-xdist's --dist loadfile

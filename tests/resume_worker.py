@@ -15,6 +15,10 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from trainer_core.runs.startup import load_engine  # noqa: E402
+
+load_engine()  # the imports, as a training process makes them (the `-- ARGS` command's own call finds them made)
+
 from conftest import cached_demo  # noqa: E402
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig  # noqa: E402
 from trainer_core.families.qwen_image import build_tiny_components  # noqa: E402

@@ -233,6 +233,8 @@ PERMISSION_WORKER = textwrap.dedent("""
     import json, os, resource, sys
     from pathlib import Path
     sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
+    from trainer_core.runs.startup import load_engine
+    load_engine()  # the imports, as a training process makes them
     from conftest import cached_demo
     from trainer_core.core.errors import UserInputError
     from test_bad_disk import make_trainer

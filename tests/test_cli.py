@@ -22,6 +22,22 @@ def test_demo_writes_lora_preview_and_loss_plot(tmp_path, capsys):
     assert "loss: first step" in stdout
 
 
+def test_a_training_process_imports_the_engine_with_its_objects_frozen_and_collection_back_on():
+    """`runs.startup.load_engine` (what `demo` and `train` call first): the engine and its libraries imported, their
+    objects in the collector's permanent generation (later full collections skip them), the collector enabled."""
+    import gc
+    import sys
+
+    from trainer_core.runs.startup import load_engine
+
+    gc.unfreeze()  # this test process froze them already (conftest): start from none
+    assert gc.get_freeze_count() == 0
+    load_engine()
+    assert gc.isenabled()
+    assert gc.get_freeze_count() > 100_000  # every module, class and function alive (~500k with these libraries)
+    assert {"diffusers", "transformers", "peft", "trainer_core.training", "trainer_core.runs.headless"} <= set(sys.modules)
+
+
 def test_cli_help_lists_commands(capsys):
     from trainer_core.runs.cli import main
 

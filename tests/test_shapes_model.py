@@ -41,7 +41,7 @@ def _short_run(out, seed=0):
     finally:
         sys.path.pop(0)
     args = ["--out", str(out), "--seed", str(seed), "--vae-steps", "2", "--vae-batch", "2", "--images", "6",
-            "--steps", "3", "--batch", "4"]
+            "--steps", "3", "--batch", "4", "--vae-check", "4"]
     assert train_shapes_model.main(args) == 0
     files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != "training.json")
     return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}

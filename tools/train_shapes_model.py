@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--vae-check", type=int, default=60,
+                        help="fresh pictures the trained VAE's round trip is measured on (training.json)")
     parser.add_argument("--save-every", type=int, default=0, help="also write the files every N transformer steps")
     parser.add_argument("--vae-from", type=Path, default=None,
                         help="take the VAE from the files an earlier run of the same --seed and VAE settings wrote")
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     round_to_bf16(vae)
     round_to_bf16(text_encoder)
     vae_seconds = time.time() - started
-    vae_read_back = reconstructions_read_back(vae, random.Random(args.seed + 1000))
+    vae_read_back = reconstructions_read_back(vae, random.Random(args.seed + 1000), args.vae_check)
     log(f"vae: {vae_read_back:.0%} of held-out pictures read back as the shape, colour and place they show")
 
     rng = random.Random(args.seed + 1)  # the transformer phase's pictures: its own generator (see --vae-from)

@@ -421,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = build_parser().parse_args(argv)
+        if args.func in (cmd_demo, cmd_train):
+            from .startup import load_engine
+
+            load_engine()
         _quiet_libraries()
         return args.func(args)
     except UserInputError as e:  # the message says what is wrong and what to do: no traceback needed
