@@ -18,20 +18,28 @@ Phases, each within its share of --seconds (default 480 s; a phase that would ov
 
 from __future__ import annotations
 
-import argparse
-import os
-import re
-import shutil
-import sys
-import tempfile
-import time
-from importlib import metadata
-from pathlib import Path
+import gc
 
-import harness
-from harness import Report
+gc.disable()  # through the imports below; load_engine turns it on again (trainer_core/runs/startup.py)
 
-import torch
+import argparse  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from importlib import metadata  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import harness  # noqa: E402
+from harness import Report  # noqa: E402
+
+import torch  # noqa: E402
+
+from trainer_core.runs.startup import load_engine  # noqa: E402
+
+load_engine()
 
 REPO = Path(__file__).resolve().parents[1]
 LIBRARIES = ("diffusers", "transformers", "peft", "bitsandbytes", "safetensors", "tokenizers", "huggingface_hub")
