@@ -4,7 +4,7 @@ Each test runs the real `QwenImageEditPipeline` / `QwenImageEditPlusPipeline` fo
 captures what it hands the transformer, then makes the same inputs with our engine from the same images:
 prompt embeddings with images, packed control latents and `img_shapes` must be exactly equal.
 
-The pipelines size controls to ~1024² px (a 30 s VAE encode for the tiny VAE on a CPU). The tests shrink the
+The pipelines size controls to ~1024² px (a ~10 s VAE encode for the tiny VAE on a CPU). The tests shrink the
 area the pipelines ask for (Edit-Plus: its module's VAE_IMAGE_SIZE and CONDITION_IMAGE_SIZE; Edit: the
 1024 * 1024 its `__call__` passes to `calculate_dimensions`); our engine reads those same constants, so it
 follows without being told, which also proves it reads them rather than retyping them.
