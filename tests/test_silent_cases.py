@@ -348,7 +348,7 @@ def test_the_first_8bit_adamw_step_logs_no_4bit_kernel_warning(tmp_path):
         "import logging, torch\n"
         "logging.basicConfig(level=logging.INFO)\n"
         "from trainer_core.core.config import OptimizerConfig\n"
-        "import peft  # the LoRA's library imports bitsandbytes first, as Init Trainer does\n"
+        "import bitsandbytes  # first imported by the LoRA's library (peft) at Init Trainer; its import logs\n"
         "from trainer_core.training.optim import build_optimizer\n"
         "p = torch.nn.Parameter(torch.ones(4096))\n"
         "opt = build_optimizer([p], OptimizerConfig(optimizer='adamw8bit'))\n"
