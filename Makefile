@@ -52,7 +52,10 @@ demo: $(STAMP)
 # TEST_WORKERS=0 runs them in this process; `-m "not slow"` (pytest directly) leaves out the longest ones.
 TEST_WORKERS ?= 2
 
+# compileall first: where PYTHONDONTWRITEBYTECODE is set (this machine's shells), every new process of the tests would
+# otherwise compile the pack's modules from source again (~0.5 s each).
 test: $(STAMP)
+	$(PY) -m compileall -q trainer_core nodes
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # CPU memory and speed measurements; writes benchmarks/results_cpu.md and .json (a few minutes).

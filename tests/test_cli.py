@@ -118,8 +118,10 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("argv, message", BAD_INPUTS, ids=[" ".join(a) or "(none)" for a, _ in BAD_INPUTS])
-def test_bad_flag_values_give_one_line_and_exit_2(argv, message, tmp_path, capsys):
+def test_bad_flag_values_give_one_line_and_exit_2(argv, message, tmp_path, capsys, monkeypatch):
     from trainer_core.runs.cli import main
+
+    monkeypatch.chdir(tmp_path)  # a refusal after --out's check (default demo_out) leaves that folder here, not in the repo
 
     plain_file = tmp_path / "plain.txt"
     plain_file.write_text("not a folder")
