@@ -52,28 +52,28 @@ def pytest_configure(config):
     load_engine()
 
 
-# The longest test files (seconds each took in `make test` on a busy 2-core machine), run first. pytest-xdist's --dist loadfile
+# The longest test files (seconds each took in `make test` on a busy 2-core machine, 2026-12-03), run first. pytest-xdist's --dist loadfile
 # gives each worker whole files and, by default, hands out the files with the most tests first: the few long
 # files of one or two tests (a torchrun launch, a new process, Inductor's compiles) came last, and one worker ran
 # the last of them while the other had nothing left. Longest first, the short files fill the end. A file not
 # listed keeps its place in the collection order, after these.
 LONGEST_FILES = (
-    "test_float8_compiled.py",  # 46-51 s with Inductor's disk cache cold (a fresh machine), ~9 s warm
-    "test_shapes_model.py",  # 45 s: the training script twice, the shipped model's pictures, run files
-    "test_distributed.py",  # 38 s: two torchrun launches
-    "test_distributed_kill.py",  # 26 s: a torchrun launch, two killed node groups
-    "test_device_check.py",  # 24-37 s: a new process with the whole stack
-    "test_bad_disk.py",  # 34 s
-    "test_headless.py",  # 27 s
-    "test_trainer.py",  # 26 s
-    "test_bad_inputs.py",  # 26 s
+    "test_shapes_model.py",  # 33 s: the training script, the shipped model's pictures, run files
+    "test_distributed.py",  # 34 s: two torchrun launches
+    "test_distributed_kill.py",  # 32 s: a torchrun launch, two killed node groups
+    "test_device_check.py",  # 27-31 s: a new process with the whole stack
+    "test_float8_compiled.py",  # 22 s with Inductor's disk cache cold (a fresh machine), ~7 s warm
     "test_resume.py",  # 21 s: a new process
-    "test_silent_cases.py",  # 21 s: a new process
-    "test_optimizers.py",  # 18 s
-    "test_nodes.py",  # 14 s
-    "test_memory.py",  # 17 s
-    "test_runs.py",  # 16 s
-    "test_phases.py",  # 15 s
+    "test_bad_disk.py",  # 21-29 s: a new process, killed writers
+    "test_trainer.py",  # 18 s
+    "test_nodes.py",  # 13 s
+    "test_bad_inputs.py",  # 12 s
+    "test_memory.py",  # 11 s
+    "test_headless.py",  # 11 s
+    "test_optimizers.py",  # 10 s
+    "test_modulation_ahead.py",  # 10 s
+    "test_runs.py",  # 9 s
+    "test_phases.py",  # 8 s
 )
 
 

@@ -29,14 +29,16 @@ def assert_same_adapter(a, b):
 
 
 @pytest.mark.parametrize("optimizer", ["adamw8bit", "adamw"])
-def test_four_chunks_of_five_equal_one_chunk_of_twenty(demo_folder, tiny_cache, optimizer):
-    optim = OptimizerConfig(optimizer=optimizer, learning_rate=1e-3, warmup_steps=3, schedule="cosine", schedule_steps=20)
+def test_three_chunks_of_three_equal_one_chunk_of_nine(demo_folder, tiny_cache, optimizer):
+    """4 samples a step (micro-batches of 2, accumulation 2): the chunks' ends (steps 3, 6) fall mid-epoch and
+    epochs end mid-chunk; the warmup (3 steps) ends at the first chunk's end and the cosine runs over all 9."""
+    optim = OptimizerConfig(optimizer=optimizer, learning_rate=1e-3, warmup_steps=3, schedule="cosine", schedule_steps=9)
     whole = make_trainer(tiny_cache, demo_folder, optim=optim, grad_accum_steps=2, caption_dropout=0.3)
     chunked = make_trainer(tiny_cache, demo_folder, optim=optim, grad_accum_steps=2, caption_dropout=0.3)
-    report = whole.train(20)
-    for _ in range(4):
-        chunked.train(5)
-    assert whole.step == chunked.step == 20
+    report = whole.train(9)
+    for _ in range(3):
+        chunked.train(3)
+    assert whole.step == chunked.step == 9
     assert_same_adapter(whole, chunked)
     assert [l for _, l in whole.loss_history] == [l for _, l in chunked.loss_history] == report.losses
     assert whole.optimizer.param_groups[0]["lr"] == chunked.optimizer.param_groups[0]["lr"]
