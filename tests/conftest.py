@@ -57,16 +57,16 @@ def pytest_configure(config):
 
 
 # The longest test files (seconds each took in `make test` on a busy 2-core machine, 2026-12-03), run first.
-# pytest-xdist's --dist loadfile gives each worker whole files and, by default, hands out the files with the most tests first: the few long
-# files of one or two tests (a torchrun launch, a new process, Inductor's compiles) came last, and one worker ran
+# pytest-xdist's --dist loadfile gives each worker whole files and, by default, hands out the files with the
+# most tests first: the few long files of one or two tests (a torchrun launch, a new process, Inductor's compiles) came last, and one worker ran
 # the last of them while the other had nothing left. Longest first, the short files fill the end. A file not
 # listed keeps its place in the collection order, after these.
 LONGEST_FILES = (
+    "test_float8_compiled.py",  # 36-38 s in the suite with Inductor's disk cache cold (CI), 22 s alone; ~7 s warm
     "test_shapes_model.py",  # 33 s: the training script, the shipped model's pictures, run files
     "test_distributed.py",  # 34 s: two torchrun launches
     "test_distributed_kill.py",  # 32 s: a torchrun launch, two killed node groups
     "test_device_check.py",  # 27-31 s: a new process with the whole stack
-    "test_float8_compiled.py",  # 36-38 s in the suite with Inductor's disk cache cold (CI), 22 s alone; ~7 s warm
     "test_resume.py",  # 21 s: a new process
     "test_bad_disk.py",  # 21-29 s: a new process, killed writers
     "test_trainer.py",  # 18 s
