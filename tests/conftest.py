@@ -58,9 +58,9 @@ def pytest_configure(config):
 
 # The longest test files (seconds each took in `make test` on a busy 2-core machine, 2026-12-03), run first.
 # pytest-xdist's --dist loadfile gives each worker whole files and, by default, hands out the files with the
-# most tests first: the few long files of one or two tests (a torchrun launch, a new process, Inductor's compiles) came last, and one worker ran
-# the last of them while the other had nothing left. Longest first, the short files fill the end. A file not
-# listed keeps its place in the collection order, after these.
+# most tests first: the few long files of one or two tests (a torchrun launch, a new process, Inductor's
+# compiles) came last, and one worker ran the last of them while the other had nothing left. Longest first, the
+# short files fill the end. A file not listed keeps its place in the collection order, after these.
 LONGEST_FILES = (
     "test_float8_compiled.py",  # 36-38 s in the suite with Inductor's disk cache cold (CI), 22 s alone; ~7 s warm
     "test_shapes_model.py",  # 33 s: the training script, the shipped model's pictures, run files
