@@ -64,8 +64,8 @@ def pytest_configure(config):
 LONGEST_FILES = (
     "test_float8_compiled.py",  # 36-38 s in the suite with Inductor's disk cache cold (CI), 22 s alone; ~7 s warm
     "test_shapes_model.py",  # 33 s: the training script, the shipped model's pictures, run files
-    "test_distributed.py",  # 34 s: two torchrun launches
-    "test_distributed_kill.py",  # 32 s: a torchrun launch, two killed node groups
+    "test_distributed.py",  # 30 s alone: two torchrun launches (the second loses a machine)
+    "test_distributed_kill.py",  # 14 s alone: a torchrun launch that loses a process
     "test_device_check.py",  # 27-31 s: a new process with the whole stack
     "test_resume.py",  # 21 s: a new process
     "test_bad_disk.py",  # 21-29 s: a new process, killed writers

@@ -4,19 +4,23 @@ Two launches of 2 processes (each new process pays its imports, so no more than 
   A  one node of 2 processes trains 8 steps (grad_accum_steps 2 per process, LoRA dropout on, a checkpoint at step
      4); its two processes share one host copy of the frozen weights (training/host_copy.py);
   B  two torchrun node groups of 1 process each (--nnodes 2, rendezvous on 127.0.0.1, as two machines): a copy of
-     A's output folder without its step-8 checkpoint, resumed at step 4 and trained to 8; the second machine's run
-     file names a cache folder of its own (a machine that does not see the first's), which it fills itself.
+     A's output folder without its step-8 checkpoint, resumed at step 4 with no end in sight; the second machine's
+     run file names a cache folder of its own (a machine that does not see the first's), which it fills itself.
+     Once B has written its checkpoint of step 8, the second machine goes at once (its launcher and process
+     SIGKILLed, as a machine that loses power): the first machine's process stops with one line naming the newest
+     checkpoint (the kill of one process of one machine: test_distributed_kill.py).
 A reads the tiny model's files: A's second process takes its frozen weights from the first's shared copy instead of
 the file (test_shared_host.py counts the bytes it reads: none).
-B's LoRA and step-8 checkpoint equal A's bit for bit: the same world size resumes exactly across a change of the
-number of machines, and B's processes each hold their own host copy where A's shared one, so the shared copy
-trains what private copies train. Neither launch leaves anything in /dev/shm. A one-process run
+B's step-8 checkpoint (LoRA, optimizer state, generators) equals A's bit for bit: the same world size resumes exactly
+across a change of the number of machines, and B's processes each hold their own host copy where A's shared one, so
+the shared copy trains what private copies train. Neither launch leaves anything in /dev/shm. A one-process run
 with 2 x the accumulation (grad_accum_steps 4), the same samples per step, ends with a LoRA equal to A's
 within float rounding: measured on this machine, the largest difference after 8 steps is about 1e-8 (3e-8
 after 20 steps, on weights up to 0.2; the loss curves agree to 1e-7); the test allows 1e-6. It is not 0 because
 the gradients are summed in another order: ((g0 + g1) + g2) + g3 in one process, (g0 + g2) + (g1 + g3) over two.
 (With grad_accum_steps 1 per process, two processes and one with 2 x the accumulation were equal bit for bit.)
-A one-process run also resumes A's step-4 checkpoint (another world size: the documented note, same samples).
+A one-process run also resumes A's step-4 checkpoint (another world size: the documented note, same samples), and
+the checkpoint that B's surviving process names.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,9 +69,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_two_nodes(configs: tuple[Path, Path], output: Path) -> str:
+def children(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+def newest_step(checkpoints: Path) -> int:
+    try:
+        return int(json.loads((checkpoints / "latest.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1  # none yet, or being replaced (atomically: the next poll reads it)
+
+
+def two_nodes_until_the_second_goes(configs: tuple[Path, Path], output: Path, after_step: int) -> tuple[str, str]:
     """Two torchrun node groups of one process each on this machine, their rendezvous on 127.0.0.1 (gloo), as two
-    machines would run: --nnodes 2 --node-rank 0|1, node k with run file configs[k]. Returns what node 0 printed."""
+    machines would run: --nnodes 2 --node-rank 0|1, node k with run file configs[k]. Once the run's checkpoint of
+    `after_step` or later is written, the second machine goes at once: its launcher and its process (torchrun starts
+    it in a session of its own), SIGKILL to both. The first machine's launcher must then end within 300 s (the gloo
+    connection to a killed process closes at once, where an unreachable machine would take the process group's
+    timeout, distributed.STEP_TIMEOUT) and with an error. Returns what node 0 printed (stdout, stderr)."""
     port = free_port()
     before = shm_names()
     launchers = [subprocess.Popen(
@@ -73,11 +94,29 @@ def torchrun_two_nodes(configs: tuple[Path, Path], output: Path) -> str:
          str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "trainer_core", "train",
          "--config", str(configs[node]), "--output", str(output)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
-    outputs = [launcher.communicate(timeout=600) for launcher in launchers]
-    for launcher, (out, err) in zip(launchers, outputs):
-        assert launcher.returncode == 0, out[-3000:] + err[-3000:]
-    assert shm_names() <= before
-    return outputs[0][0]
+    checkpoints = output / "t" / "checkpoints"
+    try:
+        deadline = time.monotonic() + 600
+        # Polled often: a checkpoint every 4 steps keeps step 8's until step 16's is written, far more than the
+        # kill's delay.
+        while newest_step(checkpoints) < after_step:
+            for launcher in launchers:
+                assert launcher.poll() is None, launcher.communicate()
+            assert time.monotonic() < deadline, f"the run wrote no checkpoint of step {after_step} or later in 600 s"
+            time.sleep(0.02)
+        for pid in [launchers[1].pid, *children(launchers[1].pid)]:
+            os.kill(pid, signal.SIGKILL)
+        launchers[1].communicate(timeout=60)
+        stdout, stderr = launchers[0].communicate(timeout=300)
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                for pid in children(launcher.pid):
+                    os.kill(pid, signal.SIGKILL)
+                launcher.kill()
+    assert launchers[0].returncode != 0
+    assert shm_names() <= before  # the killed process and the one that stopped on its error left none
+    return stdout, stderr
 
 
 def state(output: Path, step: int) -> dict[str, torch.Tensor]:
@@ -136,25 +175,30 @@ def test_two_processes_train_what_one_process_trains_with_twice_the_accumulation
     assert max(abs(x - y) for (_, x), (_, y) in zip(losses_a, losses_one)) < 1e-5
 
 
-def test_two_machines_resume_a_checkpoint_of_one_bit_exactly_and_one_process_resumes_it_too(two_processes, tmp_path,
-                                                                                     demo_folder, tiny_files, capsys):
+def test_two_machines_resume_a_checkpoint_of_one_bit_exactly_and_stop_with_a_message_when_one_goes(
+        two_processes, tmp_path, demo_folder, tiny_files, capsys):
     from trainer_core.runs.cli import main
 
     config, a, _ = two_processes
     for name in ("B", "C"):  # A's output as it was after step 4
         shutil.copytree(a, tmp_path / name)
         shutil.rmtree(tmp_path / name / "t" / "checkpoints" / "step_000008")
+        (tmp_path / name / "t" / "checkpoints" / "latest.json").write_text(json.dumps({"dir": "step_000004", "step": 4}))
         (tmp_path / name / "t" / f"t_{STEPS:06d}.safetensors").unlink()
     # B: two node groups of one process each (as on two machines), so every process holds its own host copy of the
-    # frozen weights, where A's two processes on one node shared one. Same LoRA and state, bit for bit. The second
+    # frozen weights, where A's two processes on one node shared one. Same state at step 8, bit for bit. The second
     # machine does not see the first's cache folder (its run file names an empty one of its own): its first process
-    # encodes every entry there, the same entries, under the same content keys.
+    # encodes every entry there, the same entries, under the same content keys. B has no end in sight (the steps
+    # setting changes nothing a step computes: a constant learning rate), so that it is mid-run when a machine goes.
+    endless = config.read_text().replace(f"\nsteps = {STEPS}\n", "\nsteps = 100000\n")
+    assert endless != config.read_text()
     own_cache = tmp_path / "node1_cache"
-    node1 = tmp_path / "node1" / "run.toml"
-    node1.parent.mkdir()
-    assert "[cache]" not in config.read_text()
-    node1.write_text(config.read_text() + f"\n[cache]\ncache_folder = {json.dumps(str(own_cache))}\n")
-    printed = torchrun_two_nodes((config, node1), tmp_path / "B")
+    node0, node1 = tmp_path / "node0" / "run.toml", tmp_path / "node1" / "run.toml"
+    node0.parent.mkdir(), node1.parent.mkdir()
+    assert "[cache]" not in endless
+    node0.write_text(endless)
+    node1.write_text(endless + f"\n[cache]\ncache_folder = {json.dumps(str(own_cache))}\n")
+    printed, errors = two_nodes_until_the_second_goes((node0, node1), tmp_path / "B", after_step=STEPS)
     assert "one host copy for this machine's processes" not in printed
     assert "resumed run 't' from its checkpoint at step 4" in printed
     assert "cache" in printed and "0 encoded" in printed  # nothing encoded again on the first machine
@@ -165,11 +209,21 @@ def test_two_machines_resume_a_checkpoint_of_one_bit_exactly_and_one_process_res
     b_state, a_state = state(tmp_path / "B", STEPS), state(a, STEPS)
     assert b_state.keys() == a_state.keys()
     assert all(torch.equal(b_state[k], a_state[k]) for k in a_state)  # LoRA, optimizer state, generators
-    lora_a = load_file(str(a / "t" / f"t_{STEPS:06d}.safetensors"))
-    lora_b = load_file(str(tmp_path / "B" / "t" / f"t_{STEPS:06d}.safetensors"))
-    assert all(torch.equal(lora_a[k], lora_b[k]) for k in lora_a)
+
+    # The second machine went: the first's process stopped with one line naming the newest checkpoint.
+    lines = [line for line in errors.splitlines() if line.startswith("error: process 0 of 2:")]
+    assert len(lines) == 1, errors[-3000:]
+    checkpoints = tmp_path / "B" / "t" / "checkpoints"
+    assert "another process of this run stopped during step" in lines[0]
+    saved = int(lines[0].split("The newest checkpoint, step ")[1].split(" ")[0])
+    assert saved >= STEPS and f"in {checkpoints}" in lines[0] and "run the same command to resume" in lines[0]
+    # The checkpoint named is complete: one process resumes it (another world size: the documented note).
+    node0.write_text(endless.replace("\nsteps = 100000\n", f"\nsteps = {saved + 1}\n"))
+    assert main(["train", "--config", str(node0), "--output", str(tmp_path / "B")]) == 0
+    assert (checkpoints / f"step_{saved + 1:06d}").is_dir()
 
     # One process continues the 2-process checkpoint with grad_accum_steps 4: the same micro-batches per step.
+    capsys.readouterr()
     one = run_file(tmp_path / "config", demo_folder, accum=4, files=tiny_files)
     assert main(["train", "--config", str(one), "--output", str(tmp_path / "C")]) == 0
     printed = capsys.readouterr().out
