@@ -37,19 +37,19 @@ def test_resume_in_a_new_process_is_bit_exact(demo_folder, tmp_path):
     from trainer_core.runs.cli import main
 
     resume_worker.main(demo_folder, tmp_path / "split", 3, False, tmp_path / "first.safetensors")
-    resume_worker.main(demo_folder, tmp_path / "whole", 7, False, tmp_path / "whole.safetensors",
+    resume_worker.main(demo_folder, tmp_path / "whole", 5, False, tmp_path / "whole.safetensors",
                        cache=tmp_path / "split" / "cache")  # the split run's cache (the same entries): encoded once
-    assert main(["demo", "--model", "qwen-image", "--steps", "3", "--out", str(tmp_path / "D")]) == 0
-    assert main(["demo", "--model", "qwen-image", "--steps", "6", "--out", str(tmp_path / "E")]) == 0
-    args = [demo_folder, tmp_path / "split", 7, "resume", tmp_path / "split.safetensors",
-            "--", "demo", "--model", "qwen-image", "--steps", 6, "--out", tmp_path / "D", "--resume"]
+    assert main(["demo", "--model", "qwen-image", "--steps", "2", "--out", str(tmp_path / "D")]) == 0
+    assert main(["demo", "--model", "qwen-image", "--steps", "4", "--out", str(tmp_path / "E")]) == 0
+    args = [demo_folder, tmp_path / "split", 5, "resume", tmp_path / "split.safetensors",
+            "--", "demo", "--model", "qwen-image", "--steps", 4, "--out", tmp_path / "D", "--resume"]
     result = subprocess.run([sys.executable, str(WORKER), *map(str, args)], capture_output=True, text=True,
                             timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     # A new process that trains with 8-bit AdamW: bitsandbytes' first import there logs no 4-bit kernel message
     # (core/quiet.py; test_silent_cases.py checks that its other messages still show).
     assert "gemm_4bit_forward" not in result.stderr
-    assert "step 7" in result.stdout and "resumed from step 3" in result.stdout
+    assert "step 5" in result.stdout and "resumed from step 2" in result.stdout
     assert_same_tensors(tmp_path / "split.safetensors", tmp_path / "whole.safetensors")
     assert_same_tensors(tmp_path / "D" / "demo_lora.safetensors", tmp_path / "E" / "demo_lora.safetensors")
 
