@@ -206,6 +206,29 @@ def test_auto_picks_the_smallest_swap_count_that_fits(budget_gib):
     assert all(peak(j) > budget_gib * GIB for j in range(k))
 
 
+@pytest.mark.parametrize("arch_name, settings", [
+    ("real_arch", dict(ring_depth=2)), ("real_arch", dict(ring_depth=3, checkpointing=False, rank=64)),
+    ("real_arch21", dict(ring_depth=1, width=1328, height=1328)),
+])
+def test_the_swap_search_finds_what_trying_every_count_finds(arch_name, settings):
+    """auto_blocks_to_swap tries the counts up to the ring depth one by one and bisects past it: at budgets on and
+    either side of the planned peaks of the counts around the ring depth and of every fifth count after (each
+    budget costs a search), the same count (or none) as trying every count in turn."""
+    from trainer_core.planner import arch as arch_module
+    from trainer_core.planner.phases import gpu_peak_after_caching
+
+    arch = getattr(arch_module, arch_name)()
+    inputs = PlanInputs(**settings)
+    peaks = [gpu_peak_after_caching(plan_memory(dataclasses.replace(inputs, blocks_to_swap=k), arch), arch)
+             for k in range(arch.num_blocks)]
+    counts = [*range(inputs.ring_depth + 3), *range(inputs.ring_depth + 3, arch.num_blocks, 5), arch.num_blocks - 1]
+    for budget in sorted({peaks[k] + d for k in counts for d in (-1, 0, 1)}):
+        fewest = next((k for k, peak in enumerate(peaks) if peak <= budget), None)
+        choice = auto_blocks_to_swap(inputs, budget, arch)
+        assert choice.blocks_to_swap == fewest, (budget, choice.blocks_to_swap, fewest)
+        assert choice.plan.inputs.blocks_to_swap == (arch.num_blocks - 1 if fewest is None else fewest)
+
+
 def test_auto_says_what_to_change_when_nothing_fits():
     inputs = PlanInputs(width=1024, height=1024, rank=32, checkpointing=False)
     choice = auto_blocks_to_swap(inputs, 8 * GIB)

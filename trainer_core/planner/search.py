@@ -17,6 +17,7 @@ from .arch import QwenImageArch, real_arch
 from .inference import PartSizes
 from .phases import gpu_peak_after_caching, training_candidates
 from .plan import GIB, MemoryPlan, PlanInputs, plan_memory
+from ..streaming.placement import ring_for
 
 
 @dataclass
@@ -48,13 +49,35 @@ def auto_blocks_to_swap(inputs: PlanInputs, budget_bytes: int, arch: QwenImageAr
 
 def _fewest_swapped(inputs: PlanInputs, budget: int, arch: QwenImageArch,
                     parts: PartSizes | None = None) -> tuple[int | None, MemoryPlan]:
-    """(smallest fitting swap count or None, its plan or the plan with the most swapping)."""
-    plan = None
-    for k in range(arch.num_blocks):
+    """(smallest fitting swap count or None, its plan or the plan with the most swapping).
+
+    The peak need not fall with the swap count while the GPU ring grows with it (k = 1 .. ring depth: each new
+    slot takes a block's whole blob, about what the block swapped out freed, and can take a little more), so
+    those counts are tried one by one; past the ring depth a further swapped block only leaves the GPU, so the
+    peak falls with k and a bisection finds the smallest count that fits (tests/test_memory.py checks it against
+    trying every count)."""
+    def plan_at(k: int) -> tuple[bool, MemoryPlan]:
         plan = plan_memory(dataclasses.replace(inputs, blocks_to_swap=k), arch)
-        if gpu_peak_after_caching(plan, arch, parts) <= budget:
+        return gpu_peak_after_caching(plan, arch, parts) <= budget, plan
+
+    most = arch.num_blocks - 1
+    ring_full = min(ring_for(most, inputs.ring_depth), most)  # from this count on, the ring holds its depth
+    for k in range(ring_full + 1):
+        fits, plan = plan_at(k)
+        if fits:
             return k, plan
-    return None, plan
+    fits, plan = plan_at(most)
+    if not fits:
+        return None, plan
+    low, high, fitting = ring_full, most, plan  # fits(low) is False, fits(high) is True
+    while high - low > 1:
+        middle = (low + high) // 2
+        fits, plan = plan_at(middle)
+        if fits:
+            high, fitting = middle, plan
+        else:
+            low = middle
+    return high, fitting
 
 
 def _advice(plan: MemoryPlan, budget: int, arch: QwenImageArch, parts: PartSizes | None = None) -> list[str]:
