@@ -105,8 +105,8 @@ def test_every_lora_tensor_learns(demo_folder, tiny_cache):
 def test_loss_falls_on_the_demo_dataset(demo_folder, tiny_cache):
     t = make_trainer(tiny_cache, demo_folder, lora=LoraConfig(rank=8, alpha=8.0, targets="all"),
                      optim=OptimizerConfig(learning_rate=2e-3, warmup_steps=10))
-    losses = t.train(120).losses
-    assert sum(losses[-20:]) / 20 < 0.75 * sum(losses[:20]) / 20
+    losses = t.train(60).losses  # measured: the last 10 average 0.66 x the first 10 (0.36 after 120 steps)
+    assert sum(losses[-10:]) / 10 < 0.8 * sum(losses[:10]) / 10, losses
 
 
 def test_adapter_starts_as_a_no_op(demo_folder, tiny_cache):
