@@ -121,7 +121,7 @@ BAD_INPUTS = [
 def test_bad_flag_values_give_one_line_and_exit_2(argv, message, tmp_path, capsys, monkeypatch):
     from trainer_core.runs.cli import main
 
-    monkeypatch.chdir(tmp_path)  # a refusal after --out's check (default demo_out) leaves that folder here, not in the repo
+    monkeypatch.chdir(tmp_path)  # demo's --out defaults to demo_out in the working folder
 
     plain_file = tmp_path / "plain.txt"
     plain_file.write_text("not a folder")
@@ -132,6 +132,7 @@ def test_bad_flag_values_give_one_line_and_exit_2(argv, message, tmp_path, capsy
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
     assert message.replace("FILE", str(plain_file)) in err, err
     assert not captured.out  # refused before any work
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.txt"]  # and leaves no folder behind (no demo_out)
 
 
 def test_plan_flags_come_from_the_config():

@@ -53,11 +53,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     components = None
     if any(files) and not all(files):
         raise UserInputError("demo from files needs all three of --transformer, --text-encoder and --vae.")
-    check_writable_folder(args.out, "--out")
     edit = args.model not in (SHAPES_MODEL, "qwen-image", QWEN_IMAGE21, LAYERED)  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
     if any(files) and args.model == QWEN_IMAGE21:
         raise UserInputError("demo --model qwen-image-2.1 trains the built-in tiny 2.1; from files it is not offered "
                              "yet (its text encoder and VAE single-file layouts are not read here).")
+    if not any(files):  # the built-in models' block counts are known without loading anything
+        _check_demo_blocks_to_swap(args.blocks_to_swap, _builtin_num_blocks(args.model))
+    # Only after the flags' own checks, so that a refused command leaves no --out folder behind; before the
+    # files load (minutes for real ones), so that an unwritable --out is said before any work.
+    check_writable_folder(args.out, "--out")
     if any(files):
         from ..families.qwen_image import load_single_files
         from ..families.qwen_image_edit.files import load_edit_single_files
@@ -69,21 +73,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         components = loader(*files, tokenizer_dir=args.tokenizer, storage="float8",
                             compute_dtype=torch.float32, text_encoder_fp8=args.text_encoder_fp8)
         print(f"model: {components.name} from {', '.join(files)}")
-    if components is not None:
-        num_blocks = components.num_blocks
-    elif args.model == SHAPES_MODEL:
-        from ..models.pretrained import SHAPES_TRANSFORMER
-
-        num_blocks = SHAPES_TRANSFORMER["num_layers"]
-    else:
-        from ..models.tiny import TINY_TRANSFORMER
-
-        num_blocks = TINY_TRANSFORMER["num_layers"]
-    if args.blocks_to_swap > num_blocks - 1:
-        raise UserInputError(
-            f"--blocks-to-swap {args.blocks_to_swap}: the transformer has {num_blocks} blocks and at least one must "
-            f"stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' to let the memory planner choose."
-        )
+        _check_demo_blocks_to_swap(args.blocks_to_swap, components.num_blocks)
     # edit-auto without files: the tiny Edit-2511 (with files, the model set's own family decides).
     model = "edit-2511" if args.model == "edit-auto" else args.model
     result = run_demo(args.out, steps=args.steps, seed=args.seed, components=components, resume=args.resume,
@@ -95,6 +85,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"preview:   {result.preview}")
     print(f"loss plot: {result.loss_plot}")
     return 0
+
+
+def _builtin_num_blocks(model: str) -> int:
+    """The block count of the demo's built-in model `model` (the shipped shapes model or a tiny one)."""
+    if model == SHAPES_MODEL:
+        from ..models.pretrained import SHAPES_TRANSFORMER
+
+        return SHAPES_TRANSFORMER["num_layers"]
+    from ..models.tiny import TINY_TRANSFORMER
+
+    return TINY_TRANSFORMER["num_layers"]
+
+
+def _check_demo_blocks_to_swap(blocks_to_swap: int, num_blocks: int) -> None:
+    from ..core.errors import UserInputError
+
+    if blocks_to_swap > num_blocks - 1:
+        raise UserInputError(
+            f"--blocks-to-swap {blocks_to_swap}: the transformer has {num_blocks} blocks and at least one must "
+            f"stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' to let the memory planner choose."
+        )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
