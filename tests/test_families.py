@@ -39,6 +39,21 @@ def test_the_shared_engine_probes_no_sample_model_set_or_dataset():
     assert not found, found
 
 
+def test_no_module_probes_a_sample_or_model_set_for_a_named_attribute():
+    """Nor do the families themselves: a family knows its own sample classes (isinstance), so nothing anywhere asks
+    `getattr(sample, "controls", ())` whether a sample happens to carry something. (Copying a dataclass's fields by
+    a variable name, `getattr(s, f)`, is not a probe.)"""
+    found = []
+    for path in sorted((REPO / "trainer_core").rglob("*.py")) + sorted((REPO / "nodes").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                    and len(node.args) >= 2 and _probed_name(node.args[0])
+                    and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} {node.func.id}({_probed_name(node.args[0])}, "
+                             f"{node.args[1].value!r})")
+    assert not found, found
+
+
 def test_the_demo_models_are_the_registered_families():
     from trainer_core.runs.cli import DEMO_MODELS
     from trainer_core.families import FAMILIES

@@ -58,7 +58,9 @@ def referenced_text_key(prompt: str, controls, sizes: list[tuple[int, int]], tex
 
 def references_of(sample) -> tuple:
     """A sample's reference images (an edit sample's controls), () for a text-to-image sample or None."""
-    return getattr(sample, "controls", ()) if sample is not None else ()
+    from ..qwen_image_edit.data import EditSample
+
+    return sample.controls if isinstance(sample, EditSample) else ()
 
 
 class Conditioning21(CacheConditioning):
