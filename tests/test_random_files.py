@@ -42,3 +42,33 @@ def test_whole_realsize_files_have_the_published_sizes(tmp_path):
     with safe_open(str(encoder), "pt") as f:
         keys = set(f.keys())
     assert "lm_head.weight" in keys and "visual.blocks.0.attn.qkv.scale_weight" in keys
+
+
+def test_a_random_qwen3_vl_file_is_read_back_by_the_2_1_loader(tmp_path):
+    """`random_files21.write_random_qwen3_vl` (the 2.1 rehearsal's text encoder) with a small config: ComfyUI's
+    scaled-fp8 layout, every language and vision-block Linear float8 with its scale, which our 2.1 loader reads to
+    weights equal to float8 x scale, every other tensor bf16; `lm_head` written but not loaded."""
+    from trainer_core.devtools.random_files21 import write_random_qwen3_vl
+    from trainer_core.families.qwen_image21.text_file import comfyui_name, load_qwen3_vl_file
+    from trainer_core.families.qwen_image21.tiny import tiny_text_config
+    from trainer_core.models.layouts import SCALE_WEIGHT, SCALED_FP8_MARKER
+
+    ids = {t: i for i, t in enumerate(("<|endoftext|>", "<|im_end|>", "<|image_pad|>", "<|video_pad|>",
+                                       "<|vision_start|>", "<|vision_end|>"))}
+    path = write_random_qwen3_vl(tmp_path / "qwen3vl_fp8_scaled.safetensors", seed=5, config=tiny_text_config(64, ids))
+    model = load_qwen3_vl_file(path, compute_dtype=torch.float32)
+    with safe_open(str(path), "pt") as f:
+        keys = set(f.keys())
+        assert SCALED_FP8_MARKER in keys and "model.lm_head.weight" in keys
+        linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+                   and (".layers." in n or n.startswith("model.visual.blocks."))]
+        assert len(linears) == 2 * 7 + 1 * 4  # 2 language layers x 7 Linears, 1 vision block x 4 (qkv, proj, MLP 2)
+        for name in linears:
+            stored = f.get_tensor(comfyui_name(name + ".weight"))
+            assert stored.dtype == torch.float8_e4m3fn
+            expected = stored.float() * f.get_tensor(comfyui_name(name) + SCALE_WEIGHT).float()
+            assert torch.equal(model.get_submodule(name).weight, expected), name
+        plain = [k for k in keys if not k.endswith(SCALE_WEIGHT) and k != SCALED_FP8_MARKER
+                 and f.get_slice(k).get_dtype() != "F8_E4M3"]
+        assert plain and all(f.get_slice(k).get_dtype() == "BF16" for k in plain)
+        assert len([k for k in keys if f.get_slice(k).get_dtype() == "F8_E4M3"]) == len(linears) + 1  # + the marker

@@ -108,28 +108,40 @@ def write_random_text_encoder(path: str | Path, config: dict | None = None, devi
                               seed: int = 0, header_only: bool = False, whole: bool = False) -> Path:
     """Qwen2.5-VL's language model (`config`: a Qwen2_5_VLConfig dict; default the real 7B) as ComfyUI's
     fp8_scaled text encoder file; `whole`: with the vision tower and `lm_head`, as ComfyUI's file is."""
-    from ..models.float8 import quantize_per_tensor
-    from ..models.layouts import SCALE_WEIGHT, SCALED_FP8_MARKER
     from ..models.qwen_arch import QWEN25_VL_7B_CONFIG
     from ..models.text_encoder_file import comfyui_name, empty_text_encoder
 
     model = empty_text_encoder(config or QWEN25_VL_7B_CONFIG, vision=whole)
     linears = {name for name, m in model.named_modules()
                if isinstance(m, nn.Linear) and (".layers." in f".{name}" or name.startswith("model.visual."))}
-    tensors = {name: t for name, t in model.state_dict().items()}
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if whole:  # not loaded by us (Qwen-Image reads hidden states), but in ComfyUI's file
-        tensors["lm_head.weight"] = torch.empty(model.config.text_config.vocab_size,
-                                                model.config.text_config.hidden_size, device="meta")
+        shapes["lm_head.weight"] = (model.config.text_config.vocab_size, model.config.text_config.hidden_size)
+    path = write_scaled_fp8_file(path, shapes, linears, comfyui_name, seed, device, header_only)
+    if config:
+        _sidecar(path, "text encoder", "fp8_scaled", model.config.to_dict())
+    return path
+
+
+def write_scaled_fp8_file(path: str | Path, shapes: dict[str, tuple[int, ...]], linears: set[str],
+                          comfyui_name: Callable[[str], str], seed: int = 0, device: str | torch.device = "cpu",
+                          header_only: bool = False) -> Path:
+    """A text encoder as ComfyUI's scaled-fp8 file (its Qwen2.5-VL's and Qwen3-VL's alike): the weight of every
+    module in `linears` float8 with its fp32 `scale_weight` written right after it, every other tensor of `shapes`
+    (our name -> shape) bf16, under `comfyui_name(our name)`, and the `scaled_fp8` marker last."""
+    from ..models.float8 import quantize_per_tensor
+    from ..models.layouts import SCALE_WEIGHT, SCALED_FP8_MARKER
+
     entries, sources = [], {}
-    for name, t in tensors.items():
+    for name, shape in shapes.items():
         module, _, leaf = name.rpartition(".")
         if module in linears and leaf == "weight":
-            entries.append((comfyui_name(name), tuple(t.shape), torch.float8_e4m3fn))
+            entries.append((comfyui_name(name), shape, torch.float8_e4m3fn))
             entries.append((comfyui_name(module) + SCALE_WEIGHT, (), torch.float32))
-            sources[comfyui_name(name)] = sources[comfyui_name(module) + SCALE_WEIGHT] = (name, tuple(t.shape), True)
+            sources[comfyui_name(name)] = (name, shape, True)
         else:
-            entries.append((comfyui_name(name), tuple(t.shape), torch.bfloat16))
-            sources[comfyui_name(name)] = (name, tuple(t.shape), False)
+            entries.append((comfyui_name(name), shape, torch.bfloat16))
+            sources[comfyui_name(name)] = (name, shape, False)
     entries.append((SCALED_FP8_MARKER, (0,), torch.float8_e4m3fn))
     generator = torch.Generator(device=device).manual_seed(seed)
     pending: dict[str, torch.Tensor] = {}  # a weight's scale, made with it, written right after it
@@ -147,10 +159,7 @@ def write_random_text_encoder(path: str | Path, config: dict | None = None, devi
         pending[comfyui_name(name.rpartition(".")[0]) + SCALE_WEIGHT] = scale.float()
         return weight
 
-    path = write_safetensors_streamed(path, entries, None if header_only else make, {"format": "pt"})
-    if config:
-        _sidecar(path, "text encoder", "fp8_scaled", model.config.to_dict())
-    return path
+    return write_safetensors_streamed(path, entries, None if header_only else make, {"format": "pt"})
 
 
 def write_vae(path: str | Path, config: dict | None = None, device: str | torch.device = "cpu", seed: int = 0) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .random_files import _random, _sidecar, write_safetensors_streamed
+from .random_files import _random, _sidecar, write_safetensors_streamed, write_scaled_fp8_file
 
 
 def write_random_transformer21(path: str | Path, num_layers: int | None = None, seed: int = 0) -> Path:
@@ -63,44 +63,15 @@ def write_random_qwen3_vl(path: str | Path, seed: int = 0, config: dict | None =
     """Qwen3-VL-8B (models/qwen21_arch.QWEN3_VL_8B_CONFIG; or `config`, with its JSON beside the file) as
     ComfyUI's scaled-fp8 text encoder file."""
     from ..families.qwen_image21.text_file import comfyui_name, empty_qwen3_vl
-    from ..models.float8 import quantize_per_tensor
-    from ..models.layouts import SCALE_WEIGHT, SCALED_FP8_MARKER
     from ..models.qwen21_arch import QWEN3_VL_8B_CONFIG
 
     model = empty_qwen3_vl(config or QWEN3_VL_8B_CONFIG)
     linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)
                and (".layers." in n or n.startswith("model.visual.blocks."))}
     text = model.config.text_config
-    tensors = {n: tuple(t.shape) for n, t in model.state_dict().items()}
-    tensors["lm_head.weight"] = (text.vocab_size, text.hidden_size)  # in ComfyUI's file; not loaded
-    entries, sources = [], {}
-    for name, shape in tensors.items():
-        module, _, leaf = name.rpartition(".")
-        if module in linears and leaf == "weight":
-            entries += [(comfyui_name(name), shape, torch.float8_e4m3fn), (comfyui_name(module) + SCALE_WEIGHT, (),
-                                                                            torch.float32)]
-            sources[comfyui_name(name)] = (name, shape, True)
-        else:
-            entries.append((comfyui_name(name), shape, torch.bfloat16))
-            sources[comfyui_name(name)] = (name, shape, False)
-    entries.append((SCALED_FP8_MARKER, (0,), torch.float8_e4m3fn))
-    generator = torch.Generator().manual_seed(seed)
-    pending: dict[str, torch.Tensor] = {}  # a weight's scale, made with it, written right after it
-
-    def make(key: str) -> torch.Tensor:
-        if key == SCALED_FP8_MARKER:
-            return torch.empty(0, dtype=torch.float8_e4m3fn)
-        if key in pending:
-            return pending.pop(key)
-        name, shape, quantized = sources[key]
-        value = _random(shape, "cpu", generator, norm="norm" in name and name.endswith(".weight"))
-        if not quantized:
-            return value.to(torch.bfloat16)
-        weight, scale = quantize_per_tensor(value)
-        pending[comfyui_name(name.rpartition(".")[0]) + SCALE_WEIGHT] = scale.float()
-        return weight
-
-    path = write_safetensors_streamed(path, entries, make, {"format": "pt"})
+    shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    shapes["lm_head.weight"] = (text.vocab_size, text.hidden_size)  # in ComfyUI's file; not loaded
+    path = write_scaled_fp8_file(path, shapes, linears, comfyui_name, seed)
     if config:
         _sidecar(path, "text encoder", "fp8_scaled", model.config.to_dict())
     return path
