@@ -15,7 +15,7 @@ def load_engine() -> None:
     during them walk all of those again and again. Frozen, these objects (modules, functions, classes: never freed
     anyway) are skipped by every later full collection, and the engine collects whenever it releases a model
     (core/host_memory.give_back_freed_memory): ~0.5 s each unfrozen. What training creates is still collected.
-    Measured (benchmarks/README.md): a whole `demo --model qwen-image --steps 4` process takes 0.66 x the time."""
+    Measured (benchmarks/README.md): a whole `demo --model qwen-image --steps 4` process takes 0.56 to 0.66 x the time."""
     import gc
 
     gc.disable()
