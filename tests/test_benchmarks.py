@@ -47,3 +47,33 @@ def test_clock_shares_time_and_none_means_no_limit(monkeypatch):
     harness, _ = _report(monkeypatch)
     assert harness.Clock(None).enough(1e9)
     assert not harness.Clock(0.0).enough(1.0)
+
+
+def test_the_synthetic_dataset_is_read_from_memory_and_trains(monkeypatch):
+    """benchmarks/common.synthetic_setup (the speed and GPU-speed benchmarks' data): the cache hands back the very
+    tensors it put in memory (its keys are the ones `CachedDataset` reads: a file read would fail, there is none),
+    in the documented shapes, and the real Trainer trains on them."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import common
+
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.models.tiny import build_tiny_components
+    from trainer_core.training import Trainer
+
+    transformer = build_tiny_components(seed=0, storage="float32").transformer
+    cfg = transformer.config
+    components, dataset = common.synthetic_setup(transformer, samples=3, latent_hw=(4, 6), text_tokens=5,
+                                                 device=torch.device("cpu"), compute_dtype=torch.float32,
+                                                 storage="float32")
+    assert len(dataset.samples) == 3 and {s.bucket for s in dataset.samples} == {(48, 32)}
+    first = dataset.samples[0]
+    assert dataset.latents(first.latent_key).shape == (cfg.in_channels // cfg.patch_size ** 2, 4, 6)
+    assert dataset.latents(first.latent_key) is dataset._memory[(first.latent_key, "latents")]
+    assert dataset.embedding(first.text_key).shape == (5, cfg.joint_attention_dim)
+    trainer = Trainer(components, dataset, LoraConfig(rank=2), OptimizerConfig(optimizer="adamw"),
+                      TrainConfig(run_name="synthetic", blocks_to_swap=0, gradient_checkpointing=False))
+    try:
+        losses = trainer.train(2).losses
+    finally:
+        trainer.close()
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
