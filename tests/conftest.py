@@ -191,6 +191,34 @@ def trained_lora(tiny_cache, demo_folder):
     return trainer
 
 
+def first_call(module: torch.nn.Module, run):
+    """(run()'s result, the keyword arguments of `module`'s first forward while it ran): what a pipeline or a training
+    step hands the transformer, for the oracle tests that compare the two."""
+    seen = []
+    handle = module.register_forward_pre_hook(lambda _module, _args, kwargs: seen.append(kwargs), with_kwargs=True)
+    try:
+        result = run()
+    finally:
+        handle.remove()
+    return result, seen[0]
+
+
+def one_step_loss(components, cached, run_name: str, lora=None, **train) -> float:
+    """The loss of the first step of a new Trainer on `cached` (seed 7, AdamW, every block resident, no
+    checkpointing; `train` overrides TrainConfig's fields), closed after. The adapter starts as a no-op, so this is
+    the base model's loss, which the oracle tests rebuild from the pinned pipelines' own pieces."""
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.training import Trainer
+
+    settings = dict(run_name=run_name, seed=7, blocks_to_swap=0, gradient_checkpointing=False, **train)
+    trainer = Trainer(components, cached, lora or LoraConfig(rank=4), OptimizerConfig(optimizer="adamw"),
+                      TrainConfig(**settings))
+    try:
+        return trainer.train(1).losses[0]
+    finally:
+        trainer.close()
+
+
 # The plan's terms that live while one training forward + backward runs (what `LiveBytes` measures around it).
 TRAINING_STEP_TERMS = ("LoRA gradients", "block inputs", "saved activations", "one block's", "backward working",
                        "largest weight", "activations outside")

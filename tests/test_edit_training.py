@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import one_step_loss
 from test_edit_pipelines import control_images, oracle_pipeline, small_pipeline_sizes  # noqa: F401 (fixture)
 from trainer_core.core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.data.images import load_cropped
@@ -20,7 +21,7 @@ from trainer_core.families.qwen_image_edit.variants import get_variant
 from trainer_core.core.errors import UserInputError
 from trainer_core.models.tiny import build_tiny_tokenizer
 from trainer_core.training.objective import resolution_mu, sample_noise_levels
-from trainer_core.training import Trainer, randomness
+from trainer_core.training import randomness
 
 
 def write_sample(folder: Path, name: str, caption: str, controls: list[Image.Image], subfolder: bool = False,
@@ -173,12 +174,7 @@ def test_one_training_step_loss_equals_the_reference_from_the_pipelines_pieces(s
 
     dataset = load_edit_dataset(cfg(tmp_path / "d"), EditDataConfig(control_resolution=0))  # the model's own rule
     cached = build_cache(components, list(dataset.samples), tmp_path / "cache", settings=dataset.edit)
-    trainer = Trainer(components, cached, LoraConfig(rank=4, alpha=4.0), OptimizerConfig(optimizer="adamw"),
-                      TrainConfig(run_name="ref", seed=7, blocks_to_swap=0, gradient_checkpointing=False))
-    try:
-        loss = trainer.train(1).losses[0]
-    finally:
-        trainer.close()
+    loss = one_step_loss(components, cached, "ref", lora=LoraConfig(rank=4, alpha=4.0))
     assert loss == expected  # the same operations on the same numbers: bit for bit
 
 

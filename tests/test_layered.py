@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import one_step_loss
 from trainer_core.core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import UserInputError
 from trainer_core.data.cache import build_cache
@@ -178,13 +179,7 @@ def test_one_training_step_loss_equals_the_reference_from_the_pipelines_pieces(t
     dataset = load_layered_dataset(cfg(tmp_path / "d"))
     cached = build_cache(components, list(dataset.samples), tmp_path / "cache")
     assert cached.latents(cached.samples[0].latent_key).shape[1] == 3  # composite + 2 layers, as frames
-    trainer = Trainer(components, cached, LoraConfig(rank=4, alpha=4.0), OptimizerConfig(optimizer="adamw"),
-                      TrainConfig(run_name="ref", seed=7, blocks_to_swap=0, gradient_checkpointing=False,
-                                  caption_dropout=0.0))
-    try:
-        loss = trainer.train(1).losses[0]
-    finally:
-        trainer.close()
+    loss = one_step_loss(components, cached, "ref", lora=LoraConfig(rank=4, alpha=4.0), caption_dropout=0.0)
     assert loss == expected  # the same operations on the same numbers: bit for bit
 
 

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from conftest import cached_demo
+from conftest import cached_demo, first_call, one_step_loss
 from test_lora_format import forward_inputs
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.adapters.lora import adapter_weights
@@ -304,32 +304,17 @@ def test_one_training_step_loss_equals_the_reference_from_the_text_to_image_pipe
                              transformer=components.transformer)
     pipe.prompt_template_encode_start_idx = template_prefix_length(components.tokenizer)
     pipe.set_progress_bar_config(disable=True)
-    seen = {}
-
-    def first_call(_module, _args, kwargs):
-        seen.setdefault("kw", kwargs)
-
-    handle = components.transformer.register_forward_pre_hook(first_call, with_kwargs=True)
-    try:
-        w, h = sample.bucket
-        pipe(prompt=sample.caption, width=w, height=h, sigmas=[float(unshifted)], latents=inputs["hidden_states"],
-             true_cfg_scale=1.0, output_type="latent")
-    finally:
-        handle.remove()
-    called = seen["kw"]
+    w, h = sample.bucket
+    _, called = first_call(components.transformer, lambda: pipe(
+        prompt=sample.caption, width=w, height=h, sigmas=[float(unshifted)], latents=inputs["hidden_states"],
+        true_cfg_scale=1.0, output_type="latent"))
     assert torch.equal(called["hidden_states"], inputs["hidden_states"])
     assert torch.equal(called["encoder_hidden_states"], inputs["encoder_hidden_states"])
     assert called["encoder_hidden_states_mask"] is None and inputs["encoder_hidden_states_mask"] is None
     assert called["img_shapes"] == inputs["img_shapes"] and called["guidance"] is None
     assert torch.allclose(called["timestep"], inputs["timestep"], rtol=1e-6, atol=0)
 
-    trainer = Trainer(components, build_cache(components, [sample], tmp_path / "cache"), LoraConfig(rank=4),
-                      OptimizerConfig(optimizer="adamw"),
-                      TrainConfig(run_name="t2i", seed=7, blocks_to_swap=0, gradient_checkpointing=False))
-    try:
-        loss = trainer.train(1).losses[0]
-    finally:
-        trainer.close()
+    loss = one_step_loss(components, build_cache(components, [sample], tmp_path / "cache"), "t2i")
     assert loss == expected  # the same operations on the same numbers (the adapter starts as a no-op)
 
 

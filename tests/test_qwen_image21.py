@@ -14,9 +14,11 @@ import pytest
 import torch
 from PIL import Image
 
-from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from conftest import first_call, one_step_loss
+
+from trainer_core.core.config import LoraConfig
 from trainer_core.families import get_family
-from trainer_core.training import Trainer, randomness
+from trainer_core.training import randomness
 
 FAMILY = "qwen-image-2.1"
 
@@ -94,32 +96,17 @@ def test_one_training_step_loss_equals_the_reference_from_the_pipelines_pieces(t
     # __call__ with the reference's noisy latents and its unshifted level as its one sigma hands its
     # transformer the same inputs (timestep through t * 1000 / 1000: float32 rounding).
     pipe = pipeline(components, {**components.scheduler_config, "shift_terminal": None})
-    seen = {}
-
-    def first_call(_module, _args, kwargs):
-        seen.setdefault("kw", kwargs)
-
-    handle = components.transformer.register_forward_pre_hook(first_call, with_kwargs=True)
-    try:
-        w, h = sample.bucket
-        pipe(prompt=sample.caption, width=w, height=h, sigmas=[float(unshifted)], latents=inputs["hidden_states"],
-             output_type="latent", use_kv_cache=False)
-    finally:
-        handle.remove()
-    called = seen["kw"]
+    w, h = sample.bucket
+    _, called = first_call(components.transformer, lambda: pipe(
+        prompt=sample.caption, width=w, height=h, sigmas=[float(unshifted)], latents=inputs["hidden_states"],
+        output_type="latent", use_kv_cache=False))
     for name in ("hidden_states", "encoder_hidden_states", "img_mask"):
         assert torch.equal(called[name], inputs[name]), name
     assert called["encoder_hidden_states_mask"] is None and inputs["encoder_hidden_states_mask"] is None
     assert called["img_shapes"] == inputs["img_shapes"]
     assert torch.allclose(called["timestep"], inputs["timestep"], rtol=1e-6, atol=0)
 
-    trainer = Trainer(components, build_cache(components, [sample], tmp_path / "cache"), LoraConfig(rank=4),
-                      OptimizerConfig(optimizer="adamw"),
-                      TrainConfig(run_name="q21", seed=7, blocks_to_swap=0, gradient_checkpointing=False))
-    try:
-        loss = trainer.train(1).losses[0]
-    finally:
-        trainer.close()
+    loss = one_step_loss(components, build_cache(components, [sample], tmp_path / "cache"), "q21")
     assert loss == expected  # the same operations on the same numbers (the adapter starts as a no-op)
 
 

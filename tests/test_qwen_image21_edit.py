@@ -16,6 +16,8 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from conftest import first_call, one_step_loss
+
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.families import get_family
 from trainer_core.training import Trainer, randomness
@@ -118,19 +120,10 @@ def test_one_training_step_with_reference_images_equals_the_reference_from_the_p
     expected, inputs, unshifted, x_t = reference_loss(components, sample, references, seed=7)
 
     pipe = pipeline(components, {**components.scheduler_config, "shift_terminal": None})
-    seen = {}
-
-    def first_call(_module, _args, kwargs):
-        seen.setdefault("kw", kwargs)
-
-    handle = components.transformer.register_forward_pre_hook(first_call, with_kwargs=True)
-    try:
-        w, h = sample.bucket
-        pipe(prompt=sample.caption, image=references, width=w, height=h, sigmas=[float(unshifted)], latents=x_t,
-             output_type="latent", use_kv_cache=False, output_resolution=RESOLUTION)
-    finally:
-        handle.remove()
-    called = seen["kw"]
+    w, h = sample.bucket
+    _, called = first_call(components.transformer, lambda: pipe(
+        prompt=sample.caption, image=references, width=w, height=h, sigmas=[float(unshifted)], latents=x_t,
+        output_type="latent", use_kv_cache=False, output_resolution=RESOLUTION))
     for name in ("hidden_states", "encoder_hidden_states", "img_mask"):
         assert torch.equal(called[name], inputs[name]), name
     assert called["encoder_hidden_states_mask"] is None and inputs["encoder_hidden_states_mask"] is None
@@ -145,16 +138,8 @@ def test_one_training_step_with_reference_images_equals_the_reference_from_the_p
     assert family.dropped_text_key(cached, entry) == entry.empty_text_key  # caption dropout keeps the references
     width, height = family.planned_image_size(cached)  # the memory plan counts the references' tokens as rows
     assert width * height >= 96 * 32 + sum(w * h for w, h in entry.condition_sizes)
-    trainer = Trainer(components, cached, LoraConfig(rank=4), OptimizerConfig(optimizer="adamw"),
-                      TrainConfig(run_name="q21edit", seed=7, blocks_to_swap=0, gradient_checkpointing=False))
-    seen.clear()
-    handle = components.transformer.register_forward_pre_hook(first_call, with_kwargs=True)
-    try:
-        loss = trainer.train(1).losses[0]
-    finally:
-        handle.remove()
-        trainer.close()
-    ours = seen["kw"]  # the step's own call: the pipeline's inputs, bit for bit
+    loss, ours = first_call(components.transformer, lambda: one_step_loss(components, cached, "q21edit"))
+    # ours: the step's own call, the pipeline's inputs bit for bit
     for name in ("hidden_states", "encoder_hidden_states", "img_mask", "timestep"):
         assert torch.equal(ours[name], inputs[name]), name
     assert ours["img_shapes"] == inputs["img_shapes"] and ours["encoder_hidden_states_mask"] is None
