@@ -49,10 +49,22 @@ def pipeline(components, scheduler_config=None):
     return pipe
 
 
-def reference_loss(components, sample, seed):
-    """(loss, the transformer's inputs, the level before its shift) from the pipeline's pieces."""
+def noisy_latents(pipe, seed, x0, noise):
+    """(the noise level before its shift, the shifted level s, x_t = (1 - s) x0 + s noise) as the training step draws
+    the level for micro-batch 0 of `seed`, shifted with the pipeline's own mu (`calculate_shift` over the image tokens
+    of `noise`, (1, N, C)) and its scheduler's `time_shift`."""
     from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_shift
 
+    unshifted = torch.sigmoid(torch.randn(1, generator=randomness.generator(seed, 0, randomness.NOISE_LEVELS)))
+    config = pipe.scheduler.config
+    mu = calculate_shift(noise.shape[1], config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
+                         config.get("base_shift", 0.5), config.get("max_shift", 1.15))
+    s = pipe.scheduler.time_shift(mu, 1.0, unshifted)
+    return unshifted, s, (1 - s) * x0 + s * noise
+
+
+def reference_loss(components, sample, seed):
+    """(loss, the transformer's inputs, the level before its shift) from the pipeline's pieces."""
     from trainer_core.data.images import load_cropped
 
     pipe = pipeline(components)
@@ -71,12 +83,7 @@ def reference_loss(components, sample, seed):
     x0 = pipe._pack_latents(latents, 1, c, h // f, w // f)  # (1, N, C)
     noise, _ = pipe.prepare_latents(None, 1, c, h, w, torch.float32, cpu,
                                     randomness.generator(seed, 0, randomness.NOISE))
-    unshifted = torch.sigmoid(torch.randn(1, generator=randomness.generator(seed, 0, randomness.NOISE_LEVELS)))
-    config = pipe.scheduler.config
-    mu = calculate_shift(noise.shape[1], config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
-                         config.get("base_shift", 0.5), config.get("max_shift", 1.15))
-    s = pipe.scheduler.time_shift(mu, 1.0, unshifted)
-    x_t = (1 - s) * x0 + s * noise
+    unshifted, s, x_t = noisy_latents(pipe, seed, x0, noise)
     img_mask = torch.cat([slots, slots.new_ones(1, noise.shape[1] // 4)], dim=1)  # __call__'s append_target_slots
     inputs = dict(hidden_states=x_t, timestep=s, encoder_hidden_states=prompt, encoder_hidden_states_mask=mask,
                   img_shapes=[[(1, h // f, w // f)]], img_mask=img_mask, return_dict=False)

@@ -17,6 +17,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from conftest import first_call, one_step_loss
+from test_qwen_image21 import noisy_latents, pipeline
 
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.families import get_family
@@ -53,19 +54,9 @@ def edit_dataset(folder, reference: Image.Image | None = None, resolution: int =
     return load_edit_dataset(tiny_dataset_config(folder), EditDataConfig(control_resolution=resolution))
 
 
-def pipeline(components, scheduler_config=None):
-    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline
-
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(scheduler_config or components.scheduler_config)
-    pipe = QwenImage21Pipeline(scheduler=scheduler, vae=components.vae, text_encoder=components.text_encoder,
-                               processor=components.tokenizer, transformer=components.transformer)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
 def reference_loss(components, sample, references: list[Image.Image], seed):
     """(loss, the transformer's inputs, the level before its shift, x_t) from the pipeline's pieces."""
-    from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_dimensions, calculate_shift
+    from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_dimensions
 
     from trainer_core.data.images import load_cropped
 
@@ -91,12 +82,7 @@ def reference_loss(components, sample, references: list[Image.Image], seed):
         x0 = pipe._pack_latents(pipe._encode_vae_image(target.unsqueeze(2), None), 1, c, h // f, w // f)  # (1, N, C)
         noise, ref_tokens = pipe.prepare_latents(vae_images, 1, c, h, w, torch.float32, cpu,
                                                  randomness.generator(seed, 0, randomness.NOISE))
-    unshifted = torch.sigmoid(torch.randn(1, generator=randomness.generator(seed, 0, randomness.NOISE_LEVELS)))
-    config = pipe.scheduler.config
-    mu = calculate_shift(noise.shape[1], config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
-                         config.get("base_shift", 0.5), config.get("max_shift", 1.15))
-    s = pipe.scheduler.time_shift(mu, 1.0, unshifted)
-    x_t = (1 - s) * x0 + s * noise
+    unshifted, s, x_t = noisy_latents(pipe, seed, x0, noise)
     img_mask = torch.cat([slots, slots.new_ones(1, noise.shape[1] // 4)], dim=1)  # __call__'s append_target_slots
     inputs = dict(hidden_states=torch.cat([ref_tokens, x_t], dim=1), timestep=s, encoder_hidden_states=prompt,
                   encoder_hidden_states_mask=mask, img_shapes=[[*[(1, rh // f, rw // f) for rw, rh in sizes], (1, h // f, w // f)]],
