@@ -397,7 +397,7 @@ def test_malformed_diffusers_folders_are_refused_naming_the_file(diffusers_folde
 def test_integer_weights_in_single_files_are_refused(tiny_files, tmp_path, part, dtype, which, pattern):
     copies = single_file_copies(tiny_files, tmp_path)
     to_dtype(copies[part], dtype, which)
-    with pytest.raises(UserInputError, match=pattern + r".*Choose the bf16 or fp8"):
+    with pytest.raises(UserInputError, match=pattern + r".*Choose the bf16, fp8"):
         load_single_files(copies["transformer_bf16"], copies["text_encoder_bf16"], copies["vae"],
                           tokenizer_dir=tiny_files["tokenizer"], storage="float32", compute_dtype=torch.float32)
 

@@ -26,13 +26,13 @@ def load_recognised(source: str, device, storage: str = "float8", compute_dtype:
                     text_encoder_fp8: str = "dequantize"):
     """The model set the Load settings name, of the family its files say: what the Load node and a run file load.
     A 2.1 transformer file takes its processor from `diffusers_folder`, its text encoder and VAE from the
-    `text_encoder` and `vae` files when they are given, else from that folder (`tokenizer` and `text_encoder_fp8`
-    are Qwen-Image's and not read for it). `text_encoder_fp8` may be 'auto' (decided for `device`)."""
+    `text_encoder` and `vae` files when they are given, else from that folder (`tokenizer` is Qwen-Image's and not
+    read for it). `text_encoder_fp8` may be 'auto' (decided for `device`)."""
     from .qwen_image import load_model_set
     from .qwen_image21.recognise import load_from_settings
 
     found = load_from_settings(source, device, storage, compute_dtype, transformer, diffusers_folder, text_encoder,
-                               vae)
+                               vae, text_encoder_fp8)
     if found is not None:
         return found
     return recognise_family(load_model_set(source, device, storage=storage, compute_dtype=compute_dtype,

@@ -14,8 +14,10 @@ Facts from ComfyUI 0.3.64 (read, not copied):
   its ModelSave writes for a model loaded from a scaled-fp8 file): per layer `<module>.weight` (float8),
   `<module>.weight_scale` (fp32 scalar, same meaning as `scale_weight`), optionally `.input_scale`, and
   `<module>.comfy_quant`, a uint8 tensor of JSON bytes naming the format ({"format": "float8_e4m3fn"});
-  or the same per-layer JSON in the file's `_quantization_metadata`. Only per-tensor float8 formats are
-  read here; block-scaled ones (nvfp4, mxfp8) and int8 are refused by name.
+  or the same per-layer JSON in the file's `_quantization_metadata`. Per-tensor float8 formats and int8
+  ("int8_tensorwise", ConvRot-rotated or not: int8_convrot.py, whose `weight_scale` is one scale per row) are
+  read here; the others (nvfp4, mxfp8, the 4-bit w4a8 and w4a4 formats, block-scaled float8) are refused by name,
+  naming the file of the same model to choose instead.
 - What ComfyUI's own save nodes write (tests/test_host_files.py, 0.3.64 and 0.33.0): ModelSave and
   CheckpointSave put the transformer under `model.diffusion_model.`; a checkpoint holds the encoder
   under `text_encoders.qwen25_7b.transformer.` and the VAE under `vae.`; CLIPSave writes the encoder
@@ -25,9 +27,12 @@ Facts from ComfyUI 0.3.64 (read, not copied):
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable
 
 from ..core.errors import UserInputError
+from .int8_convrot import INT8_FORMAT, rotation_group
 
 SCALED_FP8_MARKER = "scaled_fp8"
 # ComfyUI 0.33's marker of a Qwen-Image-Edit-2511 transformer (an empty buffer; families/qwen_image_edit/variants.py reads it).
@@ -40,6 +45,7 @@ INPUT_SCALE = ".input_scale"
 COMFY_QUANT = ".comfy_quant"
 QUANTIZATION_METADATA = "_quantization_metadata"
 PER_TENSOR_FLOAT8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
+READ_FORMATS = (*PER_TENSOR_FLOAT8_FORMATS, INT8_FORMAT)
 
 # Most specific first: "model." would also match the start of "model.diffusion_model.".
 TRANSFORMER_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transformer.", "model.", "")
@@ -133,26 +139,72 @@ def refuse_nonfinite_scales(file, scales: dict) -> None:
                              "the file is damaged. Download it again, or choose the bf16 file.")
 
 
-def check_quantization_formats(file, quant_keys: dict[str, str]) -> None:
-    """Refuse a file whose quantized layers (`comfy_quant` entries or `_quantization_metadata`) are not all
-    per-tensor float8: their scales mean something else, and reading them as one number would be wrong."""
-    import json
-
-    formats: dict[str, str] = {}
+def quantization_configs(file, names: dict[str, str] | None = None) -> dict[str, dict]:
+    """Layer name -> its quantization config (the `comfy_quant` JSON, or the file's `_quantization_metadata` entry),
+    for every quantized layer of `file`. `names` (name -> file key, e.g. without the file's prefix) names the layers;
+    by default their file keys. A `UserInputError` when an entry cannot be read."""
+    names = {k: k for k in file.keys} if names is None else names
+    name_of = {key: name for name, key in names.items()}
+    configs: dict[str, dict] = {}
     try:
         if QUANTIZATION_METADATA in file.metadata:
             for layer, conf in json.loads(file.metadata[QUANTIZATION_METADATA]).get("layers", {}).items():
-                formats[layer] = conf.get("format")
-        for name, key in quant_keys.items():
-            formats[name[: -len(COMFY_QUANT)]] = json.loads(bytes(file.tensor(key).tolist())).get("format")
-    except (ValueError, AttributeError) as e:
-        raise UserInputError(f"{file.part} file {file.path} has unreadable quantization entries ({e}).") from e
-    other = sorted({str(f) for f in formats.values() if f not in PER_TENSOR_FLOAT8_FORMATS})
+                weight = name_of.get(f"{layer}.weight", f"{layer}.weight")
+                configs[weight.removesuffix(".weight")] = dict(conf)
+        for name, key in names.items():
+            if name.endswith(COMFY_QUANT):
+                raw = bytes(file.tensor(key).tolist()).rstrip(b"\0")
+                configs[name[: -len(COMFY_QUANT)]] = dict(json.loads(raw.decode("utf-8")))
+    except (ValueError, AttributeError, TypeError) as e:
+        raise UserInputError(f"{file.part} file {file.path} has unreadable quantization entries ({e}): the file is "
+                             "damaged or not one of ComfyUI's. Download it again, or choose the bf16 file.") from e
+    return configs
+
+
+def int8_weights(file, names: dict[str, str]) -> dict[str, int]:
+    """Weight name -> the ConvRot group of its rotation (0: none) for every int8 layer of `file` (names as in
+    `quantization_configs`). A bad group is refused."""
+    out = {}
+    for layer, conf in quantization_configs(file, names).items():
+        if conf.get("format") == INT8_FORMAT:
+            try:
+                out[f"{layer}.weight"] = rotation_group(conf)
+            except ValueError as e:
+                raise UserInputError(f"{file.part} file {file.path}: layer {layer} {e}; ComfyUI writes powers of 4 "
+                                     "(256). The file is damaged or not one of ComfyUI's.") from e
+    return out
+
+
+def check_quantization_formats(file, quant_keys: dict[str, str]) -> None:
+    """Refuse a file whose quantized layers (`comfy_quant` entries or `_quantization_metadata`) are not all
+    per-tensor float8 or int8 (READ_FORMATS): their scales mean something else, and reading them as one number per
+    tensor or row would be wrong. The message names the format and the same model's files to choose instead."""
+    formats = {layer: conf.get("format") for layer, conf in quantization_configs(file, quant_keys).items()}
+    other = sorted({str(f) for f in formats.values() if f not in READ_FORMATS})
     if other:
         raise UserInputError(
-            f"{file.part} file {file.path} has layers quantized as {other}; only float8 with one scale per "
-            f"weight ({list(PER_TENSOR_FLOAT8_FORMATS)}) can be read. Choose the bf16 or fp8_e4m3fn file."
+            f"{file.part} file {file.path} has layers quantized as {other}, a format ComfyUI reads but this pack "
+            f"does not (it reads bf16, float8 with one scale per weight or row, and int8 / int8 ConvRot). Choose "
+            f"{same_model_files(file.path)}."
         )
+
+
+# ComfyUI's file names end in the storage format (qwen_image_2.1_int8_convrot, qwen_image_edit_2511_fp8mixed).
+_FORMAT_SUFFIX = re.compile(r"[._-](bf16|fp16|fp32|fp8_e4m3fn(_scaled)?|fp8_?mixed|fp8_scaled|int8_convrot|int8|nvfp4"
+                            r"(_mixed)?|mxfp8(_mixed)?|w4a8(_\w+)?|w4a4(_\w+)?|int4(_\w+)?)$", re.IGNORECASE)
+
+
+def same_model_files(path) -> str:
+    """The names of the same model's files in the formats read here, when `path`'s name ends in a format (ComfyUI's
+    convention), else the formats themselves."""
+    from pathlib import Path
+
+    stem = Path(path).stem
+    match = _FORMAT_SUFFIX.search(stem)
+    if match is None:
+        return "its bf16, fp8 or int8 ConvRot file"
+    base = stem[: match.start()]
+    return " or ".join(f"{base}_{fmt}.safetensors" for fmt in ("int8_convrot", "fp8_e4m3fn", "bf16"))
 
 
 # (substring of some key, what the file then is), checked in order.

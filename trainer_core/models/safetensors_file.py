@@ -119,20 +119,24 @@ class SafetensorsFile:
     def dtype(self, name: str) -> torch.dtype:
         return _DTYPES[self._handle.get_slice(name).get_dtype()]
 
-    def require_floating(self, names: Iterable[str]) -> None:
-        """Refuse the file when a weight among `names` (file keys) is not stored as floating-point numbers.
+    def require_floating(self, names: Iterable[str], int8_ok: Iterable[str] = ()) -> None:
+        """Refuse the file when a weight among `names` (file keys) is not stored as floating-point numbers, except
+        the int8 weights `int8_ok` (file keys of the layers ComfyUI's `comfy_quant` entries declare int8, whose
+        scales and rotation are known: layouts.int8_weights).
 
-        Integer weights are a quantisation whose scales we cannot know (int8 from bitsandbytes, quanto,
+        Other integer weights are a quantisation whose scales we cannot know (int8 from bitsandbytes, quanto,
         GGUF-style conversions each store them differently); reading their values as the weights would train
         on a silently wrong model. float8, 16, 32 and 64-bit floats are read."""
+        int8_ok = set(int8_ok)
         bad = {n: self._handle.get_slice(n).get_dtype() for n in names}
-        bad = {n: d for n, d in bad.items() if d not in FLOATING_DTYPE_NAMES}
+        bad = {n: d for n, d in bad.items() if d not in FLOATING_DTYPE_NAMES and not (d == "I8" and n in int8_ok)}
         if bad:
             first = list(bad)[:3]
             raise UserInputError(
                 f"{self.part} file {self.path} stores {len(bad)} weights as {sorted(set(bad.values()))} (first: {first}), "
-                "not as floating-point numbers: integer (e.g. int8-quantised) or bool weights cannot be read here. "
-                "Choose the bf16 or fp8 (float8_e4m3fn) file of this model."
+                "not as floating-point numbers, and no ComfyUI int8 entry (comfy_quant) says how to read them: integer "
+                "weights of another quantiser or bool weights cannot be read here. Choose the bf16, fp8 (float8_e4m3fn) "
+                "or ComfyUI int8 ConvRot file of this model."
             )
 
     def sidecar_config(self) -> dict | None:

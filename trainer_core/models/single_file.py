@@ -19,7 +19,7 @@ import torch
 from ..core.errors import UserInputError
 from .components import QwenImageComponents, vocabulary_bytes
 from .file_identity import combined_identity, file_identity
-from .layouts import detect_layout, split_scaled_fp8, strip_prefix
+from .layouts import detect_layout, int8_weights, split_scaled_fp8, strip_prefix
 from .qwen_arch import PATCH_SIZE
 from .safetensors_file import SafetensorsFile
 from .scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
@@ -34,9 +34,10 @@ def _shapes(path, part: str) -> dict[str, tuple[int, ...]]:
     file = SafetensorsFile(path, part)
     _, prefix = detect_layout(file.path, part, file.keys)
     names = strip_prefix(file.keys, prefix)
-    if part == "transformer":  # the 20 GB file: refuse integer weights now, not after the other parts loaded
-        weights, scales = split_scaled_fp8(names)
-        file.require_floating([*weights.values(), *scales.values()])
+    if part == "transformer":  # the 20 GB file: refuse unreadable weights now, not after the other parts loaded
+        weights, scales = split_scaled_fp8(names, file)
+        file.require_floating([*weights.values(), *scales.values()],
+                              int8_ok=[weights[n] for n in int8_weights(file, names) if n in weights])
     return {name: file.shapes[key] for name, key in names.items()}
 
 

@@ -13,9 +13,10 @@ What is loaded: the language model only. Qwen-Image encodes text, so the vision 
 last hidden state, never logits, and the real head is a 1 GB (152064 x 3584) matmul per token.
 Nothing stays on the meta device, so `.to(device)` works.
 
-fp8 files, two ways (`fp8`): "dequantize" multiplies each weight by its scale while loading, one tensor
-at a time, into `compute_dtype`; "keep" keeps the float8 weights (half of bf16's memory) with their
-scale as `weight_scale` and computes through float8/storage.py's `FrozenLinearFunction` (upcast per call).
+fp8 and int8 files, two ways (`fp8`): "dequantize" multiplies each weight by its scale (and rotates a ConvRot int8
+weight back, models/int8_convrot.py) while loading, one tensor at a time, into `compute_dtype`; "keep" keeps the
+one-byte weights (half of bf16's memory) with their scale as `weight_scale` and computes through float8/storage.py's
+`FrozenLinearFunction` (upcast per call). An int8 embedding table is dequantized either way.
 The Load settings' "auto" is decided above this layer, for the device the encoder will run on
 (`planner.device.resolve_text_encoder_fp8`, which the families' loaders call); here it is refused.
 
@@ -37,6 +38,7 @@ from .layouts import (
     SCALE_WEIGHT,
     SCALED_FP8_MARKER,
     detect_layout,
+    int8_weights,
     refuse_nonfinite_scales,
     split_scaled_fp8,
     strip_prefix,
@@ -46,7 +48,7 @@ from .safetensors_file import SafetensorsFile
 from .streaming import assign_frozen_linear_weight, assign_parameter, dequantize, fill_empty
 
 TEXT_ENCODER_FILE_FORMATS = ("bf16", "fp8_scaled")
-FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+ONE_BYTE_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)  # kept as stored under fp8 = "keep"
 
 _LM = "model.language_model."
 
@@ -137,13 +139,17 @@ class TextEncoderFile:
         self.compute_dtype, self.fp8, self.vision = compute_dtype, fp8, vision
         self.file = file = SafetensorsFile(path, "text encoder")
         _, prefix = detect_layout(file.path, "text encoder", file.keys)
-        file_names, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
+        stripped = strip_prefix(file.keys, prefix)
+        file_names, scale_keys = split_scaled_fp8(stripped, file)
         self.names = {ours: key for name, key in file_names.items() if (ours := our_name(name, vision)) is not None}
+        self.int8 = {ours: group for name, group in int8_weights(file, stripped).items()
+                     if (ours := our_name(name, vision)) is not None}  # weight -> ConvRot group (0: none)
         if vision and not any(n.startswith("model.visual.") for n in self.names):
             raise UserInputError(f"text encoder file {file.path} has no vision tower (visual.*), which Qwen-Image-Edit needs "
                                  "to see its control images. Choose qwen_2.5_vl_7b_fp8_scaled.safetensors (it has one).")
         self.scale_keys = {ours: key for name, key in scale_keys.items() if (ours := our_name(name, vision)) is not None}
-        file.require_floating([*self.names.values(), *self.scale_keys.values()])
+        file.require_floating([*self.names.values(), *self.scale_keys.values()],
+                              int8_ok=[self.names[n] for n in self.int8 if n in self.names])
         self.config = text_encoder_config({n: file.shapes[k] for n, k in self.names.items()}, file.sidecar_config(),
                                           str(file.path))
         # One fp32 scalar per Linear (a few KB): read and checked now, so damage shows when the file is chosen.
@@ -152,20 +158,20 @@ class TextEncoderFile:
 
     def __call__(self) -> nn.Module:
         """The text encoder on the CPU, frozen, in eval mode."""
-        file, fp8, scales = self.file, self.fp8, self.scales
+        file, fp8, scales, int8 = self.file, self.fp8, self.scales, self.int8
         model = empty_text_encoder(self.config, self.vision)
         linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
 
         def assign(module: nn.Module, leaf: str, name: str, tensor: torch.Tensor) -> None:
             scale = scales.get(name)
-            if fp8 == "keep" and tensor.dtype in FLOAT8_DTYPES and leaf == "weight" and name[: -len(".weight")] in linears:
-                assign_frozen_linear_weight(module, tensor, scale)
+            if fp8 == "keep" and tensor.dtype in ONE_BYTE_DTYPES and leaf == "weight" and name[: -len(".weight")] in linears:
+                assign_frozen_linear_weight(module, tensor, scale, int8.get(name, 0))
             else:
-                assign_parameter(module, leaf, dequantize(tensor, scale).to(self.compute_dtype))
+                assign_parameter(module, leaf, dequantize(tensor, scale, int8.get(name, 0)).to(self.compute_dtype))
 
         fill_empty(model, ((n, file.tensor(k)) for n, k in self.names.items()), assign,
                    source=f"text encoder file {file.path}",
-                   hint="Choose qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors.")
+                   hint="Choose qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors.", int8_ok=int8)
         return model.eval()
 
 

@@ -2,7 +2,8 @@
 
 Layout: diffusers' module names (`transformer_blocks.3.attn.to_q.weight`, ...), bare or under one of
 the prefixes in `layouts.TRANSFORMER_PREFIXES`. Weights in bf16, or Linear weights in float8_e4m3fn,
-optionally "scaled" (ComfyUI's `scale_weight` per Linear plus a `scaled_fp8` marker).
+optionally "scaled" (ComfyUI's `scale_weight` per Linear plus a `scaled_fp8` marker), or ComfyUI's int8
+layers (`comfy_quant` int8_tensorwise, ConvRot-rotated or not: models/int8_convrot.py), kept in one byte.
 
 Reading streams tensor by tensor onto an empty model (`streaming.stream_into`), so the block Linears
 are stored as `storage` asks without a full bf16 copy ever existing. The config is derived from the
@@ -26,6 +27,7 @@ from .layouts import (
     SCALE_WEIGHT,
     SCALED_FP8_MARKER,
     detect_layout,
+    int8_weights,
     refuse_nonfinite_scales,
     split_scaled_fp8,
     strip_prefix,
@@ -101,8 +103,11 @@ class TransformerFile:
         self.storage, self.compute_dtype = storage, compute_dtype
         self.file = file = SafetensorsFile(path, "transformer")
         _, prefix = detect_layout(file.path, "transformer", file.keys)
-        self.names, self.scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
-        file.require_floating([*self.names.values(), *self.scale_keys.values()])
+        names = strip_prefix(file.keys, prefix)
+        self.names, self.scale_keys = split_scaled_fp8(names, file)
+        self.int8 = int8_weights(file, names)  # weight name -> ConvRot group (0: none)
+        file.require_floating([*self.names.values(), *self.scale_keys.values()],
+                              int8_ok=[self.names[n] for n in self.int8 if n in self.names])
         self.config = transformer_config({n: file.shapes[k] for n, k in self.names.items()}, file.sidecar_config(),
                                          str(file.path))
         self.config = {**self.config, **(extra_config or {})}
@@ -146,7 +151,7 @@ class TransformerFile:
 
         tensors = ((n, given[n][0] if n in given else self.file.tensor(k)) for n, k in self.names.items())
         stream_into(model, tensors, self.storage, self.compute_dtype, source=f"transformer file {self.file.path}",
-                    scales=scales, device_for=device_for, given=given)
+                    scales=scales, device_for=device_for, given=given, int8=self.int8)
         return model.eval()
 
 

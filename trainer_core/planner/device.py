@@ -46,14 +46,15 @@ def auto_for_device(inputs: PlanInputs, device=None, reserve_bytes: int = 512 * 
     return auto_blocks_to_swap(dataclasses.replace(inputs, cuda_context_bytes=0), budget.bytes, arch, parts)
 
 
-def resolve_text_encoder_fp8(mode: str, device, inputs: PlanInputs | None = None) -> str:
+def resolve_text_encoder_fp8(mode: str, device, inputs: PlanInputs | None = None, parts: PartSizes | None = None) -> str:
     """The Load settings' `text_encoder_fp8` as the model loaders take it ("keep" or "dequantize").
 
     "auto" -> "keep" when the memory plan's caching phase (`phases.choose_text_encoder_storage`) says the
     dequantized encoder would not fit the CUDA device's free memory now, else "dequantize" (always on the CPU,
     where float8 computes slowly). Other modes are returned as they are. `inputs`: a `PlanInputs` with the
-    run's largest bucket and longest prompt (default: 1024 x 1024, 256 tokens). The families' loaders call this
-    before the model loaders (models/single_file.py), as the cache keys name the mode decided."""
+    run's largest bucket and longest prompt (default: 1024 x 1024, 256 tokens); `parts`: the model's text encoder and
+    VAE (default Qwen-Image's; 2.1's loader passes its own). The families' loaders call this before the model loaders
+    (models/single_file.py), as the cache keys name the mode decided."""
     if mode != "auto":
         return mode
     import torch
@@ -63,4 +64,4 @@ def resolve_text_encoder_fp8(mode: str, device, inputs: PlanInputs | None = None
         return "dequantize"
     inputs = dataclasses.replace(inputs or PlanInputs(), text_encoder_storage="auto", text_encoder_file_fp8=True,
                                  device="cuda", cuda_context_bytes=0)  # the context exists: not in the free figure
-    return "keep" if choose_text_encoder_storage(inputs, detect_budget(device).bytes) == "float8" else "dequantize"
+    return "keep" if choose_text_encoder_storage(inputs, detect_budget(device).bytes, parts=parts) == "float8" else "dequantize"

@@ -6,7 +6,9 @@ which no snapshot here holds): diffusers' module names under `model.diffusion_mo
 `img_mlp.proj`, diffusers' names) or fused as `img_mlp.gate_up` with the gate's rows first; diffusers
 0.42.1's own `convert_qwen_image21_transformer_checkpoint_to_diffusers` reads ComfyUI's files that way and
 the tests check our reader against it. Float8 files may be plain float8 or ComfyUI's scaled float8
-(`layouts.split_scaled_fp8`: a fused weight's one scale serves both halves).
+(`layouts.split_scaled_fp8`: a fused weight's one scale serves both halves); int8 files ComfyUI's int8 layers
+(`qwen_image_2.1_int8_convrot`, `_turbo_int8_convrot`: models/int8_convrot.py, one scale per row, so a fused
+weight's scale rows split with its weight rows; the rotation acts on the input features, which both halves share).
 
 The config comes from the shapes (blocks, widths, channels, MLP ratio); RoPE axes from the JSON beside the
 file, else the real model's (16, 56, 56) when the head size is 128. Reading streams tensor by tensor onto an
@@ -29,6 +31,7 @@ from ...models.layouts import (
     SCALED_FP8_MARKER,
     TRANSFORMER_PREFIXES,
     find_prefix,
+    int8_weights,
     refuse_nonfinite_scales,
     split_scaled_fp8,
     strip_prefix,
@@ -88,6 +91,11 @@ def config_from_shapes(shapes: dict[str, tuple[int, ...]], sidecar: dict | None,
     return {**derived, "axes_dims_rope": REAL_AXES_DIMS_ROPE}
 
 
+def _half(scale: torch.Tensor, half: int | None) -> torch.Tensor:
+    """A fused weight's scale for one of its halves: a per-tensor scale serves both, per-row scales split (rows)."""
+    return scale if half is None or scale.numel() == 1 else scale.chunk(2, dim=0)[half].clone()
+
+
 class QwenImage21TransformerFile:
     """A 2.1 transformer file opened for streaming (the interface of models.transformer_file.TransformerFile)."""
 
@@ -98,15 +106,19 @@ class QwenImage21TransformerFile:
         if prefix is None:
             raise UserInputError(f"transformer file {file.path} has no {TRANSFORMER_PROBE}: it is not a Qwen-Image 2.1 "
                                  f"transformer. {_CHOOSE}")
-        tensors, scale_keys = split_scaled_fp8(strip_prefix(file.keys, prefix), file)
-        file.require_floating([*tensors.values(), *scale_keys.values()])
+        stripped = strip_prefix(file.keys, prefix)
+        tensors, scale_keys = split_scaled_fp8(stripped, file)
+        int8 = int8_weights(file, stripped)  # the file's weight name -> ConvRot group (0: none)
+        file.require_floating([*tensors.values(), *scale_keys.values()], int8_ok=[tensors[n] for n in int8 if n in tensors])
         self.keys = tensors  # the file's name (prefix stripped) -> its key
         self.mlp_layout = "fused" if any(f".{FUSED_MLP}." in n for n in tensors) else "split"
         self.names = split_names(tensors)
+        self.int8 = {ours: int8[source] for ours, (source, _) in self.names.items() if source in int8}
         scales = {name: file.tensor(key) for name, key in scale_keys.items()}
         refuse_nonfinite_scales(file, {scale_keys[n]: s for n, s in scales.items()})
-        # A fused weight's one scale serves both of its halves.
-        self.scales = {ours: scales[source] for ours, (source, _) in self.names.items() if source in scales}
+        # A fused weight's one scale serves both of its halves; one scale per row splits with the rows.
+        self.scales = {ours: _half(scales[source], half) for ours, (source, half) in self.names.items()
+                       if source in scales}
         shapes = {}
         for name, (source, half) in self.names.items():
             shape = file.shapes[tensors[source]]
@@ -137,7 +149,7 @@ class QwenImage21TransformerFile:
         stream_into(model, self._tensors(given), self.storage, self.compute_dtype,
                     source=f"transformer file {self.file.path}",
                     scales={n: s.clone() for n, s in self.scales.items()},
-                    device_for=lambda name: cpu if name in host else device, given=given)
+                    device_for=lambda name: cpu if name in host else device, given=given, int8=self.int8)
         return model.eval()
 
 

@@ -36,10 +36,11 @@ def _tokenizer(root: Path):
 def load_qwen_image21_folder(folder: str | Path, transformer_file: str | Path | None = None, storage: str = "float8",
                              compute_dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
                              text_encoder_file: str | Path | None = None,
-                             vae_file: str | Path | None = None) -> QwenImageComponents:
+                             vae_file: str | Path | None = None, text_encoder_fp8: str = "dequantize") -> QwenImageComponents:
     """The model set of a diffusers folder; block Linears stored as `storage`, the rest in `compute_dtype`. The
     transformer, the text encoder and the VAE may come from ComfyUI's single files instead (files.py,
-    text_file.py, vae_file.py).
+    text_file.py, vae_file.py); `text_encoder_fp8` ("keep" or "dequantize", decided) says what the encoder file's
+    one-byte weights become (text_file.py).
 
     With the transformer from its file the set is lazy, as Qwen-Image's from files (models/components.py): here
     only headers, configs and the tokenizer are read; the text encoder (and the VAE from its file) load when the
@@ -50,8 +51,8 @@ def load_qwen_image21_folder(folder: str | Path, transformer_file: str | Path | 
             raise UserInputError(f"{root / part} has no config.json: is {root} a diffusers Qwen-Image 2.1 folder?")
     device = torch.device(device)
     if transformer_file is None:
-        return _loaded(root, storage, compute_dtype, device, text_encoder_file, vae_file)
-    return _lazy(root, transformer_file, storage, compute_dtype, device, text_encoder_file, vae_file)
+        return _loaded(root, storage, compute_dtype, device, text_encoder_file, vae_file, text_encoder_fp8)
+    return _lazy(root, transformer_file, storage, compute_dtype, device, text_encoder_file, vae_file, text_encoder_fp8)
 
 
 def _scheduler_config(root: Path) -> dict:
@@ -68,7 +69,7 @@ def _folder_vae(root: Path, compute_dtype: torch.dtype, device: torch.device):
     return vae.to(device).requires_grad_(False).eval()
 
 
-def _text_encoder_reader(root: Path, text_encoder_file, compute_dtype: torch.dtype):
+def _text_encoder_reader(root: Path, text_encoder_file, compute_dtype: torch.dtype, fp8: str = "dequantize"):
     """(its config, a function that reads it, the files it is read from): from its file, else the folder."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
@@ -76,7 +77,7 @@ def _text_encoder_reader(root: Path, text_encoder_file, compute_dtype: torch.dty
 
     if text_encoder_file is not None:
         return (Qwen3VLConfig(**qwen3_vl_file_config(text_encoder_file)),
-                lambda: load_qwen3_vl_file(text_encoder_file, compute_dtype), [Path(text_encoder_file)])
+                lambda: load_qwen3_vl_file(text_encoder_file, compute_dtype, fp8), [Path(text_encoder_file)])
     folder = root / "text_encoder"
     return (Qwen3VLConfig.from_pretrained(str(folder), local_files_only=True),
             lambda: Qwen3VLForConditionalGeneration.from_pretrained(str(folder), torch_dtype=compute_dtype, **local),
@@ -84,7 +85,7 @@ def _text_encoder_reader(root: Path, text_encoder_file, compute_dtype: torch.dty
 
 
 def _loaded(root: Path, storage: str, compute_dtype: torch.dtype, device: torch.device, text_encoder_file,
-            vae_file) -> QwenImageComponents:
+            vae_file, text_encoder_fp8: str) -> QwenImageComponents:
     from diffusers import QwenImage21Transformer2DModel
 
     from .family import QWEN_IMAGE21
@@ -100,7 +101,7 @@ def _loaded(root: Path, storage: str, compute_dtype: torch.dtype, device: torch.
         vae = QwenImage21VaeFile(vae_file, compute_dtype)().to(device)
     else:
         vae = _folder_vae(root, compute_dtype, device)
-    _, read, _ = _text_encoder_reader(root, text_encoder_file, compute_dtype)
+    _, read, _ = _text_encoder_reader(root, text_encoder_file, compute_dtype, text_encoder_fp8)
 
     def load_text_encoder():
         encoder = read()
@@ -116,7 +117,7 @@ def _loaded(root: Path, storage: str, compute_dtype: torch.dtype, device: torch.
 
 
 def _lazy(root: Path, transformer_file, storage: str, compute_dtype: torch.dtype, device: torch.device,
-          text_encoder_file, vae_file) -> QwenImageComponents:
+          text_encoder_file, vae_file, text_encoder_fp8: str) -> QwenImageComponents:
     import hashlib
 
     from ...models.components import vocabulary_bytes
@@ -126,12 +127,13 @@ def _lazy(root: Path, transformer_file, storage: str, compute_dtype: torch.dtype
     from .processor import build_processor
 
     source = QwenImage21TransformerFile(transformer_file, storage, compute_dtype)  # its header: checked now
-    config, read, encoder_files = _text_encoder_reader(root, text_encoder_file, compute_dtype)
+    config, read, encoder_files = _text_encoder_reader(root, text_encoder_file, compute_dtype, text_encoder_fp8)
     processor = build_processor(_tokenizer(root), config.vision_config)
     dtype = str(compute_dtype).removeprefix("torch.")
     identities = {
         "transformer": combined_identity(file_identity(transformer_file), "qwen-image-2.1"),
         "text_encoder": combined_identity(*map(file_identity, encoder_files), dtype,
+                                          *(("fp8=keep",) if text_encoder_fp8 == "keep" and text_encoder_file else ()),
                                           hashlib.sha256(vocabulary_bytes(processor)).hexdigest()),
     }
     vae, vae_loader = None, None

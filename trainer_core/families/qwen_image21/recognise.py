@@ -48,11 +48,14 @@ def is_qwen_image21_folder(folder) -> bool:
 
 
 def load_from_settings(source: str, device, storage: str, compute_dtype: str, transformer=None,
-                       diffusers_folder=None, text_encoder=None, vae=None):
+                       diffusers_folder=None, text_encoder=None, vae=None, text_encoder_fp8: str = "dequantize"):
     """The 2.1 model set the Load settings name (source files or diffusers folder), or None when they are not 2.1.
     With a 2.1 transformer file, `text_encoder` (a path, or None) is ComfyUI's Qwen3-VL file (text_file.py) and
-    `vae` ComfyUI's 2.1 VAE file (vae_file.py); without them the folder's are read."""
+    `vae` ComfyUI's 2.1 VAE file (vae_file.py); without them the folder's are read. `text_encoder_fp8` may be the
+    Load settings' 'auto', decided here for `device` with 2.1's parts (`planner.resolve_text_encoder_fp8`)."""
     from ...models.source import DIFFUSERS, FILES, resolve_compute_dtype
+    from ...planner.device import resolve_text_encoder_fp8
+    from ...planner.inference import real_parts21
     from .folder import load_qwen_image21_folder
 
     dtype = resolve_compute_dtype(compute_dtype, device)
@@ -67,9 +70,10 @@ def load_from_settings(source: str, device, storage: str, compute_dtype: str, tr
                 f"encoder, unless their files are chosen) are read from a diffusers Qwen-Image 2.1 folder. Set "
                 f"diffusers_folder to that folder (it holds processor/, vae/ and text_encoder/; now "
                 f"{str(diffusers_folder or '').strip() or 'empty'}).")
+        fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device, parts=real_parts21()) if text_encoder else "dequantize"
         return load_qwen_image21_folder(str(diffusers_folder).strip(), transformer_file=transformer, storage=storage,
                                         compute_dtype=dtype, device=device, text_encoder_file=text_encoder,
-                                        vae_file=vae)
+                                        vae_file=vae, text_encoder_fp8=fp8)
     if source == DIFFUSERS and is_qwen_image21_folder(diffusers_folder):
         return load_qwen_image21_folder(str(diffusers_folder).strip(), storage=storage, compute_dtype=dtype,
                                         device=device)

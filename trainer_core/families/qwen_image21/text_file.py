@@ -8,8 +8,12 @@ ComfyUI's 2.1 text encoder (comfy/text_encoders/qwen_image21.py, Comfy-Org/Comfy
 (recorded from ComfyUI 0.33.0's identical qwen3vl.py in tests/data/comfy_qwen3vl_8b_keys.json by
 tests/comfy_qwen3vl_probe.py). transformers' `Qwen3VLForConditionalGeneration` names the same tensors
 `model.language_model.*`, `model.visual.*` and `lm_head`; ComfyUI reads files in either layout (it replaces those
-prefixes), and so do we. bf16/fp16/fp32 files, and per-tensor float8 (ComfyUI's `scale_weight`, or 0.33+'s
-`weight_scale` layers: `layouts.split_scaled_fp8`) dequantized to the compute dtype while loading.
+prefixes), and so do we. bf16/fp16/fp32 files, per-tensor float8 (ComfyUI's `scale_weight`, or 0.33+'s
+`weight_scale` layers: `layouts.split_scaled_fp8`) and ComfyUI's int8 layers (`qwen3vl_8b_int8_convrot`, the file
+ComfyUI's 2.1 templates download: models/int8_convrot.py). `fp8` as for Qwen-Image's encoder
+(models/text_encoder_file.py): "dequantize" to the compute dtype while loading, or "keep" the decoder's and the
+vision tower's one-byte Linear weights as stored (9.4 GB instead of 17.5 GB for the 8B), computed through
+float8/storage.py's frozen path; embedding tables are dequantized either way.
 
 What is loaded: language model and vision tower (a reference image will need it); `lm_head` is replaced by an
 identity, as the pipeline reads hidden states, never logits. Config: the JSON beside the file (a test model), else
@@ -24,15 +28,16 @@ import torch
 from torch import nn
 
 from ...core.errors import UserInputError
-from ...models.layouts import refuse_nonfinite_scales, split_scaled_fp8
+from ...models.layouts import int8_weights, refuse_nonfinite_scales, split_scaled_fp8
 from ...models.qwen21_arch import QWEN3_VL_8B_CONFIG
 from ...models.safetensors_file import SafetensorsFile
-from ...models.streaming import assign_parameter, dequantize, fill_empty
+from ...models.streaming import assign_frozen_linear_weight, assign_parameter, dequantize, fill_empty
+from ...models.text_encoder_file import ONE_BYTE_DTYPES, check_fp8_mode
 
 # ours -> ComfyUI's, by prefix (longest first when reading back)
 PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."), ("lm_head.", "model.lm_head."))
-_HINT = ("Choose Qwen-Image 2.1's Qwen3-VL-8B text encoder file (bf16, or per-tensor float8), or set text_encoder to "
-         "(not used) to read it from the diffusers folder.")
+_HINT = ("Choose Qwen-Image 2.1's Qwen3-VL-8B text encoder file (qwen3vl_8b_int8_convrot, bf16 or per-tensor float8), "
+         "or set text_encoder to (not used) to read it from the diffusers folder.")
 
 
 def comfyui_name(ours: str) -> str:
@@ -87,23 +92,33 @@ def qwen3_vl_file_config(path: str | Path) -> dict:
     return _config(shapes, file.sidecar_config(), str(file.path))
 
 
-def load_qwen3_vl_file(path: str | Path, compute_dtype: torch.dtype = torch.bfloat16) -> nn.Module:
-    """The text encoder of the file on the CPU, frozen, in eval mode."""
+def load_qwen3_vl_file(path: str | Path, compute_dtype: torch.dtype = torch.bfloat16,
+                       fp8: str = "dequantize") -> nn.Module:
+    """The text encoder of the file on the CPU, frozen, in eval mode; one-byte Linear weights kept when `fp8` is
+    "keep" (see the module docstring)."""
+    check_fp8_mode(fp8)
     file = SafetensorsFile(path, "text encoder")
-    names, scale_keys = split_scaled_fp8({k: k for k in file.keys}, file)
+    everything = {k: k for k in file.keys}
+    names, scale_keys = split_scaled_fp8(everything, file)
     ours = {mine: key for key in names if (mine := our_name(key)) is not None}
     scale_for = {our_name(n): key for n, key in scale_keys.items() if our_name(n) is not None}
-    file.require_floating([*ours.values(), *scale_for.values()])
+    int8 = {mine: group for n, group in int8_weights(file, everything).items() if (mine := our_name(n)) is not None}
+    file.require_floating([*ours.values(), *scale_for.values()], int8_ok=[ours[n] for n in int8 if n in ours])
     scales = {name: file.tensor(key) for name, key in scale_for.items()}
     refuse_nonfinite_scales(file, {scale_for[n]: s for n, s in scales.items()})
     config = _config({n: file.shapes[k] for n, k in ours.items()}, file.sidecar_config(), str(file.path))
     model = empty_qwen3_vl(config)
+    linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
 
     def assign(module: nn.Module, leaf: str, name: str, tensor: torch.Tensor) -> None:
-        assign_parameter(module, leaf, dequantize(tensor, scales.get(name)).to(compute_dtype))
+        scale, group = scales.get(name), int8.get(name, 0)
+        if fp8 == "keep" and tensor.dtype in ONE_BYTE_DTYPES and leaf == "weight" and name[: -len(".weight")] in linears:
+            assign_frozen_linear_weight(module, tensor, scale, group)
+        else:
+            assign_parameter(module, leaf, dequantize(tensor, scale, group).to(compute_dtype))
 
     fill_empty(model, ((n, file.tensor(k)) for n, k in ours.items()), assign, source=f"text encoder file {file.path}",
-               hint=_HINT)
+               hint=_HINT, int8_ok=int8)
     return model.requires_grad_(False).eval()
 
 

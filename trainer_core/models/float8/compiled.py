@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .storage import SCALE_BUFFER, restore_forwards
+from .storage import SCALE_BUFFER, restore_forwards, rotation_group
 
 # Graphs per compiled expression: one per weight shape (4 in Qwen-Image's blocks), again for single rows, for
 # another compute dtype, for inference mode (previews). Dynamo's default limit (8 per code object) would send
@@ -139,9 +139,11 @@ def compiled_frozen_forward(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def install(linears: list[nn.Linear]) -> dict[nn.Linear, object]:
     """Route these frozen Linears through `compiled_frozen_forward`; returns their previous forwards (for
-    `uninstall`)."""
+    `uninstall`). A ConvRot-rotated int8 Linear keeps the eager path (its activations are rotated first)."""
     previous = {}
     for linear in linears:
+        if rotation_group(linear):
+            continue
         previous[linear] = linear.__dict__.get("forward")
         linear.forward = functools.partial(compiled_frozen_forward, linear)
     return previous

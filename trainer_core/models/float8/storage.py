@@ -1,4 +1,4 @@
-"""Frozen block Linears stored in float8 (or any dtype), computed in the activations' dtype.
+"""Frozen block Linears stored in float8, int8 (or any dtype), computed in the activations' dtype.
 
 Why a custom autograd function instead of `nn.Linear`: `F.linear` refuses mixed dtypes, and a plain
 upcast inside `forward` would let autograd keep the upcast bf16 copy of every weight alive until
@@ -12,6 +12,9 @@ Storage modes:
 - "float8": plain cast to `float8_e4m3fn` (values clamped to +-448).
 - "float8_scaled": one fp32 scale per output row (row max / 448), so each row uses float8's whole range.
 - "bfloat16"/"float32": no float8; the weight stays in that dtype.
+A one-byte weight read from a file is kept as the file stores it under either float8 mode: float8 with its scale, or
+ComfyUI's int8 (per-row `weight_scale`, optionally ConvRot-rotated: `ROTATION_GROUP` on the Linear, the maths in
+models/int8_convrot.py). Its compute rotates the activations instead of the weight.
 """
 
 from __future__ import annotations
@@ -23,11 +26,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...core.config import STORAGE_MODES  # re-exported: the allowed modes live in the config
+from ..int8_convrot import dequantize as dequantize_int8
+from ..int8_convrot import rotate
 from ..qwen_arch import BLOCKS
 
 FLOAT8 = torch.float8_e4m3fn
 FLOAT8_MAX = float(torch.finfo(FLOAT8).max)  # 448.0
 SCALE_BUFFER = "weight_scale"
+# Set on a Linear whose int8 weight is ConvRot-rotated: the group size of its rotation (int8_convrot.py). A plain
+# attribute, not a buffer: it is a fact of the stored weight, and moves with the module wherever the weight goes.
+ROTATION_GROUP = "int8_rotation_group"
 
 
 def frozen_linears(module: nn.Module, prefix: str = "") -> list[tuple[str, nn.Linear]]:
@@ -43,8 +51,17 @@ def frozen_block_linears(transformer: nn.Module) -> list[tuple[str, nn.Linear]]:
     return frozen_linears(transformer.transformer_blocks, prefix=BLOCKS)
 
 
+def rotation_group(linear: nn.Module) -> int:
+    """The ConvRot group of the Linear's stored int8 weight; 0 when it is not rotated."""
+    return linear.__dict__.get(ROTATION_GROUP, 0)
+
+
 def dequantized_weight(linear: nn.Linear, dtype: torch.dtype) -> torch.Tensor:
-    """The weight in `dtype`, scaled back when stored as scaled float8. Shape (out_features, in_features)."""
+    """The weight in `dtype`, scaled back when stored as scaled float8 or int8, rotated back when ConvRot-rotated.
+    Shape (out_features, in_features)."""
+    group = rotation_group(linear)
+    if group:
+        return dequantize_int8(linear.weight, getattr(linear, SCALE_BUFFER), group).to(dtype)
     weight = linear.weight
     if weight.dtype != dtype:
         weight = weight.to(dtype)
@@ -63,9 +80,12 @@ def _row_scale(linear: nn.Linear, dtype: torch.dtype) -> torch.Tensor | None:
     """float8_scaled's per-row scales as a factor on the output's last dim, (out,); None for other storage.
 
     A per-tensor scale (ComfyUI's scaled-fp8 text encoder, used once per prompt while caching) keeps being
-    folded into the weight, so that encoder gives the same bits kept or dequantised at load."""
+    folded into the weight, so that encoder gives the same bits kept or dequantised at load. A rotated int8 weight's
+    scale is always applied to the output (its weight is never formed)."""
     scale = getattr(linear, SCALE_BUFFER, None)
-    return None if scale is None or scale.numel() == 1 else scale.reshape(-1).to(dtype)
+    if scale is None or (scale.numel() == 1 and not rotation_group(linear)):
+        return None
+    return scale.reshape(-1).to(dtype) if scale.numel() > 1 else scale.reshape(()).to(dtype)
 
 
 class FrozenLinearFunction(torch.autograd.Function):
@@ -73,11 +93,16 @@ class FrozenLinearFunction(torch.autograd.Function):
 
     float8_scaled blocks (W = diag(s) W8) scale the output instead of the weight: y = (x W8^T) s + b and
     grad_x = (grad_y s) W8, so no scaled weight-sized copy is made per call (a (rows, out) multiply instead of
-    an (out, in) one; the upcast is the only weight-sized temporary)."""
+    an (out, in) one; the upcast is the only weight-sized temporary). int8 weights with per-row scales take the same
+    path; a ConvRot-rotated one (W = diag(s) q H) rotates the activations first, y = ((x H) q^T) s + b, and the
+    input's gradient after, grad_x = ((grad_y s) q) H (H symmetric), so no weight-sized rotation is ever made."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
         ctx.linear = linear
+        group = rotation_group(linear)
+        if group:
+            x = rotate(x, group)
         bias = linear.bias
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)
@@ -92,7 +117,9 @@ class FrozenLinearFunction(torch.autograd.Function):
         scale = _row_scale(ctx.linear, grad_out.dtype)
         if scale is None:
             return grad_out @ dequantized_weight(ctx.linear, grad_out.dtype), None
-        return (grad_out * scale) @ _weight_as(ctx.linear, grad_out.dtype), None
+        grad_x = (grad_out * scale) @ _weight_as(ctx.linear, grad_out.dtype)
+        group = rotation_group(ctx.linear)
+        return (rotate(grad_x, group) if group else grad_x), None
 
 
 # Set on a Linear whose weight storage changes between its forward and its backward (a streamed block's: the
@@ -112,6 +139,19 @@ def _frozen_forward(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         # percent of a small model's step (benchmarks/README.md, step time).
         return F.linear(x, weight, bias)
     return FrozenLinearFunction.apply(x, linear)
+
+
+def set_rotation_group(linear: nn.Linear, group: int) -> None:
+    """Say that `linear`'s int8 weight is ConvRot-rotated with `group` (0: not rotated, or not int8)."""
+    if group:
+        linear.__dict__[ROTATION_GROUP] = group
+    else:
+        linear.__dict__.pop(ROTATION_GROUP, None)
+
+
+def is_one_byte(weight: torch.Tensor) -> bool:
+    """Whether a stored weight is one of the one-byte formats kept as they are (float8, int8)."""
+    return weight.dtype in (FLOAT8, torch.int8)
 
 
 def install_frozen_compute(linear: nn.Linear) -> None:
@@ -149,10 +189,11 @@ def store_block_linears(transformer: nn.Module, mode: str) -> None:
     (`qwen_arch.OUTER_LINEARS`) and all norms are left alone. Safe to call on weights that are already stored this way.
     """
     for _, linear in frozen_block_linears(transformer):
-        if linear.weight.dtype == FLOAT8 and mode.startswith("float8"):
+        if is_one_byte(linear.weight) and mode.startswith("float8"):
             install_frozen_compute(linear)
             continue
         stored, scale = quantize_weight(dequantized_weight(linear, torch.float32), mode)
+        set_rotation_group(linear, 0)
         linear.weight = nn.Parameter(stored, requires_grad=False)
         if scale is not None:
             linear.register_buffer(SCALE_BUFFER, scale.to(stored.device))
