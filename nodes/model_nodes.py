@@ -14,10 +14,11 @@ from .widgets import widgets
 class QwenLoRALoadModels:
     DESCRIPTION = (
         "Loads Qwen-Image for LoRA training from the files ComfyUI already uses (diffusion_models, "
-        "text_encoders, vae; fp8, fp8-scaled or bf16), or from a diffusers folder. The model is recognised from "
-        "the transformer: Qwen-Image, Qwen-Image-Layered, or Qwen-Image 2.1 (whose text encoder and VAE come from "
-        "the diffusers 2.1 folder named in diffusers_folder). The transformer's block weights are stored in float8 "
-        "to halve their memory. The output feeds the Cache and Init Trainer nodes."
+        "text_encoders, vae; bf16, fp8, fp8-scaled, fp8mixed or int8 ConvRot: the files ComfyUI's own templates "
+        "download), or from a diffusers folder. The model is recognised from the transformer: Qwen-Image (and 2512), "
+        "Qwen-Image-Layered, or Qwen-Image 2.1 and its Turbo (whose processor, and any part set to (not used), come "
+        "from the diffusers 2.1 folder named in diffusers_folder). The transformer's block weights are kept in one "
+        "byte (float8, or an int8 file's int8). The output feeds the Cache and Init Trainer nodes."
     )
     CATEGORY = CATEGORY
     FUNCTION = "load"
@@ -36,10 +37,11 @@ class QwenLoRALoadModels:
             if source != FILES:  # the tiny model, or a diffusers folder (a path typed in the node)
                 return (load_recognised(source, host.compute_device(), diffusers_folder=diffusers_folder, **settings),)
             first = host.model_file_path("diffusion_models", transformer)
-            if is_qwen_image21_file(first):  # its VAE (and text encoder unless chosen) from diffusers_folder
+            if is_qwen_image21_file(first):  # its processor (and a part set to (not used)) from diffusers_folder
                 encoder = None if text_encoder == NOT_USED else host.model_file_path("text_encoders", text_encoder)
+                vae_file = None if vae == NOT_USED else host.model_file_path("vae", vae)
                 return (load_recognised(source, host.compute_device(), transformer=first, text_encoder=encoder,
-                                        diffusers_folder=diffusers_folder, **settings),)
+                                        vae=vae_file, diffusers_folder=diffusers_folder, **settings),)
             paths = [first] + [host.model_file_path(kind, name) for kind, name in
                                (("text_encoders", text_encoder), ("vae", vae))]
             # A tokenizer folder beside the files wins; otherwise the Qwen2.5 tokenizer ComfyUI ships.

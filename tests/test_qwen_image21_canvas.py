@@ -64,47 +64,74 @@ def test_a_21_diffusers_folder_loads_as_21(files21):
     assert components.family.name == FAMILY and components.num_blocks == 2
 
 
+def int8_files21(files21, folder) -> dict:
+    """The tiny 2.1 transformer (its blocks) and text encoder (every Linear and the embeddings) as ComfyUI's int8
+    ConvRot files, written by comfy-kitchen (int8_files.py), under the names ComfyUI's 2.1 templates give them."""
+    from int8_files import int8_copy
+
+    return {"transformer": int8_copy(files21["transformer_bf16"], folder / "qwen_image_2.1_int8_convrot.safetensors",
+                                     lambda k: ".transformer_blocks." in k),
+            "text_encoder": int8_copy(files21["text_encoder"], folder / "qwen3vl_8b_int8_convrot.safetensors",
+                                      lambda k: True)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("encoder_file", [False, True])
-def test_the_shipped_21_workflow_trains_on_the_tiny_files(pack, files21, demo_folder, tmp_path, monkeypatch,
-                                                          encoder_file):
+@pytest.mark.parametrize("files", ["bf16, encoder from the folder", "bf16", "int8"])
+def test_the_shipped_21_workflow_trains_on_the_tiny_files(pack, files21, demo_folder, tmp_path, monkeypatch, files):
     """workflows/api/qwen_image21_lora_training.api.json as shipped, its model pointed at the tiny export (the
-    transformer found in the models folder by its name, as ComfyUI lists it; the text encoder from the folder, or
-    its ComfyUI-layout file picked in models/text_encoders) and the demo images."""
+    transformer found in the models folder by the name the workflow gives, as ComfyUI lists it; the text encoder from
+    the folder, or its ComfyUI-layout file picked in models/text_encoders) and the demo images. "int8": both files
+    as ComfyUI's 2.1 templates download them (int8 ConvRot, written by comfy-kitchen), the blocks kept in int8."""
     from graph_runner import GraphRunner
 
     models = tmp_path / "models"
     (models / "diffusion_models").mkdir(parents=True)
-    target = models / "diffusion_models" / "qwen_image_2.1_bf16.safetensors"
-    shutil.copy(files21["transformer_bf16"], target)
-    shutil.copy(files21["transformer_bf16"].with_suffix(".json"), target.with_suffix(".json"))  # tiny: its RoPE axes
+    prompt = json.loads(API_WORKFLOW.read_text())
+    name = prompt["1"]["inputs"]["transformer"]
+    assert name == "qwen_image_2.1_int8_convrot.safetensors"  # the name ComfyUI's own 2.1 templates download
+    source = int8_files21(files21, tmp_path / "int8")["transformer"] if files == "int8" else files21["transformer_bf16"]
+    target = models / "diffusion_models" / name
+    shutil.copy(source, target)
+    shutil.copy(source.with_suffix(".json"), target.with_suffix(".json"))  # tiny: its RoPE axes
     monkeypatch.setenv("QWEN_LORA_MODELS", str(models))
     monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
     monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
-    prompt = json.loads(API_WORKFLOW.read_text())
-    assert prompt["1"]["inputs"]["transformer"] == "qwen_image_2.1_bf16.safetensors"
     prompt["1"]["inputs"].update(diffusers_folder=str(files21["diffusers_folder"]), storage="float8",
                                  compute_dtype="float32")
+    vae = models / "vae" / prompt["1"]["inputs"]["vae"]
+    assert vae.name == "qwen_image_2.1_vae_bf16.safetensors"  # ComfyUI's 2.1 VAE file, read by vae_file.py
+    vae.parent.mkdir()
+    for suffix in (".safetensors", ".json"):
+        shutil.copy(files21["vae"].with_suffix(suffix), vae.with_suffix(suffix))
+    encoder_file = files != "bf16, encoder from the folder"
     if encoder_file:
+        encoder = int8_files21(files21, tmp_path / "int8")["text_encoder"] if files == "int8" else files21["text_encoder"]
         (models / "text_encoders").mkdir()
         for suffix in (".safetensors", ".json"):
-            shutil.copy(files21["text_encoder"].with_suffix(suffix), models / "text_encoders" / f"qwen3vl_tiny{suffix}")
+            shutil.copy(encoder.with_suffix(suffix), models / "text_encoders" / f"qwen3vl_tiny{suffix}")
         prompt["1"]["inputs"]["text_encoder"] = "qwen3vl_tiny.safetensors"
+    else:
+        prompt["1"]["inputs"]["text_encoder"] = "(not used)"
     prompt["2"]["inputs"].update(folder=str(demo_folder), resolution=64, min_bucket_side=32, max_bucket_side=128)
     prompt["3"]["inputs"].update(cache_folder="")
-    prompt["6"]["inputs"].update(blocks_to_swap=0, checkpoint_every=0, run_name="t21")
+    prompt["6"]["inputs"].update(blocks_to_swap=0, checkpoint_every=0, run_name="t21_" + files.split(",")[0])
     prompt["7"]["inputs"].update(steps=2, preview_every=0, preview_size=64, preview_sampling_steps=2, snapshot_every=0)
     prompt["8"]["inputs"].update(width=64, height=64, steps=2)
     outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
     trainer = outputs["7"][0]
     assert trainer.step == 2 and trainer.components.family.name == FAMILY
-    # the encoder from where it was chosen: the file holds bf16 values, the folder the tiny model's float32 ones
-    from trainer_core.families import get_family
+    from trainer_core.models.float8 import FLOAT8, frozen_block_linears
 
-    embed = get_family(FAMILY).tiny_components().text_encoder.model.language_model.embed_tokens.weight
-    read, _ = trainer.components.text_encoder_loader()
-    got = read.model.language_model.embed_tokens.weight
-    assert torch.equal(got, embed.bfloat16().float() if encoder_file else embed) and not torch.equal(embed.bfloat16().float(), embed)
+    stored = {lin.weight.dtype for _, lin in frozen_block_linears(trainer.transformer)}
+    assert stored == ({torch.int8} if files == "int8" else {FLOAT8})  # an int8 file's blocks kept as ComfyUI runs them
+    if files != "int8":
+        # the encoder from where it was chosen: the file holds bf16 values, the folder the tiny model's float32 ones
+        from trainer_core.families import get_family
+
+        embed = get_family(FAMILY).tiny_components().text_encoder.model.language_model.embed_tokens.weight
+        read, _ = trainer.components.text_encoder_loader()
+        got = read.model.language_model.embed_tokens.weight
+        assert torch.equal(got, embed.bfloat16().float() if encoder_file else embed) and not torch.equal(embed.bfloat16().float(), embed)
     from safetensors.torch import load_file
 
     keys = load_file(outputs["10"][0]).keys()
@@ -113,10 +140,11 @@ def test_the_shipped_21_workflow_trains_on_the_tiny_files(pack, files21, demo_fo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("encoder_file", [False, True])
-def test_the_shipped_21_run_file_trains_on_the_tiny_files(files21, demo_folder, tmp_path, capsys, encoder_file):
+@pytest.mark.parametrize("files", ["bf16, encoder from the folder", "bf16", "int8"])
+def test_the_shipped_21_run_file_trains_on_the_tiny_files(files21, demo_folder, tmp_path, capsys, files):
     """run_files/qwen_image21.toml as shipped, [model] and [[dataset]] pointed at the tiny files and demo images;
-    the text encoder from the folder, or from its ComfyUI-layout file."""
+    the text encoder from the folder, or from its ComfyUI-layout file; "int8": ComfyUI's int8 ConvRot files of both
+    (comfy-kitchen's), the text encoder's int8 Linears kept (text_encoder_fp8 = keep)."""
     from trainer_core.runs.cli import main
     from trainer_core.runs.run_file import render
 
@@ -124,8 +152,12 @@ def test_the_shipped_21_run_file_trains_on_the_tiny_files(files21, demo_folder, 
     assert data["model"]["source"] == "files" and "text_encoder" not in data["model"]
     data["model"].update(transformer=str(files21["transformer_bf16_split_mlp"]),
                          diffusers_folder=str(files21["diffusers_folder"]), compute_dtype="float32")
-    if encoder_file:
+    if files == "bf16":
         data["model"]["text_encoder"] = str(files21["text_encoder"])
+    if files == "int8":
+        int8 = int8_files21(files21, tmp_path / "int8")
+        data["model"].update(transformer=str(int8["transformer"]), text_encoder=str(int8["text_encoder"]),
+                             text_encoder_fp8="keep")
     data["dataset"][0].update(folder=str(demo_folder), resolution=64, min_bucket_side=32, max_bucket_side=128)
     data["train"].update(blocks_to_swap=0)
     data["previews"].update(preview_every=0, preview_size=64)
@@ -133,4 +165,5 @@ def test_the_shipped_21_run_file_trains_on_the_tiny_files(files21, demo_folder, 
     path.write_text(render(data))
     assert main(["train", "--config", str(path), "--output", str(tmp_path / "out"), "--steps", "2"]) == 0
     printed = capsys.readouterr().out
-    assert "lora: " in printed and "qwen_image21_tiny" in printed  # the model set is named after its folder
+    assert "lora: " in printed
+    assert ("qwen_image_2.1_int8_convrot" if files == "int8" else "qwen_image21_tiny") in printed  # named after its file

@@ -23,20 +23,15 @@ STAGES = ("models", "data and cache", "lora and optimizer", "training", "looking
 TITLE_H = 30  # LiteGraph draws a node's title bar above its `pos`
 
 
-# The example workflow names ComfyUI's repackaged Qwen-Image files; a user has them in the model
-# folders, which the loader lists. Validate as that user: the files exist (as empty stand-ins).
-USER_FILES = {"diffusion_models": ("qwen_image_fp8_e4m3fn.safetensors", "qwen_image_edit_2511_fp8_e4m3fn.safetensors",
-                                   "qwen_image_layered_bf16.safetensors", "qwen_image_2.1_bf16.safetensors"),
-              "text_encoders": ("qwen_2.5_vl_7b_fp8_scaled.safetensors",),
-              "vae": ("qwen_image_vae.safetensors", "qwen_image_layered_vae.safetensors")}
-
-
+# The example workflows name the files ComfyUI's own templates download (families/comfyui_files.py); a user has them
+# in the model folders, which the loader lists. Validate as that user: the files exist (as empty stand-ins).
 @pytest.fixture(autouse=True)
 def user_model_folders(tmp_path, monkeypatch):
-    for kind, names in USER_FILES.items():
-        (tmp_path / kind).mkdir()
-        for name in names:
-            (tmp_path / kind / name).write_bytes(b"")
+    from trainer_core.families.comfyui_files import MODEL_FILES
+
+    for file in MODEL_FILES:
+        (tmp_path / file.folder).mkdir(exist_ok=True)
+        (tmp_path / file.folder / file.name).write_bytes(b"")
     monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path))
 
 

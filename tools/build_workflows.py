@@ -141,7 +141,7 @@ EDIT_NOTE = """How to train a Qwen-Image-Edit LoRA (Edit, Edit-2509, Edit-2511)
 EDIT_CLASSES = {"QwenLoRAPreview": "QwenLoRAEditPreview"}  # same widgets, plus the control image sockets
 EDIT_NODES = [
     (1, "QwenLoRALoadEditModels", {"source": "ComfyUI model files",
-                                   "transformer": "qwen_image_edit_2511_fp8_e4m3fn.safetensors",
+                                   "transformer": "qwen_image_edit_2511_fp8mixed.safetensors",
                                    "text_encoder": "qwen_2.5_vl_7b_fp8_scaled.safetensors",
                                    "vae": "qwen_image_vae.safetensors", "diffusers_folder": "",
                                    "storage": "float8", "compute_dtype": "auto", "text_encoder_fp8": "dequantize",
@@ -171,14 +171,14 @@ LAYERED_NODES = [
 ]
 LAYERED = {3: {"preview_prompts": "a poster: a title over a photo"}, 6: {"run_name": "my_qwen_layered_lora"}}
 
-# Qwen-Image 2.1: the text-to-image graph; the Load node reads 2.1 from the transformer file and takes its VAE (its
-# single file is not read) and, with text_encoder (not used), its Qwen3-VL text encoder from a diffusers 2.1 folder. The file name is the one
-# other 2.1 workflows use for ComfyUI's bf16 transformer.
+# Qwen-Image 2.1: the text-to-image graph; the Load node reads 2.1 from the transformer file. The file names are those
+# ComfyUI's own 2.1 templates download (int8 ConvRot transformer and text encoder, the bf16 VAE); the processor (and
+# any part set to (not used)) comes from a diffusers 2.1 folder.
 QWEN21_NOTE = """How to train a Qwen-Image 2.1 LoRA (text-to-image)
-1. Models: the 2.1 transformer (qwen_image_2.1_bf16) in models/diffusion_models
-   (the Load node reads 2.1 from the file), and the diffusers Qwen-Image 2.1
-   folder in diffusers_folder (its vae/, processor/, text_encoder/; or pick
-   ComfyUI's Qwen3-VL-8B file as text_encoder).
+1. Models: the files ComfyUI's 2.1 template downloads: qwen_image_2.1_int8_convrot
+   (models/diffusion_models; the Load node reads 2.1 from it), qwen3vl_8b_int8_convrot
+   (text_encoders), qwen_image_2.1_vae_bf16 (vae), and in diffusers_folder the
+   diffusers Qwen-Image 2.1 folder, whose processor/ is read.
 2. Data: per sample name.png + name.txt (its caption), as for Qwen-Image.
 3. Queue; queue again to continue. Preview samples with the 2.1 pipeline;
    Save writes to models/loras (ComfyUI's 2.1 layout, the MLP pair fused).
@@ -186,8 +186,8 @@ To edit with 2.1: the Edit workflow, these files in its Load Edit node, an
 Edit Dataset (its controls are the reference images), Preview (Edit)."""
 
 QWEN21_NODES = [
-    (1, NODES[0][1], {**dict(NODES[0][2]), "transformer": "qwen_image_2.1_bf16.safetensors",
-                      "text_encoder": "(not used)", "vae": "(not used)",
+    (1, NODES[0][1], {**dict(NODES[0][2]), "transformer": "qwen_image_2.1_int8_convrot.safetensors",
+                      "text_encoder": "qwen3vl_8b_int8_convrot.safetensors", "vae": "qwen_image_2.1_vae_bf16.safetensors",
                       "diffusers_folder": "models/diffusers/Qwen-Image-2.1"}, NODES[0][3]),
     *[(i, c, v, place) for i, c, v, place in NODES if i != 1],
 ]

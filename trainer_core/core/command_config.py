@@ -47,31 +47,34 @@ class LoadConfig:
     transformer: str = _f(
         "qwen_image_fp8_e4m3fn.safetensors", "Qwen-Image transformer file from models/diffusion_models "
         "(qwen_image_fp8_e4m3fn or qwen_image_bf16; Qwen-Image-2512's qwen_image_2512_fp8_e4m3fn too; Qwen-Image "
-        "2.1's file, whose text encoder and VAE then come from diffusers_folder).",
+        "2.1's qwen_image_2.1_int8_convrot or its Turbo's, whose processor then comes from diffusers_folder).",
         file_list="diffusion_models", extra_choices=(NOT_USED,),
     )
     text_encoder: str = _f(
-        "qwen_2.5_vl_7b_fp8_scaled.safetensors", "Qwen2.5-VL 7B text encoder from models/text_encoders "
-        "(qwen_2.5_vl_7b_fp8_scaled or qwen_2.5_vl_7b).", file_list="text_encoders", extra_choices=(NOT_USED,),
+        "qwen_2.5_vl_7b_fp8_scaled.safetensors", "Text encoder from models/text_encoders: Qwen2.5-VL 7B "
+        "(qwen_2.5_vl_7b_fp8_scaled or qwen_2.5_vl_7b), or Qwen-Image 2.1's Qwen3-VL-8B (qwen3vl_8b_int8_convrot).",
+        file_list="text_encoders", extra_choices=(NOT_USED,),
     )
-    vae: str = _f("qwen_image_vae.safetensors", "Qwen-Image VAE from models/vae (qwen_image_vae).", file_list="vae",
-              extra_choices=(NOT_USED,))
+    vae: str = _f("qwen_image_vae.safetensors", "VAE from models/vae (qwen_image_vae; Layered's "
+                  "qwen_image_layered_vae; 2.1's qwen_image_2.1_vae_bf16).", file_list="vae", extra_choices=(NOT_USED,))
     diffusers_folder: str = _f(
         "", "Path of a diffusers Qwen-Image folder (with transformer/, vae/, text_encoder/, tokenizer/). Used when "
-        "source is 'diffusers folder', and with a Qwen-Image 2.1 transformer file: the 2.1 folder its text encoder, "
-        "VAE and processor come from (text_encoder and vae are then not used).",
+        "source is 'diffusers folder', and with a Qwen-Image 2.1 transformer file: the 2.1 folder its processor "
+        "comes from (and its text encoder or VAE when that is set to (not used)).",
     )
     storage: str = _f(
         "float8", "How the transformer's block weights are stored: float8 (half of bf16's memory), float8_scaled "
-        "(a scale per row: more accurate), or bfloat16/float32.", choices=STORAGE_MODES,
+        "(a scale per row: more accurate), or bfloat16/float32. A file's own one-byte weights (fp8, or ComfyUI's "
+        "int8 ConvRot) are kept as the file has them under either float8 mode.", choices=STORAGE_MODES,
     )
     compute_dtype: str = _f(
         "auto", "Precision of the computation: auto is bfloat16 on a GPU, float32 on a CPU.", choices=COMPUTE_DTYPES,
     )
     text_encoder_fp8: str = _f(
-        "auto", "An fp8-scaled text encoder: dequantize to the compute dtype while loading (faster caching), or keep "
-        "its float8 weights (half the memory while caching). auto: keep them only when the dequantized encoder would "
-        "not fit the GPU's free memory (the memory plan's caching phase).", choices=TEXT_ENCODER_FP8_MODES,
+        "auto", "An fp8-scaled or int8 text encoder: dequantize to the compute dtype while loading (faster caching), "
+        "or keep its one-byte weights (half the memory while caching). auto: keep them only when the dequantized "
+        "encoder would not fit the GPU's free memory (the memory plan's caching phase).",
+        choices=TEXT_ENCODER_FP8_MODES,
     )
 
 

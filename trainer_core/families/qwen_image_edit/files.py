@@ -82,7 +82,8 @@ def load_edit_model_set(source: str, device, storage: str = "float8", compute_dt
                                  "variants (it edits when its dataset has reference images): set variant = \"auto\" "
                                  "or leave it out.")
         # the text encoder file where one is set (vae and tokenizer are Qwen-Image's: 2.1 reads its folder's)
-        return load_from_settings(source, device, storage, compute_dtype, transformer, diffusers_folder, text_encoder)
+        return load_from_settings(source, device, storage, compute_dtype, transformer, diffusers_folder, text_encoder,
+                                  text_encoder_fp8=text_encoder_fp8)
     dtype = resolve_compute_dtype(compute_dtype, device)
     if source == TINY:
         return build_tiny_edit_components(TINY_AUTO_VARIANT if _choice(variant) == AUTO else variant,
