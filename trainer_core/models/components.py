@@ -72,6 +72,15 @@ class QwenImageComponents:
         return self.family
 
     @property
+    def block_storage(self) -> str:
+        """How the transformer's block Linears are held, for status lines: the storage mode, or "int8 ConvRot (the
+        file's)" where a one-byte mode keeps an int8 file's weights as they are (models/streaming.py)."""
+        source = self.transformer_source
+        if self.storage.startswith("float8") and source is not None and source.int8:
+            return "int8 ConvRot (the file's)" if any(source.int8.values()) else "int8 (the file's)"
+        return self.storage
+
+    @property
     def num_blocks(self) -> int:
         return len(self.skeleton().transformer_blocks)
 

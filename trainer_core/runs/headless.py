@@ -112,7 +112,7 @@ def train_run(run: RunFile, replicas: Replicas, config_text: str = "", steps: in
                       compute_dtype=run.load.compute_dtype, transformer=run.load.transformer,
                       text_encoder=run.load.text_encoder, vae=run.load.vae, tokenizer=run.headless.tokenizer or None,
                       diffusers_folder=run.load.diffusers_folder, text_encoder_fp8=run.load.text_encoder_fp8, **extra)
-    say(f"model: {components.name} ({components.num_blocks} blocks, {run.load.storage} blocks, compute "
+    say(f"model: {components.name} ({components.num_blocks} blocks, {components.block_storage} blocks, compute "
         f"{str(components.compute_dtype).removeprefix('torch.')}, {components.device})"
         + (f"; {replicas.size} processes" if replicas.size > 1 else ""))
     cached = cache_once(components, run, replicas, say)
