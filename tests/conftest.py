@@ -224,7 +224,8 @@ TRAINING_STEP_TERMS = ("LoRA gradients", "block inputs", "saved activations", "o
                        "largest weight", "activations outside")
 
 
-def planned_step_peak(model, grid: int, text: int, checkpointing: bool, blocks_to_swap: int = 3) -> int:
+def planned_step_peak(model, grid: int, text: int, checkpointing: bool, blocks_to_swap: int = 3,
+                      storage: str = "float8") -> int:
     """The plan's peak of one step of peft's own fp32 LoRA compute (no Trainer) on `model`, a latent grid of
     `grid` x `grid` tokens and `text` prompt tokens on the CPU: the figure the probes compare with `LiveBytes`."""
     from trainer_core.planner import PlanInputs, plan_memory
@@ -232,6 +233,6 @@ def planned_step_peak(model, grid: int, text: int, checkpointing: bool, blocks_t
 
     plan = plan_memory(PlanInputs(width=grid * 16, height=grid * 16, text_tokens=text, rank=4, device="cpu",
                                   checkpointing=checkpointing, blocks_to_swap=blocks_to_swap,
-                                  lora_in_compute_dtype=False), arch_from_transformer(model))
+                                  lora_in_compute_dtype=False, storage=storage), arch_from_transformer(model))
     return sum(plan.term(n) for n in TRAINING_STEP_TERMS)
 

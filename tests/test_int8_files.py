@@ -236,3 +236,62 @@ def test_int8_weights_without_comfyuis_entry_are_still_refused(tiny_files, tmp_p
     save_file(tensors, str(path))
     with pytest.raises(UserInputError, match=r"stores \d+ weights as \['I8'\].*no ComfyUI int8 entry"):
         TransformerFile(path)
+
+
+def int8_blocks(model, group: int = 256):
+    """`model` with every frozen block Linear replaced by comfy-kitchen's int8 of its weight (rotated with `group`),
+    stored as the loaders store an int8 file's layer."""
+    from trainer_core.models.float8 import dequantized_weight, frozen_block_linears
+    from trainer_core.models.streaming import assign_frozen_linear_weight
+
+    for _, linear in frozen_block_linears(model):
+        qt, rotated = kitchen_quantize(dequantized_weight(linear, torch.float32), group)
+        state = qt.state_dict("weight")
+        if hasattr(linear, "weight_scale"):
+            del linear.weight_scale
+        assign_frozen_linear_weight(linear, state["weight"], state["weight_scale"], group if rotated else 0)
+    return model
+
+
+def test_the_plan_counts_an_int8_models_weights_exactly():
+    from trainer_core.devtools.random_weights import random_transformer
+    from trainer_core.models.float8 import block_linear_bytes
+    from trainer_core.planner import PlanInputs, plan_memory
+    from trainer_core.planner.arch import arch_from_transformer
+
+    model = int8_blocks(random_transformer(dict(num_layers=2, num_attention_heads=2), storage="float8"))
+    arch = arch_from_transformer(model)
+    plan = plan_memory(PlanInputs(storage="int8", device="cpu"), arch)
+    bias_bytes = arch.num_blocks * arch.block_linear_bias_params * 2
+    assert plan.term("frozen block Linears") + plan.term("row scales") + bias_bytes == block_linear_bytes(model)
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_an_int8_models_step_peaks_where_the_plan_says(checkpointing):
+    """tests/test_memory.py's whole-model check with int8 ConvRot blocks (group 256): the step's peak, measured by
+    `LiveBytes`, against the plan's terms for int8 storage (the upcast weight and the rotated input together)."""
+    from conftest import planned_step_peak
+    from test_memory import NARROW, with_lora
+
+    from trainer_core.devtools.memprobe import LiveBytes
+    from trainer_core.devtools.random_weights import random_transformer
+    from trainer_core.streaming.runner import BlockRunner
+    from trainer_core.training.objective import flow_loss
+
+    model = int8_blocks(random_transformer(dict(NARROW, num_layers=4), storage="float8"))
+    with_lora(model, targets="attention+mlp")
+    runner = BlockRunner(model, torch.device("cpu"), blocks_to_swap=3, checkpointing=checkpointing)
+    g = torch.Generator().manual_seed(0)
+    grid, text = 32, 64
+    x = torch.randn(1, grid * grid, 64, generator=g).bfloat16()
+    prompt = torch.randn(1, text, 3584, generator=g).bfloat16()
+    target = torch.randn(1, grid * grid, 64, generator=g)
+    with LiveBytes() as live:
+        prediction = model(hidden_states=x, encoder_hidden_states=prompt, timestep=torch.tensor([0.5]).bfloat16(),
+                           img_shapes=[[(1, grid, grid)]], return_dict=False)[0]
+        flow_loss(prediction, target).backward()
+        del prediction
+    runner.uninstall()
+    planned = planned_step_peak(model, grid, text, checkpointing, storage="int8")
+    print(f"checkpointing={checkpointing}: planned {planned}, measured {live.peak}, {planned / live.peak:.3f}")
+    assert planned == pytest.approx(live.peak, rel=0.03)

@@ -83,10 +83,10 @@ def test_weight_terms_equal_the_stored_tensors(storage):
     stored = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     tables = model.pos_embed.pos_freqs, model.pos_embed.neg_freqs
     stored += sum(t.numel() * t.element_size() for t in tables)
-    planned = plan.term("frozen block Linears") + plan.term("float8 row scales") + plan.term("biases")
+    planned = plan.term("frozen block Linears") + plan.term("row scales") + plan.term("biases")
     assert planned == stored
     bias_bytes = arch.num_blocks * arch.block_linear_bias_params * 2
-    assert plan.term("frozen block Linears") + plan.term("float8 row scales") + bias_bytes == block_linear_bytes(model)
+    assert plan.term("frozen block Linears") + plan.term("row scales") + bias_bytes == block_linear_bytes(model)
 
 
 @pytest.mark.parametrize("targets", list(LORA_TARGET_PRESETS))

@@ -203,7 +203,7 @@ def test_a_bf16_text_encoder_that_does_not_fit_names_float8():
     plan = plan_phases(PlanInputs(blocks_to_swap=43, text_encoder_storage="bfloat16"), ram_bytes=32 * GIB,
                        gpu_budget_bytes=12 * GIB)
     assert [s.phase for s in plan.shortfalls()] == ["cache"]
-    assert plan.suggestions[0].startswith("text encoder in float8 while caching (Load node: text_encoder_fp8 = keep)")
+    assert plan.suggestions[0].startswith("text encoder in one byte while caching (Load node: text_encoder_fp8 = keep)")
     fixed = plan_phases(dataclasses.replace(plan.inputs, text_encoder_storage="float8"), ram_bytes=32 * GIB,
                         gpu_budget_bytes=12 * GIB)
     assert fixed.fits

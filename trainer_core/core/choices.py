@@ -17,8 +17,12 @@ MODEL_SOURCES = ("ComfyUI model files", "diffusers folder", "tiny test model (ra
                  "shapes model (small, pretrained, ships with the pack)")
 NO_LORA = "(none: start from zero)"  # the continue_from_lora choice that starts a new adapter
 CUSTOM_FOLDER = "(custom path)"  # the dataset input_folder choice that uses the typed folder path
-# The memory planner models these block storages (float32 blocks are a CPU/test mode it does not cover).
-PLAN_STORAGE_MODES = tuple(m for m in STORAGE_MODES if m != "float32")
+# The memory planner models these block storages (float32 blocks are a CPU/test mode it does not cover), and "int8": an
+# int8 ConvRot file's weights kept as they are (what a float8 mode does with ComfyUI's int8 files, models/float8/).
+PLAN_STORAGE_MODES = (*(m for m in STORAGE_MODES if m != "float32"), "int8")
+# The text encoder files the planner knows: bf16, ComfyUI's fp8 scaled (Qwen-Image's template file) or int8 ConvRot
+# (2.1's template file); a one-byte file may keep its Linears in one byte while caching.
+PLAN_TEXT_ENCODER_FILES = ("bf16", "fp8", "int8")
 
 
 # The LoRA target presets by name (what each holds is an architecture fact: models/qwen_arch.LORA_TARGET_PRESETS,

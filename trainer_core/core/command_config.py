@@ -13,6 +13,7 @@ from .choices import (
     NO_LORA,
     NOT_USED,
     PLAN_STORAGE_MODES,
+    PLAN_TEXT_ENCODER_FILES,
     SAVE_DTYPES,
     STORAGE_MODES,
     TEXT_ENCODER_FP8_MODES,
@@ -198,7 +199,8 @@ class PlanConfig:
     height: int = _f(1024, "Image height in pixels (a bucket side: multiple of 32).", min=32, max=8192, step=32)
     storage: str = _f(
         "float8", "How the transformer's block weights are stored during training (as the Load node's storage; "
-        "the planner covers the float8 and bfloat16 modes).", choices=PLAN_STORAGE_MODES,
+        "the planner covers the float8 and bfloat16 modes, and int8: an int8 ConvRot file such as "
+        "qwen_image_2.1_int8_convrot kept as it is).", choices=PLAN_STORAGE_MODES,
     )
     budget_gb: float = _f(
         24.0, "GPU memory budget in GiB: the planner picks the fewest swapped blocks that fit it.",
@@ -208,9 +210,14 @@ class PlanConfig:
     dataset_images: int = _f(0, "Dataset images whose cached latents and prompts stay in host RAM.",
                              min=0, max=10_000_000)
     text_encoder_storage: str = _f(
-        "auto", "How the text encoder sits in memory while caching (float8: the Load node's text_encoder_fp8 = "
-        "keep, with the fp8_scaled file); auto: bfloat16 when it fits the GPU budget, else float8.",
+        "auto", "How the text encoder sits in memory while caching (float8: its one-byte file's Linears kept, the "
+        "Load node's text_encoder_fp8 = keep); auto: bfloat16 when it fits the GPU budget, else float8.",
         choices=("auto", "bfloat16", "float8"),
+    )
+    text_encoder_file: str = _f(
+        "auto", "The text encoder file: bf16, fp8 (qwen_2.5_vl_7b_fp8_scaled) or int8 (qwen3vl_8b_int8_convrot); "
+        "auto: the file ComfyUI's templates download for the model (Qwen-Image fp8, Qwen-Image 2.1 int8).",
+        choices=("auto", *PLAN_TEXT_ENCODER_FILES),
     )
     ram_gb: float = _f(
         0.0, "Host RAM of the training machine in GiB: every phase (loading, caching, training, previews, saving) "

@@ -25,6 +25,13 @@ from .search import auto_blocks_to_swap
 from .timeline import RUNTIME, GpuProfile, deeper_ring, predict, profile_for_device
 
 
+def planned_storage(components) -> str:
+    """The block storage the plan knows for a model set: its mode, "int8" where an int8 file's weights are kept."""
+    if components.block_storage.startswith("int8"):
+        return "int8"
+    return components.storage if components.storage in ("float8", "float8_scaled") else "bfloat16"
+
+
 def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
                    blocks_to_swap: int = 0) -> PlanInputs:
     """Plan inputs for training `components` on a cached dataset: its largest image sequence (the family's
@@ -37,7 +44,7 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
         w * h for w, h in s.condition_sizes))
     return PlanInputs.from_configs(
         lora, optimizer, dataclasses.replace(train, blocks_to_swap=blocks_to_swap), width, height,
-        storage=components.storage if components.storage in ("float8", "float8_scaled") else "bfloat16",
+        storage=planned_storage(components),
         text_tokens=text_tokens, device="cuda" if components.device.type == "cuda" else "cpu",
         dataset_images=len(dataset.samples),
         reference_sizes=tuple(tuple(z) for z in largest.condition_sizes),

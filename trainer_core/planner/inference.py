@@ -101,10 +101,12 @@ VAE21_DECODE_BYTES_PER_PIXEL_CHANNEL = 66.99
 TEXT21_EXTRA_PER_TOKEN = 16104
 
 
-@functools.lru_cache(maxsize=1)
-def real_parts21() -> PartSizes:
+@functools.lru_cache(maxsize=2)
+def real_parts21(lm_head: bool = True) -> PartSizes:
     """Qwen-Image 2.1's Qwen3-VL-8B (`models.qwen21_arch.QWEN3_VL_8B_CONFIG`, loaded whole: the folder loader
-    reads `Qwen3VLForConditionalGeneration`, vision tower and lm_head included) and its VAE, on the meta device."""
+    reads `Qwen3VLForConditionalGeneration`, vision tower and lm_head included) and its VAE, on the meta device.
+    `lm_head=False`: the encoder as ComfyUI's single file loads (families/qwen_image21/text_file.py drops the head:
+    no head weights, no logits)."""
     import torch
     from diffusers import AutoencoderKLQwenImage21
     from torch import nn
@@ -118,14 +120,15 @@ def real_parts21() -> PartSizes:
         vae = AutoencoderKLQwenImage21()
     linears = sum(m.weight.numel() for n, m in encoder.named_modules()
                   if isinstance(m, nn.Linear) and ".layers." in f".{n}")
+    head = 0 if lm_head else encoder.lm_head.weight.numel()
     return PartSizes(
-        text_encoder_params=sum(p.numel() for p in encoder.parameters()), text_encoder_linear_params=linears,
+        text_encoder_params=sum(p.numel() for p in encoder.parameters()) - head, text_encoder_linear_params=linears,
         text_encoder_largest=text["vocab_size"] * text["hidden_size"], text_hidden=text["hidden_size"],
         text_layers=text["num_hidden_layers"], text_intermediate=text["intermediate_size"],
         vae_params=sum(p.numel() for p in vae.parameters()), vae_base_dim=vae.config.base_dim,
         vae_encode_per_pixel_channel=VAE21_ENCODE_BYTES_PER_PIXEL_CHANNEL,
         vae_decode_per_pixel_channel=VAE21_DECODE_BYTES_PER_PIXEL_CHANNEL,
-        text_extra_per_token=TEXT21_EXTRA_PER_TOKEN, text_logits_per_token=text["vocab_size"],
+        text_extra_per_token=TEXT21_EXTRA_PER_TOKEN, text_logits_per_token=text["vocab_size"] if lm_head else 0,
         **vision_fields(encoder))
 
 
@@ -144,9 +147,10 @@ def vision_fields(encoder) -> dict:
                 else QWEN25_VISION_BLOCK_WORKING_PER_PATCH_CHANNEL)
 
 
-def parts_for_model(model: str) -> PartSizes:
-    """The real parts the `plan` command plans for `model` (arch.PLANNED_MODELS)."""
-    return real_parts21() if model == "qwen-image-2.1" else real_parts()
+def parts_for_model(model: str, text_encoder_file: bool = True) -> PartSizes:
+    """The real parts the `plan` command plans for `model` (arch.PLANNED_MODELS); `text_encoder_file`: 2.1's
+    encoder from ComfyUI's single file (no lm_head), else from a diffusers folder (all of it)."""
+    return real_parts21(lm_head=not text_encoder_file) if model == "qwen-image-2.1" else real_parts()
 
 
 def parts_for_components(components) -> PartSizes:

@@ -44,7 +44,18 @@ from dataclasses import dataclass, field
 from .arch import QwenImageArch, real_arch
 from .caching import cache_steps
 from .inference import PartSizes, preview_block_working_bytes, real_parts, vae_decode_bytes, vae_element_bytes
-from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, baseline_note, fp8_input_bytes, plan_memory
+from .plan import (
+    DTYPE_BYTES,
+    GIB,
+    UPCAST_COPIES,
+    MemoryPlan,
+    PlanInputs,
+    Term,
+    baseline_note,
+    fp8_input_bytes,
+    plan_memory,
+    rotation_input_bytes,
+)
 from .references import prefix_kv_bytes, reference_latent_tokens
 
 PHASES = ("load", "cache", "init", "train", "preview", "save")
@@ -52,7 +63,7 @@ AFTER_CACHING = ("init", "train", "preview", "save")  # what Init Trainer checks
 # Host RAM the planner leaves to the operating system, a desktop and other programs (assumed).
 HOST_RESERVE_BYTES = 4 * GIB
 # The training state that stays on the device between steps (plan_memory's term names).
-STATE_TERMS = ("frozen block Linears, resident", "swap slots", "float8 row scales", "biases, norms, non-block layers",
+STATE_TERMS = ("frozen block Linears, resident", "swap slots", "row scales", "biases, norms, non-block layers",
                "LoRA weights", "EMA of the LoRA weights", "optimizer state")  # optimizer state last (init)
 NOT_ALLOCATED = ("allocator slack", "CUDA context")
 SAVE_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -184,8 +195,9 @@ def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes) -> Te
     n_img += n_refs
     packed = arch.patch_size ** 2 * arch.latent_channels  # channels of a packed latent token (2 x 2 cells; 2.1: 1)
     latents = n_img * packed * act * (3 if p.preview_cfg else 2)  # latents, prediction(s) of this step
-    upcast = {"float8": 1, "float8_scaled": 2, "bfloat16": 0}[p.storage] * _largest_block_weight(arch) * act
-    upcast = max(upcast, fp8_input_bytes(arch, dataclasses.replace(p, batch=1), n_img))  # one Linear call at a time
+    one = dataclasses.replace(p, batch=1)
+    upcast = UPCAST_COPIES[p.storage] * _largest_block_weight(arch) * act + rotation_input_bytes(arch, one, n_img)
+    upcast = max(upcast, fp8_input_bytes(arch, one, n_img))  # one Linear call at a time
     denoise = (
         (n_img + n_txt) * arch.dim * act  # the block's inputs: image and text hidden states
         + preview_block_working_bytes(arch, p.targets, p.lora_dtype, n_img, n_txt)
@@ -320,10 +332,10 @@ def fewest_swapped_fitting(inputs: PlanInputs, arch: QwenImageArch, parts: PartS
 def _candidates(p: PlanInputs, failing: set[str], arch: QwenImageArch) -> list[tuple[str, dict]]:
     """Single changes worth trying, each as (label, PlanInputs fields)."""
     out: list[tuple[str, dict]] = []
-    # (2.1's text encoder comes from a diffusers folder: no float8 file of it to suggest)
-    if "cache" in failing and p.text_encoder_storage == "bfloat16" and not arch.single_stream:
-        out.append(("text encoder in float8 while caching (Load node: text_encoder_fp8 = keep" +
-                    (")" if p.text_encoder_file_fp8 else ", with the qwen_2.5_vl_7b_fp8_scaled file)"),
+    if "cache" in failing and p.text_encoder_storage == "bfloat16":
+        one_byte = "qwen3vl_8b_int8_convrot" if arch.single_stream else "qwen_2.5_vl_7b_fp8_scaled"
+        out.append(("text encoder in one byte while caching (Load node: text_encoder_fp8 = keep" +
+                    (")" if p.text_encoder_file_fp8 else f", with the {one_byte} file)"),
                     dict(text_encoder_storage="float8", text_encoder_file_fp8=True)))
     if p.storage == "bfloat16":
         out.append(("block storage float8 (Load node: storage)", dict(storage="float8")))

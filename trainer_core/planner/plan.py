@@ -8,7 +8,10 @@ dataset read (`for_run.py`), so every term can be checked against measurements o
 
 Where the numbers come from:
 - Parameter counts: the real transformer built on the meta device (`arch.real_arch`).
-- Weights: float8 1 byte per parameter, float8_scaled adds one fp32 scale per output row, bf16 2 bytes;
+- Weights: float8 1 byte per parameter, float8_scaled adds one fp32 scale per output row, bf16 2 bytes; int8 (an
+  int8 ConvRot file kept as it is) 1 byte and one fp32 scale per row, and its calls rotate their input first
+  (models/int8_convrot.py: a copy of the input, rows x in, counted in a preview's forward; measured not to reach the
+  training step's peak);
   everything outside the block Linears (biases, norms, embedders, final layers) in the compute dtype.
 - Block swapping (`streaming.swapper.BlockSwapper`): `blocks_to_swap` blocks' frozen Linear weights live in a pinned
   CPU master, one blob per block (`streaming.arena.blob_arena_layout`); the GPU holds a ring of `ring_depth` slots
@@ -46,7 +49,13 @@ from .optimizer_state import optimizer_state_bytes, optimizer_step_temp_bytes
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "float8_scaled": 1}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "float8_scaled": 1, "int8": 1}
+# Weight-sized transients of one frozen Linear call per storage, in weights of the compute dtype: the upcast copy, and
+# for float8_scaled the scaled product (models/float8/storage.py `FrozenLinearFunction`). int8 ConvRot: the upcast
+# copy; its rotated input is not alive at the training step's peak (tests/test_int8_files.py measures the whole step:
+# within 2% of float8's), so only a preview's forward counts it (phases.py, `rotation_input_bytes`).
+UPCAST_COPIES = {"float8": 1, "float8_scaled": 2, "int8": 1, "bfloat16": 0}
+ROW_SCALED = ("float8_scaled", "int8")  # one fp32 scale per output row of every block Linear
 # Assumptions (not measured here; benchmarks/gpu_check.py measures them on a GPU):
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + cuBLAS workspace: outside torch's allocator
 ALLOCATOR_SLACK = 0.05  # caching-allocator rounding and fragmentation, as a share of allocated bytes
@@ -72,7 +81,7 @@ class PlanInputs:
     lokr_decompose_both: bool = False
     lora_dropout: float = 0.0
     lora_in_compute_dtype: bool = True  # the trainer's LoRA matmuls (lora.compute_in_input_dtype); False: peft's cast
-    storage: str = "float8"  # block Linear weights: float8, float8_scaled or bfloat16
+    storage: str = "float8"  # block Linear weights: float8, float8_scaled, bfloat16, or int8 (an int8 file's, kept)
     compute_dtype: str = "bfloat16"
     checkpointing: bool = True
     blocks_to_swap: int = 0
@@ -98,7 +107,8 @@ class PlanInputs:
     cuda_context_bytes: int = CUDA_CONTEXT_BYTES
     allocator_slack: float = ALLOCATOR_SLACK
     # The phases around training (phases.py); defaults are the nodes' defaults.
-    text_encoder_file_fp8: bool = True  # the encoder file stores float8 Linears (ComfyUI's fp8_scaled file)
+    # The encoder file stores one-byte Linears (ComfyUI's fp8_scaled file, or an int8 ConvRot one) that caching may keep.
+    text_encoder_file_fp8: bool = True
     preview_width: int = 1024  # the Preview node's size
     preview_height: int = 1024
     preview_cfg: bool = True  # true CFG (the Preview node's cfg 4): the negative prompt runs a second forward
@@ -279,8 +289,19 @@ FP8_QUANTISED_BYTES_PER_VALUE = 5
 def fp8_input_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int) -> int:
     """The largest transient of fp8 activations: the biggest block Linear input (rows x in_features) quantised.
     0 when the option is off or the blocks are not stored in float8 (then the eager path runs)."""
-    if not p.fp8_activations or p.storage == "bfloat16":
+    if not p.fp8_activations or p.storage not in ("float8", "float8_scaled"):
         return 0
+    return FP8_QUANTISED_BYTES_PER_VALUE * largest_block_input(arch, p, n_img)
+
+
+def rotation_input_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int) -> int:
+    """int8 ConvRot blocks: the rotated copy of the biggest block Linear input (or of its input gradient), in the compute
+    dtype, alive with the upcast weight. 0 for other storage."""
+    return largest_block_input(arch, p, n_img) * DTYPE_BYTES[p.compute_dtype] if p.storage == "int8" else 0
+
+
+def largest_block_input(arch: QwenImageArch, p: PlanInputs, n_img: int) -> int:
+    """Values of the biggest input a block Linear takes in one call (rows x in_features)."""
     image_side = set(IMG_STREAM.values())
     largest = 0
     for s in arch.block_linears:
@@ -291,7 +312,7 @@ def fp8_input_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int) -> int:
         else:
             rows = p.batch * (n_img if s.name in image_side else p.text_tokens)
         largest = max(largest, rows * s.in_features)
-    return FP8_QUANTISED_BYTES_PER_VALUE * largest
+    return largest
 
 
 def modulation_window_steps(inputs: PlanInputs) -> int:
@@ -325,7 +346,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
 
     # Weights.
     block_w = _weight_bytes(arch.block_linear_weight_params, p.storage)  # one block's frozen Linear weights
-    scales = arch.block_linear_rows * 4 if p.storage == "float8_scaled" else 0
+    scales = arch.block_linear_rows * 4 if p.storage in ROW_SCALED else 0
     rest = (n * (arch.block_linear_bias_params + arch.block_other_params) + arch.outside_params) * act
     rest += 2 * arch.rope_table_positions * arch.rope_complex_per_token * 8  # the RoPE tables (complex64)
     num_slots = ring_for(K, p.ring_depth) if K else 0
@@ -355,8 +376,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         if alive > worst:
             worst_i, worst = i, alive
     grads_at_peak = worst - (worst_i + 1) * kept
-    upcast = {"float8": 1, "float8_scaled": 2, "bfloat16": 0}[p.storage] * max(
-        s_.in_features * s_.out_features for s_ in arch.block_linears) * act
+    upcast = UPCAST_COPIES[p.storage] * max(s_.in_features * s_.out_features for s_ in arch.block_linears) * act
     quantised = fp8_input_bytes(arch, p, n_img)
     upcast_detail = f"{p.storage} -> {p.compute_dtype}, transient"
     if quantised > upcast:  # one Linear call at a time: the forward's quantised input or the backward's copy
@@ -379,7 +399,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         Term("swap slots", slots, f"{num_slots} slot(s) x one block's Linear weights" if K else "no swapping"),
         Term("modulation outputs ahead", ahead, f"{modulation_window_steps(p) * p.grad_accum_steps - 1} forwards x {K} "
              "streamed blocks" if ahead else "none computed ahead"),
-        Term("float8 row scales", n * scales, "fp32, one per output row, all blocks" if scales else "not scaled"),
+        Term("row scales", n * scales, f"fp32, one per output row, all blocks ({p.storage})" if scales else "not scaled"),
         Term("biases, norms, non-block layers", rest, f"{p.compute_dtype}, and the RoPE tables"),
         Term("LoRA weights", lora_params * lora_b, f"{lora_params / 1e6:.1f}M params, {p.lora_dtype}"
              + (f", {p.adapter}" if p.adapter != "lora" else "")),

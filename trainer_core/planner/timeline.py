@@ -143,12 +143,17 @@ class Work:
 # Extra bytes per weight parameter each eager float8 Linear call moves: read the float8 weight (1) and write its
 # bf16 copy (2), then the matmul reads 2 bytes where a fused kernel would read 1 (+1); float8_scaled also
 # multiplies by its scales (read 2, write 2).
-UPCAST_BYTES = {"float8": 4, "float8_scaled": 8, "bfloat16": 0}
+UPCAST_BYTES = {"float8": 4, "float8_scaled": 8, "int8": 8, "bfloat16": 0}
 # Extra bytes per input value of a frozen Linear with fp8 activations (`models.float8.activations`, eager ops):
 # the row maxima read it (2), the division reads it and writes fp32 (2 + 4), the cast to float8 reads that and
 # writes 1 byte (4 + 1). The weight is not copied; float8_scaled's row scales ride in the matmul (rowwise scaling).
 QUANTIZE_BYTES = 13
 FP8_ACTIVATIONS = "fp8 activations"  # ComputePath.float8 for TrainConfig.fp8_activations
+# An int8 ConvRot Linear call rotates its input (forward) or its input gradient (backward) first: a bf16 matmul of each
+# group of ROTATION_GROUP features with the Hadamard matrix (models/int8_convrot.py), which reads and writes every value
+# (2 + 2 bytes). The group of ComfyUI's files.
+ROTATION_GROUP = 256
+ROTATION_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,7 @@ def _block_work(arch: QwenImageArch, p: PlanInputs, path: ComputePath, lora: boo
                   if s.name in MODULATION_LINEARS)
     tokens = n_img + p.text_tokens
     attention_fwd = 4 * p.batch * tokens * tokens * arch.dim  # q k^T and (softmax) v
-    fp8 = path.float8 == FP8_ACTIVATIONS and p.storage != "bfloat16"  # bf16 blocks keep the bf16 path
+    fp8 = path.float8 == FP8_ACTIVATIONS and p.storage in ("float8", "float8_scaled")  # bf16, int8: their own paths
     upcast = UPCAST_BYTES[p.storage] if path.float8 in ("eager", FP8_ACTIVATIONS) else 0
     params = arch.block_linear_weight_params
     mod_params = sum(s.in_features * s.out_features for s in arch.block_linears if s.name in MODULATION_LINEARS)
@@ -225,6 +230,12 @@ def _block_work(arch: QwenImageArch, p: PlanInputs, path: ComputePath, lora: boo
     # Backward: the frozen Linears' input gradients (never the modulation's: its input needs none), attention;
     # in bf16 on every path (fp8 activations keep the eager backward: weight upcast included).
     backward = Work(linear_fwd - mod_fwd + ATTENTION_BACKWARD_RATIO * attention_fwd, 0, upcast * (params - mod_params))
+    if p.storage == "int8":  # every frozen Linear call rotates a (rows, in) tensor first (ROTATION_GROUP)
+        values = sum(rows(s.name) * s.in_features for s in arch.block_linears)
+        mod_values = sum(rows(s.name) * s.in_features for s in arch.block_linears if s.name in MODULATION_LINEARS)
+        rotation = Work(2 * ROTATION_GROUP * values, 0, ROTATION_BYTES * values)
+        rotation_no_mod = Work(2 * ROTATION_GROUP * (values - mod_values), 0, ROTATION_BYTES * (values - mod_values))
+        forward, recompute, backward = forward + rotation, recompute + rotation_no_mod, backward + rotation_no_mod
     if p.checkpointing:
         backward = backward + recompute
     # LoRA: forward 2 r (in + out) per row; backward twice that (input and weight gradients). In fp32 peft also
@@ -432,7 +443,7 @@ def render_timeline(inputs: PlanInputs, gpu: GpuProfile, arch: QwenImageArch | N
         lines.append("  no block streamed")
     lines.append(f"  {'compute path':<46}{'s/step':>8}{'all resident':>14}{'streaming overhead':>20}")
     paths = list(PATHS)
-    if gpu.fp8_tflops and inputs.storage != "bfloat16":
+    if gpu.fp8_tflops and inputs.storage in ("float8", "float8_scaled"):
         paths.append(FP8_PATH)
         preds.append(predict(inputs, gpu, arch=arch, path=FP8_PATH))
     for path, pred in zip(paths, preds):

@@ -206,11 +206,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"--blocks-to-swap {args.blocks_to_swap}: {label} has {num_blocks} transformer blocks and at least one "
             f"must stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' (or leave it out) to let the planner choose."
         )
-    # 2.1's text encoder is read from a diffusers folder in the compute dtype: no float8 file to keep Linears of.
-    te_fp8_file = not arch.single_stream
+    # The text encoder file ComfyUI's templates download: Qwen-Image's fp8 scaled, 2.1's int8 ConvRot (one byte either).
+    te_file = args.text_encoder_file if args.text_encoder_file != "auto" else ("int8" if arch.single_stream else "fp8")
+    te_fp8_file = te_file != "bf16"
     if not te_fp8_file and args.text_encoder_storage == "float8":
-        raise UserInputError("--text-encoder-storage float8: Qwen-Image 2.1's text encoder is read from a diffusers "
-                             "folder in bfloat16 (no float8 file of it is read here): use bfloat16 or auto.")
+        raise UserInputError("--text-encoder-storage float8 keeps a one-byte file's Linears, and --text-encoder-file "
+                             "bf16 has none: use --text-encoder-file fp8 or int8, or --text-encoder-storage bfloat16.")
     if arch.single_stream and args.gpu is not None:
         raise UserInputError("--gpu: the step-time model (planner/timeline.py) is Qwen-Image's dual-stream one; "
                              "it does not model Qwen-Image 2.1 yet. Leave --gpu out.")
@@ -409,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--text-tokens", **config_arg(PlanConfig, "text_tokens"))
     plan.add_argument("--images", **config_arg(PlanConfig, "dataset_images"))
     plan.add_argument("--text-encoder-storage", **config_arg(PlanConfig, "text_encoder_storage"))
+    plan.add_argument("--text-encoder-file", **config_arg(PlanConfig, "text_encoder_file"))
     from ..planner.timeline import GPUS
 
     plan.add_argument("--gpu", choices=list(GPUS), default=None,

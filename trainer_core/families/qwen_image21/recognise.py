@@ -70,7 +70,7 @@ def load_from_settings(source: str, device, storage: str, compute_dtype: str, tr
                 f"encoder, unless their files are chosen) are read from a diffusers Qwen-Image 2.1 folder. Set "
                 f"diffusers_folder to that folder (it holds processor/, vae/ and text_encoder/; now "
                 f"{str(diffusers_folder or '').strip() or 'empty'}).")
-        fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device, parts=real_parts21()) if text_encoder else "dequantize"
+        fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device, parts=real_parts21(lm_head=False)) if text_encoder else "dequantize"
         return load_qwen_image21_folder(str(diffusers_folder).strip(), transformer_file=transformer, storage=storage,
                                         compute_dtype=dtype, device=device, text_encoder_file=text_encoder,
                                         vae_file=vae, text_encoder_fp8=fp8)
