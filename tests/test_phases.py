@@ -326,7 +326,7 @@ def test_automatic_swapping_takes_the_ring_depth_the_timeline_model_predicts_fas
 def test_fp8_activations_plan_their_quantised_input_where_it_outweighs_the_weight_copy():
     """At 1024², the image MLP's down projection quantises 4096 x 12288 input values: 5 bytes each (fp32 quotient
     and float8), more than the largest bf16 weight copy the eager path makes (a modulation Linear, 3072 x 18432)."""
-    from trainer_core.planner.plan import FP8_QUANTISED_BYTES_PER_VALUE
+    from trainer_core.planner.transients import FP8_QUANTISED_BYTES_PER_VALUE
 
     inputs = PlanInputs(rank=32, blocks_to_swap=31)
     eager, fp8 = plan_memory(inputs), plan_memory(dataclasses.replace(inputs, fp8_activations=True))

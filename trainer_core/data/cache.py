@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 
 from ..core.errors import UserInputError
 from ..core.files import check_path_room, os_error, remove_leftovers, write_error, write_safetensors_atomic
-from ..models.components import QwenImageComponents
+from ..models.components import CachingWork, QwenImageComponents
 from ..models.latents import encode_images
 from .images import Sample, load_cropped
 from .masks import loss_weights, mask_key
@@ -172,6 +172,20 @@ _ENTRY = len("0" * 32 + ".safetensors")
 ENTRY_ROOM = len("/latents/") + len(".") + _ENTRY + len(".4194304.tmp/") + _ENTRY + len(".tmpXXXXXX")
 
 
+# The longest prompt the pipelines encode (Qwen-Image's and 2.1's max_sequence_length): longer ones are cut there.
+MAX_PROMPT_TOKENS = 1024
+
+
+def caching_work(prompt_jobs: dict[str, tuple[str, Sample]], conditioning) -> CachingWork:
+    """What encoding `prompt_jobs` asks of the text encoder at most: the longest prompt's UTF-8 bytes (a byte-level
+    BPE token holds at least one: an upper bound of its tokens), and the images of the sample whose conditions are
+    largest (its prompt is encoded with them: Edit's controls, 2.1's references)."""
+    tokens = min(MAX_PROMPT_TOKENS, max(len(prompt.encode()) for prompt, _ in prompt_jobs.values()))
+    sizes = [tuple(conditioning.entry_fields(s).get("condition_sizes", ())) for _, s in prompt_jobs.values() if s]
+    largest = max(sizes, key=lambda z: sum(w * h for w, h in z), default=())
+    return CachingWork(text_tokens=tokens, image_sizes=largest)
+
+
 def build_cache(
     components: QwenImageComponents,
     samples: list[Sample],
@@ -262,7 +276,7 @@ def build_cache(
         write({"weights": loss_weights(s.mask, (s.width, s.height), s.bucket, grid)}, "masks", key,
               f"mask {Path(s.mask.path).name}", {"mask": Path(s.mask.path).name, "image": Path(s.image_path).name})
     if todo_prompts:
-        components.ensure_text_encoder()
+        components.ensure_text_encoder(caching_work(todo_prompts, conditioning))
         conditioning.encode_prompts(todo_prompts, write)
     components.release_text_encoder()
     components.release_vae()

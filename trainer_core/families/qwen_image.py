@@ -153,10 +153,13 @@ def load_single_files(transformer, text_encoder, vae, tokenizer_dir=None, storag
     import torch
 
     from ..models.single_file import load_single_files as load
-    from ..planner.device import resolve_text_encoder_fp8
+    from ..planner.device import CachingPlacement, resolve_text_encoder_fp8
 
-    return text_to_image(load(transformer, text_encoder, vae, tokenizer_dir, storage, compute_dtype or torch.bfloat16,
-                              device, resolve_text_encoder_fp8(text_encoder_fp8, device), **kwargs))
+    fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device)
+    components = load(transformer, text_encoder, vae, tokenizer_dir, storage, compute_dtype or torch.bfloat16, device, fp8,
+                      **kwargs)
+    components.text_encoder_placement = CachingPlacement(components, one_byte=fp8 == "keep")
+    return text_to_image(components)
 
 
 def load_diffusers_dir(*args, **kwargs):
@@ -178,8 +181,11 @@ def load_model_set(source: str, device, *args, text_encoder_fp8: str = "dequanti
     may be 'auto', decided here for `device` when the source is model files (the only one that reads it)."""
     from ..models.source import FILES
     from ..models.source import load_model_set as load
-    from ..planner.device import resolve_text_encoder_fp8
+    from ..planner.device import CachingPlacement, resolve_text_encoder_fp8
 
     if source == FILES:
         text_encoder_fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device)
-    return text_to_image(load(source, device, *args, text_encoder_fp8=text_encoder_fp8, **kwargs))
+    components = load(source, device, *args, text_encoder_fp8=text_encoder_fp8, **kwargs)
+    if source == FILES:
+        components.text_encoder_placement = CachingPlacement(components, one_byte=text_encoder_fp8 == "keep")
+    return text_to_image(components)

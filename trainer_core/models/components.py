@@ -14,6 +14,16 @@ from ..core.errors import UserInputError
 from ..core.host_memory import give_back_freed_memory
 
 
+@dataclass(frozen=True)
+class CachingWork:
+    """What caching will ask of the text encoder (the largest forward), for the placement that streams it: an upper
+    bound of a prompt's tokens (its UTF-8 bytes: a byte-level BPE token holds at least one byte), and the (W, H) px of
+    the images the largest sample's prompt is encoded with (none for text-to-image)."""
+
+    text_tokens: int = 256
+    image_sizes: tuple[tuple[int, int], ...] = ()
+
+
 @dataclass
 class QwenImageComponents:
     """Transformer + VAE + text encoder + tokenizer + scheduler settings.
@@ -52,6 +62,13 @@ class QwenImageComponents:
     # The text encoder's processor without the encoder, for a family whose preview pipeline needs it after
     # `release_text_encoder` (Qwen-Image 2.1: its pipeline reads the template's token counts); None: not needed.
     processor_loader: Callable[[], Any] | None = field(default=None, repr=False)
+    # Where the text encoder's tensors go when a file loader reads them for caching (text_encoder_file.Placement: the
+    # streamed layers' weights in host memory, the rest on the device): set by the families' loaders from the
+    # planner's choice for the device's free memory then (planner.device.CachingPlacement); None: read to the CPU and
+    # moved to the device whole.
+    text_encoder_placement: Any | None = field(default=None, repr=False)
+    # What the caching run now starting asks of the encoder (`ensure_text_encoder`), for that placement.
+    caching_work: CachingWork = field(default_factory=CachingWork, repr=False)
     # Reads the VAE again after `release_vae` dropped it (None: the VAE stays, parked on the CPU).
     vae_loader: Callable[[], nn.Module] | None = field(default=None, repr=False)
     # Streams the transformer from its file (transformer_file.TransformerFile); None: always loaded.
@@ -117,12 +134,14 @@ class QwenImageComponents:
         self.tokenizer = None
         self.give_memory_back()
 
-    def ensure_text_encoder(self) -> None:
-        """Bring the text encoder (and tokenizer) in, on `device`, if it is not loaded."""
+    def ensure_text_encoder(self, work: CachingWork | None = None) -> None:
+        """Bring the text encoder (and tokenizer) in, on `device` (its streamed layers' weights in host memory, where
+        `text_encoder_placement` streams it for `work`), if it is not loaded."""
         if self.text_encoder is not None:
             return
         if self.text_encoder_loader is None:
             raise RuntimeError("the text encoder was released and this model set cannot load it again")
+        self.caching_work = work or CachingWork()
         text_encoder, tokenizer = self.text_encoder_loader()
         self.text_encoder = text_encoder.to(self.device).requires_grad_(False).eval()
         self.tokenizer = tokenizer

@@ -109,11 +109,13 @@ def load_single_files(
     }
 
     def load_text_encoder():
-        return text_encoder_source(), load_tokenizer(tokenizer_dir, text_encoder, vocab_rows)
+        return text_encoder_source(components.text_encoder_placement), load_tokenizer(tokenizer_dir, text_encoder,
+                                                                                       vocab_rows)
 
-    return QwenImageComponents(
+    components = QwenImageComponents(
         transformer=None, vae=None, text_encoder=None, tokenizer=None,
         scheduler_config=dict(QWEN_IMAGE_SCHEDULER_CONFIG), compute_dtype=compute_dtype, device=device,
         name=Path(transformer).stem, storage=storage, text_encoder_loader=load_text_encoder,
         vae_loader=vae_source, transformer_source=transformer_source, _fingerprints=identities,
     )
+    return components

@@ -26,6 +26,7 @@ the tensor shapes are the 7B's; anything else is refused with a message that nam
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -118,6 +119,13 @@ def empty_text_encoder(config: dict, vision: bool = False) -> nn.Module:
     return model
 
 
+# Where a text encoder's tensors go as a loader reads them, decided above the model loaders (planner.device's caching
+# placement: the streamed layers' weights in host memory, the rest on the device): given the encoder built on the
+# meta device, (name -> the device its tensor is read to, a function run on the filled encoder that places the rest and
+# installs the streaming). A loader without one reads everything to the CPU.
+Placement = Callable[[nn.Module], tuple[Callable[[str], torch.device], Callable[[nn.Module], None]]]
+
+
 def check_fp8_mode(fp8: str) -> None:
     """The loaders take a concrete mode: 'auto' depends on the device's free memory, which the planner knows."""
     if fp8 == "auto":
@@ -156,22 +164,27 @@ class TextEncoderFile:
         self.scales = {ours: file.tensor(key) for ours, key in self.scale_keys.items()}
         refuse_nonfinite_scales(file, {self.scale_keys[n]: s for n, s in self.scales.items()})
 
-    def __call__(self) -> nn.Module:
-        """The text encoder on the CPU, frozen, in eval mode."""
+    def __call__(self, placement: Placement | None = None) -> nn.Module:
+        """The text encoder, frozen, in eval mode: on the CPU, or placed by `placement` (see `Placement`)."""
         file, fp8, scales, int8 = self.file, self.fp8, self.scales, self.int8
         model = empty_text_encoder(self.config, self.vision)
+        device_for, finish = placement(model) if placement is not None else (None, None)
         linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
 
         def assign(module: nn.Module, leaf: str, name: str, tensor: torch.Tensor) -> None:
             scale = scales.get(name)
+            home = device_for(name) if device_for is not None else tensor.device
             if fp8 == "keep" and tensor.dtype in ONE_BYTE_DTYPES and leaf == "weight" and name[: -len(".weight")] in linears:
-                assign_frozen_linear_weight(module, tensor, scale, int8.get(name, 0))
+                assign_frozen_linear_weight(module, tensor.to(home), None if scale is None else scale.to(home),
+                                            int8.get(name, 0))
             else:
-                assign_parameter(module, leaf, dequantize(tensor, scale, int8.get(name, 0)).to(self.compute_dtype))
+                assign_parameter(module, leaf, dequantize(tensor, scale, int8.get(name, 0)).to(home, self.compute_dtype))
 
         fill_empty(model, ((n, file.tensor(k)) for n, k in self.names.items()), assign,
                    source=f"text encoder file {file.path}",
                    hint="Choose qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors.", int8_ok=int8)
+        if finish is not None:
+            finish(model)
         return model.eval()
 
 

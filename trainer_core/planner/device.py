@@ -1,5 +1,6 @@
-"""The memory budget of a CUDA device, probed now, and the choices made against it: the swap count, and the
-text encoder file's fp8 mode 'auto' (decided here, above the model loaders, which take only a concrete mode).
+"""The memory budget of a CUDA device, probed now, and the choices made against it: the swap count, the text encoder
+file's fp8 mode 'auto' (decided here, above the model loaders, which take only a concrete mode), and which text encoder
+layers stream while caching (`CachingPlacement`, handed to the loaders as a placement).
 
 The one part of the planner that touches a device (torch.cuda, imported when called): kept apart so
 the plan maths and the search stay pure and testable on any machine.
@@ -65,3 +66,68 @@ def resolve_text_encoder_fp8(mode: str, device, inputs: PlanInputs | None = None
     inputs = dataclasses.replace(inputs or PlanInputs(), text_encoder_storage="auto", text_encoder_file_fp8=True,
                                  device="cuda", cuda_context_bytes=0)  # the context exists: not in the free figure
     return "keep" if choose_text_encoder_storage(inputs, detect_budget(device).bytes, parts=parts) == "float8" else "dequantize"
+
+
+class CachingPlacement:
+    """Where a text encoder's tensors go when a file loader reads it for caching (`models.text_encoder_file.Placement`,
+    set on a model set as `text_encoder_placement` by the families' loaders): decided when the encoder is read, for the
+    device's free memory then and the caching work the model set was handed (`CachingWork`: the longest prompt, the
+    largest sample's images). On a GPU the fewest decoder layers (then vision blocks) stream from host memory whose
+    prompts step fits (`phases.choose_encoder_streaming`); on the CPU none do. The streamed layers' weights are read
+    into host memory, everything else straight to the device (`streaming.encoder`).
+
+    `one_byte`: the loader keeps the file's one-byte Linears (text_encoder_fp8 = keep), which streams half the bytes.
+    `streamed`: the layers to stream whatever the device (tests: a CPU run streamed, against a resident one)."""
+
+    def __init__(self, components, one_byte: bool = False, streamed=None):
+        self.components = components
+        self.one_byte = one_byte
+        self.forced = streamed
+        self.decided = None  # the StreamedLayers of the last read
+        self.streams = None  # its installed EncoderStreams, while that encoder lives
+
+    def __call__(self, encoder):
+        import torch
+
+        from ..streaming.encoder import EncoderStreams, streamed_weight_names
+
+        device = self.components.device
+        streamed = self.forced if self.forced is not None else self.choose(encoder, device)
+        self.decided = streamed
+        host = streamed_weight_names(encoder, streamed)
+        cpu = torch.device("cpu")
+
+        def finish(filled) -> None:
+            if streamed.any:
+                self.streams = EncoderStreams.install(filled, device, streamed)
+            else:
+                filled.to(device)
+
+        return (lambda name: cpu if name in host else device), finish
+
+    def choose(self, encoder, device):
+        """The layers to stream on `device` for the model set's caching work (see the class docstring)."""
+        import torch
+
+        from ..core.errors import UserInputError
+        from ..streaming.encoder import StreamedLayers
+        from .inference import parts_for_encoder
+        from .phases import choose_encoder_streaming, prompts_step_gpu_bytes
+
+        if torch.device(device).type != "cuda":
+            return StreamedLayers()
+        work = self.components.caching_work
+        parts = parts_for_encoder(encoder)
+        inputs = PlanInputs(text_tokens=work.text_tokens, reference_sizes=tuple(work.image_sizes), device="cuda",
+                            text_encoder_storage="float8" if self.one_byte else "bfloat16", cuda_context_bytes=0,
+                            text_encoder_streamed=None)
+        budget = detect_budget(device)
+        decoder, vision = choose_encoder_streaming(inputs, budget.bytes, parts)
+        needed = prompts_step_gpu_bytes(dataclasses.replace(inputs, text_encoder_streamed=decoder,
+                                                            vision_streamed=vision), parts)
+        if needed > budget.bytes:
+            raise UserInputError(
+                f"caching: the text encoder needs {needed / GIB:.2f} GiB of the GPU even with all its layers streamed "
+                f"from host memory, and {budget.bytes / GIB:.2f} GiB are free ({budget.source}). Close other programs "
+                "that use the GPU, shorten the longest caption, or use smaller control or reference images.")
+        return StreamedLayers(decoder, vision)

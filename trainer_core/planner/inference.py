@@ -70,6 +70,12 @@ class PartSizes:
     vision_temporal_patch: int = 2  # frames per patch (an image is repeated to fill them)
     vision_deepstack: tuple[int, ...] = ()  # blocks whose outputs are merged again (DeepStack features)
     vision_working_per_patch_channel: float = 0.0  # one block's transients (references.py), 2.1's or Edit's
+    vision_block_linear_params: int = 0  # one vision block's Linear weights: what streaming one block moves
+
+    @property
+    def text_layer_linear_params(self) -> int:
+        """One decoder layer's Linear weights (every layer alike): what streaming one layer moves."""
+        return self.text_encoder_linear_params // max(self.text_layers, 1)
 
 
 @functools.lru_cache(maxsize=1)
@@ -137,9 +143,13 @@ def vision_fields(encoder) -> dict:
     `model.visual` and its config (Qwen2.5-VL has no DeepStack)."""
     from .references import QWEN25_VISION_BLOCK_WORKING_PER_PATCH_CHANNEL, VISION_BLOCK_WORKING_PER_PATCH_CHANNEL
 
+    from torch import nn
+
     visual, cfg = encoder.model.visual, encoder.config.vision_config
     deepstack = getattr(cfg, "deepstack_visual_indexes", None)
+    block = sum(m.weight.numel() for m in visual.blocks[0].modules() if isinstance(m, nn.Linear))
     return dict(vision_params=sum(p.numel() for p in visual.parameters()), vision_layers=cfg.depth,
+                vision_block_linear_params=block,
                 vision_hidden=cfg.hidden_size, vision_out=cfg.out_hidden_size, vision_patch=cfg.patch_size,
                 vision_merge=cfg.spatial_merge_size, vision_temporal_patch=cfg.temporal_patch_size,
                 vision_deepstack=tuple(deepstack or ()),
@@ -156,31 +166,42 @@ def parts_for_model(model: str, text_encoder_file: bool = True) -> PartSizes:
 def parts_for_components(components) -> PartSizes:
     """The sizes of a loaded model set's VAE (and text encoder, while it is loaded); the real model's for a
     part that is not there (a released text encoder: caching is over by the time a run is planned)."""
-    from torch import nn
-
     from ..models.qwen21_arch import is_qwen_image21
 
     fields: dict = {}
     vae = components.vae
     if vae is not None:
         fields.update(vae_params=sum(p.numel() for p in vae.parameters()), vae_base_dim=vae.config.base_dim)
-    encoder = components.text_encoder
-    if encoder is not None:
-        text = encoder.config.get_text_config() if hasattr(encoder.config, "get_text_config") else encoder.config
-        params = dict(encoder.named_parameters())
-        linears = sum(m.weight.numel() for n, m in encoder.named_modules()
-                      if isinstance(m, nn.Linear) and ".layers." in f".{n}")
-        fields.update(
-            text_encoder_params=sum(p.numel() for p in params.values()), text_encoder_linear_params=linears,
-            text_encoder_largest=max(p.numel() for p in params.values()), text_hidden=text.hidden_size,
-            text_layers=text.num_hidden_layers, text_intermediate=text.intermediate_size,
-            # logits the forward computes: 2.1's folder encoder keeps its lm_head; the file loaders drop it
-            text_logits_per_token=head.out_features if isinstance(head := getattr(encoder, "lm_head", None),
-                                                                  nn.Linear) else 0)
-        if getattr(getattr(encoder, "model", None), "visual", None) is not None:
-            fields.update(vision_fields(encoder))  # 2.1's or Edit's tower (its weights are in the params above)
+    if components.text_encoder is not None:
+        fields.update(encoder_fields(components.text_encoder))
     # The real model's constants and the sizes of a part not loaded.
     return dataclasses.replace(real_parts21() if is_qwen_image21(components.skeleton()) else real_parts(), **fields)
+
+
+def encoder_fields(encoder) -> dict:
+    """PartSizes' text encoder (and vision tower) fields of a Qwen2.5-VL or Qwen3-VL encoder, loaded or on the meta
+    device (only shapes are read)."""
+    from torch import nn
+
+    text = encoder.config.get_text_config() if hasattr(encoder.config, "get_text_config") else encoder.config
+    params = dict(encoder.named_parameters())
+    linears = sum(m.weight.numel() for n, m in encoder.named_modules() if isinstance(m, nn.Linear) and ".layers." in f".{n}")
+    fields = dict(
+        text_encoder_params=sum(p.numel() for p in params.values()), text_encoder_linear_params=linears,
+        text_encoder_largest=max(p.numel() for p in params.values()), text_hidden=text.hidden_size,
+        text_layers=text.num_hidden_layers, text_intermediate=text.intermediate_size,
+        # logits the forward computes: 2.1's folder encoder keeps its lm_head; the file loaders drop it
+        text_logits_per_token=head.out_features if isinstance(head := getattr(encoder, "lm_head", None), nn.Linear) else 0)
+    if getattr(getattr(encoder, "model", None), "visual", None) is not None:
+        fields.update(vision_fields(encoder))  # 2.1's or Edit's tower (its weights are in the params above)
+    return fields
+
+
+def parts_for_encoder(encoder) -> PartSizes:
+    """The sizes the caching phase plans for `encoder` (loaded or on the meta device): Qwen3-VL's (2.1) constants or
+    Qwen2.5-VL's (Qwen-Image), with the encoder's own shapes."""
+    base = real_parts21(lm_head=False) if encoder.config.model_type == "qwen3_vl" else real_parts()
+    return dataclasses.replace(base, **encoder_fields(encoder))
 
 
 def preview_block_working_bytes(arch: QwenImageArch, targets: str, lora_dtype: str, n_img: int, n_txt: int) -> int:

@@ -4,6 +4,7 @@
     plan.phases["preview"].gpu_bytes, plan.phases["init"].host_bytes, plan.fits, plan.suggestions
     refuse_if_unfit(plan, AFTER_CACHING, "Init Trainer")      # UserInputError: phase, bytes, what would fit
     choose_text_encoder_storage(inputs, gpu_budget_bytes)       # "bfloat16" or "float8" for caching
+    choose_encoder_streaming(inputs, gpu_budget_bytes)          # (decoder layers, vision blocks) streamed while caching
 
 Phases (`PHASES`), as the lazy model set runs them (each part loaded when first needed, released after):
   load     the Load node reads file headers only: the process itself.
@@ -42,47 +43,25 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .arch import QwenImageArch, real_arch
-from .caching import cache_steps
-from .inference import PartSizes, preview_block_working_bytes, real_parts, vae_decode_bytes, vae_element_bytes
-from .plan import (
-    DTYPE_BYTES,
-    GIB,
-    UPCAST_COPIES,
-    MemoryPlan,
-    PlanInputs,
-    Term,
-    baseline_note,
-    fp8_input_bytes,
-    plan_memory,
-    rotation_input_bytes,
+from .caching import (  # noqa: F401 (re-exported: what caching chooses)
+    cache_phase,
+    choose_encoder_streaming,
+    choose_text_encoder_storage,
+    prompts_step_gpu_bytes,
 )
+from .inference import PartSizes, preview_block_working_bytes, real_parts, vae_decode_bytes, vae_element_bytes
+from .phase import HOST_RESERVE_BYTES, Phase, baseline, on_device
+from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, plan_memory
 from .references import prefix_kv_bytes, reference_latent_tokens
+from .transients import UPCAST_COPIES, fp8_input_bytes, rotation_input_bytes
 
 PHASES = ("load", "cache", "init", "train", "preview", "save")
 AFTER_CACHING = ("init", "train", "preview", "save")  # what Init Trainer checks; these depend on blocks_to_swap
-# Host RAM the planner leaves to the operating system, a desktop and other programs (assumed).
-HOST_RESERVE_BYTES = 4 * GIB
 # The training state that stays on the device between steps (plan_memory's term names).
 STATE_TERMS = ("frozen block Linears, resident", "swap slots", "row scales", "biases, norms, non-block layers",
                "LoRA weights", "EMA of the LoRA weights", "optimizer state")  # optimizer state last (init)
 NOT_ALLOCATED = ("allocator slack", "CUDA context")
 SAVE_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-
-
-@dataclass(frozen=True)
-class Phase:
-    name: str
-    gpu: list[Term]  # on the GPU (empty when the device is the CPU)
-    host: list[Term]  # in host RAM, the process's baseline included
-    note: str = ""
-
-    @property
-    def gpu_bytes(self) -> int:
-        return sum(t.bytes for t in self.gpu)
-
-    @property
-    def host_bytes(self) -> int:
-        return sum(t.bytes for t in self.host)
 
 
 @dataclass(frozen=True)
@@ -134,33 +113,6 @@ class PhasePlan:
 # the phases
 
 
-def _on_device(p: PlanInputs, allocated: list[Term], host: list[Term], name: str, note: str = "") -> Phase:
-    """A phase from its device-side and host-side terms: on CUDA the device terms get allocator slack and the
-    CUDA context (as plan_memory counts them); on the CPU they are host RAM."""
-    allocated = [t for t in allocated if t.bytes]
-    if p.device != "cuda":
-        return Phase(name, [], host + [Term(f"{t.name} (device = CPU)", t.bytes, t.note) for t in allocated], note)
-    total = sum(t.bytes for t in allocated)
-    gpu = allocated + [Term("allocator slack", int(total * p.allocator_slack), f"assumed {p.allocator_slack:.0%}"),
-                       Term("CUDA context", p.cuda_context_bytes, "assumed, outside torch's allocator")]
-    return Phase(name, gpu, host, note)
-
-
-def _baseline(p: PlanInputs) -> Term:
-    return Term("process baseline", p.process_baseline_bytes, baseline_note(p))
-
-
-def _cache_phase(p: PlanInputs, parts: PartSizes) -> Phase:
-    prompts, latents = cache_steps(p, parts)
-    prompt_bytes, latent_bytes = sum(t.bytes for t in prompts), sum(t.bytes for t in latents)
-    larger = prompts if prompt_bytes >= latent_bytes else latents
-    in_flight = Term("tensor in flight", parts.text_encoder_largest * DTYPE_BYTES[p.compute_dtype],
-                     "the largest text encoder tensor, read from its file")
-    note = (f"text encoder step {prompt_bytes / GIB:.2f} GiB, VAE step {latent_bytes / GIB:.2f} GiB, "
-            "one after the other; before slack")
-    return _on_device(p, larger, [_baseline(p), in_flight], "cache", note)
-
-
 def _host_state(plan: MemoryPlan, parts: PartSizes) -> list[Term]:
     """Host RAM that stays from init to the end: masters (once), their pinning overhead, cached dataset, VAE."""
     p = plan.inputs
@@ -172,7 +124,7 @@ def _host_state(plan: MemoryPlan, parts: PartSizes) -> list[Term]:
     else:
         pinning = Term("pinned staging buffer", p.staging_bytes if k else 0, "pageable masters are copied through it")
     return [
-        _baseline(p), masters, pinning,
+        baseline(p), masters, pinning,
         Term("cached latents + prompt embeddings", plan.term("cached latents"), f"{p.dataset_images} images"),
         Term("VAE, kept on the CPU for previews", parts.vae_params * DTYPE_BYTES[p.compute_dtype]),
     ]
@@ -196,7 +148,7 @@ def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes) -> Te
     packed = arch.patch_size ** 2 * arch.latent_channels  # channels of a packed latent token (2 x 2 cells; 2.1: 1)
     latents = n_img * packed * act * (3 if p.preview_cfg else 2)  # latents, prediction(s) of this step
     one = dataclasses.replace(p, batch=1)
-    upcast = UPCAST_COPIES[p.storage] * _largest_block_weight(arch) * act + rotation_input_bytes(arch, one, n_img)
+    upcast = UPCAST_COPIES[p.storage] * _largest_block_weight(arch) * act + rotation_input_bytes(arch, one, n_img, act)
     upcast = max(upcast, fp8_input_bytes(arch, one, n_img))  # one Linear call at a time
     denoise = (
         (n_img + n_txt) * arch.dim * act  # the block's inputs: image and text hidden states
@@ -227,7 +179,7 @@ def training_phases(plan: MemoryPlan, arch: QwenImageArch, parts: PartSizes) -> 
     largest = _largest_block_weight(arch)
     lora_bytes, opt_bytes = plan.term("LoRA weights"), plan.term("optimizer state")
 
-    init = _on_device(p, _state(plan, STATE_TERMS[:-1]) + [
+    init = on_device(p, _state(plan, STATE_TERMS[:-1]) + [
         Term("tensor in flight", largest * (4 + act), "largest tensor, converted via fp32 to its storage"),
     ], host + [Term("tensor in flight", largest * 2, "one tensor read from the file (bf16 at most)")], "init",
         "the optimizer state is allocated at the first step")
@@ -236,10 +188,10 @@ def training_phases(plan: MemoryPlan, arch: QwenImageArch, parts: PartSizes) -> 
     ema_bytes = plan.term("EMA of the LoRA weights")
     checkpoint = Term("checkpoint copy", lora_bytes + ema_bytes + opt_bytes if cuda else 0,
                       "LoRA, EMA and optimizer state on the CPU while a checkpoint is written")
-    train = _on_device(p, allocated, host + [checkpoint], "train", f"training peak: {plan.peak_phase}")
+    train = on_device(p, allocated, host + [checkpoint], "train", f"training peak: {plan.peak_phase}")
 
     vae = [Term("VAE on the device", parts.vae_params * act, "moved there to decode")] if cuda else []
-    preview = _on_device(p, _state(plan) + vae + [_preview_working(p, arch, parts)], host, "preview",
+    preview = on_device(p, _state(plan) + vae + [_preview_working(p, arch, parts)], host, "preview",
                          "the training state stays; no activations or gradients")
 
     lora_params = lora_bytes // lora_b
@@ -248,7 +200,7 @@ def training_phases(plan: MemoryPlan, arch: QwenImageArch, parts: PartSizes) -> 
                 f"{lora_params / 1e6:.1f}M params in {p.save_dtype}")
     # Writing the EMA's file: the raw weights are kept aside on the device meanwhile (ema.averaged_weights).
     kept = [Term("raw LoRA kept while the EMA is written", lora_bytes)] if ema_bytes else []
-    save = _on_device(p, _state(plan) + kept, host + [copy], "save")
+    save = on_device(p, _state(plan) + kept, host + [copy], "save")
     return {"init": init, "train": train, "preview": preview, "save": save}
 
 
@@ -256,23 +208,6 @@ def gpu_peak_after_caching(plan: MemoryPlan, arch: QwenImageArch | None = None, 
     """The largest GPU figure of init, train, preview and save: what a swap count must fit."""
     phases = training_phases(plan, arch or real_arch(), parts or real_parts())
     return max(phase.gpu_bytes for phase in phases.values())
-
-
-def choose_text_encoder_storage(inputs: PlanInputs, gpu_budget_bytes: int | None = None, ram_bytes: int | None = None,
-                                arch: QwenImageArch | None = None, parts: PartSizes | None = None) -> str:
-    """The text encoder's precision while caching: inputs.text_encoder_storage unless it is "auto"; then
-    "bfloat16" when the cache phase fits with it (the GPU budget; on the CPU, the RAM), else "float8" (the
-    fp8_scaled file's float8 Linears kept: half the memory). A bf16 file has no float8 to keep: bfloat16."""
-    if inputs.text_encoder_storage != "auto":
-        return inputs.text_encoder_storage
-    if not inputs.text_encoder_file_fp8:
-        return "bfloat16"
-    phase = _cache_phase(dataclasses.replace(inputs, text_encoder_storage="bfloat16"), parts or real_parts())
-    if inputs.device == "cuda":
-        fits = gpu_budget_bytes is None or phase.gpu_bytes <= gpu_budget_bytes
-    else:
-        fits = ram_bytes is None or phase.host_bytes <= ram_bytes - HOST_RESERVE_BYTES
-    return "bfloat16" if fits else "float8"
 
 
 def plan_phases(inputs: PlanInputs, arch: QwenImageArch | None = None, ram_bytes: int | None = None,
@@ -283,8 +218,10 @@ def plan_phases(inputs: PlanInputs, arch: QwenImageArch | None = None, ram_bytes
     arch, parts = arch or real_arch(), parts or real_parts()
     inputs = dataclasses.replace(inputs, text_encoder_storage=choose_text_encoder_storage(
         inputs, gpu_budget_bytes, ram_bytes, arch, parts))
+    decoder, vision = choose_encoder_streaming(inputs, gpu_budget_bytes, parts)
+    inputs = dataclasses.replace(inputs, text_encoder_streamed=decoder, vision_streamed=vision)
     training = plan_memory(inputs, arch)
-    phases = {"load": Phase("load", [], [_baseline(inputs)], "file headers only"), "cache": _cache_phase(inputs, parts)}
+    phases = {"load": Phase("load", [], [baseline(inputs)], "file headers only"), "cache": cache_phase(inputs, parts)}
     phases.update(training_phases(training, arch, parts))
     plan = PhasePlan(inputs, training, {name: phases[name] for name in PHASES}, gpu_budget_bytes, ram_bytes)
     if suggest and not plan.fits:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from ..adapters.lycoris import tensor_shapes
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
-from ..models.qwen_arch import IMG_STREAM, MODULATION_LINEARS
+from ..models.qwen_arch import MODULATION_LINEARS
 from ..streaming.arena import blob_arena_layout
 from ..streaming.placement import MODULATION_WINDOW, NUM_SLOTS, BlobLayout, blob_layout, ring_for
 from .activations import (
@@ -45,16 +45,12 @@ from .activations import (
 )
 from .arch import QwenImageArch, real_arch
 from .lycoris_terms import lycoris_saved_bytes, lycoris_working_bytes
+from .transients import UPCAST_COPIES, fp8_input_bytes
 from .optimizer_state import optimizer_state_bytes, optimizer_step_temp_bytes
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "float8_scaled": 1, "int8": 1}
-# Weight-sized transients of one frozen Linear call per storage, in weights of the compute dtype: the upcast copy, and
-# for float8_scaled the scaled product (models/float8/storage.py `FrozenLinearFunction`). int8 ConvRot: the upcast
-# copy; its rotated input is not alive at the training step's peak (tests/test_int8_files.py measures the whole step:
-# within 2% of float8's), so only a preview's forward counts it (phases.py, `rotation_input_bytes`).
-UPCAST_COPIES = {"float8": 1, "float8_scaled": 2, "int8": 1, "bfloat16": 0}
 ROW_SCALED = ("float8_scaled", "int8")  # one fp32 scale per output row of every block Linear
 # Assumptions (not measured here; benchmarks/gpu_check.py measures them on a GPU):
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + cuBLAS workspace: outside torch's allocator
@@ -103,6 +99,10 @@ class PlanInputs:
     # How the text encoder sits in memory while caching: bfloat16, float8 (its fp8 file's Linears kept), or
     # auto (float8 only when bfloat16 would not fit: phases.choose_text_encoder_storage).
     text_encoder_storage: str = "auto"
+    # Text encoder layers streamed from host memory while caching (streaming/encoder.py): its decoder layers and its
+    # vision tower's blocks; None: the fewest that fit the GPU budget (phases.choose_encoder_streaming).
+    text_encoder_streamed: int | None = 0
+    vision_streamed: int = 0
     dataset_images: int = 0  # cached latents + prompt embeddings the trainer holds in host RAM
     cuda_context_bytes: int = CUDA_CONTEXT_BYTES
     allocator_slack: float = ALLOCATOR_SLACK
@@ -279,40 +279,6 @@ def _outside_activation_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int, ac
 
 # --------------------------------------------------------------------------------------------------
 # the plan
-
-
-# fp8 activations (models.float8.activations) quantise a Linear's input x: x / scale in fp32 (4 bytes per value)
-# and its float8 copy (1), alive together for a moment.
-FP8_QUANTISED_BYTES_PER_VALUE = 5
-
-
-def fp8_input_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int) -> int:
-    """The largest transient of fp8 activations: the biggest block Linear input (rows x in_features) quantised.
-    0 when the option is off or the blocks are not stored in float8 (then the eager path runs)."""
-    if not p.fp8_activations or p.storage not in ("float8", "float8_scaled"):
-        return 0
-    return FP8_QUANTISED_BYTES_PER_VALUE * largest_block_input(arch, p, n_img)
-
-
-def rotation_input_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int) -> int:
-    """int8 ConvRot blocks: the rotated copy of the biggest block Linear input (or of its input gradient), in the compute
-    dtype, alive with the upcast weight. 0 for other storage."""
-    return largest_block_input(arch, p, n_img) * DTYPE_BYTES[p.compute_dtype] if p.storage == "int8" else 0
-
-
-def largest_block_input(arch: QwenImageArch, p: PlanInputs, n_img: int) -> int:
-    """Values of the biggest input a block Linear takes in one call (rows x in_features)."""
-    image_side = set(IMG_STREAM.values())
-    largest = 0
-    for s in arch.block_linears:
-        if arch.single_stream:  # 2.1: every block Linear reads the joint sequence
-            rows = p.batch * (n_img + p.text_tokens)
-        elif s.name in MODULATION_LINEARS:
-            rows = p.batch
-        else:
-            rows = p.batch * (n_img if s.name in image_side else p.text_tokens)
-        largest = max(largest, rows * s.in_features)
-    return largest
 
 
 def modulation_window_steps(inputs: PlanInputs) -> int:

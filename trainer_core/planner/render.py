@@ -68,7 +68,9 @@ def render_phases(plan: PhasePlan, terms: bool = False) -> str:
     ram_head = ("host RAM not checked" if plan.ram_bytes is None else
                 f"host RAM {plan.ram_bytes / GIB:.2f} GiB, {plan.usable_ram_bytes / GIB:.2f} usable "
                 f"({HOST_RESERVE_BYTES / GIB:.0f} GiB left to the system)")
-    lines = [f"Per phase ({gpu_head}; {ram_head}; text encoder {p.text_encoder_storage} while caching; previews "
+    streamed = f", {p.text_encoder_streamed} decoder layers streamed" if p.text_encoder_streamed else ""
+    streamed += f", {p.vision_streamed} vision blocks streamed" if p.vision_streamed else ""
+    lines = [f"Per phase ({gpu_head}; {ram_head}; text encoder {p.text_encoder_storage}{streamed} while caching; previews "
              f"{p.preview_width}x{p.preview_height}{' with CFG' if p.preview_cfg else ''}; device {p.device}):",
              f"{'phase':<9}{'GPU peak':>12}{'host RAM':>12}  verdict", "-" * 60]
     for name, phase in plan.phases.items():

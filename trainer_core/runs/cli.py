@@ -227,6 +227,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         optimizer=args.optimizer, grad_accum_steps=args.grad_accum, dataset_images=args.images,
         text_encoder_storage=args.text_encoder_storage, preview_width=args.preview_size,
         preview_height=args.preview_size, text_encoder_file_fp8=te_fp8_file,
+        text_encoder_streamed=None,  # the fewest layers that fit the budget (choose_encoder_streaming)
     )
     inputs = _with_references(args, inputs, arch)
     if not auto:

@@ -60,7 +60,7 @@ class BlockRunner:
         swapped = list(self.placement.streamed) if self.placement else []
         self._place(swapped)
         self.trace: Trace | None = None
-        self.swapper = BlockSwapper(transformer, self.placement, device, shared=host_copy) if swapped else None
+        self.swapper = BlockSwapper(blocks, self.placement, device, shared=host_copy) if swapped else None
         self.modulation = ModulationOutputs(transformer, set(swapped))
         self.float8 = path.install([lin for block in blocks for _, lin in frozen_linears(block)], device)
         # After the float8 path: the modulation wrappers call the forward it installed.

@@ -28,16 +28,18 @@ class BlockSwapper:
     every streamed Linear back at its master (the runner's uninstall), `unpin()` then moves the masters to
     pageable memory; `bytes_copied`, `slot_bytes` and `pinned_status` for tests and the run's status."""
 
-    def __init__(self, transformer: nn.Module, placement: Placement, device: torch.device,
+    def __init__(self, blocks, placement: Placement, device: torch.device,
                  trace: Trace | None = None, shared=None):
-        """`shared`: a `shared_host.SharedHostCopy` whose blobs hold these blocks' weights already (the machine's one
-        host copy, which the Linears point at): copies read from it and no arena is made."""
+        """`blocks`: the modules streamed by index (the transformer's `transformer_blocks`; a text encoder's decoder
+        layers or vision blocks, `layers.LayerStreamer`). Every streamed block's frozen Linears must have the same
+        shapes and dtypes (one blob layout serves them all). `shared`: a `shared_host.SharedHostCopy` whose blobs hold
+        these blocks' weights already (the machine's one host copy, which the Linears point at): copies read from it
+        and no arena is made."""
         self.device = device
         self.placement = placement
         self.swapped = list(placement.streamed)
         self.cuda = device.type == "cuda"
         self.trace = trace  # when a Trace: the copies and waits, in issue order
-        blocks = transformer.transformer_blocks
         # Per swapped block: the frozen Linears, in a fixed order, and their CPU master weights, each block one
         # blob (backward part first, modulation Linears last) in one arena, pinned on CUDA so host-to-device
         # copies are truly asynchronous.
@@ -47,6 +49,7 @@ class BlockSwapper:
         for lin in flat:  # their weights point at ring slots that later blocks reuse: read again at backward
             mark_weight_moves(lin, True)
         first = self.swapped[0]
+        self._check_same_layout(first)
         sizes = [lin.weight.numel() * lin.weight.element_size() for lin in self.linears[first]]
         self.forward_only = [is_modulation_linear(name) for name, _ in named[first]]
         self.blob = blob_layout(sizes, self.forward_only)
@@ -70,6 +73,16 @@ class BlockSwapper:
         for i in self.swapped:
             self._point_at_placeholder(i)
         self.bytes_copied = 0
+
+    def _check_same_layout(self, first: int) -> None:
+        """Refuse blocks whose frozen weights differ from the first streamed block's (a file that quantises some blocks
+        and not others): their bytes would be read through the first block's views."""
+        want = [(tuple(lin.weight.shape), lin.weight.dtype) for lin in self.linears[first]]
+        for i in self.swapped:
+            got = [(tuple(lin.weight.shape), lin.weight.dtype) for lin in self.linears[i]]
+            if got != want:
+                raise ValueError(f"streamed block {i}'s frozen weights {got} differ from block {first}'s {want}: blocks "
+                                 "stored differently cannot share one ring of slots")
 
     def _fill_arena(self, flat: list[nn.Linear], sizes: list[int]) -> None:
         """The masters into this process's own (pinned) arena; each block's blob one byte range of a chunk."""

@@ -70,18 +70,25 @@ def _folder_vae(root: Path, compute_dtype: torch.dtype, device: torch.device):
 
 
 def _text_encoder_reader(root: Path, text_encoder_file, compute_dtype: torch.dtype, fp8: str = "dequantize"):
-    """(its config, a function that reads it, the files it is read from): from its file, else the folder."""
+    """(its config, a function of a placement (models.text_encoder_file.Placement, or None) that reads it, the files it
+    is read from): from its file, else the folder (read whole into host memory, then placed)."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     from .text_file import load_qwen3_vl_file, qwen3_vl_file_config
 
     if text_encoder_file is not None:
         return (Qwen3VLConfig(**qwen3_vl_file_config(text_encoder_file)),
-                lambda: load_qwen3_vl_file(text_encoder_file, compute_dtype, fp8), [Path(text_encoder_file)])
+                lambda placement: load_qwen3_vl_file(text_encoder_file, compute_dtype, fp8, placement),
+                [Path(text_encoder_file)])
     folder = root / "text_encoder"
-    return (Qwen3VLConfig.from_pretrained(str(folder), local_files_only=True),
-            lambda: Qwen3VLForConditionalGeneration.from_pretrained(str(folder), torch_dtype=compute_dtype, **local),
-            sorted(folder.glob("*.safetensors")))
+
+    def read_folder(placement):
+        encoder = Qwen3VLForConditionalGeneration.from_pretrained(str(folder), torch_dtype=compute_dtype, **local)
+        if placement is not None:
+            placement(encoder)[1](encoder)  # from_pretrained reads to the CPU: only the placing is left
+        return encoder
+
+    return Qwen3VLConfig.from_pretrained(str(folder), local_files_only=True), read_folder, sorted(folder.glob("*.safetensors"))
 
 
 def _loaded(root: Path, storage: str, compute_dtype: torch.dtype, device: torch.device, text_encoder_file,
@@ -104,16 +111,18 @@ def _loaded(root: Path, storage: str, compute_dtype: torch.dtype, device: torch.
     _, read, _ = _text_encoder_reader(root, text_encoder_file, compute_dtype, text_encoder_fp8)
 
     def load_text_encoder():
-        encoder = read()
+        encoder = read(components.text_encoder_placement)
         return encoder.requires_grad_(False).eval(), build_processor(_tokenizer(root), encoder.config.vision_config)
 
-    text_encoder, processor = load_text_encoder()
-    return QwenImageComponents(
+    text_encoder = read(None).requires_grad_(False).eval()  # a folder's model set is loaded whole, at once
+    processor = build_processor(_tokenizer(root), text_encoder.config.vision_config)
+    components = QwenImageComponents(
         transformer=transformer, vae=vae, text_encoder=text_encoder.to(device), tokenizer=processor,
         scheduler_config=_scheduler_config(root), compute_dtype=compute_dtype, device=device, name=root.name,
         storage=storage, family=QWEN_IMAGE21, text_encoder_loader=load_text_encoder,
         processor_loader=lambda: processor,
     )
+    return components
 
 
 def _lazy(root: Path, transformer_file, storage: str, compute_dtype: torch.dtype, device: torch.device,
@@ -122,6 +131,7 @@ def _lazy(root: Path, transformer_file, storage: str, compute_dtype: torch.dtype
 
     from ...models.components import vocabulary_bytes
     from ...models.file_identity import combined_identity, file_identity
+    from ...planner.device import CachingPlacement
     from .family import QWEN_IMAGE21
     from .files import QwenImage21TransformerFile
     from .processor import build_processor
@@ -146,14 +156,17 @@ def _lazy(root: Path, transformer_file, storage: str, compute_dtype: torch.dtype
         vae = _folder_vae(root, compute_dtype, device)  # small; parked on the CPU after caching
 
     def load_text_encoder():
-        return read().requires_grad_(False).eval(), processor
+        return read(components.text_encoder_placement).requires_grad_(False).eval(), processor
 
-    return QwenImageComponents(
+    components = QwenImageComponents(
         transformer=None, vae=vae, text_encoder=None, tokenizer=None, scheduler_config=_scheduler_config(root),
         compute_dtype=compute_dtype, device=device, name=Path(transformer_file).stem, storage=storage,
         family=QWEN_IMAGE21, text_encoder_loader=load_text_encoder, processor_loader=lambda: processor,
         vae_loader=vae_loader, transformer_source=source, _fingerprints=identities,
     )
+    components.text_encoder_placement = CachingPlacement(components, one_byte=text_encoder_fp8 == "keep"
+                                                         and text_encoder_file is not None)
+    return components
 
 
 def save_qwen_image21_folder(components: QwenImageComponents, folder: str | Path) -> Path:

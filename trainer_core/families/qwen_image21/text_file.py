@@ -32,7 +32,7 @@ from ...models.layouts import int8_weights, refuse_nonfinite_scales, split_scale
 from ...models.qwen21_arch import QWEN3_VL_8B_CONFIG
 from ...models.safetensors_file import SafetensorsFile
 from ...models.streaming import assign_frozen_linear_weight, assign_parameter, dequantize, fill_empty
-from ...models.text_encoder_file import ONE_BYTE_DTYPES, check_fp8_mode
+from ...models.text_encoder_file import ONE_BYTE_DTYPES, Placement, check_fp8_mode
 
 # ours -> ComfyUI's, by prefix (longest first when reading back)
 PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."), ("lm_head.", "model.lm_head."))
@@ -93,9 +93,10 @@ def qwen3_vl_file_config(path: str | Path) -> dict:
 
 
 def load_qwen3_vl_file(path: str | Path, compute_dtype: torch.dtype = torch.bfloat16,
-                       fp8: str = "dequantize") -> nn.Module:
-    """The text encoder of the file on the CPU, frozen, in eval mode; one-byte Linear weights kept when `fp8` is
-    "keep" (see the module docstring)."""
+                       fp8: str = "dequantize", placement: Placement | None = None) -> nn.Module:
+    """The text encoder of the file, frozen, in eval mode: on the CPU, or where `placement` puts it
+    (models.text_encoder_file.Placement); one-byte Linear weights kept when `fp8` is "keep" (see the module
+    docstring)."""
     check_fp8_mode(fp8)
     file = SafetensorsFile(path, "text encoder")
     everything = {k: k for k in file.keys}
@@ -109,16 +110,20 @@ def load_qwen3_vl_file(path: str | Path, compute_dtype: torch.dtype = torch.bflo
     config = _config({n: file.shapes[k] for n, k in ours.items()}, file.sidecar_config(), str(file.path))
     model = empty_qwen3_vl(config)
     linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    device_for, finish = placement(model) if placement is not None else (None, None)
 
     def assign(module: nn.Module, leaf: str, name: str, tensor: torch.Tensor) -> None:
         scale, group = scales.get(name), int8.get(name, 0)
+        home = device_for(name) if device_for is not None else tensor.device
         if fp8 == "keep" and tensor.dtype in ONE_BYTE_DTYPES and leaf == "weight" and name[: -len(".weight")] in linears:
-            assign_frozen_linear_weight(module, tensor, scale, group)
+            assign_frozen_linear_weight(module, tensor.to(home), None if scale is None else scale.to(home), group)
         else:
-            assign_parameter(module, leaf, dequantize(tensor, scale, group).to(compute_dtype))
+            assign_parameter(module, leaf, dequantize(tensor, scale, group).to(home, compute_dtype))
 
     fill_empty(model, ((n, file.tensor(k)) for n, k in ours.items()), assign, source=f"text encoder file {file.path}",
                hint=_HINT, int8_ok=int8)
+    if finish is not None:
+        finish(model)
     return model.requires_grad_(False).eval()
 
 

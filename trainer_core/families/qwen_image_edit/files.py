@@ -20,7 +20,7 @@ from ...core.errors import UserInputError
 from ...models.components import QwenImageComponents
 from ...models.safetensors_file import SafetensorsFile
 from ...models.single_file import load_single_files
-from ...planner.device import resolve_text_encoder_fp8
+from ...planner.device import CachingPlacement, resolve_text_encoder_fp8
 from .family import edit_family
 from .variants import AUTO, resolve_variant, variant_from_diffusers_dir, variant_from_file
 
@@ -46,9 +46,10 @@ def load_edit_single_files(
     `variant`: 'auto' (read from the transformer file) or one of variants.EDIT_VARIANTS. `text_encoder_fp8` may
     be the Load settings' 'auto', decided here for `device` (`planner.resolve_text_encoder_fp8`)."""
     edit = resolve_variant(_choice(variant), variant_from_file(transformer, SafetensorsFile(transformer, "transformer").keys))
-    components = load_single_files(transformer, text_encoder, vae, tokenizer_dir, storage, compute_dtype, device,
-                                   resolve_text_encoder_fp8(text_encoder_fp8, device), vision=True,
-                                   extra_config={"zero_cond_t": edit.zero_cond_t})
+    fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device)
+    components = load_single_files(transformer, text_encoder, vae, tokenizer_dir, storage, compute_dtype, device, fp8,
+                                   vision=True, extra_config={"zero_cond_t": edit.zero_cond_t})
+    components.text_encoder_placement = CachingPlacement(components, one_byte=fp8 == "keep")
     components.family = edit_family(edit)
     return components
 

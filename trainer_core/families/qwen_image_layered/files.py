@@ -53,11 +53,12 @@ def load_layered_single_files(transformer, text_encoder, vae, tokenizer_dir=None
     import torch
 
     from ...models.single_file import load_single_files
-    from ...planner.device import resolve_text_encoder_fp8
+    from ...planner.device import CachingPlacement, resolve_text_encoder_fp8
 
+    fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device)
     components = recognise(load_single_files(transformer, text_encoder, vae, tokenizer_dir, storage,
-                                             compute_dtype or torch.bfloat16, device,
-                                             resolve_text_encoder_fp8(text_encoder_fp8, device)))
+                                             compute_dtype or torch.bfloat16, device, fp8))
+    components.text_encoder_placement = CachingPlacement(components, one_byte=fp8 == "keep")
     if components.family is not QWEN_IMAGE_LAYERED:
         raise UserInputError(f"transformer file {transformer} is not Qwen-Image-Layered (it has no "
                              "time_text_embed.addition_t_embedding): choose qwen_image_layered_bf16.safetensors.")
