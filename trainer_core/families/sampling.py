@@ -17,6 +17,7 @@ from ..core.errors import UserInputError
 from ..data.cache import CachedDataset
 from ..models.components import QwenImageComponents
 from ..models.latents import pixel_multiple
+from ..planner.device import preview_decode_in_tiles
 
 
 def snap_size(size: int, multiple: int) -> int:
@@ -58,6 +59,8 @@ def sample_image(
     transformer, vae = components.transformer, components.ensure_vae()
     multiple = pixel_multiple(vae)
     width, height = snap_size(width, multiple), snap_size(height, multiple)
+    # a decode too large for the GPU's free memory runs in diffusers' tiles (the memory plan counts the same)
+    vae.enable_tiling() if preview_decode_in_tiles(components, width, height) else vae.disable_tiling()
     device, dtype = components.device, components.compute_dtype
     positive = embeds[prompt].unsqueeze(0)  # (1, L, D)
     negative = embeds[negative_prompt].unsqueeze(0) if use_cfg else None

@@ -131,3 +131,19 @@ class CachingPlacement:
                 f"from host memory, and {budget.bytes / GIB:.2f} GiB are free ({budget.source}). Close other programs "
                 "that use the GPU, shorten the longest caption, or use smaller control or reference images.")
         return StreamedLayers(decoder, vision)
+
+
+def preview_decode_in_tiles(components, width: int, height: int, free_bytes: int | None = None) -> bool:
+    """Whether a preview of `width` x `height` px decodes in tiles: on a GPU, when the whole image's decode (and the VAE)
+    would not fit its free memory (`free_bytes`, else probed now; the memory plan's preview phase counts the same,
+    `phases.training_phases`); never on the CPU (host RAM: the plan checks the whole decode)."""
+    import torch
+
+    from .inference import parts_for_components, vae_decode_bytes
+
+    if components.device.type != "cuda":
+        return False
+    parts = parts_for_components(components)
+    act = {torch.bfloat16: 2, torch.float16: 2}.get(components.compute_dtype, 4)
+    needed = vae_decode_bytes(parts, width, height, act) + parts.vae_params * act
+    return needed > (free_bytes if free_bytes is not None else detect_budget(components.device).bytes)

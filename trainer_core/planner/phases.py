@@ -49,7 +49,14 @@ from .caching import (  # noqa: F401 (re-exported: what caching chooses)
     choose_text_encoder_storage,
     prompts_step_gpu_bytes,
 )
-from .inference import PartSizes, preview_block_working_bytes, real_parts, vae_decode_bytes, vae_element_bytes
+from .inference import (
+    PartSizes,
+    preview_block_working_bytes,
+    real_parts,
+    vae_decode_bytes,
+    vae_element_bytes,
+    vae_tiled_decode_bytes,
+)
 from .phase import HOST_RESERVE_BYTES, Phase, baseline, on_device
 from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, plan_memory
 from .references import prefix_kv_bytes, reference_latent_tokens
@@ -138,8 +145,9 @@ def _largest_block_weight(arch: QwenImageArch) -> int:
     return max(s.in_features * s.out_features for s in arch.block_linears)
 
 
-def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes) -> Term:
-    """The larger of one denoising forward (batch 1, no grad) and the VAE's decode, at the preview size."""
+def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes, tiled: bool = False) -> Term:
+    """The larger of one denoising forward (batch 1, no grad) and the VAE's decode, at the preview size; `tiled`: the
+    decode in tiles (diffusers' tiled decode, `inference.vae_tiled_decode_bytes`)."""
     act = DTYPE_BYTES[p.compute_dtype]
     n_img, n_txt = arch.image_tokens(p.preview_width, p.preview_height), p.text_tokens
     n_refs = reference_latent_tokens(arch, p.reference_sizes) if arch.single_stream else 0  # 2.1: before the target
@@ -159,19 +167,23 @@ def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes) -> Te
     )
     vae_b = vae_element_bytes(p)
     # On the CPU a half-precision VAE is cast to float32 for the decode: its weights grow by the difference.
-    decode = (vae_decode_bytes(parts, p.preview_width, p.preview_height, vae_b) + latents
+    decode_bytes = vae_tiled_decode_bytes if tiled else vae_decode_bytes
+    decode = (decode_bytes(parts, p.preview_width, p.preview_height, vae_b) + latents
               + parts.vae_params * (vae_b - act) + kv)  # the pipeline decodes with its KV caches still alive
     size = f"{p.preview_width}x{p.preview_height}"
     detail = (f"denoising step {denoise / GIB:.2f} GiB (batch 1{', CFG: one more prediction' if p.preview_cfg else ''}"
               f"{f', prefix KV cache {kv / GIB:.2f} GiB' if kv else ''}{f', {n_refs} reference rows' if n_refs else ''}),"
-              f" VAE decode {decode / GIB:.2f} GiB")
+              f" VAE decode{' in tiles' if tiled else ''} {decode / GIB:.2f} GiB")
     if denoise >= decode:
         return Term(f"preview denoising step at {size}", denoise, detail)
     return Term(f"preview VAE decode at {size}", decode, detail)
 
 
-def training_phases(plan: MemoryPlan, arch: QwenImageArch, parts: PartSizes) -> dict[str, Phase]:
-    """init, train, preview and save for the training setup `plan` (those that depend on blocks_to_swap)."""
+def training_phases(plan: MemoryPlan, arch: QwenImageArch, parts: PartSizes,
+                    gpu_budget_bytes: int | None = None) -> dict[str, Phase]:
+    """init, train, preview and save for the training setup `plan` (those that depend on blocks_to_swap). With a GPU
+    budget, a preview whose VAE decode would not fit decodes in tiles (as the sampler then does:
+    `planner.device.preview_decode_in_tiles`)."""
     p = plan.inputs
     act, lora_b = DTYPE_BYTES[p.compute_dtype], DTYPE_BYTES[p.lora_dtype]
     cuda = p.device == "cuda"
@@ -192,7 +204,10 @@ def training_phases(plan: MemoryPlan, arch: QwenImageArch, parts: PartSizes) -> 
 
     vae = [Term("VAE on the device", parts.vae_params * act, "moved there to decode")] if cuda else []
     preview = on_device(p, _state(plan) + vae + [_preview_working(p, arch, parts)], host, "preview",
-                         "the training state stays; no activations or gradients")
+                        "the training state stays; no activations or gradients")
+    if cuda and gpu_budget_bytes is not None and preview.gpu_bytes > gpu_budget_bytes:
+        preview = on_device(p, _state(plan) + vae + [_preview_working(p, arch, parts, tiled=True)], host, "preview",
+                            "the training state stays; no activations or gradients; the VAE decodes in tiles")
 
     lora_params = lora_bytes // lora_b
     same = not cuda and SAVE_DTYPE_BYTES[p.save_dtype] == lora_b  # .to(cpu, same dtype) copies nothing
@@ -204,9 +219,11 @@ def training_phases(plan: MemoryPlan, arch: QwenImageArch, parts: PartSizes) -> 
     return {"init": init, "train": train, "preview": preview, "save": save}
 
 
-def gpu_peak_after_caching(plan: MemoryPlan, arch: QwenImageArch | None = None, parts: PartSizes | None = None) -> int:
-    """The largest GPU figure of init, train, preview and save: what a swap count must fit."""
-    phases = training_phases(plan, arch or real_arch(), parts or real_parts())
+def gpu_peak_after_caching(plan: MemoryPlan, arch: QwenImageArch | None = None, parts: PartSizes | None = None,
+                           gpu_budget_bytes: int | None = None) -> int:
+    """The largest GPU figure of init, train, preview and save: what a swap count must fit (within
+    `gpu_budget_bytes`, previews decode in tiles where they must)."""
+    phases = training_phases(plan, arch or real_arch(), parts or real_parts(), gpu_budget_bytes)
     return max(phase.gpu_bytes for phase in phases.values())
 
 
@@ -222,7 +239,7 @@ def plan_phases(inputs: PlanInputs, arch: QwenImageArch | None = None, ram_bytes
     inputs = dataclasses.replace(inputs, text_encoder_streamed=decoder, vision_streamed=vision)
     training = plan_memory(inputs, arch)
     phases = {"load": Phase("load", [], [baseline(inputs)], "file headers only"), "cache": cache_phase(inputs, parts)}
-    phases.update(training_phases(training, arch, parts))
+    phases.update(training_phases(training, arch, parts, gpu_budget_bytes))
     plan = PhasePlan(inputs, training, {name: phases[name] for name in PHASES}, gpu_budget_bytes, ram_bytes)
     if suggest and not plan.fits:
         plan.suggestions = suggest_changes(plan, arch, parts)

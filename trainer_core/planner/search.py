@@ -58,7 +58,7 @@ def _fewest_swapped(inputs: PlanInputs, budget: int, arch: QwenImageArch,
     trying every count)."""
     def plan_at(k: int) -> tuple[bool, MemoryPlan]:
         plan = plan_memory(dataclasses.replace(inputs, blocks_to_swap=k), arch)
-        return gpu_peak_after_caching(plan, arch, parts) <= budget, plan
+        return gpu_peak_after_caching(plan, arch, parts, budget) <= budget, plan
 
     most = arch.num_blocks - 1
     ring_full = min(ring_for(most, inputs.ring_depth), most)  # from this count on, the ring holds its depth
@@ -84,13 +84,13 @@ def _advice(plan: MemoryPlan, budget: int, arch: QwenImageArch, parts: PartSizes
     p = plan.inputs
     gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
     lines = [f"Nothing fits in {gib(budget)}: even with {p.blocks_to_swap} of {arch.num_blocks} blocks swapped "
-             f"the GPU peak is {gib(gpu_peak_after_caching(plan, arch, parts))}. Changes that would fit (with the swap count they need):"]
+             f"the GPU peak is {gib(gpu_peak_after_caching(plan, arch, parts, budget))}. Changes that would fit (with the swap count they need):"]
     candidates = training_candidates(p)
     found = False
     for label, change in candidates:
         k, fitting = _fewest_swapped(dataclasses.replace(p, **change), budget, arch, parts)
         if k is not None:
-            lines.append(f"  - {label}: {gib(gpu_peak_after_caching(fitting, arch, parts))} with blocks_to_swap={k}")
+            lines.append(f"  - {label}: {gib(gpu_peak_after_caching(fitting, arch, parts, budget))} with blocks_to_swap={k}")
             found = True
     if not found:
         lines.append("  - no single change fits; combine a lower resolution with a lower rank, or use a larger GPU")
