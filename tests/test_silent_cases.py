@@ -270,14 +270,16 @@ def test_print_only_prints_the_translation_when_the_model_folder_is_not_here_and
 
 @pytest.mark.parametrize("filename, message", [
     ("..", "names no file"), ("qwen/..", "names no file"), ("name.", "ends with a dot or a space"),
-    ("name .safetensors", "ends with a dot or a space"), ("name..safetensors", "ends with a dot or a space")])
+    ("name .safetensors", "ends with a dot or a space"), ("name..safetensors", "ends with a dot or a space"),
+    ("name ", "ends with a dot or a space"), ("qwen/name ", "ends with a dot or a space"), ("  ", "names no file")])
 def test_lora_names_that_windows_drops_or_that_name_no_file_are_refused(filename, message, tmp_path):
-    """Before: '..' wrote the hidden file '...safetensors', 'name.' wrote 'name..safetensors'."""
+    """Before: '..' wrote the hidden file '...safetensors', 'name.' wrote 'name..safetensors'; 'name ' wrote
+    name.safetensors, a name other than the one typed (issue 45: it is refused by the same rule as 'name.')."""
     from trainer_core.adapters.lora_files import lora_output_path
 
     with pytest.raises(UserInputError, match=message):
         lora_output_path(tmp_path, filename, "run", 1)
-    assert lora_output_path(tmp_path, "name ", "run", 1) == (tmp_path / "name.safetensors").resolve()  # stripped
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", ["../outside.safetensors", "sub/../../outside.safetensors", "/abs/outside.safetensors",

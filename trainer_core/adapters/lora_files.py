@@ -404,10 +404,11 @@ TEMP_NAME_ROOM = 32
 def lora_output_path(loras_dir: Path, filename: str, run_name: str, step: int) -> Path:
     """`filename` (with {run_name}/{step} filled in, nothing else evaluated) as a .safetensors path inside
     `loras_dir`: every folder and the file name portable, no link out of `loras_dir`."""
-    name = fill_template(filename.strip(), "filename", run_name=run_name, step=f"{step:06d}").strip()
+    # Not stripped: the file is named as typed, or refused (a trailing space or dot by check_component below).
+    name = fill_template(filename, "filename", run_name=run_name, step=f"{step:06d}")
     stem = name.replace("\\", "/").rsplit("/", 1)[-1]
     stem = stem[: -len(".safetensors")] if stem.endswith(".safetensors") else stem
-    if stem in ("", ".", ".."):  # ('..' would become the hidden file '...safetensors')
+    if stem.strip() in ("", ".", ".."):  # ('..' would become the hidden file '...safetensors')
         raise UserInputError(
             f"filename={filename!r} names no file: give the LoRA a name, for example 'qwen/{{run_name}}_{{step}}'."
         )
