@@ -265,6 +265,21 @@ def test_print_only_prints_the_translation_when_the_model_folder_is_not_here_and
     assert err.count("the translation of") == 1 and "is not a folder" in err, err
 
 
+def test_print_only_says_a_refused_value_trains_nowhere(tmp_path, demo_folder, capsys):
+    """Before: the warning for a refused value (epochs = -1) ended 'it trains where that path exists', which only a
+    missing path (prepared for another machine) makes true."""
+    from test_headless import diffusion_pipe_copy
+
+    from trainer_core.runs.cli import main
+
+    config = diffusion_pipe_copy(tmp_path, {"diffusers_path": "/elsewhere/Qwen-Image"}, demo_folder,
+                                 {"epochs = 1000": "epochs = -1"})
+    assert main(["train", "--from-diffusion-pipe", str(config), "--print-only"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and "epochs = -1" in err and "where that path exists" not in err
+    assert "it trains nowhere as it is: correct that setting in it first" in err
+
+
 # ------------------------------------------------------------------------------------------------------------
 # names and paths
 

@@ -37,7 +37,7 @@ def _quiet_libraries() -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..core.errors import TrainingStopped, UserInputError
+    from ..core.errors import MissingPath, TrainingStopped, UserInputError
     from ..training import distributed
     from .headless import train_run
     from .run_file import parse_run_tables, read_run_file
@@ -56,9 +56,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(text, end="", flush=True)
             try:
                 parse_run_tables(translation.data, Path.cwd(), where=where)
-            except UserInputError as e:
+            except MissingPath as e:  # prepared for another machine: fine there
                 print(f"warning: {e} The translation above is printed anyway (--print-only); it trains where that "
                       "path exists.", file=sys.stderr)
+            except UserInputError as e:  # a refused value trains nowhere
+                print(f"warning: {e} The translation above is printed anyway (--print-only), but it trains nowhere "
+                      "as it is: correct that setting in it first.", file=sys.stderr)
             return 0
         run = parse_run_tables(translation.data, Path.cwd(), where=where)
     elif args.config:
