@@ -188,3 +188,13 @@ def test_float32_state_of_a_bfloat16_lora_stays_float32_through_loading():
 def test_prodigy_with_an_adamw_learning_rate_is_refused():
     with pytest.raises(UserInputError, match="learning_rate to 1.0"):
         OptimizerConfig(optimizer="prodigy", learning_rate=1e-4)
+
+
+@pytest.mark.parametrize("lr", [1e-8, 0.01, 1.0])
+def test_automagic_at_a_learning_rate_outside_its_bounds_is_refused(lr):
+    """Before: accepted; the first step ran at it, every later one at a bound (the per-value rates are clamped to
+    min_lr..max_lr from their first bump on), while the progress line showed the asked rate throughout."""
+    with pytest.raises(UserInputError, match=rf"automagic with learning_rate={lr}: .* within 1e-07\.\.0\.001"):
+        OptimizerConfig(optimizer="automagic", learning_rate=lr)
+    for inside in (MIN_LR, 1e-5, MAX_LR):
+        OptimizerConfig(optimizer="automagic", learning_rate=inside)
