@@ -39,6 +39,7 @@ from ..data.cache import CachedDataset
 from ..models.components import QwenImageComponents
 from ..training import MUST_MATCH_LORA, Trainer
 from ..training.distributed import ONE_PROCESS, Replicas
+from ..training.optim import fixed_for_the_run
 
 
 @dataclass
@@ -251,12 +252,11 @@ def run_signature(components, dataset, lora, optimizer, train, run_dir, init_lor
 def setting_conflicts(trainer: Trainer, lora: LoraConfig, optimizer: OptimizerConfig,
                       components: QwenImageComponents) -> list[str]:
     """Differences between a live trainer and new settings that a run cannot continue across (the same
-    rule a checkpoint is held to: `Trainer.MUST_MATCH_LORA`, the optimizer kind, the base weights)."""
+    rule a checkpoint is held to: `Trainer.MUST_MATCH_LORA`, `optim.fixed_for_the_run`, the base weights)."""
     asked = trainer.requested_lora_cfg
     conflicts = [f"{key}: running {getattr(asked, key)!r}, now {getattr(lora, key)!r}"
                  for key in MUST_MATCH_LORA if getattr(asked, key) != getattr(lora, key)]
-    if trainer.optim_cfg.optimizer != optimizer.optimizer:
-        conflicts.append(f"optimizer: running {trainer.optim_cfg.optimizer!r}, now {optimizer.optimizer!r}")
+    conflicts += fixed_for_the_run(to_dict(trainer.optim_cfg), optimizer, "running")  # the optimizer kind, ...
     if components is not trainer.components and components.fingerprint("transformer") != trainer.base_fingerprint:
         conflicts.append(f"base model: running {trainer.components.name!r}, now {components.name!r} (different weights)")
     return conflicts
