@@ -46,6 +46,7 @@ from ..training.distributed import Replicas, lost_peer, lost_peer_message
 from ..training.live import StepPreview, keep_preview, step_grid
 from ..training.plot import loss_plot
 from ..training.weighting import describe
+from .agreement import check_same_settings, check_same_start
 from .registry import open_run, release
 from .run_file import RunFile
 
@@ -99,6 +100,7 @@ def train_run(run: RunFile, replicas: Replicas, config_text: str = "", steps: in
     """Train `run` (see the module docstring); returns the exit code. `steps` replaces [train] steps (and epochs).
     `config_text` is kept in the run folder as config.toml. `on_step` runs after each step (for scripts)."""
     say = log if replicas.writes else (lambda _text: None)
+    check_same_settings(run, replicas, steps)  # every process's run file: before any file is read or written
     run_dir = inside(run.output_folder, run.train.run_name, "[train] run_name", "my_lora")
     lora_output_path(run_dir, run.save.filename, run.train.run_name, 0)  # a bad name fails before any work
     if run.steps_cfg.snapshot_every or run.headless.snapshot_every_epochs:  # named by filename: {step}, or overwritten
@@ -186,7 +188,7 @@ def open_once(components, cached: CachedDataset, run: RunFile, run_dir: Path, re
         trainer = open_run(components, cached, run.lora, run.optimizer, run.train, run_dir=run_dir,
                            init_lora=init_lora, replicas=replicas, preview_size=planned_previews).trainer
     try:
-        replicas.check_same_start(trainer)
+        check_same_start(trainer, replicas, run.where)
     except BaseException:
         release(run.train.run_name)
         raise
