@@ -43,6 +43,7 @@ from ..families.qwen_image_edit.files import load_edit_model_set
 from ..families.recognise import load_recognised
 from ..training import Every, StepExtras, StepReport, Trainer, every
 from ..training.distributed import Replicas, lost_peer, lost_peer_message
+from ..training.idle_settings import unused_preservation
 from ..training.live import StepPreview, keep_preview, step_grid
 from ..training.plot import loss_plot
 from ..training.weighting import describe
@@ -142,6 +143,10 @@ def cache_once(components, run: RunFile, replicas: Replicas, say) -> CachedDatas
     # The family's data settings, as the Cache node takes them (Edit: control_resolution; one for every dataset)
     settings = data_settings(components.family, datasets[0] if len(datasets) == 1 else mix(datasets))
     preservation = (run.cache.preservation_trigger, run.cache.preservation_class)
+    unused = unused_preservation(run.cache.preservation_trigger, run.train.preservation_weight)
+    if unused is not None:  # the class captions would be encoded (a real-size text encoder's time) for nothing
+        say(f"warning: {unused} Its class captions are not encoded.")
+        preservation = ("", "")
 
     def build(progress=None) -> CachedDataset:
         return build_cache(components, samples, run.cache_folder, preview_prompts=run.preview_prompts,

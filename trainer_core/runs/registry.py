@@ -39,6 +39,7 @@ from ..data.cache import CachedDataset
 from ..models.components import QwenImageComponents
 from ..training import MUST_MATCH_LORA, Trainer
 from ..training.distributed import ONE_PROCESS, Replicas
+from ..training.idle_settings import idle_settings
 from ..training.optim import fixed_for_the_run
 
 
@@ -128,10 +129,8 @@ def open_run(
         head = f"started run '{name}' at step 0" + (f"; checkpoints go to {run_dir}" if run_dir else "")
     if trainer.resume_notes:  # checkpoints passed over (unreadable, incomplete, NaN/inf): say which and why
         head += "\n" + "\n".join(trainer.resume_notes)
-    if train.validation_every and not dataset.validation:  # else it would train with no validation, unsaid
-        head += (f"\nvalidation_every={train.validation_every}, but the dataset holds no validation images, so no "
-                 "validation loss is measured: set the Dataset node's validation_images (a run file's [dataset] "
-                 "validation_images) to 1 or more, or validation_every to 0.")
+    for note in idle_settings(dataset, lora, optimizer, train):  # settings that change nothing here, said
+        head += f"\nwarning: {note}"
     status = f"{head}\nblocks_to_swap: {_swap_text(trainer)}\n\n{trainer.memory_plan}"
     return OpenedRun(trainer, "resumed" if resumed else "started", status)
 

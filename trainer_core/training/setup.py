@@ -21,6 +21,7 @@ from ..streaming.placement import default_placement, tail_placement
 from ..streaming.runner import BlockRunner, swapped_blocks
 from .ema import build_average
 from .host_copy import attach_before_load, share_host_copy
+from .idle_settings import check_trainable
 from .optim import build_optimizer
 from .preservation import check_cached as check_preservation_cached
 from .step import FlowMatchingStep
@@ -31,11 +32,12 @@ from .step import FlowMatchingStep
 
 def check_inputs(components, dataset, train) -> None:
     """What the Trainer refuses before it builds anything: settings that do not fit the model, an empty cached
-    dataset, preservation without the class captions it needs (preservation.py), a model set without a family."""
+    dataset or one no step could learn from, preservation without the class captions it needs (preservation.py), a model set without a family."""
     components.require_family("the Trainer")
     train.check_model(num_blocks=components.num_blocks)
     if not dataset.samples:
         raise UserInputError("the cached dataset has no samples: check the Dataset node's folder.")
+    check_trainable(dataset.samples)  # some image must weigh, and some must be the subject (idle_settings.py)
     check_preservation_cached(dataset.samples, train.preservation_weight)
 
 

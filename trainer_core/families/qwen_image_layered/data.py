@@ -135,8 +135,10 @@ class LayeredDataset(Dataset):
         listing = ", ".join(f"{w}x{h}: {n}" for (w, h), n in sorted(buckets.items()))
         held_out = (f"; {len(self.validation)} held out for validation: "
                     + ", ".join(Path(s.image_path).name for s in self.validation)) if self.validation else ""
+        from ...data.masks import masks_clause
+
         return (f"{len(self.samples)} composites x {self.config.repeats} repeats; buckets {listing}; layered "
-                f"samples: {layers} (RGBA, alpha kept){held_out}")
+                f"samples: {layers} (RGBA, alpha kept){masks_clause(self.samples, self.config)}{held_out}")
 
 
 def load_layered_dataset(cfg: DatasetConfig) -> LayeredDataset:
