@@ -250,7 +250,8 @@ def test_machines_whose_run_files_disagree_stop_before_step_1_naming_the_setting
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
          str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "trainer_core", "train",
          "--config", str(config), "--output", str(output)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node, config in enumerate((node0, node1))]
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node, config in enumerate((node0, node1))]
     try:
         results = [launcher.communicate(timeout=300) for launcher in launchers]
     finally:

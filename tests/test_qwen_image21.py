@@ -278,9 +278,9 @@ def test_a_run_continues_from_its_own_lora_in_every_layout(with_lora, tiny21, tm
 
     trained = adapter_weights(with_lora.transformer)
     path = tmp_path / f"{layout}.safetensors"
-    save_file(lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout=layout), str(path),
-              metadata=lora_metadata(LoraConfig(rank=2, alpha=3.0, targets="all"), 0, "tiny 2.1",
-                                     layout_metadata(layout, 2, 3.0)))  # what Save writes
+    tensors = lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout=layout)
+    metadata = lora_metadata(LoraConfig(rank=2, alpha=3.0, targets="all"), 0, "tiny 2.1", layout_metadata(layout, 2, 3.0))
+    save_file(tensors, str(path), metadata=metadata)  # what Save writes
     cached = build_cache(tiny21, [one_image(tmp_path)], tmp_path / "cache")
     trainer = Trainer(tiny21, cached, LoraConfig(), OptimizerConfig(optimizer="adamw"), TrainConfig(run_name="on"),
                       init_lora=path)

@@ -203,8 +203,8 @@ def test_a_run_file_with_preservation_captions_and_weight_0_skips_encoding_them(
 
     from trainer_core.runs.cli import main
 
-    path = tiny_run_file(tmp_path, demo_folder, cache={"preservation_trigger": "red", "preservation_class": "colourful"},
-                         train={"steps": 1})
+    preservation = {"preservation_trigger": "red", "preservation_class": "colourful"}
+    path = tiny_run_file(tmp_path, demo_folder, cache=preservation, train={"steps": 1})
     assert main(["train", "--config", str(path), "--output", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert ("warning: preservation_trigger 'red' is set, but preservation_weight is 0, so differential output "

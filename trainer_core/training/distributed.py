@@ -20,8 +20,9 @@ communication with backward, for gradients that are small: rank 16 on the real m
 Linears is about 0.4 GB in float32, tens of milliseconds on NVLink or PCIe against a step of seconds.
 
 Gradients summed over processes are the same on every process, so the optimizer steps and the LoRA stay the
-same everywhere (runs/agreement.py checks that every process starts from the same settings, state and data). Process 0 alone writes: checkpoints, LoRA files,
-previews (the others read its checkpoints, so the run folder must be one folder all of them see).
+same everywhere (runs/agreement.py checks that every process starts from the same settings, state and data).
+Process 0 alone writes: checkpoints, LoRA files, previews (the others read its checkpoints, so the run folder
+must be one folder all of them see).
 """
 
 from __future__ import annotations
