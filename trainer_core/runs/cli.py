@@ -39,7 +39,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from ..core.errors import MissingPath, TrainingStopped, UserInputError
     from ..training import distributed
+    from .agreement import check_same_settings
     from .headless import train_run
+    from .startup import load_engine
     from .run_file import parse_run_tables, read_run_file
     from .run_file_help import help_config
 
@@ -77,6 +79,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(text, end="", flush=True)
         if args.print_only:
             return 0
+        # Processes whose run files disagree stop here, before the engine's imports (seconds each); train_run asks
+        # again for a script that calls it (one small exchange).
+        check_same_settings(run, replicas, args.steps)
+        load_engine()
         check_writable_folder(str(run.output_folder), "[output] folder")
         return train_run(run, replicas, text, steps=args.steps)
     except TrainingStopped as e:
@@ -335,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = build_parser().parse_args(argv)
-        if args.func in (cmd_demo, cmd_train):
+        if args.func is cmd_demo:  # (train loads it once its processes agree: cmd_train)
             from .startup import load_engine
 
             load_engine()
