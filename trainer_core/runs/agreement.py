@@ -42,8 +42,8 @@ LISTED = 5
 def run_settings(run: RunFile, steps: int | None = None) -> dict[str, Any]:
     """'[table] key' -> value of every setting of `run` that all processes must share (all but PER_MACHINE), and the
     command line's --steps (`steps`) when given."""
-    configs = {cls: obj for obj in (run.load, run.cache, run.lora, run.optimizer, run.train, run.headless,
-                                    run.steps_cfg, run.preview, run.save) for cls in [type(obj)]}
+    configs = {type(obj): obj for obj in (run.load, run.cache, run.lora, run.optimizer, run.train, run.headless,
+                                          run.steps_cfg, run.preview, run.save)}
     settings: dict[str, Any] = {}
     for key in KEYS:
         if (key.table, key.name) in PER_MACHINE:
@@ -81,6 +81,7 @@ def check_same_settings(run: RunFile, replicas: Replicas, steps: int | None = No
     if replicas.size == 1:
         return
     place = Place(replicas.node, socket.gethostname(), replicas.rank, run.where)
+    # As JSON and back: plain values compare alike on every machine (a tuple and a list, say) and travel small
     gathered = replicas.gather((place, json.dumps(run_settings(run, steps), default=str)))
     reports = [(p, json.loads(s)) for p, s in gathered]
     differences = setting_differences(reports)
@@ -90,8 +91,8 @@ def check_same_settings(run: RunFile, replicas: Replicas, steps: int | None = No
             f"file describes: {'; '.join(differences)}. Every machine's run file must hold the same settings, apart "
             "from where its files are (model files, tokenizer, dataset and cache folders, output folder, "
             "continue_from_lora) and how its GPUs hold the model (blocks_to_swap, gradient_checkpointing, "
-            "compile_float8, caching_batch_size): make them equal (the same --steps too) and start every machine again. Nothing was "
-            "trained.")
+            "compile_float8, caching_batch_size): make them equal (the same --steps too) and start every machine "
+            "again. Nothing was trained.")
 
 
 def setting_differences(reports: list[tuple[Place, dict[str, Any]]]) -> list[str]:
