@@ -1,6 +1,7 @@
 """Data-parallel training on the CPU: `torchrun --nproc-per-node 2 -m trainer_core train` with the gloo backend.
 
-Two launches of 2 processes (each new process pays its imports, so no more than two):
+Two launches of 2 processes that train (each new process pays its imports, so no more than two), and one that
+stops before it reads a model file (C below):
   A  one node of 2 processes trains 8 steps (grad_accum_steps 2 per process, LoRA dropout on, a checkpoint at step
      4); its two processes share one host copy of the frozen weights (training/host_copy.py);
   B  two torchrun node groups of 1 process each (--nnodes 2, rendezvous on 127.0.0.1, as two machines): a copy of
@@ -9,6 +10,8 @@ Two launches of 2 processes (each new process pays its imports, so no more than 
      Once B has written its checkpoint of step 8, the second machine goes at once (its launcher and process
      SIGKILLed, as a machine that loses power): the first machine's process stops with one line naming the newest
      checkpoint (the kill of one process of one machine: test_distributed_kill.py).
+  C  two torchrun node groups whose run files differ in one setting (the learning rate): both processes stop before
+     they read a model file, naming the setting, both machines and both values, and nothing is written.
 A reads the tiny model's files: A's second process takes its frozen weights from the first's shared copy instead of
 the file (test_shared_host.py counts the bytes it reads: none).
 B's step-8 checkpoint (LoRA, optimizer state, generators) equals A's bit for bit: the same world size resumes exactly
@@ -230,3 +233,35 @@ def test_two_machines_resume_a_checkpoint_of_one_bit_exactly_and_stop_with_a_mes
     assert ("the checkpoint of step 4 was written by 2 processes x grad_accum_steps 2, and 1 x 4 resume it: each "
             "step still takes 4 micro-batches, the same samples as before") in printed
     assert largest_difference(lora_weights(tmp_path / "C"), lora_weights(a)) <= TOLERANCE
+
+
+def test_machines_whose_run_files_disagree_stop_before_step_1_naming_the_setting_machine_and_values(tmp_path,
+                                                                                                   demo_folder):
+    """Launch C. Before: both exited 0, their replicas held different weights after step 1, and process 0 saved a
+    LoRA neither run file describes. Each machine's files may be elsewhere (here: its own dataset folder path and
+    cache folder) and its GPUs hold the model its own way (blocks_to_swap): only the learning rate differs."""
+    images = tmp_path / "images_on_node1"
+    shutil.copytree(demo_folder, images)
+    node0 = tiny_run_file(tmp_path / "node0", demo_folder, optimizer={"learning_rate": 0.001})
+    node1 = tiny_run_file(tmp_path / "node1", images, optimizer={"learning_rate": 0.01},
+                          train={"blocks_to_swap": 1}, cache={"cache_folder": str(tmp_path / "node1_cache")})
+    port, output = free_port(), tmp_path / "out"
+    launchers = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+         str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "trainer_core", "train",
+         "--config", str(config), "--output", str(output)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node, config in enumerate((node0, node1))]
+    try:
+        results = [launcher.communicate(timeout=300) for launcher in launchers]
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.kill()
+    assert all(launcher.returncode != 0 for launcher in launchers)
+    for _, errors in results:
+        line = next(line for line in errors.splitlines() if line.startswith("error: the run settings"))
+        assert ("[optimizer] learning_rate is 0.001 on machine 0 (process 0 on " in line and f"{node0})" in line and
+                "and 0.01 on machine 1 (process 1 on " in line and f"{node1})" in line), line
+        assert "blocks_to_swap is" not in line and "folder is" not in line and "Nothing was trained" in line
+    assert not (output / "t").exists() and not (output / "cache").exists()  # nothing read, cached or written

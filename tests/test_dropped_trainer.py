@@ -1,6 +1,9 @@
 """A trainer (or a block runner) dropped without close() leaves the next one on the same model set unharmed
 (issue 25): the next trainer builds, trains, and ends with the LoRA a trainer on a fresh model set gets, bit
 for bit; the next runner computes what a runner on a fresh model computes, on every float8 compute path.
+A dropped trainer goes at once, with its claim on the model set and its run folder's lock, even where Python's
+cyclic garbage collector has not run (issue 45): the trainer makes no reference cycle, and one the caller makes
+is collected before a claim or a lock is refused.
 
 What went wrong before: the dropped trainer's block runner stays installed (its block wrappers keep it alive),
 and the next trainer's clean-up looked for it by digging through nested `functools.partial` layers that
@@ -8,11 +11,13 @@ partial() itself flattens: AttributeError: 'function' object has no attribute 'f
 """
 
 import gc
+import weakref
 
 import pytest
 import torch
 
 from conftest import cached_demo
+from trainer_core.core.run_lock import RunLock
 from test_float8_activations import tiny_forward
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.families.qwen_image import build_tiny_components
@@ -71,3 +76,42 @@ def test_a_runner_after_a_dropped_one_computes_as_on_a_fresh_model(path, checkpo
     assert {lin: lin.__dict__["forward"] for _, lin in frozen_block_linears(model)} == eager_forwards
     assert all(p.numel() for p in model.parameters())  # every streamed weight back on its master
     assert torch.equal(tiny_forward(model), eager)
+
+
+def test_a_dropped_trainer_lets_go_of_its_model_set_and_run_folder_without_a_garbage_collection(demo_folder,
+                                                                                                tiny_cache, tmp_path):
+    """The cyclic collector is off throughout (a host may not have run it since): a trainer dropped mid-run (blocks
+    streamed, checkpointed) is gone at `del`, and the next trainer on its model set and run folder resumes its
+    checkpoint; one kept only by a cycle of the caller's is collected when the next trainer claims the model set."""
+    components = build_tiny_components(seed=0, storage="float32")
+    cached = cached_demo(components, demo_folder, tiny_cache)
+    run = dict(run_dir=tmp_path / "run")
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        dropped = Trainer(components, cached, LoraConfig(rank=4, alpha=8.0), OptimizerConfig(optimizer="adamw"),
+                          TrainConfig(run_name="dropped", blocks_to_swap=1), **run)
+        dropped.train(1)
+        gone = weakref.ref(dropped)
+        del dropped
+        assert gone() is None  # no cycle of its own keeps it
+        kept = Trainer(components, cached, LoraConfig(rank=4, alpha=8.0), OptimizerConfig(optimizer="adamw"),
+                       TrainConfig(run_name="dropped", blocks_to_swap=1), **run)
+        assert kept.resume() and kept.step == 1
+        cycle = [kept]
+        cycle.append(cycle)  # the caller's own cycle: only the collector frees it
+        gone = weakref.ref(kept)
+        del kept, cycle
+        assert gone() is not None
+        after = Trainer(components, cached, LoraConfig(rank=4, alpha=8.0), OptimizerConfig(optimizer="adamw"),
+                        TrainConfig(run_name="dropped", blocks_to_swap=1), **run)
+        assert gone() is None and after.resume() and after.step == 1
+        after.close()
+        lock = RunLock(tmp_path / "locked")  # a lock alone, in a cycle: the next one on its folder is not refused
+        lock.acquire("first")
+        lock.cycle = lock
+        del lock
+        RunLock(tmp_path / "locked").acquire("second")
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -78,6 +78,21 @@ def test_control_count_and_aspect_the_variant_cannot_take_are_refused_by_name(tm
     with pytest.raises(UserInputError, match=r"control image .*a_control.png is 400x20 px.*cannot keep its aspect"):
         build_cache(build_tiny_edit_components("edit-2511"), list(discover_edit(cfg(tmp_path / "thin"))),
                     tmp_path / "cache", settings=SMALL)
+    # 210:1 at control_resolution 0 (the model's 1024 px rule): 14848 x 64 px, which the text encoder's image processor
+    # refuses (over 200:1). Before: its raw ValueError, after the VAE had encoded the control.
+    write_sample(tmp_path / "thinner", "a", "edit", [Image.new("RGB", (2100, 10), "red")])
+    with pytest.raises(UserInputError, match=r"control image .*a_control.png is 2100x10 px: the text encoder's image "
+                                             r"processor refuses it at 14848x64 px \(the model default\): absolute "
+                                             r"aspect ratio .* under 200:1\."):
+        build_cache(build_tiny_edit_components("edit"), list(discover_edit(cfg(tmp_path / "thinner"))),
+                    tmp_path / "cache", settings=EditDataConfig(control_resolution=0))
+    # The same image wired into Preview (Edit) on the canvas
+    from trainer_core.families.qwen_image_edit.sampling import encode_given_controls
+
+    with pytest.raises(UserInputError, match=r"control image 1 \(wired into the preview\) is 2100x10 px: the text "
+                                             r"encoder's image processor refuses it"):
+        encode_given_controls(build_tiny_edit_components("edit"), get_variant("edit"),
+                              [Image.new("RGB", (2100, 10), "red")], ["edit"], None)
 
 
 def test_cache_is_keyed_by_prompt_controls_and_models(tmp_path):

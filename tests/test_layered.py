@@ -136,9 +136,10 @@ def test_a_layered_transformer_with_an_rgb_vae_is_refused_by_the_vae_files_name(
                                   compute_dtype=torch.float32)
 
 
-def reference_loss(components, folder: Path, seed: int) -> float:
+def reference_loss(components, folder: Path, seed: int, weights: torch.Tensor | None = None) -> float:
     """One training step's loss from the pipeline's own pieces: prompt encoding, RGBA preprocessing, VAE
-    encoding of each frame, frame packing, the condition latents, `img_shapes`, mu, `additional_t_cond`."""
+    encoding of each frame, frame packing, the condition latents, `img_shapes`, mu, `additional_t_cond`.
+    `weights`: a loss mask on the latent grid (h, w), weighing every frame alike, packed by the pipeline's packing."""
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImageLayeredPipeline
 
     pipe = QwenImageLayeredPipeline(
@@ -169,6 +170,9 @@ def reference_loss(components, folder: Path, seed: int) -> float:
             hidden_states=torch.cat([pack(x_t), condition], dim=1), timestep=s, encoder_hidden_states=prompt,
             encoder_hidden_states_mask=mask, img_shapes=img_shapes, additional_t_cond=torch.zeros(1, dtype=torch.long),
             return_dict=False)[0][:, : f * (lh // 2) * (lw // 2)]
+    if weights is not None:
+        w = pack(weights.expand(1, c, f, lh, lw))
+        return float((w * (prediction.float() - pack(noise - frames).float()) ** 2).sum() / w.sum())
     return float(torch.nn.functional.mse_loss(prediction.float(), pack(noise - frames).float()))
 
 
@@ -181,6 +185,29 @@ def test_one_training_step_loss_equals_the_reference_from_the_pipelines_pieces(t
     assert cached.latents(cached.samples[0].latent_key).shape[1] == 3  # composite + 2 layers, as frames
     loss = one_step_loss(components, cached, "ref", lora=LoraConfig(rank=4, alpha=4.0), caption_dropout=0.0)
     assert loss == expected  # the same operations on the same numbers: bit for bit
+
+
+def test_a_loss_mask_weighs_the_composite_and_every_layer_alike(tmp_path):
+    """A mask beside a composite (name_mask.png, background weight 0): one mask over every frame the loss covers, the
+    composite's and each layer's, as aligned as the layers are (issue 45: it was cached, then the first step failed
+    in the frame packing: 'not enough values to unpack'). Against the pipeline's pieces, its packing of the mask."""
+    from PIL import ImageDraw
+
+    components = build_tiny_layered_components()
+    write_sample(tmp_path / "d", "a", "a red square on a blue card", size=(128, 64))
+    mask = Image.new("L", (128, 64), 0)
+    ImageDraw.Draw(mask).rectangle((0, 0, 63, 63), fill=255)  # the left half trains
+    mask.save(tmp_path / "d" / "a_mask.png")
+    dataset = load_layered_dataset(DatasetConfig(folder=str(tmp_path / "d"), resolution=64, min_bucket_side=32,
+                                                 max_bucket_side=128, mask_background_weight=0.0))
+    cached = build_cache(components, list(dataset.samples), tmp_path / "cache")
+    weights = cached.mask_weights(cached.samples[0].mask_key)  # (h, w) on the latent grid
+    assert weights.min() == 0 and weights.max() == 1  # some cells count, some do not
+    components.ensure_text_encoder()  # the cache released it
+    expected = reference_loss(components, tmp_path / "d", seed=7, weights=weights)
+    loss = one_step_loss(components, cached, "masked", lora=LoraConfig(rank=4, alpha=4.0), caption_dropout=0.0)
+    assert loss == pytest.approx(expected, rel=1e-6)
+    assert loss != pytest.approx(reference_loss(components, tmp_path / "d", seed=7), rel=1e-3)  # the mask counts
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig, c
 from trainer_core.core.errors import UserInputError
 from trainer_core.adapters.lora_files import lora_file_tensors
 from trainer_core.families.qwen_image import build_tiny_components
-from trainer_core.training.optim import build_optimizer, evaluation_weights, load_state
+from trainer_core.training.optim import RUNNING_GROUP_VALUES, build_optimizer, evaluation_weights, load_state
 from trainer_core.training import Trainer
 
 OPTIMIZERS = choices(OptimizerConfig, "optimizer")
@@ -24,14 +24,14 @@ def settings(name: str, **kw) -> OptimizerConfig:
     return OptimizerConfig(**{"optimizer": name, "learning_rate": 1.0 if name == "prodigy" else 1e-3, **kw})
 
 
-def make(tmp_path, demo_folder, cache, name, dtype="float32", run="run"):
+def make(tmp_path, demo_folder, cache, name, dtype="float32", run="run", **optimizer):
     """A trainer on the seed-0 tiny model. `cache`: the session's shared cache folder (conftest.tiny_cache; its
     entries are content-addressed): encoding the demo dataset again for every trainer was most of this file's
     time, and no test here is about the cache."""
     components = build_tiny_components(seed=0, storage="float32")
     cached = cached_demo(components, demo_folder, cache)
-    return Trainer(components, cached, LoraConfig(rank=4, alpha=4.0, dtype=dtype), settings(name, warmup_steps=2),
-                   TrainConfig(seed=1), run_dir=tmp_path / run)
+    return Trainer(components, cached, LoraConfig(rank=4, alpha=4.0, dtype=dtype),
+                   settings(name, **{"warmup_steps": 2, **optimizer}), TrainConfig(seed=1), run_dir=tmp_path / run)
 
 
 def same(a, b, where="state") -> None:
@@ -76,6 +76,68 @@ def test_every_optimizer_resumes_bit_exactly(demo_folder, tiny_cache, tmp_path, 
     state_equal(whole.optimizer, again.optimizer)
 
 
+# Every hyper-parameter a group holds, changed (warmup_steps 0: Prodigy's warm-up safeguard goes off).
+CHANGED = dict(beta1=0.5, beta2=0.9, eps=1e-6, weight_decay=0.3, warmup_steps=0)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_resumed_optimizer_steps_with_the_new_settings_and_its_own_running_values(demo_folder, tiny_cache, tmp_path,
+                                                                                    name):
+    """Before: torch's load_state_dict restored the checkpoint's parameter groups whole, so a resume with other betas,
+    eps, weight decay or Prodigy safeguard stepped with the old ones (only the learning rate was set again). Now
+    every group entry is the new settings' (as a new optimizer of them has it), except the optimizer's own running
+    values (Prodigy's d estimate and step count, schedule-free's average weights, automagic's starting rate, optimi's
+    step and first-step decisions), which are the checkpoint's; the status says what changed. Schedule-free AdamW
+    keeps its beta1 for the run (the next test)."""
+    first = make(tmp_path, demo_folder, tiny_cache, name)
+    first.train(2)
+    before = dict(first.optimizer.param_groups[0])
+    first.close()
+    changed = {k: v for k, v in CHANGED.items() if not (name == "schedulefree_adamw" and k == "beta1")}
+    again = make(tmp_path, demo_folder, tiny_cache, name, **changed)
+    assert again.resume() and again.step == 2
+    new = build_optimizer([torch.nn.Parameter(torch.zeros(2, 2))], settings(name, **changed)).param_groups[0]
+    group = again.optimizer.param_groups[0]
+    running = RUNNING_GROUP_VALUES.get(name, ())
+    for key in group.keys() - {"params"}:
+        expected = before[key] if key in running else new[key]
+        same(group[key], expected, key)
+    assert group["weight_decay"] == 0.3 and group["weight_decay"] != before["weight_decay"]
+    if "betas" in group:
+        assert tuple(group["betas"][:2]) == (changed.get("beta1", 0.9), 0.9)
+    if name == "prodigy":
+        assert before["safeguard_warmup"] and not group["safeguard_warmup"] and group["d"] == before["d"]
+    note = next(n for n in again.resume_notes if n.startswith("the optimizer settings changed"))
+    assert "weight_decay 0.01 -> 0.3" in note and "they apply from step 3 on" in note
+    again.train(1)  # steps with them
+    again.close()
+
+
+def test_schedule_free_adamw_keeps_its_beta1_for_the_run(demo_folder, tiny_cache, tmp_path):
+    """Its training weights are the interpolation of its average and its iterate by beta1: another beta1 would
+    average the same weights differently. The checkpoint is refused, naming beta1 and both values; a live run keeps
+    training untouched (registry.setting_conflicts holds it to the same rule)."""
+    from trainer_core.runs.registry import open_run, release
+
+    components = build_tiny_components(seed=0, storage="float32")
+    cached = cached_demo(components, demo_folder, tiny_cache)
+
+    def opened(**optimizer):
+        return open_run(components, cached, LoraConfig(rank=4, alpha=4.0), settings("schedulefree_adamw", **optimizer),
+                        TrainConfig(seed=1, run_name="sf"), run_dir=tmp_path / "sf").trainer
+
+    live = opened()
+    live.train(1)
+    with pytest.raises(UserInputError, match=r"is training \(step 1\) with other settings: beta1: running 0\.9, now "
+                                             r"0\.5\. Change them back"):
+        opened(beta1=0.5)
+    assert live.live and opened() is live
+    release("sf")
+    with pytest.raises(UserInputError, match=r"does not match these settings: beta1: checkpoint 0\.9, now 0\.5\. "
+                                             r"Change them back to continue that run"):
+        opened(beta1=0.5)
+
+
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_state_survives_the_checkpoints_flattening_and_json(name):
     """flatten_state -> JSON -> unflatten_state -> load_state_dict gives the same state (tensors, dtypes and the
@@ -92,7 +154,7 @@ def test_state_survives_the_checkpoints_flattening_and_json(name):
     skeleton = json.loads(json.dumps(skeleton))
     copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
     loaded = build_optimizer(copies, settings(name))
-    load_state(loaded, ckpt.unflatten_state({k: v.clone() for k, v in tensors.items()}, skeleton))
+    load_state(loaded, ckpt.unflatten_state({k: v.clone() for k, v in tensors.items()}, skeleton), name)
     state_equal(opt, loaded)
     for p, q in zip(params, copies):  # each its own gradient tensor: some libraries change it in place
         p.grad = torch.randn_like(p)
@@ -180,7 +242,7 @@ def test_float32_state_of_a_bfloat16_lora_stays_float32_through_loading():
         p.grad = torch.ones_like(p)
         opt.step()
     again = Automagic([p], lr=1e-5)
-    load_state(again, opt.state_dict())  # torch alone would cast the rates to bfloat16
+    load_state(again, opt.state_dict(), "automagic")  # torch alone would cast the rates to bfloat16
     assert again.state[p]["lr_mask"].dtype == torch.float32
     assert torch.equal(again.state[p]["lr_mask"], opt.state[p]["lr_mask"])
 
@@ -188,3 +250,13 @@ def test_float32_state_of_a_bfloat16_lora_stays_float32_through_loading():
 def test_prodigy_with_an_adamw_learning_rate_is_refused():
     with pytest.raises(UserInputError, match="learning_rate to 1.0"):
         OptimizerConfig(optimizer="prodigy", learning_rate=1e-4)
+
+
+@pytest.mark.parametrize("lr", [1e-8, 0.01, 1.0])
+def test_automagic_at_a_learning_rate_outside_its_bounds_is_refused(lr):
+    """Before: accepted; the first step ran at it, every later one at a bound (the per-value rates are clamped to
+    min_lr..max_lr from their first bump on), while the progress line showed the asked rate throughout."""
+    with pytest.raises(UserInputError, match=rf"automagic with learning_rate={lr}: .* within 1e-07\.\.0\.001"):
+        OptimizerConfig(optimizer="automagic", learning_rate=lr)
+    for inside in (MIN_LR, 1e-5, MAX_LR):
+        OptimizerConfig(optimizer="automagic", learning_rate=inside)

@@ -264,6 +264,37 @@ def test_comfyui_layout_reads_back_and_a_fused_gate_up_file_reads_as_the_two_hal
             assert torch.equal(back.weights[name][0], a.float()) and torch.equal(back.weights[name][1], b.float()), name
 
 
+@pytest.mark.parametrize("layout", ["comfyui", "diffusers", "kohya"])
+def test_a_run_continues_from_its_own_lora_in_every_layout(with_lora, tiny21, tmp_path, layout):
+    """continue_from_lora reads a 2.1 LoRA back in each layout Save writes (issue 45: kohya's names were read by
+    Qwen-Image's block names only, so a 2.1 kohya file 'adapts modules that this model does not have')."""
+    from safetensors.torch import save_file
+
+    from trainer_core.adapters.lora import adapter_weights
+    from trainer_core.adapters.lora_files import layout_metadata, lora_file_tensors, lora_metadata
+    from trainer_core.core.config import OptimizerConfig, TrainConfig
+    from trainer_core.data.cache import build_cache
+    from trainer_core.training import Trainer
+
+    trained = adapter_weights(with_lora.transformer)
+    path = tmp_path / f"{layout}.safetensors"
+    tensors = lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout=layout)
+    metadata = lora_metadata(LoraConfig(rank=2, alpha=3.0, targets="all"), 0, "tiny 2.1", layout_metadata(layout, 2, 3.0))
+    save_file(tensors, str(path), metadata=metadata)  # what Save writes
+    cached = build_cache(tiny21, [one_image(tmp_path)], tmp_path / "cache")
+    trainer = Trainer(tiny21, cached, LoraConfig(), OptimizerConfig(optimizer="adamw"), TrainConfig(run_name="on"),
+                      init_lora=path)
+    try:
+        assert trainer.lora_cfg.rank == 2 and trainer.lora_cfg.alpha == 3.0
+        continued = adapter_weights(trainer.transformer)
+        assert sorted(continued) == sorted(trained)
+        for name, (a, b) in trained.items():
+            torch.testing.assert_close(continued[name][0], a, rtol=0, atol=0)
+            torch.testing.assert_close(continued[name][1], b, rtol=1e-6, atol=1e-7)  # diffusers: B * alpha / rank
+    finally:
+        trainer.close()
+
+
 def test_export_tiny_files_and_folder_load_back_to_the_tiny_model(tiny21, tmp_path):
     """`export-tiny --model qwen-image-2.1`: the diffusers folder (alone, or beside a ComfyUI transformer file
     with the MLP fused or split) loads to the same weights and the same prompt embedding. Beside a transformer

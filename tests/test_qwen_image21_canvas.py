@@ -167,3 +167,21 @@ def test_the_shipped_21_run_file_trains_on_the_tiny_files(files21, demo_folder, 
     printed = capsys.readouterr().out
     assert "lora: " in printed
     assert ("qwen_image_2.1_int8_convrot" if files == "int8" else "qwen_image21_tiny") in printed  # named after its file
+
+
+def test_the_demo_trains_21_from_comfyuis_single_files(files21, tmp_path, capsys):
+    """`demo --model qwen-image-2.1` from ComfyUI's files: the transformer, the Qwen3-VL text encoder file and the
+    2.1 VAE file, with the 2.1 folder for the processor (issue 45: refused, 'its text encoder and VAE single-file
+    layouts are not read here', though the loaders read them). Without the folder, refused naming --diffusers-folder."""
+    from trainer_core.runs.cli import main
+
+    files = ["--transformer", str(files21["transformer_fp8_e4m3fn_scaled"]), "--text-encoder",
+             str(files21["text_encoder"]), "--vae", str(files21["vae"])]
+    assert main(["demo", "--model", FAMILY, *files, "--steps", "1", "--out", str(tmp_path / "no_folder")]) == 2
+    assert "set --diffusers-folder to the diffusers Qwen-Image 2.1 folder" in capsys.readouterr().err
+    assert not (tmp_path / "no_folder").exists()
+    assert main(["demo", "--model", FAMILY, *files, "--diffusers-folder", str(files21["diffusers_folder"]),
+                 "--steps", "1", "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert f"model: qwen_image21_tiny_fp8_e4m3fn_scaled from {files21['transformer_fp8_e4m3fn_scaled']}" in printed
+    assert "(qwen-image-2.1)" in printed and (tmp_path / "out" / "demo_qwen_image21_lora.safetensors").is_file()

@@ -157,6 +157,20 @@ def test_a_reference_too_small_for_the_text_encoder_is_refused_by_name(tiny21, t
         build_cache(tiny21, list(dataset.samples), tmp_path / "cache", settings=dataset.edit)
 
 
+def test_a_reference_of_an_aspect_the_image_processor_refuses_is_refused_by_name(tiny21, tmp_path):
+    """2100 x 10 px (210:1) at control_resolution 0: sized to 14848 x 64 px, over the 200:1 transformers' Qwen2-VL
+    image processor takes. Before: its raw ValueError ('absolute aspect ratio must be smaller than 200')."""
+    from trainer_core.core.errors import UserInputError
+    from trainer_core.data.cache import build_cache
+
+    dataset = edit_dataset(tmp_path / "d", reference=Image.new("RGB", (2100, 10), "blue"), resolution=0)
+    with pytest.raises(UserInputError, match=r"reference image a_control.png is 2100x10 px: Qwen3-VL's image processor "
+                                             r"refuses it .* to 14848x64 px: absolute aspect ratio .* Crop it to an "
+                                             r"aspect ratio under 200:1\."):
+        build_cache(tiny21, list(dataset.samples), tmp_path / "cache", settings=dataset.edit)
+    assert not (tmp_path / "cache" / "latents").exists() or not any((tmp_path / "cache" / "latents").iterdir())
+
+
 @pytest.fixture(scope="module")
 def with_lora():
     """A tiny 2.1 model set whose transformer carries a LoRA with non-zero weights (shared with the pipeline)."""

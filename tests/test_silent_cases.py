@@ -125,6 +125,93 @@ def test_validation_every_without_validation_images_says_so_in_the_status(tiny, 
         runs.release("no_validation")
 
 
+# ------------------------------------------------------------------------------------------------------------
+# settings that cannot do what they say (issue 45): refused where no step could teach the LoRA, said otherwise
+
+def _datasets_cache(components, folders, cache_dir, preservation=None, **dataset):
+    """[(folder, loss_weight, is_regularization)] cached as one run's datasets."""
+    from conftest import tiny_dataset_config
+    from trainer_core.data.cache import build_cache
+    from trainer_core.data.images import load_dataset
+    from trainer_core.data.mixture import combined
+
+    datasets = [load_dataset(tiny_dataset_config(folder, loss_weight=w, is_regularization=reg, **dataset))
+                for folder, w, reg in folders]
+    samples, validation, repeats = combined(datasets)
+    return build_cache(components, samples, cache_dir, repeats=repeats, validation=validation,
+                       preservation=preservation)
+
+
+@pytest.mark.parametrize("datasets, message", [
+    ([(0.0, False)], "every training image's dataset has loss_weight 0, so every step's loss would be 0"),
+    ([(0.0, False), (0.0, True)], "every training image's dataset has loss_weight 0"),
+    ([(1.0, True)], "every dataset is marked is_regularization: a regularisation set keeps"),
+    ([(0.0, False), (1.0, True)], "every dataset is marked is_regularization or has loss_weight 0: "),
+], ids=["the only dataset weighs 0", "all weigh 0", "all regularisation", "the subject weighs 0"])
+def test_a_run_no_step_could_teach_is_refused_before_it_builds(tiny, demo_folder, tiny_cache, datasets, message):
+    """Before: every loss 0 (or no subject) and a LoRA saved as if trained."""
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.training import Trainer
+
+    cached = _datasets_cache(tiny, [(demo_folder, w, reg) for w, reg in datasets], tiny_cache)
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        Trainer(tiny, cached, LoraConfig(rank=2), OptimizerConfig(), TrainConfig(run_name="nothing", blocks_to_swap=0))
+    assert tiny.transformer is not None and tiny.trainer_ref is None  # nothing built, the model set free
+
+
+def test_settings_that_change_nothing_are_said_in_the_status(tiny, demo_folder, tiny_cache):
+    """Preservation's class captions cached with preservation_weight 0 (encoded for nothing), validation images held
+    out with validation_every 0 (neither trained on nor measured), logit-normal settings with uniform sampling,
+    ema_decay without ema, LoKr's settings for a LoRA: each a line of Init Trainer's status naming it."""
+    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+    from trainer_core.runs import registry as runs
+
+    cached = _datasets_cache(tiny, [(demo_folder, 1.0, False)], tiny_cache, preservation=("red", "colourful"),
+                             validation_images=1)
+    opened = runs.open_run(tiny, cached, LoraConfig(rank=2, lokr_factor=4), OptimizerConfig(ema_decay=0.99),
+                           TrainConfig(run_name="idle", timestep_sampling="uniform", logit_std=2.0, blocks_to_swap=0),
+                           run_dir=None)
+    try:
+        warnings = [line for line in opened.status.splitlines() if line.startswith("warning: ")]
+        assert [w.split(" ")[1] for w in warnings] == ["the", "1", "logit_std=2.0", "ema_decay=0.99", "lokr_factor=4"]
+        assert "preservation_weight is 0, so they are not used: set preservation_weight" in warnings[0]
+        assert "validation_every is 0, so they are neither trained on nor measured" in warnings[1]
+        assert "with timestep_sampling 'uniform'" in warnings[2] and "with ema off" in warnings[3]
+        assert "with adapter 'lora'" in warnings[4]
+    finally:
+        runs.release("idle")
+    plain = runs.open_run(tiny, _datasets_cache(tiny, [(demo_folder, 1.0, False)], tiny_cache), LoraConfig(rank=2),
+                          OptimizerConfig(), TrainConfig(run_name="plain", blocks_to_swap=0), run_dir=None)
+    assert "warning: " not in plain.status  # the defaults say nothing
+    runs.release("plain")
+
+
+def test_a_mask_background_weight_without_masks_is_said_in_the_datasets_summary(demo_folder):
+    from conftest import tiny_dataset_config
+    from trainer_core.data.images import load_dataset
+
+    summary = load_dataset(tiny_dataset_config(demo_folder, mask_background_weight=0.0)).summary()
+    assert ("warning: no image has a loss mask (name_mask.png beside it or masks/name.png), so "
+            "mask_background_weight=0 changes nothing") in summary
+    assert "warning" not in load_dataset(tiny_dataset_config(demo_folder)).summary()
+
+
+def test_a_run_file_with_preservation_captions_and_weight_0_skips_encoding_them(tmp_path, demo_folder, capsys):
+    """Headless knows both settings before caching: the class captions are not encoded (at real size, a pass of the
+    text encoder over every trigger caption), and it says why."""
+    from test_headless import tiny_run_file
+
+    from trainer_core.runs.cli import main
+
+    preservation = {"preservation_trigger": "red", "preservation_class": "colourful"}
+    path = tiny_run_file(tmp_path, demo_folder, cache=preservation, train={"steps": 1})
+    assert main(["train", "--config", str(path), "--output", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert ("warning: preservation_trigger 'red' is set, but preservation_weight is 0, so differential output "
+            "preservation is off") in out and "Its class captions are not encoded." in out
+    assert "prompts: 9 encoded" in out  # the 8 captions and the empty prompt: no class caption
+
+
 def edit_folder(tmp_path):
     from trainer_core.families.qwen_image_edit.demo import make_edit_demo_dataset
 
@@ -265,19 +352,36 @@ def test_print_only_prints_the_translation_when_the_model_folder_is_not_here_and
     assert err.count("the translation of") == 1 and "is not a folder" in err, err
 
 
+def test_print_only_says_a_refused_value_trains_nowhere(tmp_path, demo_folder, capsys):
+    """Before: the warning for a refused value (epochs = -1) ended 'it trains where that path exists', which only a
+    missing path (prepared for another machine) makes true."""
+    from test_headless import diffusion_pipe_copy
+
+    from trainer_core.runs.cli import main
+
+    config = diffusion_pipe_copy(tmp_path, {"diffusers_path": "/elsewhere/Qwen-Image"}, demo_folder,
+                                 {"epochs = 1000": "epochs = -1"})
+    assert main(["train", "--from-diffusion-pipe", str(config), "--print-only"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and "epochs = -1" in err and "where that path exists" not in err
+    assert "it trains nowhere as it is: correct that setting in it first" in err
+
+
 # ------------------------------------------------------------------------------------------------------------
 # names and paths
 
 @pytest.mark.parametrize("filename, message", [
     ("..", "names no file"), ("qwen/..", "names no file"), ("name.", "ends with a dot or a space"),
-    ("name .safetensors", "ends with a dot or a space"), ("name..safetensors", "ends with a dot or a space")])
+    ("name .safetensors", "ends with a dot or a space"), ("name..safetensors", "ends with a dot or a space"),
+    ("name ", "ends with a dot or a space"), ("qwen/name ", "ends with a dot or a space"), ("  ", "names no file")])
 def test_lora_names_that_windows_drops_or_that_name_no_file_are_refused(filename, message, tmp_path):
-    """Before: '..' wrote the hidden file '...safetensors', 'name.' wrote 'name..safetensors'."""
+    """Before: '..' wrote the hidden file '...safetensors', 'name.' wrote 'name..safetensors'; 'name ' wrote
+    name.safetensors, a name other than the one typed (issue 45: it is refused by the same rule as 'name.')."""
     from trainer_core.adapters.lora_files import lora_output_path
 
     with pytest.raises(UserInputError, match=message):
         lora_output_path(tmp_path, filename, "run", 1)
-    assert lora_output_path(tmp_path, "name ", "run", 1) == (tmp_path / "name.safetensors").resolve()  # stripped
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", ["../outside.safetensors", "sub/../../outside.safetensors", "/abs/outside.safetensors",

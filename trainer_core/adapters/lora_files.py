@@ -49,7 +49,7 @@ from ..core.errors import UserInputError
 from ..core.files import inside
 from ..core.finite import nonfinite_names
 from ..core.names import check_component, fill_template
-from ..models.qwen21_arch import FUSED_MLP, is_qwen_image21
+from ..models.qwen21_arch import FUSED_MLP, FUSED_PARTS, is_qwen_image21
 from ..models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
 from . import lycoris
 from .fused_mlp_lora import split_mlp_pair
@@ -69,7 +69,7 @@ _SUFFIXES = {
 _UNSUPPORTED_SUFFIXES = (".dora_scale", ".diff", ".diff_b", ".w_norm", ".b_norm")
 _UNSUPPORTED_PARTS = (".lora_mid.", ".hada_", ".lokr_")
 
-# Linear modules of the Qwen-Image transformer, to undo kohya's '.' -> '_' (module names contain '_').
+# Qwen-Image's block Linears, to undo kohya's '.' -> '_' (module names contain '_') where no model is given.
 _KOHYA_BLOCK = re.compile(BLOCKS + r"_(\d+)_(.+)")
 
 
@@ -186,8 +186,23 @@ def layout_metadata(layout: str, rank: int, alpha: float) -> dict[str, str]:
 # in
 
 
-def _kohya_module(stem: str) -> str:
-    """'transformer_blocks_3_attn_to_q' -> 'transformer_blocks.3.attn.to_q' (unknown names stay as they are)."""
+def kohya_names(module_names) -> dict[str, str]:
+    """kohya's spelling ('.' -> '_') -> module name, for the model's Linear `module_names` (and a 2.1 MLP pair's
+    fused name, which ComfyUI's 2.1 files hold): what a kohya file of any family adapts. A spelling two modules
+    share is left out (it names neither)."""
+    names = set(module_names)
+    names |= {n[: -len(FUSED_PARTS[0])] + FUSED_MLP for n in names if n.endswith(FUSED_PARTS[0])}
+    found: dict[str, list[str]] = {}
+    for name in names:
+        found.setdefault(name.replace(".", "_"), []).append(name)
+    return {kohya: ours[0] for kohya, ours in found.items() if len(ours) == 1}
+
+
+def _kohya_module(stem: str, names: dict[str, str] | None = None) -> str:
+    """'transformer_blocks_3_attn_to_q' -> 'transformer_blocks.3.attn.to_q': by the model's own names (`kohya_names`)
+    when given, else by Qwen-Image's Linears (unknown names stay as they are)."""
+    if names:
+        return names.get(stem, stem)
     if m := _KOHYA_BLOCK.fullmatch(stem):
         inner = {n.replace(".", "_"): n for n in BLOCK_LINEARS}.get(m.group(2))
         if inner:
@@ -195,8 +210,8 @@ def _kohya_module(stem: str) -> str:
     return {n.replace(".", "_"): n for n in OUTER_LINEARS}.get(stem, stem)
 
 
-def _split_key(key: str) -> tuple[str, str, str] | None:
-    """key -> (layout, module name, A|B|alpha); None for a key that is no LoRA part."""
+def _split_key(key: str, kohya: dict[str, str] | None = None) -> tuple[str, str, str] | None:
+    """key -> (layout, module name, A|B|alpha); None for a key that is no LoRA part. `kohya`: `kohya_names`."""
     for suffix, part in _SUFFIXES.items():
         if key.endswith(suffix):
             stem = key[: -len(suffix)]
@@ -208,7 +223,7 @@ def _split_key(key: str) -> tuple[str, str, str] | None:
     if stem.startswith(DIFFUSERS_PREFIX):
         return "diffusers", stem[len(DIFFUSERS_PREFIX):], part
     if stem.startswith(KOHYA_PREFIX):
-        return "kohya", _kohya_module(stem[len(KOHYA_PREFIX):]), part
+        return "kohya", _kohya_module(stem[len(KOHYA_PREFIX):], kohya), part
     return "peft", stem.removeprefix("base_model.model."), part
 
 
@@ -263,8 +278,9 @@ def _first(names: list[str], n: int = 3) -> str:
     return f"{names[:n]}" + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
-def read_lora_file(path: str | Path) -> LoraFile:
-    """Read a LoRA file (any layout above) into rank, alpha and per-module (A, B) as trained.
+def read_lora_file(path: str | Path, module_names=None) -> LoraFile:
+    """Read a LoRA file (any layout above) into rank, alpha and per-module (A, B) as trained. `module_names`: the
+    Linears of the model it is for, which kohya's names ('.' -> '_') are read back against (without them: Qwen-Image's).
 
     Refused, with a `UserInputError` naming the file and the problem: anything that is not a readable
     plain LoRA, non-floating-point weights (integer or bool tensors are no trained LoRA: a damaged file or
@@ -291,8 +307,9 @@ def read_lora_file(path: str | Path) -> LoraFile:
     parts: dict[str, dict[str, torch.Tensor]] = {}
     keys: dict[str, dict[str, str]] = {}  # module -> part -> key in the file
     layouts: set[str] = set()
+    kohya = kohya_names(module_names) if module_names is not None else None
     for key, tensor in tensors.items():
-        split = _split_key(key)
+        split = _split_key(key, kohya)
         if split is None:
             raise UserInputError(f"LoRA file {path} has key {key}, which is no LoRA tensor (expected "
                                  "'<module>.lora_A.weight', '.lora_B.weight', '.lora_down/.lora_up.weight' or '.alpha').")
@@ -362,9 +379,14 @@ def read_lora_file(path: str | Path) -> LoraFile:
     return LoraFile(path=path, layout=layout, rank=rank, alpha=alpha, weights=weights, metadata=metadata)
 
 
+def linear_modules(transformer: nn.Module) -> dict[str, nn.Linear]:
+    """The model's own Linears (a LoRA's targets), by name."""
+    return {n: m for n, m in transformer.named_modules() if isinstance(m, nn.Linear) and "lora_" not in n}
+
+
 def check_targets(transformer: nn.Module, lora: LoraFile) -> None:
     """Every module the file adapts must be a Linear of `transformer` with the file's widths."""
-    linears = {n: m for n, m in transformer.named_modules() if isinstance(m, nn.Linear) and "lora_" not in n}
+    linears = linear_modules(transformer)
     absent = [m for m in lora.targets if m not in linears]
     if absent:
         raise UserInputError(
@@ -404,10 +426,11 @@ TEMP_NAME_ROOM = 32
 def lora_output_path(loras_dir: Path, filename: str, run_name: str, step: int) -> Path:
     """`filename` (with {run_name}/{step} filled in, nothing else evaluated) as a .safetensors path inside
     `loras_dir`: every folder and the file name portable, no link out of `loras_dir`."""
-    name = fill_template(filename.strip(), "filename", run_name=run_name, step=f"{step:06d}").strip()
+    # Not stripped: the file is named as typed, or refused (a trailing space or dot by check_component below).
+    name = fill_template(filename, "filename", run_name=run_name, step=f"{step:06d}")
     stem = name.replace("\\", "/").rsplit("/", 1)[-1]
     stem = stem[: -len(".safetensors")] if stem.endswith(".safetensors") else stem
-    if stem in ("", ".", ".."):  # ('..' would become the hidden file '...safetensors')
+    if stem.strip() in ("", ".", ".."):  # ('..' would become the hidden file '...safetensors')
         raise UserInputError(
             f"filename={filename!r} names no file: give the LoRA a name, for example 'qwen/{{run_name}}_{{step}}'."
         )

@@ -181,6 +181,10 @@ class LoraConfig:
         return self.alpha / self.rank
 
 
+# automagic keeps every value's learning rate within these bounds (training/automagic.py: its published defaults).
+AUTOMAGIC_MIN_LR, AUTOMAGIC_MAX_LR = 1e-7, 1e-3
+
+
 @dataclass
 class OptimizerConfig:
     optimizer: str = _f(
@@ -234,6 +238,13 @@ class OptimizerConfig:
             raise UserInputError("ema with optimizer schedulefree_adamw: schedule-free AdamW averages its weights "
                                  "already (previews and saves use that average); turn ema off or choose another "
                                  "optimizer.")
+        if self.optimizer == "automagic" and not AUTOMAGIC_MIN_LR <= self.learning_rate <= AUTOMAGIC_MAX_LR:
+            # Every value's rate starts at learning_rate and is kept within the bounds from its first bump on: the
+            # first step would run at the asked rate and every later one at a bound.
+            raise UserInputError(
+                f"optimizer automagic with learning_rate={self.learning_rate}: automagic starts each weight's rate at "
+                f"learning_rate and keeps it within {AUTOMAGIC_MIN_LR:g}..{AUTOMAGIC_MAX_LR:g}, so only its first step "
+                f"would run at {self.learning_rate:g}. Set learning_rate within those bounds (try 1e-5).")
         if self.optimizer == "prodigy" and self.learning_rate < 0.01:
             # Prodigy's step is learning_rate x its own estimate d: 1e-4 there would leave the LoRA almost unchanged.
             raise UserInputError(

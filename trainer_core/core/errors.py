@@ -40,6 +40,10 @@ class RunFolderLost(UserInputError):
     """The run folder's lock was removed or taken over: this trainer must not write there any more."""
 
 
-for _cls in (UserInputError, TrainingStopped, RunFolderLost):
+class MissingPath(UserInputError):
+    """A file or folder that the settings name is not on this machine (a run file prepared for another may be fine)."""
+
+
+for _cls in (UserInputError, TrainingStopped, RunFolderLost, MissingPath):
     _cls.__module__ = SHORT_MODULE
 del _cls

@@ -9,6 +9,7 @@ file itself stays (an unlocked file means nothing); it holds the holder's pid an
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from pathlib import Path
@@ -64,11 +65,18 @@ class RunLock:
             return
         self._owner = owner
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        collected = False
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             if not _try_lock(fd):
                 holder = _read_holder(fd)
                 os.close(fd)
+                if not collected:
+                    # Held in this process by a trainer dropped without close() but kept by a reference cycle? Its
+                    # lock goes when the cyclic garbage collector frees it: collect now and try once more.
+                    gc.collect()
+                    collected = True
+                    continue
                 raise UserInputError(
                     f"the run folder {self.run_dir} is in use by another trainer ({holder}). Two trainers on one run "
                     "folder would overwrite each other's checkpoints: use another run_name, or stop the other "

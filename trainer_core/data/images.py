@@ -91,8 +91,8 @@ class Dataset:
         transparent = sum(1 for s in self.samples if s.decode.startswith("alpha"))
         held_out = (f"; {len(self.validation)} held out for validation: "
                     + ", ".join(Path(s.image_path).name for s in self.validation)) if self.validation else ""
-        masked = sum(1 for s in self.samples if s.mask is not None)
-        masks = f"; {masked} with a loss mask (black weighs {self.config.mask_background_weight:g})" if masked else ""
+        from .masks import masks_clause  # (masks.py reads images with this module's functions)
+        masks = masks_clause(self.samples, self.config)
         return (f"{len(self.samples)} images x {self.config.repeats} repeats; buckets {listing}; "
                 f"{transparent} with transparency composited onto {self.config.background.strip()}{masks}{held_out}")
 

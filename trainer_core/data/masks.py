@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..core.config import DatasetConfig
+from ..core.config import DatasetConfig, field_default
 from ..core.errors import UserInputError
 from .images import IMAGE_EXTENSIONS, decode_image, read_file
 
@@ -46,6 +46,20 @@ BLACK = (0, 0, 0)
 # (relative) are one shape, rounding of a scaled export.
 ASPECT_TOLERANCE = 0.01
 MASK_RECIPE = "L-box-cover-centre-crop-area"  # part of a mask entry's cache key: bump when the recipe changes
+
+
+def masks_clause(samples, cfg: DatasetConfig) -> str:
+    """A dataset summary's words on its masks: how many images have one and what black weighs; or, where no image
+    has one and mask_background_weight is not its default, that the setting changes nothing (it was set for masks
+    that are not there: misnamed, or in another folder)."""
+    masked = sum(1 for s in samples if s.mask is not None)
+    weight = cfg.mask_background_weight
+    if masked:
+        return f"; {masked} with a loss mask (black weighs {weight:g})"
+    if weight != field_default(DatasetConfig, "mask_background_weight"):
+        return (f"; warning: no image has a loss mask (name_mask.png beside it or masks/name.png), so "
+                f"mask_background_weight={weight:g} changes nothing: add the masks, or leave the setting at its default")
+    return ""
 
 
 @dataclass(frozen=True)

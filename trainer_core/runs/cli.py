@@ -18,6 +18,7 @@ from .cli_args import (
     config_arg,
     existing_path,
 )
+from .cli_demo import DEMO_MODELS, LAYERED, QWEN_IMAGE21, SHAPES_MODEL, add_demo_parser, cmd_demo  # noqa: F401 (re-exported)
 
 
 def _quiet_libraries() -> None:
@@ -33,87 +34,14 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-# The demo's models: the shipped shapes model (the default: it learns a visible star), the tiny random text-to-image,
-# a Qwen-Image-Edit variant (edit-auto: read from the files), 2.1 or Layered.
-# The shipped small pretrained model: models/pretrained.NAME, spelled out here because this module imports no torch
-# (tests/test_shapes_model.py checks the two agree).
-SHAPES_MODEL = "qwen-image-shapes"
-LAYERED = "qwen-image-layered"  # trainer_core/families/qwen_image_layered/
-QWEN_IMAGE21 = "qwen-image-2.1"  # trainer_core/families/qwen_image21/
-DEMO_MODELS = (SHAPES_MODEL, "qwen-image", "edit-2511", "edit-2509", "edit", QWEN_IMAGE21, LAYERED, "edit-auto")
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..core.errors import UserInputError
-    from .demo import run_demo
-
-    files = (args.transformer, args.text_encoder, args.vae)
-    components = None
-    if any(files) and not all(files):
-        raise UserInputError("demo from files needs all three of --transformer, --text-encoder and --vae.")
-    edit = args.model not in (SHAPES_MODEL, "qwen-image", QWEN_IMAGE21, LAYERED)  # Qwen-Image-Edit (trainer_core/families/qwen_image_edit/)
-    if any(files) and args.model == QWEN_IMAGE21:
-        raise UserInputError("demo --model qwen-image-2.1 trains the built-in tiny 2.1; from files it is not offered "
-                             "yet (its text encoder and VAE single-file layouts are not read here).")
-    if not any(files):  # the built-in models' block counts are known without loading anything
-        _check_demo_blocks_to_swap(args.blocks_to_swap, _builtin_num_blocks(args.model))
-    # Only after the flags' own checks, so that a refused command leaves no --out folder behind; before the
-    # files load (minutes for real ones), so that an unwritable --out is said before any work.
-    check_writable_folder(args.out, "--out")
-    if any(files):
-        from ..families.qwen_image import load_single_files
-        from ..families.qwen_image_edit.files import load_edit_single_files
-        from ..families.qwen_image_layered.files import load_layered_single_files
-
-        # As the built-in demo: float8 block weights, fp32 compute (the CPU has no fast bf16 matmul).
-        loader = (lambda *a, **k: load_edit_single_files(*a, variant=args.model, **k)) if edit else (
-            load_layered_single_files if args.model == LAYERED else load_single_files)
-        components = loader(*files, tokenizer_dir=args.tokenizer, storage="float8",
-                            compute_dtype=torch.float32, text_encoder_fp8=args.text_encoder_fp8)
-        print(f"model: {components.name} from {', '.join(files)}")
-        _check_demo_blocks_to_swap(args.blocks_to_swap, components.num_blocks)
-    # edit-auto without files: the tiny Edit-2511 (with files, the model set's own family decides).
-    model = "edit-2511" if args.model == "edit-auto" else args.model
-    result = run_demo(args.out, steps=args.steps, seed=args.seed, components=components, resume=args.resume,
-                      blocks_to_swap=args.blocks_to_swap, model=model)
-    print(f"loss: first step {result.first_loss:.4f}, last step {result.last_loss:.4f} ({result.steps} steps)")
-    print(f"lora:      {result.lora}")
-    if result.preview_before is not None:
-        print(f"before:    {result.preview_before}")
-    print(f"preview:   {result.preview}")
-    print(f"loss plot: {result.loss_plot}")
-    return 0
-
-
-def _builtin_num_blocks(model: str) -> int:
-    """The block count of the demo's built-in model `model` (the shipped shapes model or a tiny one)."""
-    if model == SHAPES_MODEL:
-        from ..models.pretrained import SHAPES_TRANSFORMER
-
-        return SHAPES_TRANSFORMER["num_layers"]
-    from ..models.tiny import TINY_TRANSFORMER
-
-    return TINY_TRANSFORMER["num_layers"]
-
-
-def _check_demo_blocks_to_swap(blocks_to_swap: int, num_blocks: int) -> None:
-    from ..core.errors import UserInputError
-
-    if blocks_to_swap > num_blocks - 1:
-        raise UserInputError(
-            f"--blocks-to-swap {blocks_to_swap}: the transformer has {num_blocks} blocks and at least one must "
-            f"stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' to let the memory planner choose."
-        )
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..core.errors import TrainingStopped, UserInputError
+    from ..core.errors import MissingPath, TrainingStopped, UserInputError
     from ..training import distributed
+    from .agreement import check_same_settings
     from .headless import train_run
+    from .startup import load_engine
     from .run_file import parse_run_tables, read_run_file
     from .run_file_help import help_config
 
@@ -130,9 +58,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(text, end="", flush=True)
             try:
                 parse_run_tables(translation.data, Path.cwd(), where=where)
-            except UserInputError as e:
+            except MissingPath as e:  # prepared for another machine: fine there
                 print(f"warning: {e} The translation above is printed anyway (--print-only); it trains where that "
                       "path exists.", file=sys.stderr)
+            except UserInputError as e:  # a refused value trains nowhere
+                print(f"warning: {e} The translation above is printed anyway (--print-only), but it trains nowhere "
+                      "as it is: correct that setting in it first.", file=sys.stderr)
             return 0
         run = parse_run_tables(translation.data, Path.cwd(), where=where)
     elif args.config:
@@ -148,6 +79,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(text, end="", flush=True)
         if args.print_only:
             return 0
+        # Processes whose run files disagree stop here, before the engine's imports (seconds each); train_run asks
+        # again for a script that calls it (one small exchange).
+        check_same_settings(run, replicas, args.steps)
+        load_engine()
         check_writable_folder(str(run.output_folder), "[output] folder")
         return train_run(run, replicas, text, steps=args.steps)
     except TrainingStopped as e:
@@ -298,42 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
     from ..core.config import (
         DatasetConfig,
         HeadlessConfig,
-        LoadConfig,
         LoraConfig,
         OptimizerConfig,
         PlanConfig,
         TrainConfig,
-        TrainStepsConfig,
         help_text,
     )
 
     parser = _Parser(prog="python -m trainer_core", description="Qwen-Image LoRA trainer engine.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train a small LoRA on a built-in model and dataset (default: teach the shipped "
-                          "shapes model stars)")
-    demo.add_argument("--steps", **config_arg(
-        TrainStepsConfig, "steps", default=200, help="total optimizer steps (with --resume: up to this many)"))
-    demo.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
-    demo.add_argument("--model", choices=DEMO_MODELS, default=DEMO_MODELS[0],
-                      help="qwen-image-shapes (the small pretrained model that ships with the pack: the demo "
-                           "teaches it stars), qwen-image (the tiny random text-to-image model), an edit model: edit-2511, edit-2509, edit (trains on the "
-                           "built-in edit dataset with control images; with files: the variant they must be, "
-                           "edit-auto = read it from the transformer file); qwen-image-2.1 (the tiny 2.1, text to "
-                           "image), or qwen-image-layered (a composite and its RGBA layers)")
-    demo.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0))
-    demo.add_argument("--blocks-to-swap", **blocks_to_swap_arg(default=1))
-    demo.add_argument("--resume", action="store_true",
-                      help="continue from the checkpoint in --out up to --steps total steps")
-    demo.add_argument("--transformer", type=existing_path("file"),
-                      help="train this transformer file (e.g. from export-tiny) instead of the built-in model; "
-                           "needs --text-encoder and --vae too")
-    demo.add_argument("--text-encoder", type=existing_path("file"),
-                      help="text encoder file (ComfyUI layout, bf16 or fp8_scaled)")
-    demo.add_argument("--vae", type=existing_path("file"), help="VAE file (ComfyUI's Wan 2.1 layout)")
-    demo.add_argument("--tokenizer", type=existing_path("folder"),
-                      help="tokenizer folder (default: a tokenizer/ folder beside the text encoder file or its folder)")
-    demo.add_argument("--text-encoder-fp8", **config_arg(LoadConfig, "text_encoder_fp8"))
-    demo.set_defaults(func=cmd_demo)
+    add_demo_parser(sub)
     train = sub.add_parser(
         "train", help="train from a run file (TOML), without a canvas; under torchrun on several GPUs",
         description="Trains the run a TOML run file describes (--help-config prints every setting with its help and "
@@ -435,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = build_parser().parse_args(argv)
-        if args.func in (cmd_demo, cmd_train):
+        if args.func is cmd_demo:  # (train loads it once its processes agree: cmd_train)
             from .startup import load_engine
 
             load_engine()

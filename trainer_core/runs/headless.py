@@ -43,9 +43,11 @@ from ..families.qwen_image_edit.files import load_edit_model_set
 from ..families.recognise import load_recognised
 from ..training import Every, StepExtras, StepReport, Trainer, every
 from ..training.distributed import Replicas, lost_peer, lost_peer_message
+from ..training.idle_settings import unused_preservation
 from ..training.live import StepPreview, keep_preview, step_grid
 from ..training.plot import loss_plot
 from ..training.weighting import describe
+from .agreement import check_same_settings, check_same_start
 from .registry import open_run, release
 from .run_file import RunFile
 
@@ -99,6 +101,7 @@ def train_run(run: RunFile, replicas: Replicas, config_text: str = "", steps: in
     """Train `run` (see the module docstring); returns the exit code. `steps` replaces [train] steps (and epochs).
     `config_text` is kept in the run folder as config.toml. `on_step` runs after each step (for scripts)."""
     say = log if replicas.writes else (lambda _text: None)
+    check_same_settings(run, replicas, steps)  # every process's run file: before any file is read or written
     run_dir = inside(run.output_folder, run.train.run_name, "[train] run_name", "my_lora")
     lora_output_path(run_dir, run.save.filename, run.train.run_name, 0)  # a bad name fails before any work
     if run.steps_cfg.snapshot_every or run.headless.snapshot_every_epochs:  # named by filename: {step}, or overwritten
@@ -140,6 +143,10 @@ def cache_once(components, run: RunFile, replicas: Replicas, say) -> CachedDatas
     # The family's data settings, as the Cache node takes them (Edit: control_resolution; one for every dataset)
     settings = data_settings(components.family, datasets[0] if len(datasets) == 1 else mix(datasets))
     preservation = (run.cache.preservation_trigger, run.cache.preservation_class)
+    unused = unused_preservation(run.cache.preservation_trigger, run.train.preservation_weight)
+    if unused is not None:  # the class captions would be encoded (a real-size text encoder's time) for nothing
+        say(f"warning: {unused} Its class captions are not encoded.")
+        preservation = ("", "")
 
     def build(progress=None) -> CachedDataset:
         return build_cache(components, samples, run.cache_folder, preview_prompts=run.preview_prompts,
@@ -186,7 +193,7 @@ def open_once(components, cached: CachedDataset, run: RunFile, run_dir: Path, re
         trainer = open_run(components, cached, run.lora, run.optimizer, run.train, run_dir=run_dir,
                            init_lora=init_lora, replicas=replicas, preview_size=planned_previews).trainer
     try:
-        replicas.check_same_start(trainer)
+        check_same_start(trainer, replicas, run.where)
     except BaseException:
         release(run.train.run_name)
         raise

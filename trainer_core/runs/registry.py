@@ -39,6 +39,8 @@ from ..data.cache import CachedDataset
 from ..models.components import QwenImageComponents
 from ..training import MUST_MATCH_LORA, Trainer
 from ..training.distributed import ONE_PROCESS, Replicas
+from ..training.idle_settings import idle_settings
+from ..training.optim import fixed_for_the_run
 
 
 @dataclass
@@ -127,10 +129,8 @@ def open_run(
         head = f"started run '{name}' at step 0" + (f"; checkpoints go to {run_dir}" if run_dir else "")
     if trainer.resume_notes:  # checkpoints passed over (unreadable, incomplete, NaN/inf): say which and why
         head += "\n" + "\n".join(trainer.resume_notes)
-    if train.validation_every and not dataset.validation:  # else it would train with no validation, unsaid
-        head += (f"\nvalidation_every={train.validation_every}, but the dataset holds no validation images, so no "
-                 "validation loss is measured: set the Dataset node's validation_images (a run file's [dataset] "
-                 "validation_images) to 1 or more, or validation_every to 0.")
+    for note in idle_settings(dataset, lora, optimizer, train):  # settings that change nothing here, said
+        head += f"\nwarning: {note}"
     status = f"{head}\nblocks_to_swap: {_swap_text(trainer)}\n\n{trainer.memory_plan}"
     return OpenedRun(trainer, "resumed" if resumed else "started", status)
 
@@ -251,12 +251,11 @@ def run_signature(components, dataset, lora, optimizer, train, run_dir, init_lor
 def setting_conflicts(trainer: Trainer, lora: LoraConfig, optimizer: OptimizerConfig,
                       components: QwenImageComponents) -> list[str]:
     """Differences between a live trainer and new settings that a run cannot continue across (the same
-    rule a checkpoint is held to: `Trainer.MUST_MATCH_LORA`, the optimizer kind, the base weights)."""
+    rule a checkpoint is held to: `Trainer.MUST_MATCH_LORA`, `optim.fixed_for_the_run`, the base weights)."""
     asked = trainer.requested_lora_cfg
     conflicts = [f"{key}: running {getattr(asked, key)!r}, now {getattr(lora, key)!r}"
                  for key in MUST_MATCH_LORA if getattr(asked, key) != getattr(lora, key)]
-    if trainer.optim_cfg.optimizer != optimizer.optimizer:
-        conflicts.append(f"optimizer: running {trainer.optim_cfg.optimizer!r}, now {optimizer.optimizer!r}")
+    conflicts += fixed_for_the_run(to_dict(trainer.optim_cfg), optimizer, "running")  # the optimizer kind, ...
     if components is not trainer.components and components.fingerprint("transformer") != trainer.base_fingerprint:
         conflicts.append(f"base model: running {trainer.components.name!r}, now {components.name!r} (different weights)")
     return conflicts

@@ -51,7 +51,7 @@ from ..core.config import (
     field_meta,
     parse_blocks_to_swap,
 )
-from ..core.errors import UserInputError
+from ..core.errors import MissingPath, UserInputError
 from ..families.qwen_image_edit.config import EditDataConfig, EditLoadConfig, EditRun
 
 _FIELD_DEFAULT = object()  # Key.shown when the template shows the field's own default
@@ -322,7 +322,7 @@ def _checked(key: Key, value: Any, base: Path, where: str) -> Any:
         path = _path(value, base)
         must_be = {"tokenizer": "folder", "continue_from_lora": "file"}.get(key.name)
         if must_be is not None and not (Path(path).is_dir() if must_be == "folder" else Path(path).is_file()):
-            raise UserInputError(f"{label} is not a {must_be} (looked for {path}): check the path.")
+            raise MissingPath(f"{label} is not a {must_be} (looked for {path}): check the path.")
         return path
     if key.name == "source":
         value = SOURCE_NAMES.get(value.strip().lower(), value) if value.strip() else ""
@@ -367,7 +367,7 @@ def _model(settings: dict[str, Any], where: str) -> LoadConfig:
         if is_qwen_image21_file(settings["transformer"]):  # 2.1: VAE (and text encoder unless set) from its folder
             files = ("transformer",) + (("text_encoder",) if settings["text_encoder"] else ())
             if not Path(settings.get("diffusers_folder") or ".").is_dir():
-                raise UserInputError(f"{where}: [model] transformer is Qwen-Image 2.1: set diffusers_folder to the "
+                raise MissingPath(f"{where}: [model] transformer is Qwen-Image 2.1: set diffusers_folder to the "
                                      "diffusers Qwen-Image 2.1 folder its text encoder, VAE and processor come from.")
     if source == SOURCE_NAMES["files"]:
         missing = [name for name in files if not settings[name]]
@@ -376,9 +376,9 @@ def _model(settings: dict[str, Any], where: str) -> LoadConfig:
                                  f"{'is' if len(missing) == 1 else 'are'} not set: give the path of each file.")
         for name in files:
             if not Path(settings[name]).is_file():
-                raise UserInputError(f"{where}: [model] {name} = {settings[name]!r} is not a file: check the path.")
+                raise MissingPath(f"{where}: [model] {name} = {settings[name]!r} is not a file: check the path.")
     if source == SOURCE_NAMES["diffusers"] and not Path(settings.get("diffusers_folder") or ".").is_dir():
-        raise UserInputError(f"{where}: [model] diffusers_folder = {settings.get('diffusers_folder', '')!r} is not a "
+        raise MissingPath(f"{where}: [model] diffusers_folder = {settings.get('diffusers_folder', '')!r} is not a "
                              "folder: check the path, or set it.")
     return LoadConfig(**settings)
 

@@ -1,7 +1,7 @@
 """The start of a process that trains: the engine's imports without garbage collections in between (`load_engine`).
 
-The command line calls it before `demo` and `train` (runs/cli.py); a script that trains in a process of its own can
-call it first too.
+The command line calls it before `demo`, and in `train` once the run's processes agree on their settings
+(runs/cli.py); a script that trains in a process of its own can call it first too.
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import torch
 
-MIN_LR, MAX_LR, LR_BUMP = 1e-7, 1e-3, 1e-6
+from ..core.config import AUTOMAGIC_MAX_LR, AUTOMAGIC_MIN_LR
+
+MIN_LR, MAX_LR, LR_BUMP = AUTOMAGIC_MIN_LR, AUTOMAGIC_MAX_LR, 1e-6
 BETA2, CLIP_THRESHOLD, EPS = 0.999, 1.0, 1e-30
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from ..core.errors import UserInputError
@@ -60,6 +62,18 @@ class Busy:
                 f"{where}. One trainer runs one thing at a time, and {self._what[0]} goes on undisturbed. Wait until "
                 f"it has finished (or interrupt it) and run {what} again; to train two LoRAs at once, give each its "
                 "own run_name and loaded model.")
+
+
+def run_description(trainer) -> Callable[[], str]:
+    """describe_run for `trainer`'s Busy: "run 'name' (at step N)". It reaches the trainer through a weak reference:
+    a strong one would be a reference cycle (trainer -> Busy -> trainer), and a trainer dropped without close() would
+    then hold its model set and its run folder's lock until Python's cyclic garbage collector happened to run."""
+    ref = weakref.ref(trainer)
+
+    def describe() -> str:
+        t = ref()
+        return f"run '{t.train_cfg.run_name}' (at step {t.step})" if t is not None else "a dropped trainer"
+    return describe
 
 
 def holds(what: str, nests: bool = True):

@@ -20,8 +20,9 @@ communication with backward, for gradients that are small: rank 16 on the real m
 Linears is about 0.4 GB in float32, tens of milliseconds on NVLink or PCIe against a step of seconds.
 
 Gradients summed over processes are the same on every process, so the optimizer steps and the LoRA stay the
-same everywhere (`check_same_start` verifies the start). Process 0 alone writes: checkpoints, LoRA files,
-previews (the others read its checkpoints, so the run folder must be one folder all of them see).
+same everywhere (runs/agreement.py checks that every process starts from the same settings, state and data).
+Process 0 alone writes: checkpoints, LoRA files, previews (the others read its checkpoints, so the run folder
+must be one folder all of them see).
 """
 
 from __future__ import annotations
@@ -101,26 +102,14 @@ class Replicas:
         if self.size > 1:
             dist.barrier(group=self.cpu_group)
 
-    def check_same_start(self, trainer) -> None:
-        """Every process must start from the same step, base model and LoRA weights (the same model files and
-        the same checkpoint): otherwise they would train different things and their sum would mean nothing."""
+    def gather(self, value: Any) -> list[Any]:
+        """`value` (a small picklable object) of every process, in process order; one process: [value]. Over the
+        gloo group, so it works before and after the GPUs' group is busy (runs/agreement.py compares with it)."""
         if self.size == 1:
-            return
-        with torch.no_grad():
-            weights = sum(float(p.detach().double().sum()) + float(p.detach().double().abs().sum())
-                          for p in trainer.params)
-        values = torch.tensor([trainer.step, int(trainer.base_fingerprint[:12], 16), weights], dtype=torch.float64)
-        low, high = values.clone(), values.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self.cpu_group)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self.cpu_group)
-        differ = [what for what, lo, hi in zip(("step", "base model", "LoRA weights"), low.tolist(), high.tolist())
-                  if lo != hi]
-        if differ:
-            raise UserInputError(
-                f"the {self.size} processes start from different states ({', '.join(differ)} differ; steps "
-                f"{int(low[0])} to {int(high[0])}). Every process must load the same model files and see the same "
-                "output folder (one disk all of them share), where process 0 writes the checkpoints."
-            )
+            return [value]
+        values: list[Any] = [None] * self.size
+        dist.all_gather_object(values, value, group=self.cpu_group)
+        return values
 
     def leave(self) -> None:
         if self.size > 1 and dist.is_initialized():

@@ -11,7 +11,7 @@ copy (on a GPU, the blocks resident on its GPU; on a CPU device nothing: the who
 so the machine's host RAM never holds a second copy, not even while loading. A model set that is already in memory
 (the tiny model, a transformer a node loaded before) attaches after it is built (`share_host_copy`): its own copy
 goes then. No collective call is needed while the processes open at different times. Once every process has opened
-(after `Replicas.check_same_start`), `seal` drops the segment's name: the pages stay mapped, and go with the last
+(after runs/agreement.check_same_start), `seal` drops the segment's name: the pages stay mapped, and go with the last
 process of the machine, however it ends.
 
 What is resident on a GPU is read from the file by each process, tensor by tensor straight to its GPU (after the

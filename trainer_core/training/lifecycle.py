@@ -9,6 +9,7 @@ as it was (no adapter, blocks' own forwards); `retire` checkpoints, closes and r
 
 from __future__ import annotations
 
+import gc
 import weakref
 
 import torch
@@ -26,17 +27,27 @@ from . import checkpoint as ckpt
 
 def claim_model_set(trainer: "Trainer") -> None:
     components = trainer.components
-    holder = components.trainer_ref() if components.trainer_ref is not None else None
-    if holder is not None and holder.live:
+    if _live_holder(components) is not None:
+        # Before refusing: a trainer dropped without close() that something still reached through a reference cycle
+        # (the Trainer makes none itself) lives until the cyclic garbage collector runs. Collect it now rather than
+        # refuse on behalf of a trainer nobody can reach to release.
+        gc.collect()
+    holder = _live_holder(components)
+    if holder is not None:
         raise UserInputError(
             f"this model set is being trained by run '{holder.train_cfg.run_name}'; one loaded model trains one "
             "LoRA at a time. Retire or release that run first (runs.open_run does so), or load the model again."
         )
-    leftover = holder is None and components.trainer_ref is not None  # a trainer dropped without close()
+    leftover = components.trainer_ref is not None and components.trainer_ref() is None  # dropped without close()
     if leftover and components.transformer is not None:
         uninstall_leftover_runner(components.transformer)
         remove_lora(components.transformer)
     components.trainer_ref = weakref.ref(trainer)
+
+
+def _live_holder(components) -> "Trainer | None":
+    holder = components.trainer_ref() if components.trainer_ref is not None else None
+    return holder if holder is not None and holder.live else None
 
 
 def lock_run_folder(trainer: "Trainer") -> None:

@@ -28,11 +28,12 @@ def batch_weights(dataset: CachedDataset, samples: list[CachedSample], grid: tup
     return torch.stack([dataset.mask_weights(s.mask_key) if s.mask_key else ones for s in samples])
 
 
-def packed_weights(weights: torch.Tensor, channels: int, pack=pack_latents) -> torch.Tensor:
+def packed_weights(weights: torch.Tensor, latent_shape: tuple[int, ...], pack=pack_latents) -> torch.Tensor:
     """(B, h, w) weights -> (B, N, p*p*C), element for element as `pack` (the family's: models.latents
-    pack_latents by default) lays out latents (B, C, h, w)."""
+    pack_latents by default) lays out latents of `latent_shape`: (B, C, h, w), or Layered's (B, C, F, h, w), whose
+    frames (the composite and its layers, aligned pixel for pixel) its one mask weighs alike."""
     b, h, w = weights.shape
-    return pack(weights[:, None].expand(b, channels, h, w))
+    return pack(weights.view(b, *([1] * (len(latent_shape) - 3)), h, w).expand(*latent_shape))
 
 
 def masked_flow_loss(prediction: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

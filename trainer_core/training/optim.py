@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..core.config import OptimizerConfig
+from ..core.config import OptimizerConfig, to_dict
 from ..core.errors import UserInputError
 
 # optimizer name -> the pip package that provides it (all pure-Python wheels; requirements.txt lists them).
@@ -94,11 +94,32 @@ def evaluation_weights(optimizer: torch.optim.Optimizer | None) -> Iterator[None
             group["train_mode"] = True
 
 
-def load_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
-    """`optimizer.load_state_dict`, keeping each state tensor's saved dtype. torch casts floating state to its
-    parameter's dtype while loading; CAME's and automagic's float32 state of a bfloat16 LoRA would be rounded,
+# What a resume means for each parameter-group entry (an optimizer's hyper-parameters live in its groups, and torch's
+# load_state_dict restores the saved groups whole). The entries below are the optimizer's own running values, not
+# settings: the checkpoint's are kept. Every other entry is a setting: the resumed optimizer takes it from the current
+# settings (as `build_optimizer` made it), so a changed beta, eps, weight decay or Prodigy's warm-up safeguard
+# applies from the resumed step on. The learning rate is set before every step anyway (`set_learning_rate`).
+RUNNING_GROUP_VALUES = {
+    # optimi keeps its step count in the group, and its first step decides kahan_sum, triton and foreach where they
+    # were left to it (None): our settings leave them, so the checkpoint's decisions stand
+    "adamw_kahan": ("step", "setup", "kahan_sum", "triton", "foreach"),
+    "prodigy": ("d", "d_max", "d_numerator", "d_denom", "d_hat", "k"),  # its step-size estimate d, its step count
+    "schedulefree_adamw": ("k", "weight_sum", "lr_max", "scheduled_lr", "train_mode"),  # the average's weights
+    # the rate its per-value rates started at: a new learning_rate scales them by new / this (set_learning_rate)
+    "automagic": ("initial_lr",),
+}
+
+
+def load_state(optimizer: torch.optim.Optimizer, state_dict: dict, name: str) -> None:
+    """`optimizer.load_state_dict` for optimizer `name` (built from the current settings), keeping each state
+    tensor's saved dtype and the current settings' group entries (RUNNING_GROUP_VALUES). torch casts floating state
+    to its parameter's dtype while loading; CAME's and automagic's float32 state of a bfloat16 LoRA would be rounded,
     and the resumed run would differ from the uninterrupted one."""
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     optimizer.load_state_dict(state_dict)
+    running = RUNNING_GROUP_VALUES.get(name, ())
+    for group, current in zip(optimizer.param_groups, settings):
+        group.update({k: v for k, v in current.items() if k not in running})
     saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
     params = [p for group in optimizer.param_groups for p in group["params"]]
     for index, p in zip(saved_ids, params):
@@ -106,6 +127,22 @@ def load_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
             loaded = optimizer.state[p].get(key)
             if torch.is_tensor(value) and torch.is_tensor(loaded) and loaded.dtype != value.dtype:
                 optimizer.state[p][key] = value.to(loaded.device, copy=True)
+
+
+def fixed_for_the_run(saved: dict, now: OptimizerConfig, then: str = "checkpoint") -> list[str]:
+    """The settings a run cannot continue across (each 'name: <then> X, now Y'), between `saved` (a checkpoint's
+    or a live trainer's optimizer settings, as a dict) and `now`. The optimizer kind (its state means nothing to
+    another), and schedule-free AdamW's beta1: its training weights are the interpolation of its average and its
+    iterate by beta1, so another beta1 would make another average of the same weights."""
+    fixed = ["optimizer"] + (["beta1"] if now.optimizer == "schedulefree_adamw" else [])
+    return [f"{key}: {then} {saved[key]!r}, now {getattr(now, key)!r}" for key in fixed
+            if key in saved and saved[key] != getattr(now, key)]
+
+
+def changed_settings(saved: dict, now: OptimizerConfig) -> list[str]:
+    """The optimizer settings a resume applies anew ('weight_decay 0.01 -> 0.1'), in the settings' order."""
+    return [f"{key} {saved[key]!r} -> {value!r}" for key, value in to_dict(now).items()
+            if key in saved and saved[key] != value]
 
 
 def import_bitsandbytes():

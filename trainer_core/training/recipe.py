@@ -33,7 +33,7 @@ from ..data.cache import CachedDataset
 from ..models.components import QwenImageComponents
 from ..streaming.placement import MODULATION_WINDOW
 from . import evaluation, guards, lifecycle, outputs, periodic, randomness, setup, state
-from .busy import Busy, holds
+from .busy import Busy, holds, run_description
 from .comparison import DEFAULT as DEFAULT_COMPARISON
 from .comparison import Comparison
 from .distributed import ONE_PROCESS, Replicas
@@ -78,7 +78,7 @@ class Trainer:
         self.step_previews: list[StepPreview] = []  # small copies of previews made while training (live.py caps them)
         self.resume_notes: list[str] = []  # checkpoints `resume` passed over, one sentence each, for a person
         self.broken_reason: str | None = None  # a step made the LoRA non-finite, nothing could undo it (guards.py)
-        self.busy = Busy(lambda: f"run '{self.train_cfg.run_name}' (at step {self.step})")  # one place at a time
+        self.busy = Busy(run_description(self))  # one place at a time
         lifecycle.claim_model_set(self)
         try:
             lifecycle.lock_run_folder(self)  # before anything touches the model

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..adapters.lora import compute_in_input_dtype, inject_lora, matching_preset, target_module_names
-from ..adapters.lora_files import check_targets, load_into_adapter, read_lora_file
+from ..adapters.lora_files import check_targets, linear_modules, load_into_adapter, read_lora_file
 from ..core.config import NO_LORA
 from ..core.errors import UserInputError
 from ..core.finite import all_finite
@@ -21,6 +21,7 @@ from ..streaming.placement import default_placement, tail_placement
 from ..streaming.runner import BlockRunner, swapped_blocks
 from .ema import build_average
 from .host_copy import attach_before_load, share_host_copy
+from .idle_settings import check_trainable
 from .optim import build_optimizer
 from .preservation import check_cached as check_preservation_cached
 from .step import FlowMatchingStep
@@ -31,11 +32,12 @@ from .step import FlowMatchingStep
 
 def check_inputs(components, dataset, train) -> None:
     """What the Trainer refuses before it builds anything: settings that do not fit the model, an empty cached
-    dataset, preservation without the class captions it needs (preservation.py), a model set without a family."""
+    dataset or one no step could learn from, preservation without the class captions it needs (preservation.py), a model set without a family."""
     components.require_family("the Trainer")
     train.check_model(num_blocks=components.num_blocks)
     if not dataset.samples:
         raise UserInputError("the cached dataset has no samples: check the Dataset node's folder.")
+    check_trainable(dataset.samples)  # some image must weigh, and some must be the subject (idle_settings.py)
     check_preservation_cached(dataset.samples, train.preservation_weight)
 
 
@@ -51,7 +53,7 @@ def build(trainer: "Trainer", init_lora, preview_size) -> None:
             raise UserInputError(f"continue_from_lora starts from a plain LoRA file, and the LoRA Config asks for "
                                  f"adapter={lora.adapter}: set adapter to lora to continue that file, or choose "
                                  f"{NO_LORA!r} to train a new LoKr or LoHa.")
-        trainer.init_lora = read_lora_file(init_lora)
+        trainer.init_lora = read_lora_file(init_lora, module_names=linear_modules(skeleton))  # kohya names: this model's
         check_targets(skeleton, trainer.init_lora)
         modules = trainer.init_lora.targets
         # The file decides rank, alpha and the adapted modules; dropout and dtype come from the settings.

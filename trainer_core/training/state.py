@@ -19,7 +19,7 @@ from ..core.finite import all_finite, nonfinite_names
 from . import checkpoint as ckpt
 from .distributed import world_size_note
 from .ema import resume_note
-from .optim import load_state
+from .optim import changed_settings, fixed_for_the_run, load_state
 
 # `trainer` below is the recipe's Trainer (recipe.py), which holds the state these functions work on; it is
 # not imported here, so the recipe's components stay below the recipe.
@@ -106,7 +106,12 @@ def resume(trainer: "Trainer", notes: list[str]) -> bool:
     with torch.no_grad():
         for name, p in zip(trainer.param_names, trainer.params):
             p.copy_(tensors[f"lora.{name}"])
-    load_state(trainer.optimizer, ckpt.unflatten_state(tensors, meta["optimizer_state"]))  # saved dtypes kept
+    # The saved state and running values, the current settings (optim.RUNNING_GROUP_VALUES), the saved dtypes
+    load_state(trainer.optimizer, ckpt.unflatten_state(tensors, meta["optimizer_state"]), trainer.optim_cfg.optimizer)
+    changed = changed_settings(meta["optimizer"], trainer.optim_cfg)
+    if changed:
+        notes.append(f"the optimizer settings changed since the checkpoint of step {meta['step']}: {', '.join(changed)}; "
+                     f"they apply from step {meta['step'] + 1} on.")
     if trainer.ema is not None and meta.get("ema"):
         trainer.ema.load(trainer.param_names, tensors, meta["ema"])
     elif trainer.ema is not None:  # written with ema off: the average starts here
@@ -130,9 +135,7 @@ def check_compatible(trainer: "Trainer", meta: dict, folder: Path) -> None:
         f"{key}: checkpoint {saved_lora[key]!r}, now {getattr(trainer.lora_cfg, key)!r}"
         for key in MUST_MATCH_LORA if saved_lora[key] != getattr(trainer.lora_cfg, key)
     ]
-    if meta["optimizer"]["optimizer"] != trainer.optim_cfg.optimizer:
-        differences.append(f"optimizer: checkpoint {meta['optimizer']['optimizer']!r}, "
-                           f"now {trainer.optim_cfg.optimizer!r}")
+    differences += fixed_for_the_run(meta["optimizer"], trainer.optim_cfg)  # the optimizer kind, ...
     if meta["base_fingerprint"] not in trainer.accepted_base_fingerprints:
         differences.append(f"base model: checkpoint {meta['base_model']!r}, now {trainer.components.name!r} "
                            "(different weights)")

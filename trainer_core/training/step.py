@@ -120,7 +120,7 @@ class FlowMatchingStep:
         prediction = self.predict(x0, noise, levels, embeds, conditions, keys)  # (B + P, N, p*p*C)
         target = self.target(batch.x0, batch.noise)  # (B, N, p*p*C)
         trained = prediction[:b]
-        packed = None if masks is None else packed_weights(masks, batch.x0.shape[1], family.pack)
+        packed = None if masks is None else packed_weights(masks, tuple(batch.x0.shape), family.pack)
         loss = sample_weighted_loss(trained, target, weights, packed)
         if tally is not None:
             tally.add(batch.samples, per_sample_losses(trained.detach(), target, packed))
@@ -138,7 +138,7 @@ class FlowMatchingStep:
         prediction = self.predict(x0, noise, levels, embeds, conditions, text_keys)  # (B, N, p*p*C)
         target = self.target(x0, noise)
         if weights is not None:
-            return masked_flow_loss(prediction, target, packed_weights(weights, x0.shape[1], self.family.pack))
+            return masked_flow_loss(prediction, target, packed_weights(weights, tuple(x0.shape), self.family.pack))
         return flow_loss(prediction, target)
 
     def target(self, x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:

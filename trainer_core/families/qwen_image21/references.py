@@ -25,6 +25,7 @@ import torch
 from PIL import Image
 
 from ...core.errors import UserInputError
+from ...models.vision_processor import processor_refusal
 
 # The pipeline's default `output_resolution`: the side of the square whose area a reference is sized to.
 DEFAULT_RESOLUTION = 1024
@@ -52,6 +53,11 @@ def check_reference_size(name: str, width: int, height: int, resolution: int) ->
         raise UserInputError(f"reference image {name} is {width}x{height} px: sized for Qwen-Image 2.1 ({setting}) it "
                              f"would be {w}x{h} px, which cannot keep its aspect ratio. Crop it to a less extreme "
                              "aspect ratio or raise control_resolution.")
+    refusal = processor_refusal(w, h)  # what Qwen3-VL's image processor would raise on
+    if refusal is not None:
+        raise UserInputError(f"reference image {name} is {width}x{height} px: Qwen3-VL's image processor refuses it "
+                             f"sized for Qwen-Image 2.1 ({setting}) to {w}x{h} px: {refusal}. Crop it to an aspect "
+                             "ratio under 200:1.")
     if w * h < MIN_PIXELS:
         raise UserInputError(f"reference image {name} would be {w}x{h} px ({setting}), under the {MIN_PIXELS} px "
                              f"Qwen3-VL's processor enlarges smaller images to (so its vision tokens would not match "

@@ -30,6 +30,7 @@ import torch
 from PIL import Image
 
 from ...core.errors import UserInputError
+from ...models.vision_processor import processor_refusal
 from .variants import EditVariant
 
 # An image whose sized aspect ratio is off from its own by more than this factor cannot be matched on the
@@ -122,14 +123,20 @@ def check_control_aspect(name: str, width: int, height: int, size: ControlSize, 
     """A control whose aspect ratio its VAE image cannot keep is refused by name (the VAE image makes the control
     tokens and their positions). The text encoder's smaller view is only required to exist: the processor
     resizes it again to its own 28 px grid."""
+    setting = 'the model default' if not control_resolution else f'control_resolution {control_resolution}'
     checks = (("VAE", size.vae, MAX_ASPECT_DISTORTION), ("text encoder", size.condition, math.inf))
     for what, (w, h), tolerance in checks:
         if w < 32 or h < 32 or abs(math.log((w / h) / (width / height))) > math.log(tolerance):
             raise UserInputError(
                 f"control image {name} is {width}x{height} px: at the {what} image size of the edit model's rule "
-                f"({'the model default' if not control_resolution else f'control_resolution {control_resolution}'}) it "
-                f"would be {w}x{h} px, which cannot keep its aspect ratio. Crop it to a less extreme aspect ratio"
-                + (" or raise control_resolution." if control_resolution else "."))
+                f"({setting}) it would be {w}x{h} px, which cannot keep its aspect ratio. Crop it to a less extreme "
+                "aspect ratio" + (" or raise control_resolution." if control_resolution else "."))
+    refusal = processor_refusal(*size.condition)  # what the text encoder's image processor would raise on
+    if refusal is not None:
+        w, h = size.condition
+        raise UserInputError(
+            f"control image {name} is {width}x{height} px: the text encoder's image processor refuses it at {w}x{h} px "
+            f"({setting}): {refusal}. Crop it to an aspect ratio under 200:1.")
 
 
 @dataclass

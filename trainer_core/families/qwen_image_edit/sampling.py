@@ -20,7 +20,14 @@ from PIL import Image
 from ...core.errors import UserInputError
 from ..sampling import prompt_embedding
 from .objective import append_controls
-from .pipelines import edit_pipeline, encode_control_latents, encode_edit_prompt, prepare_control
+from .pipelines import (
+    check_control_aspect,
+    control_size,
+    edit_pipeline,
+    encode_control_latents,
+    encode_edit_prompt,
+    prepare_control,
+)
 
 
 class ControlledTransformer(torch.nn.Module):
@@ -58,6 +65,9 @@ class ControlledTransformer(torch.nn.Module):
 def encode_given_controls(components, variant, images: list[Image.Image], prompts: list[str],
                           control_resolution: int | None) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """Control latents of `images` and each prompt's embedding with them (for controls from the canvas)."""
+    for n, img in enumerate(images, 1):  # refused by number before anything loads, as the cache refuses a file
+        size = control_size(variant, img.width, img.height, control_resolution)
+        check_control_aspect(f"{n} (wired into the preview)", img.width, img.height, size, control_resolution)
     components.ensure_vae()
     components.ensure_text_encoder()
     try:

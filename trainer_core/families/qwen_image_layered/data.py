@@ -10,7 +10,8 @@ layer tool exports as one RGBA file per layer). Any image extension works, but a
 channel (RGBA, LA, or a palette with transparency): a layer without one cannot say where it is empty.
 
 The composite decides the bucket (as in text-to-image); every layer is resized and cropped exactly as its
-composite, so they stay aligned. Errors name the file: a composite without layers, a layer whose composite
+composite, so they stay aligned. A loss mask beside the composite (name_mask.png or masks/name.png, as in
+text-to-image) therefore weighs the composite and every layer alike (training/masked_loss.packed_weights). Errors name the file: a composite without layers, a layer whose composite
 is missing, a gap in the numbers, a layer of another size, a layer without alpha.
 """
 
@@ -134,8 +135,10 @@ class LayeredDataset(Dataset):
         listing = ", ".join(f"{w}x{h}: {n}" for (w, h), n in sorted(buckets.items()))
         held_out = (f"; {len(self.validation)} held out for validation: "
                     + ", ".join(Path(s.image_path).name for s in self.validation)) if self.validation else ""
+        from ...data.masks import masks_clause
+
         return (f"{len(self.samples)} composites x {self.config.repeats} repeats; buckets {listing}; layered "
-                f"samples: {layers} (RGBA, alpha kept){held_out}")
+                f"samples: {layers} (RGBA, alpha kept){masks_clause(self.samples, self.config)}{held_out}")
 
 
 def load_layered_dataset(cfg: DatasetConfig) -> LayeredDataset:
