@@ -185,7 +185,8 @@ def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, se
         # budget would choose 3 or 0 (with 4 blocks, 0 to 2 swapped plan alike: up to 2 slots hold streamed
         # blocks), so the tiny run's second streamed setting is a fixed 2.
         as_gpu = dataclasses.replace(planned(0)[1], device="cuda", cuda_context_bytes=0, allocator_slack=0.0)
-        budget = gpu_peak_after_caching(plan_memory(dataclasses.replace(as_gpu, blocks_to_swap=3), arch), arch, parts)
+        # (its previews decoded in tiles, as within any budget their whole decode misses: budget 1)
+        budget = gpu_peak_after_caching(plan_memory(dataclasses.replace(as_gpu, blocks_to_swap=3), arch), arch, parts, 1)
         budgets = [("auto (tiny budget)", budget, auto_blocks_to_swap(as_gpu, budget, arch, parts))]
     else:
         budgets = [(f"auto for {g} GiB", g * GIB, auto_blocks_to_swap(planned(0)[1], g * GIB, arch, parts))

@@ -141,8 +141,8 @@ def run_speed(env: Env, report: Report, clock: harness.Clock, seconds: float | N
         as_planned = inputs
     else:  # the tiny budget: what automatic swapping must fit at 3 swapped blocks, read as a GPU's figures
         as_planned = dataclasses.replace(inputs, device="cuda", cuda_context_bytes=0, allocator_slack=0.0)
-        budgets = [("auto (tiny budget)", gpu_peak_after_caching(
-            plan_memory(dataclasses.replace(as_planned, blocks_to_swap=3), arch), arch))]
+        budgets = [("auto (tiny budget)", gpu_peak_after_caching(  # previews in tiles, as the budget makes them
+            plan_memory(dataclasses.replace(as_planned, blocks_to_swap=3), arch), arch, None, 1))]
     configs = []
     for label, budget in budgets:
         choice = auto_blocks_to_swap(as_planned, budget, arch)
