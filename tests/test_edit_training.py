@@ -219,5 +219,6 @@ def test_memory_plan_counts_the_control_tokens(tmp_path):
     parts = parts_for_components(build_tiny_edit_components("edit-2509"))
     assert parts.vision_layers == 1 and parts.vision_working_per_patch_channel > 0
     prompts, _ = cache_steps(inputs, parts)
-    assert f"with 2 image(s) ({', '.join(f'{w}x{h}' for w, h in views)})" in prompts[1].note
-    assert prompts[1].bytes >= vision_bytes(parts, views, 4)[0]  # float32 tiny model
+    forward = next(t for t in prompts if t.name == "text encoder forward")
+    assert f"with 2 image(s) ({', '.join(f'{w}x{h}' for w, h in views)})" in forward.note
+    assert forward.bytes >= vision_bytes(parts, views, 4)[0]  # float32 tiny model
