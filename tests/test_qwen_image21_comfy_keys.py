@@ -19,6 +19,8 @@ models; a `diffusion_model.` name or a fused `gate_up` LoRA matches one of them 
 import pytest
 import torch
 
+from trainer_core.core.errors import UserInputError
+
 from comfy_lora_rules import comfy_key_map_newer, unmatched_keys
 from test_qwen_image21 import FAMILY, forward_output, with_lora  # noqa: F401  (with_lora: a fixture)
 
@@ -130,6 +132,25 @@ def test_comfyui_layout_lora_matches_every_key_of_comfyuis_21_model_and_merges_t
         torch.testing.assert_close(theirs, weight, rtol=1e-6, atol=1e-7, msg=name)
 
 
+def as_kohya(comfyui: dict) -> dict:
+    """A 2.1 LoRA's comfyui-layout tensors (bare module names) under kohya's names: lora_unet_<module with _>."""
+    parts = {".lora_A.weight": ".lora_down.weight", ".lora_B.weight": ".lora_up.weight", ".alpha": ".alpha"}
+    out = {}
+    for key, value in comfyui.items():
+        suffix = next(s for s in parts if key.endswith(s))
+        out["lora_unet_" + key[: -len(suffix)].replace(".", "_") + parts[suffix]] = value
+    return out
+
+
+def test_save_refuses_kohya_for_21_naming_the_layouts_that_load_whole(with_lora):
+    """The kohya layout misses the MLP pair on ComfyUI's fused 2.1 files without an error (below; measured on ComfyUI's
+    own 2.1 model too, tests/test_host_qwen_image21.py's host): Save refuses it for 2.1."""
+    from trainer_core.adapters.lora_files import lora_file_tensors
+
+    with pytest.raises(UserInputError, match="kohya is not one ComfyUI reads whole for Qwen-Image 2.1.*comfyui layout"):
+        lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout="kohya")
+
+
 def test_the_rejected_spellings_match_only_one_of_comfyuis_21_models(with_lora):
     """Why the bare split names: `diffusion_model.` + split names (and kohya's `lora_unet_`) miss the fused model's
     MLP, a fused `gate_up` LoRA misses the split model's."""
@@ -139,7 +160,7 @@ def test_the_rejected_spellings_match_only_one_of_comfyuis_21_models(with_lora):
     tensors = lora_file_tensors(transformer, rank=2, alpha=3.0, dtype=torch.float32, layout="comfyui")
     maps = {mlp: comfy_key_map_newer(comfy_state(transformer.config, mlp)) for mlp in ("fused", "split")}
     prefixed = {f"diffusion_model.{k}": v for k, v in tensors.items()}
-    kohya = lora_file_tensors(transformer, rank=2, alpha=3.0, dtype=torch.float32, layout="kohya")
+    kohya = as_kohya(tensors)  # as another trainer writes 2.1's kohya file (Save refuses the layout for 2.1, below)
     fused_names = {k.replace("img_mlp.gate_layer.", "img_mlp.gate_up."): v for k, v in prefixed.items()
                    if ".img_mlp.proj." not in k}
     blocks = transformer.config.num_layers

@@ -146,6 +146,13 @@ def lora_file_tensors(transformer: nn.Module, rank: int, alpha: float, dtype: to
     """The live adapter as the tensors of a LoRA file in `layout` (detached, CPU, `dtype`; alpha fp32)."""
     if layout not in LORA_LAYOUTS:
         raise UserInputError(f"LoRA layout {layout!r} is not one of {list(LORA_LAYOUTS)}.")
+    if layout == "kohya" and is_qwen_image21(transformer):
+        # ComfyUI's 2.1 key map reads kohya names only onto the weights a model holds: a fused `img_mlp.gate_up`
+        # (ComfyUI's own 2.1 files) leaves the MLP pair's LoRAs unloaded, silently (measured on ComfyUI's 2.1 model).
+        raise UserInputError("LoRA layout kohya is not one ComfyUI reads whole for Qwen-Image 2.1: with a 2.1 model "
+                             "file whose MLP is fused (ComfyUI's own files) every block's img_mlp LoRAs are left out "
+                             "without an error. Save it in the comfyui layout (ComfyUI loads it with every key used, "
+                             "fused or split) or diffusers.")
     if lycoris.lycoris_layers(transformer):
         if layout == "diffusers":
             raise UserInputError("LoRA layout diffusers holds plain LoRAs only: diffusers loads no LoKr or LoHa "
