@@ -7,7 +7,11 @@ Qwen-Image 2.1 (`--model qwen-image-2.1`): the same phases on random-weight file
 loaders read (`devtools/random_files21.py`: the transformer in ComfyUI's fp8_e4m3fn layout with the MLP fused,
 7.2 GB at 32 blocks; Qwen3-VL-8B as a scaled-fp8 file, 10.5 GB; the 2.1 VAE file, bf16), loaded as the Load node
 does with those three files and a diffusers folder for the processor (`families/qwen_image21/folder.py`);
-`--blocks N` writes N real-width blocks instead of 32. Results go to benchmarks/realsize_cpu21.json.
+`--blocks N` writes N real-width blocks instead of 32. Results go to benchmarks/realsize_cpu21.json. `--int8`: the
+transformer and the text encoder as ComfyUI's int8 ConvRot files (`qwen_image_2.1_int8_convrot`,
+`qwen3vl_8b_int8_convrot`: the files its 2.1 templates download), kept in int8 (with `--text-encoder-fp8 keep`);
+`--stream-encoder N`: caching streams N of the text encoder's decoder layers (streaming/encoder.py), as on a GPU too
+small for it. Such runs write realsize_cpu21_int8[_streamed].json (and realsize_cpu_streamed.json for Qwen-Image).
 
 1. Writes random-weight files with the exact shapes, dtypes and key layouts of ComfyUI's real files
    (`devtools/random_files.py`: qwen_image_fp8_e4m3fn 20.4 GB, qwen_2.5_vl_7b_fp8_scaled 9.4 GB with its
@@ -115,20 +119,23 @@ def write_files(models: Path, log) -> dict[str, Path]:
     return files
 
 
-def write_files21(models: Path, blocks: int | None, log) -> dict[str, Path]:
+def write_files21(models: Path, blocks: int | None, log, int8: bool = False) -> dict[str, Path]:
     """Qwen-Image 2.1's three real-size files and a diffusers folder with the processor (the offline tiny BPE:
-    the real tokenizer is not on this machine); a file already there is kept."""
+    the real tokenizer is not on this machine); a file already there is kept. `int8`: the transformer and the text
+    encoder as ComfyUI's int8 ConvRot files (the names and layout its 2.1 templates download), else float8."""
     import json as _json
 
     from trainer_core.devtools.random_files21 import write_random_qwen3_vl, write_random_transformer21, write_vae21
     from trainer_core.families.qwen_image21.tiny import QWEN_IMAGE21_SCHEDULER_CONFIG
     from trainer_core.models.tiny import build_tiny_tokenizer
 
-    stem = "qwen_image_2.1_fp8_e4m3fn" + (f"_{blocks}blocks" if blocks is not None else "")
+    fmt, encoder_fmt = ("int8_convrot", "int8_convrot") if int8 else ("fp8_e4m3fn", "fp8_scaled")
+    stem = f"qwen_image_2.1_{fmt}" + (f"_{blocks}blocks" if blocks is not None else "")
     writers = {
         "transformer": (f"diffusion_models/{stem}.safetensors",
-                        lambda path, seed: write_random_transformer21(path, num_layers=blocks, seed=seed)),
-        "text_encoder": ("text_encoders/qwen3vl_8b_fp8_scaled.safetensors", write_random_qwen3_vl),
+                        lambda path, seed: write_random_transformer21(path, num_layers=blocks, seed=seed, fmt=fmt)),
+        "text_encoder": (f"text_encoders/qwen3vl_8b_{encoder_fmt}.safetensors",
+                         lambda path, seed: write_random_qwen3_vl(path, seed=seed, fmt=encoder_fmt)),
         "vae": ("vae/qwen_image_2.1_vae_bf16.safetensors", write_vae21),
     }
     files = {}
@@ -201,6 +208,7 @@ def planned_host_bytes(args, settings, dataset, components, baseline: int) -> di
     inputs = dataclasses.replace(
         inputs_for_run(components, dataset, *settings), process_baseline_bytes=baseline,
         text_encoder_storage="bfloat16" if args.text_encoder_fp8 == "dequantize" else "float8",
+        text_encoder_streamed=args.stream_encoder,
         preview_width=args.train_size, preview_height=args.train_size, preview_cfg=True)
     arch, parts = arch_for_components(components), parts_for_components(components)
     planned = {name: phase.host_bytes for name, phase in plan_phases(inputs, arch, parts=parts).phases.items()}
@@ -229,7 +237,7 @@ def rehearse(args, log) -> int:
     started = time.perf_counter()
     qwen21 = args.model == QWEN21
     if qwen21:
-        files = write_files21(root / "models", args.blocks, log)  # written by the parent already: found here
+        files = write_files21(root / "models", args.blocks, log, args.int8)  # written by the parent already: found here
     else:
         files = write_files(root / "models", log)  # written by the parent already: found here
         tokenizer = root / "models" / "tokenizer"  # the real one is not on this machine: the offline tiny BPE
@@ -247,11 +255,18 @@ def rehearse(args, log) -> int:
 
             components = load_qwen_image21_folder(files["folder"], files["transformer"], storage="float8",
                                                   compute_dtype=torch.bfloat16, device="cpu",
-                                                  text_encoder_file=files["text_encoder"], vae_file=files["vae"])
+                                                  text_encoder_file=files["text_encoder"], vae_file=files["vae"],
+                                                  text_encoder_fp8=args.text_encoder_fp8)
         else:
             components = load_single_files(files["transformer"], files["text_encoder"], files["vae"], tokenizer,
                                            storage="float8", compute_dtype=torch.bfloat16, device="cpu",
                                            text_encoder_fp8=args.text_encoder_fp8)
+    if args.stream_encoder:  # on the CPU nothing needs it: streamed as a GPU that cannot hold the encoder streams it
+        from trainer_core.planner.device import CachingPlacement
+        from trainer_core.streaming.encoder import StreamedLayers
+
+        components.text_encoder_placement = CachingPlacement(components, args.text_encoder_fp8 == "keep",
+                                                             StreamedLayers(decoder=args.stream_encoder))
     with Phase("cache", results, log):
         for size in (args.cache_size, args.train_size):
             dataset = build_cache(components, discover(DatasetConfig(folder=str(images), resolution=size)),
@@ -276,7 +291,7 @@ def rehearse(args, log) -> int:
         runs.release("realsize")
     log(f"   LoRA: {lora} ({lora.stat().st_size / 2**20:.0f} MiB)")
 
-    out = OUT21 if qwen21 else OUT
+    out = results_path(args)
     out.write_text(json.dumps({"phases": results}, indent=2) + "\n")  # kept if planning fails below
     planned = planned_host_bytes(args, settings, dataset, components, baseline)
     return report_results(results, planned, log, total_seconds=time.perf_counter() - started,
@@ -311,6 +326,13 @@ def report_results(results: dict, planned: dict[str, int], log, total_seconds: f
     return 0 if not failures else 1
 
 
+def results_path(args) -> Path:
+    """realsize_cpu.json (Qwen-Image), realsize_cpu21.json (2.1), with `_int8` and `_streamed` for those runs."""
+    base = OUT21 if args.model == QWEN21 else OUT
+    suffix = ("_int8" if args.int8 else "") + ("_streamed" if args.stream_encoder else "")
+    return base.with_name(base.stem + suffix + base.suffix)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen-image", choices=("qwen-image", QWEN21))
@@ -325,6 +347,10 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--sample-steps", type=int, default=2)
     parser.add_argument("--text-encoder-fp8", default="dequantize", choices=("dequantize", "keep"))
+    parser.add_argument("--int8", action="store_true", help="2.1: ComfyUI's int8 ConvRot transformer and text encoder "
+                        "files (its templates' own), kept in int8 (with --text-encoder-fp8 keep for the encoder)")
+    parser.add_argument("--stream-encoder", type=int, default=0, help="caching: stream this many of the text encoder's "
+                        "decoder layers from host memory, as a GPU too small for it does (default: none)")
     parser.add_argument("--clean", action="store_true", help="delete the model files after the run")
     parser.add_argument("--clean-only", action="store_true", help="delete the model files and stop")
     parser.add_argument("--stop-after", choices=("cache",), help="for development: stop after this phase")
@@ -340,7 +366,7 @@ def main() -> int:
     # of the writing (its pools, the VAE it builds) when the first phase begins.
     started = time.perf_counter()
     if args.model == QWEN21:
-        write_files21(Path(args.dir) / "models", args.blocks, log=print)
+        write_files21(Path(args.dir) / "models", args.blocks, log=print, int8=args.int8)
     else:
         write_files(Path(args.dir) / "models", log=print)
     print(f"model files ready in {time.perf_counter() - started:.0f} s")

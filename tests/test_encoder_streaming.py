@@ -164,3 +164,25 @@ def test_the_plan_counts_a_streamed_encoders_device_and_host_bytes(one_byte):
     assert sorted(streams.streams[0].swapper.master) == list(default_placement(len(layers), 3).streamed) == [1, 3, 5]
     assert {t.name: t.bytes for t in cache_host_terms(inputs, parts)} == {"text encoder: streamed layers' masters": masters}
     streams.uninstall()
+
+
+def test_the_caching_timeline_copies_each_streamed_layer_once_per_prompt():
+    """planner/caching_time.py: with k decoder layers streamed every prompt's forward copies each of them once (the
+    ring holds two: none stays from one prompt to the next), streaming never makes it faster, and with none
+    streamed it is the resident time."""
+    import dataclasses
+
+    from trainer_core.planner import PlanInputs
+    from trainer_core.planner.caching import streamed_layer_bytes
+    from trainer_core.planner.caching_time import caching_time
+    from trainer_core.planner.gpus import GPUS
+    from trainer_core.planner.inference import real_parts21
+
+    parts, gpu = real_parts21(lm_head=False), GPUS["rtx4060ti-16gb"]
+    inputs = PlanInputs(text_encoder_storage="float8", text_encoder_streamed=0)
+    resident = caching_time(inputs, parts, gpu, captions=10)
+    assert resident.seconds == resident.resident_seconds and resident.copy_bytes == 0
+    streamed = caching_time(dataclasses.replace(inputs, text_encoder_streamed=13), parts, gpu, captions=10)
+    layer, _ = streamed_layer_bytes(inputs, parts)
+    assert streamed.copy_bytes == 10 * 13 * layer
+    assert streamed.resident_seconds == resident.seconds <= streamed.seconds

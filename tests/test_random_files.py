@@ -72,3 +72,29 @@ def test_a_random_qwen3_vl_file_is_read_back_by_the_2_1_loader(tmp_path):
                  and f.get_slice(k).get_dtype() != "F8_E4M3"]
         assert plain and all(f.get_slice(k).get_dtype() == "BF16" for k in plain)
         assert len([k for k in keys if f.get_slice(k).get_dtype() == "F8_E4M3"]) == len(linears) + 1  # + the marker
+
+
+def test_random_int8_convrot_files_are_read_back_in_one_byte_by_the_2_1_loaders(tmp_path):
+    """The 2.1 rehearsal's int8 files (`random_files.write_int8_convrot_file`, ComfyUI's int8 layout as the templates'
+    `qwen3vl_8b_int8_convrot` / `qwen_image_2.1_int8_convrot`): every language and vision-block Linear of the text
+    encoder, every block Linear of a real-width transformer block, int8 with one scale per row and its comfy_quant
+    entry, kept in int8 by the loaders (the rotation where 256 divides the input features)."""
+    from trainer_core.devtools.random_files21 import write_random_qwen3_vl, write_random_transformer21
+    from trainer_core.families.qwen_image21.files import QwenImage21TransformerFile
+    from trainer_core.families.qwen_image21.text_file import load_qwen3_vl_file
+    from trainer_core.families.qwen_image21.tiny import tiny_text_config
+    from trainer_core.models.float8 import frozen_block_linears
+
+    ids = {t: i for i, t in enumerate(("<|endoftext|>", "<|im_end|>", "<|image_pad|>", "<|video_pad|>",
+                                       "<|vision_start|>", "<|vision_end|>"))}
+    path = write_random_qwen3_vl(tmp_path / "qwen3vl_int8_convrot.safetensors", seed=5,
+                                 config=tiny_text_config(64, ids), fmt="int8_convrot")
+    model = load_qwen3_vl_file(path, compute_dtype=torch.float32, fp8="keep")
+    linears = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+               and (".layers." in n or n.startswith("model.visual.blocks."))]
+    assert len(linears) == 18 and all(m.weight.dtype == torch.int8 and m.weight_scale.shape == (m.out_features, 1)
+                                      for m in linears)
+    transformer = write_random_transformer21(tmp_path / "qwen_image_2.1_int8_convrot.safetensors", num_layers=1,
+                                             fmt="int8_convrot")
+    blocks = frozen_block_linears(QwenImage21TransformerFile(transformer).load())
+    assert blocks and all(lin.weight.dtype == torch.int8 and lin.int8_rotation_group == 256 for _, lin in blocks)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 SAFETENSORS_DTYPES = {torch.float8_e4m3fn: "F8_E4M3", torch.bfloat16: "BF16", torch.float32: "F32",
-                      torch.float16: "F16"}
+                      torch.float16: "F16", torch.int8: "I8", torch.uint8: "U8"}
 STD = 0.02
 
 
@@ -160,6 +160,45 @@ def write_scaled_fp8_file(path: str | Path, shapes: dict[str, tuple[int, ...]], 
         return weight
 
     return write_safetensors_streamed(path, entries, None if header_only else make, {"format": "pt"})
+
+
+def write_int8_convrot_file(path: str | Path, shapes: dict[str, tuple[int, ...]], linears: set[str],
+                            comfyui_name: Callable[[str], str], seed: int = 0, group: int = 256) -> Path:
+    """A model as ComfyUI's int8 ConvRot file (models/int8_convrot.py): the weight of every module in `linears` int8
+    with its fp32 `weight_scale` (one per row) and its `comfy_quant` entry (rotated with `group` where the group divides
+    its input features), every other tensor of `shapes` (our name -> shape) bf16, under `comfyui_name(our name)`.
+    The codes are random (uniform int8) and the scales small: the rehearsal reads shapes and dtypes, not values, and
+    rotating real-size random weights would take minutes for nothing."""
+    from ..models.int8_convrot import comfy_quant_entry
+
+    entries, sources = [], {}
+    for name, shape in shapes.items():
+        module, _, leaf = name.rpartition(".")
+        if module in linears and leaf == "weight":
+            key = comfyui_name(module)
+            entries.append((comfyui_name(name), shape, torch.int8))
+            entries.append((key + ".weight_scale", (shape[0], 1), torch.float32))
+            rotation = group if shape[1] % group == 0 else 0
+            entries.append((key + ".comfy_quant", tuple(comfy_quant_entry(rotation).shape), torch.uint8))
+            sources[comfyui_name(name)] = ("weight", shape)
+            sources[key + ".weight_scale"] = ("scale", (shape[0], 1))
+            sources[key + ".comfy_quant"] = ("quant", rotation)
+        else:
+            entries.append((comfyui_name(name), shape, torch.bfloat16))
+            sources[comfyui_name(name)] = ("plain", shape)
+    generator = torch.Generator().manual_seed(seed)
+
+    def make(key: str) -> torch.Tensor:
+        kind, what = sources[key]
+        if kind == "weight":
+            return torch.randint(-127, 128, what, generator=generator, dtype=torch.int8)
+        if kind == "scale":
+            return torch.full(what, STD / 64)
+        if kind == "quant":
+            return comfy_quant_entry(what)
+        return _random(what, "cpu", generator, norm="norm" in key and key.endswith(".weight")).to(torch.bfloat16)
+
+    return write_safetensors_streamed(path, entries, make, {"format": "pt"})
 
 
 def write_vae(path: str | Path, config: dict | None = None, device: str | torch.device = "cpu", seed: int = 0) -> Path:

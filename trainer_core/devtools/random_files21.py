@@ -8,7 +8,8 @@ files' names, shapes and dtypes, never the values.
                   config (32 blocks of width 4096), or `num_layers` real-width blocks
     text encoder  ComfyUI's Qwen3-VL-8B layout (text_file.py: `model.*`, `visual.*`, `model.lm_head`), every Linear
                   of the language layers and the vision blocks float8 with its fp32 `scale_weight` and the
-                  `scaled_fp8` marker, the rest bf16 (about 10.5 GB)
+                  `scaled_fp8` marker, the rest bf16 (about 10.5 GB); or those Linears int8 ConvRot
+    (either part `fmt="int8_convrot"`: ComfyUI's int8 layers, random codes, as the 2.1 templates' files)
     VAE           ComfyUI's 2.1 VAE layout (vae_file.py), bf16, built as a live model (diffusers' init) and
                   written at once
 """
@@ -20,12 +21,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .random_files import _random, _sidecar, write_safetensors_streamed, write_scaled_fp8_file
+from .random_files import _random, _sidecar, write_int8_convrot_file, write_safetensors_streamed, write_scaled_fp8_file
 
 
-def write_random_transformer21(path: str | Path, num_layers: int | None = None, seed: int = 0) -> Path:
+def write_random_transformer21(path: str | Path, num_layers: int | None = None, seed: int = 0,
+                               fmt: str = "fp8_e4m3fn") -> Path:
     """The 2.1 transformer (diffusers' defaults = the real model; `num_layers` real-width blocks) as ComfyUI's
-    fp8_e4m3fn file with the MLP fused."""
+    fp8_e4m3fn file with the MLP fused, or (`fmt` "int8_convrot") as its int8 ConvRot file, the block Linears int8
+    (the file ComfyUI's 2.1 templates download)."""
     from ..families.qwen_image21.files import empty_transformer21
     from ..models.float8 import FLOAT8, FLOAT8_MAX
     from ..models.qwen21_arch import FUSED_MLP, FUSED_PARTS
@@ -45,6 +48,11 @@ def write_random_transformer21(path: str | Path, num_layers: int | None = None, 
     kinds = {n: FLOAT8 if n.rpartition(".")[0] in fused_linears and n.endswith(".weight") else torch.bfloat16
              for n in shapes}
     prefix = "model.diffusion_model."
+    if fmt == "int8_convrot":
+        path = write_int8_convrot_file(path, shapes, fused_linears, lambda n: prefix + n, seed)
+        if num_layers is not None:
+            _sidecar(path, "transformer", fmt, public_config(model.config))
+        return path
     generator = torch.Generator().manual_seed(seed)
 
     def make(key: str) -> torch.Tensor:
@@ -59,9 +67,10 @@ def write_random_transformer21(path: str | Path, num_layers: int | None = None, 
     return path
 
 
-def write_random_qwen3_vl(path: str | Path, seed: int = 0, config: dict | None = None) -> Path:
+def write_random_qwen3_vl(path: str | Path, seed: int = 0, config: dict | None = None, fmt: str = "fp8_scaled") -> Path:
     """Qwen3-VL-8B (models/qwen21_arch.QWEN3_VL_8B_CONFIG; or `config`, with its JSON beside the file) as
-    ComfyUI's scaled-fp8 text encoder file."""
+    ComfyUI's scaled-fp8 text encoder file, or (`fmt` "int8_convrot") as its int8 ConvRot one
+    (`qwen3vl_8b_int8_convrot`, what ComfyUI's 2.1 templates download)."""
     from ..families.qwen_image21.text_file import comfyui_name, empty_qwen3_vl
     from ..models.qwen21_arch import QWEN3_VL_8B_CONFIG
 
@@ -71,9 +80,12 @@ def write_random_qwen3_vl(path: str | Path, seed: int = 0, config: dict | None =
     text = model.config.text_config
     shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     shapes["lm_head.weight"] = (text.vocab_size, text.hidden_size)  # in ComfyUI's file; not loaded
-    path = write_scaled_fp8_file(path, shapes, linears, comfyui_name, seed)
+    if fmt == "int8_convrot":
+        path = write_int8_convrot_file(path, shapes, linears, comfyui_name, seed)
+    else:
+        path = write_scaled_fp8_file(path, shapes, linears, comfyui_name, seed)
     if config:
-        _sidecar(path, "text encoder", "fp8_scaled", model.config.to_dict())
+        _sidecar(path, "text encoder", fmt, model.config.to_dict())
     return path
 
 
