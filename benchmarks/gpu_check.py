@@ -10,7 +10,8 @@ streaming's correctness (a streamed step against the all-resident one, same batc
            VAE (bf16), the tiny tokenizer and 4 random 1024 x 1024 images with captions. Removed at the end
            unless --keep-files. The load phase must read real files: that is what it measures.
 2. load    The Load node's call (`load_models`). 3. cache: `build_cache` (latents, captions, a preview prompt,
-           the negative prompt).
+           the negative prompt); then the prompts again with half the text encoder's decoder layers streamed
+           (`streamed_caching`: its peak against the plan's, its embeddings against the resident ones).
 4. Per setting (the planner's choice for 16 GiB, all resident, the choice for 24 GiB; tiny: the tiny budget's
    choice, 2 swapped, all resident), each while its time slice holds one more: init (a `Trainer`, rank 32 attention+mlp, fp32 LoRA, AdamW8bit, checkpointing), train (--steps),
    preview (1024 x 1024, CFG 4, 2 steps), save (`save_lora`, read back).
@@ -93,6 +94,34 @@ def load_models(files: dict[str, Path], device: torch.device, storage: str = "fl
 
     return load_single_files(files["transformer"], files["text_encoder"], files["vae"], storage=storage,
                              compute_dtype=torch.bfloat16, device=device, text_encoder_fp8="auto")
+
+
+def streamed_caching(env: Env, report: Report, components, samples, workdir: Path, cached, parts, plan0, arch,
+                     one_byte: bool, row) -> None:
+    """Caching again with half the text encoder's decoder layers streamed (streaming/encoder.py), as on a GPU too small
+    for it: a 'memory per phase' row against the plan's cache phase at that count, and a check that every prompt it
+    encodes equals, bit for bit, the resident encoder's (the images' latents are reused: only the prompts run)."""
+    from safetensors.torch import load_file
+
+    from trainer_core.data.cache import build_cache
+    from trainer_core.planner import plan_phases
+    from trainer_core.planner.device import CachingPlacement
+    from trainer_core.streaming.encoder import StreamedLayers
+
+    half = parts.text_layers // 2
+    folder = workdir / "cache_streamed"
+    shutil.copytree(cached.cache_dir / "latents", folder / "latents")
+    components.text_encoder_placement = CachingPlacement(components, one_byte, StreamedLayers(decoder=half))
+    with harness.phase(env) as streamed_m:
+        build_cache(components, samples, folder, preview_prompts=["a red bicycle"], negative_prompt="blurry")
+    plan = plan_phases(dataclasses.replace(plan0.inputs, text_encoder_streamed=half), arch, parts=parts, suggest=False)
+    row(f"text encoder streamed ({half} of {parts.text_layers} decoder layers)", None, "cache", streamed_m, plan)
+    resident = {p.name: load_file(str(p)) for p in (cached.cache_dir / "text").glob("*.safetensors")}
+    streamed = {p.name: load_file(str(p)) for p in (folder / "text").glob("*.safetensors")}
+    same = resident.keys() == streamed.keys() and all(
+        torch.equal(resident[n][k], streamed[n][k]) for n in resident for k in resident[n])
+    report.check("caching with the text encoder streamed encodes each prompt as the resident encoder does, bit for bit",
+                 same, f"{len(streamed)} prompt entries")
 
 
 def probe_lora(trainer, blocks: set[int]) -> dict[str, torch.Tensor]:
@@ -179,6 +208,7 @@ def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, se
     _, _, plan0 = planned(0)
     row("(all)", None, "load", load_m, plan0)
     row("(all)", None, "cache", cache_m, plan0)
+    streamed_caching(env, report, components, samples, workdir, cached, parts, plan0, arch, te_mode == "keep", row)
 
     if env.tiny:
         # The CPU has no budget: the planner's GPU figures (no context, no slack) at 3 swapped blocks. A second

@@ -52,6 +52,7 @@ class Config:
     blocks_to_swap: int
     path: str = "eager"  # eager | fp8 activations | compiled
     comparison: Comparison = Comparison()
+    storage: str = "float8"  # the block Linears' storage; "int8": ComfyUI's int8 ConvRot (the model converted first)
 
 
 def run_config(env: Env, config: Config, components, dataset, inputs: PlanInputs, arch) -> dict:
@@ -111,6 +112,23 @@ def run_config(env: Env, config: Config, components, dataset, inputs: PlanInputs
                 status=status, _losses=losses, _reserved=reserved)
 
 
+def to_int8_convrot(model) -> None:
+    """Every frozen block Linear of `model` as ComfyUI's int8 ConvRot file holds it (models/int8_convrot.py: rotated
+    with group 256 where it divides the input features), quantised on its device from its current weight."""
+    from trainer_core.models import int8_convrot
+    from trainer_core.models.float8 import dequantized_weight, frozen_block_linears
+    from trainer_core.models.streaming import assign_frozen_linear_weight
+
+    for _, linear in frozen_block_linears(model):
+        if linear.weight.dtype == torch.int8:
+            continue
+        group = int8_convrot.DEFAULT_GROUP if linear.in_features % int8_convrot.DEFAULT_GROUP == 0 else 0
+        q, scale = int8_convrot.quantize(dequantized_weight(linear, torch.float32), group)
+        if "weight_scale" in linear._buffers:
+            del linear.weight_scale
+        assign_frozen_linear_weight(linear, q, scale, group)
+
+
 def run_speed(env: Env, report: Report, clock: harness.Clock, seconds: float | None = None) -> None:
     """The configurations above into `report`: table 'seconds per step' and its checks."""
     from trainer_core.devtools.random_weights import random_transformer
@@ -162,6 +180,9 @@ def run_speed(env: Env, report: Report, clock: harness.Clock, seconds: float | N
     streamed = [c for c in configs if c.label.startswith("auto")][-1:] or [Config("all resident", 0)]
     configs += [Config(f"{streamed[0].label}, {c.label}", streamed[0].blocks_to_swap, comparison=c) for c in
                 (Comparison(placement="tail"), Comparison(lora_compute="float32"), Comparison(modulation_ahead=False))]
+    # Last (the model's blocks are converted in place): ComfyUI's int8 ConvRot storage, resident and streamed.
+    configs += [Config("all resident, int8 ConvRot blocks", 0, storage="int8"),
+                Config(f"{streamed[0].label}, int8 ConvRot blocks", streamed[0].blocks_to_swap, storage="int8")]
 
     rows = report.table("seconds per step", SPEED_COLUMNS)
     longest = None
@@ -171,7 +192,10 @@ def run_speed(env: Env, report: Report, clock: harness.Clock, seconds: float | N
                              f"configuration took {longest:.0f} s")
             continue
         t = time.perf_counter()
-        rows.append(run_config(env, config, components, dataset, inputs, arch))
+        if config.storage == "int8":
+            to_int8_convrot(model)  # idempotent: the int8 configurations come last
+        rows.append(run_config(env, config, components, dataset, dataclasses.replace(inputs, storage=config.storage),
+                               arch))
         r = rows[-1]
         longest = max(longest or 0.0, time.perf_counter() - t)
         print(f"  {config.label}: {r['seconds_per_step']:.3f} s/step (predicted {r['predicted_seconds_per_step']}), "
@@ -199,7 +223,8 @@ def speed_checks(env: Env, report: Report, rows: list[dict], budgets) -> None:
             r["loss_vs_eager"] = f"{rel:.2e}"
             # The float8 paths change the matmuls' rounding (fp8 activations: a few percent per matmul); the
             # comparisons and streaming compute the same values.
-            limit = 0.05 if "fp8 activations" in r["configuration"] else (1e-2 if env.cuda else 1e-6)
+            limit = (0.05 if any(x in r["configuration"] for x in ("fp8 activations", "int8"))
+                     else (1e-2 if env.cuda else 1e-6))  # int8: other weights (the same values, quantised again)
             report.check(f"{r['configuration']}: losses against the eager all-resident ones (same batches)",
                          rel <= limit, f"largest relative difference {rel:.2e} (limit {limit:g})")
     for label, budget in budgets:

@@ -42,7 +42,9 @@ def test_device_check_tiny_writes_the_report_and_a_passing_verdict(tmp_path):
                                      for r in table["rows"])
     memory = report["tables"]["memory per phase"]["rows"]
     settings = ["auto (tiny budget) (3 swapped)", "2 swapped", "all resident"]
-    assert [(r["setting"], r["phase"]) for r in memory] == [("(all)", "load"), ("(all)", "cache")] + [
+    streamed = next(r["setting"] for r in memory if r["setting"].startswith("text encoder streamed"))
+    assert streamed.endswith("decoder layers)")
+    assert [(r["setting"], r["phase"]) for r in memory] == [("(all)", "load"), ("(all)", "cache"), (streamed, "cache")] + [
         (s, p) for s in settings for p in ("init", "train", "preview", "save")]
     # Streaming on the CPU computes the very values the resident blocks do.
     assert all(r["bit_for_bit"] for r in report["tables"]["streaming correctness"]["rows"])
@@ -50,7 +52,8 @@ def test_device_check_tiny_writes_the_report_and_a_passing_verdict(tmp_path):
     assert speed == ["auto (tiny budget) (3 swapped)", "2 swapped", "all resident (eager float8)",
                      "all resident, fp8 activations", "auto (tiny budget) (3 swapped), tail placement",
                      "auto (tiny budget) (3 swapped), LoRA in float32",
-                     "auto (tiny budget) (3 swapped), no modulation ahead"]
+                     "auto (tiny budget) (3 swapped), no modulation ahead", "all resident, int8 ConvRot blocks",
+                     "auto (tiny budget) (3 swapped), int8 ConvRot blocks"]
     assert report["cut"] == [] and [s["phase"] for s in report["skipped"]] == ["speed: all resident, compiled float8"]
     assert all(c["ok"] for c in report["checks"]) and len(report["checks"]) > 20
     text = (out / "device_check.md").read_text()

@@ -34,7 +34,8 @@ from .swapper import BlockSwapper
 
 @dataclass(frozen=True)
 class StreamedLayers:
-    """How many of the encoder's decoder layers and vision blocks stream (0: all resident)."""
+    """How many of the encoder's decoder layers and vision blocks stream (0: all resident; more than a stack has: all
+    of it)."""
 
     decoder: int = 0
     vision: int = 0
@@ -71,7 +72,7 @@ def streamed_weight_names(encoder: nn.Module, streamed: StreamedLayers, prefix: 
             continue
         stack = stacks[stack_name]
         stack_path = _path_of(encoder, stack)
-        for i in default_placement(len(stack), count).streamed:
+        for i in default_placement(len(stack), min(count, len(stack))).streamed:
             names |= {f"{prefix}{stack_path}.{i}.{n}.weight" for n, _ in frozen_linears(stack[i])}
     return names
 
@@ -111,6 +112,7 @@ class EncoderStreams:
         memory), and stream those through a ring of slots on every forward."""
         stacks = encoder_stacks(encoder)
         counts = {"decoder": streamed.decoder, "vision": streamed.vision if "vision" in stacks else 0}
+        counts = {name: min(count, len(stacks[name])) for name, count in counts.items() if count}  # at most all
         kept: dict[nn.Linear, torch.Tensor] = {}
         for name, count in counts.items():
             if count:
@@ -122,7 +124,7 @@ class EncoderStreams:
         encoder.to(device)
         for linear, weight in kept.items():
             linear.weight.data = weight
-        return cls([_Stream(stacks[name], count, device) for name, count in counts.items() if count])
+        return cls([_Stream(stacks[name], count, device) for name, count in counts.items()])
 
     @property
     def bytes_copied(self) -> int:
