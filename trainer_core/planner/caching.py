@@ -90,7 +90,8 @@ def cache_steps(p: PlanInputs, parts: PartSizes) -> tuple[list[Term], list[Term]
         Term("largest weight upcast", upcast, "one byte -> bf16, transient"),
     ]
     vae_b = vae_element_bytes(p)
-    width, height, what = p.width, p.height, f"one {p.width}x{p.height} image"
+    width, height = p.vae_image or (p.width, p.height)
+    what = f"one {width}x{height} image"
     if refs:  # p.height holds the references' rows (planned_image_size): the target is the rest
         target = p.width * p.height - sum(w * h for w, h in refs)
         width, height = max([(p.width, -(-target // p.width)), *refs], key=lambda s: s[0] * s[1])

@@ -48,6 +48,7 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
         text_tokens=text_tokens, device="cuda" if components.device.type == "cuda" else "cpu",
         dataset_images=len(dataset.samples),
         reference_sizes=tuple(tuple(z) for z in largest.condition_sizes),
+        vae_image=max((s.bucket for s in dataset.samples), key=lambda b: b[0] * b[1]),  # one image at a time
         vision_sizes=family.planned_vision_sizes(dataset),  # Edit: its controls as its vision tower sees them
     )
 

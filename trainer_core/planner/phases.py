@@ -59,7 +59,7 @@ from .inference import (
 )
 from .phase import HOST_RESERVE_BYTES, Phase, baseline, on_device
 from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, plan_memory
-from .references import prefix_kv_bytes, reference_latent_tokens
+from .references import prefix_kv_bytes, reference_latent_tokens, smaller_references
 from .transients import UPCAST_COPIES, fp8_input_bytes, rotation_input_bytes
 
 PHASES = ("load", "cache", "init", "train", "preview", "save")
@@ -293,6 +293,11 @@ def _candidates(p: PlanInputs, failing: set[str], arch: QwenImageArch) -> list[t
                     dict(text_encoder_storage="float8", text_encoder_file_fp8=True)))
     if p.storage == "bfloat16":
         out.append(("block storage float8 (Load node: storage)", dict(storage="float8")))
+    largest_reference = max((max(size) for size in p.reference_sizes), default=0)
+    for side in (768, 512):
+        if side < largest_reference:
+            out.append((f"references at {side}x{side} px (Edit Dataset: control_resolution {side})",
+                        smaller_references(p, side)))
     if "preview" in failing:
         for side in (768, 512):
             if side < max(p.preview_width, p.preview_height):
@@ -317,11 +322,14 @@ def training_candidates(p: PlanInputs) -> list[tuple[str, dict]]:
             out.append((f"rank {rank}", dict(rank=rank)))
     if p.targets != "attention":
         out.append(("targets 'attention'", dict(targets="attention")))
-    side = max(p.width, p.height)
+    # One image's sides: `height` may hold several images' rows (Edit's controls, Layered's layers), which scale alike.
+    image_w, image_h = p.vae_image or (p.width, p.height)
+    side = max(image_w, image_h)
     for smaller in (1024, 896, 768, 640, 512):
         if smaller < side:
-            w, h = p.width * smaller // side // 32 * 32, p.height * smaller // side // 32 * 32
-            out.append((f"resolution {w}x{h}", dict(width=w, height=h)))
+            w, h = image_w * smaller // side // 32 * 32, image_h * smaller // side // 32 * 32
+            rows = p.height * smaller // side // 32 * 32
+            out.append((f"resolution {w}x{h}", dict(width=w, height=rows, vae_image=(w, h) if p.vae_image else None)))
     return out
 
 

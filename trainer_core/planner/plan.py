@@ -118,6 +118,9 @@ class PlanInputs:
     # Qwen-Image-Edit: (W, H) px of the largest sample's control images as its processor hands them to the vision
     # tower (`planned_vision_sizes`; 2.1's tower sees reference_sizes). Caching adds the tower's terms.
     vision_sizes: tuple[tuple[int, int], ...] = ()
+    # The largest single image the VAE encodes while caching, (W, H) px, where `height` holds more rows than one image
+    # (Edit's controls, Layered's layers: planned_image_size); None: width x height (2.1's references: caching.py).
+    vae_image: tuple[int, int] | None = None
     save_dtype: str = "bfloat16"  # the Save node's LoRA precision
     pin_masters: bool = True  # swapped blocks' masters pinned; False: pageable, through a pinned staging buffer
     staging_bytes: int = 0  # that staging buffer (its size is the loader's), counted when pin_masters is False

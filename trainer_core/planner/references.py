@@ -61,6 +61,15 @@ def with_references(inputs, count: int, resolution: int = 0):
     return dataclasses.replace(inputs, height=height, reference_sizes=sizes)
 
 
+def smaller_references(inputs, resolution: int) -> dict:
+    """PlanInputs fields with each of inputs' references sized at `resolution` instead (the target's rows kept): a
+    change the plan may suggest (control_resolution)."""
+    target = inputs.width * inputs.height - sum(w * h for w, h in inputs.reference_sizes)
+    target_inputs = dataclasses.replace(inputs, height=-(-target // inputs.width), reference_sizes=())
+    changed = with_references(target_inputs, len(inputs.reference_sizes), resolution)
+    return dict(height=changed.height, reference_sizes=changed.reference_sizes)
+
+
 def patches(parts, size: tuple[int, int]) -> int:
     w, h = size
     return (h // parts.vision_patch) * (w // parts.vision_patch)
