@@ -26,8 +26,8 @@ COMFYUI = os.environ.get("COMFYUI_PATH")
 MODEL_2_1 = Path("comfy/ldm/qwen_image21/model.py")
 pytestmark = pytest.mark.skipif(
     not (COMFYUI and (Path(COMFYUI) / MODEL_2_1).is_file()),
-    reason="needs COMFYUI_PATH at a ComfyUI that runs Qwen-Image 2.1 (0.37 or newer, or the host built per the pack's "
-           f"docs), i.e. one with {MODEL_2_1} (and COMFYUI_PYTHON at a Python with its requirements and "
+    reason="needs COMFYUI_PATH at a ComfyUI that runs Qwen-Image 2.1 (0.37 or newer, or the host docs/comfyui_21_host.md "
+           f"builds), i.e. one with {MODEL_2_1} (and COMFYUI_PYTHON at a Python with its requirements and "
            f"comfy-kitchen); COMFYUI_PATH is {COMFYUI or 'not set'}")
 
 CONFIG = dict(patch_size=1, in_channels=16, out_channels=16, num_layers=2, attention_head_dim=128,
