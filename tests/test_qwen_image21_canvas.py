@@ -167,6 +167,8 @@ def test_the_shipped_21_run_file_trains_on_the_tiny_files(files21, demo_folder, 
     printed = capsys.readouterr().out
     assert "lora: " in printed
     assert ("qwen_image_2.1_int8_convrot" if files == "int8" else "qwen_image21_tiny") in printed  # named after its file
+    if files == "int8":  # the name ComfyUI's 2.1 template downloads: said what it is
+        assert "ComfyUI's Qwen-Image 2.1 file (int8 ConvRot)" in printed
 
 
 def test_the_demo_trains_21_from_comfyuis_single_files(files21, tmp_path, capsys):

@@ -39,6 +39,7 @@ from ..core.files import inside, write_bytes_atomic, write_error
 from ..core.names import require_step
 from ..data.cache import CachedDataset, build_cache
 from ..data.mixture import combined, data_settings, mix
+from ..families.comfyui_files import known_file
 from ..families.qwen_image_edit.files import load_edit_model_set
 from ..families.recognise import load_recognised
 from ..training import Every, StepExtras, StepReport, Trainer, every
@@ -115,9 +116,11 @@ def train_run(run: RunFile, replicas: Replicas, config_text: str = "", steps: in
                       compute_dtype=run.load.compute_dtype, transformer=run.load.transformer,
                       text_encoder=run.load.text_encoder, vae=run.load.vae, tokenizer=run.headless.tokenizer or None,
                       diffusers_folder=run.load.diffusers_folder, text_encoder_fp8=run.load.text_encoder_fp8, **extra)
+    known = known_file(run.load.transformer) if run.load.transformer else None  # a file ComfyUI's templates name
     say(f"model: {components.name} ({components.num_blocks} blocks, {components.block_storage} blocks, compute "
         f"{str(components.compute_dtype).removeprefix('torch.')}, {components.device})"
-        + (f"; {replicas.size} processes" if replicas.size > 1 else ""))
+        + (f"; {replicas.size} processes" if replicas.size > 1 else "")
+        + (f"; ComfyUI's {known.member} file ({known.storage})" if known is not None else ""))
     cached = cache_once(components, run, replicas, say)
     trainer = open_once(components, cached, run, run_dir, replicas, say)
     try:
