@@ -65,7 +65,7 @@ class QwenImageComponents:
     # Where the text encoder's tensors go when a file loader reads them for caching (text_encoder_file.Placement: the
     # streamed layers' weights in host memory, the rest on the device): set by the families' loaders from the
     # planner's choice for the device's free memory then (planner.device.CachingPlacement); None: read to the CPU and
-    # moved to the device whole.
+    # moved to the device whole. Its `release()`, where it has one, runs when the encoder is dropped.
     text_encoder_placement: Any | None = field(default=None, repr=False)
     # What the caching run now starting asks of the encoder (`ensure_text_encoder`), for that placement.
     caching_work: CachingWork = field(default_factory=CachingWork, repr=False)
@@ -130,6 +130,9 @@ class QwenImageComponents:
         """Drop the text encoder (after caching): previews use cached prompt embeddings."""
         if self.text_encoder is not None:
             self.fingerprint("text_encoder")  # keep its identity for cache look-ups
+        release_placement = getattr(self.text_encoder_placement, "release", None)
+        if release_placement is not None:  # CachingPlacement: its streams hold the encoder's layers
+            release_placement()
         self.text_encoder = None
         self.tokenizer = None
         self.give_memory_back()
