@@ -124,6 +124,7 @@ class EncoderStreams:
         encoder.to(device)
         for linear, weight in kept.items():
             linear.weight.data = weight
+        kept.clear()  # else these references keep every original alive while the swappers pack them into their arenas
         return cls([_Stream(stacks[name], count, device) for name, count in counts.items()])
 
     @property
