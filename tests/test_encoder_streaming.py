@@ -146,7 +146,9 @@ def test_a_released_streamed_encoder_leaves_host_memory(tiny_files):
 def test_the_plan_counts_a_streamed_encoders_device_and_host_bytes(one_byte):
     """The caching plan's weights and ring-slot terms with k decoder layers and a vision block streamed equal the
     bytes a streamed Qwen3-VL holds outside its streamed layers' masters (parameters and buffers where they are, the
-    ring's slot buffers), and its host term the masters' bytes: exact, as the planner's weight terms are."""
+    ring's slot buffers), and its host term the masters' bytes: exact, as the planner's weight terms are. The rest of
+    the prompts step (the forward's working bytes, calibrated at the real width by tools/calibrate_qwen21.py) is the
+    resident encoder's, measured equal here; the real-size rehearsal checks the whole caching peak against the plan."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     from trainer_core.families.qwen_image21.tiny import tiny_text_config
@@ -186,7 +188,22 @@ def test_the_plan_counts_a_streamed_encoders_device_and_host_bytes(one_byte):
                   for weights in stream.swapper.master.values() for master in weights)
     assert sorted(streams.streams[0].swapper.master) == list(default_placement(len(layers), 3).streamed) == [1, 3, 5]
     assert {t.name: t.bytes for t in cache_host_terms(inputs, parts)} == {"text encoder: streamed layers' masters": masters}
+    # The forward's own bytes (the plan's "text encoder forward" and upcast terms) do not change with streaming: the
+    # copies go into the ring's slots, allocated at install, so a prompt's live-bytes peak is the resident one's.
+    streamed_peak = prompt_forward_peak(encoder)
     streams.uninstall()
+    assert streamed_peak == prompt_forward_peak(encoder) > 0
+
+
+def prompt_forward_peak(encoder) -> int:
+    """The live bytes a prompt's forward allocates at its peak (every hidden state kept, as the 2.1 pipeline asks)."""
+    from trainer_core.devtools.memprobe import LiveBytes
+
+    ids = torch.arange(3, 43).unsqueeze(0) % encoder.config.text_config.vocab_size  # (1, 40)
+    with torch.no_grad(), LiveBytes() as live:
+        out = encoder(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True)
+        del out
+    return live.peak
 
 
 def test_the_caching_timeline_copies_each_streamed_layer_once_per_prompt():
