@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/realsize_cpu.py --model qwen-image-2.1 [--blocks N]    # Qwen-Image 2.1
 
 Qwen-Image 2.1 (`--model qwen-image-2.1`): the same phases on random-weight files in the layouts our 2.1
-loaders read (`devtools/random_files21.py`: the transformer in ComfyUI's fp8_e4m3fn layout with the MLP fused,
+loaders read (`families/qwen_image21/random_files.py`: the transformer in ComfyUI's fp8_e4m3fn layout with the MLP fused,
 7.2 GB at 32 blocks; Qwen3-VL-8B as a scaled-fp8 file, 10.5 GB; the 2.1 VAE file, bf16), loaded as the Load node
 does with those three files and a diffusers folder for the processor (`families/qwen_image21/folder.py`);
 `--blocks N` writes N real-width blocks instead of 32. Results go to benchmarks/realsize_cpu21.json. `--int8`: the
@@ -125,7 +125,7 @@ def write_files21(models: Path, blocks: int | None, log, int8: bool = False) -> 
     encoder as ComfyUI's int8 ConvRot files (the names and layout its 2.1 templates download), else float8."""
     import json as _json
 
-    from trainer_core.devtools.random_files21 import write_random_qwen3_vl, write_random_transformer21, write_vae21
+    from trainer_core.families.qwen_image21.random_files import write_random_qwen3_vl, write_random_transformer21, write_vae21
     from trainer_core.families.qwen_image21.tiny import QWEN_IMAGE21_SCHEDULER_CONFIG
     from trainer_core.models.tiny import build_tiny_tokenizer
 

@@ -1,5 +1,5 @@
-"""Qwen-Image-Edit: loading an Edit model set, finding an edit dataset and previewing an edit (the engine:
-trainer_core/families/qwen_image_edit/).
+"""Editing: loading a model set that edits (a Qwen-Image-Edit variant, or Qwen-Image 2.1 with its reference images),
+finding an edit dataset (data/edit_dataset.py) and previewing an edit; the engine decides which family loads.
 
 The other nodes (Cache, Init Trainer, Train Steps, Loss Plot, Save, ...) take edit model sets and datasets as
 they are: Cache encodes controls and image-conditioned prompts for them. Previews have a node each, so the
@@ -8,35 +8,15 @@ text-to-image Preview shows no control image sockets.
 
 from __future__ import annotations
 
-from ..trainer_core.core.config import CUSTOM_FOLDER, NOT_USED, DatasetConfig
+from ..trainer_core.core.config import CUSTOM_FOLDER, DatasetConfig, EditDataConfig, EditLoadConfig
 from ..trainer_core.core.errors import UserInputError
-from ..trainer_core.families.qwen_image21.recognise import is_qwen_image21_file, is_qwen_image21_folder
-from ..trainer_core.families.qwen_image_edit.config import EditDataConfig, EditLoadConfig
-from ..trainer_core.families.qwen_image_edit.data import load_edit_dataset
-from ..trainer_core.families.qwen_image_edit.files import (TINY_AUTO_VARIANT, load_edit_diffusers_dir,
-                                                           load_edit_single_files)
-from ..trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
-from ..trainer_core.families.qwen_image_edit.variants import AUTO
-from ..trainer_core.families.recognise import load_recognised
-from ..trainer_core.models.source import DIFFUSERS, FILES, TINY, resolve_compute_dtype
-from ..trainer_core.models.tokenizer import tokenizer_candidates
-from . import host
+from ..trainer_core.data.edit_dataset import load_edit_dataset
+from ..trainer_core.families.loading import load_model_set
 from .common import CATEGORY, DATASET, MODELS, engine_mode
 from .data_nodes import QwenLoRADataset, dataset_folder
+from .model_nodes import load_request
 from .output_nodes import EDIT_PREVIEW, PREVIEW, QwenLoRAPreview, preview_image, takes_control_images
 from .widgets import widgets
-
-
-def qwen_image21_settings(source, transformer, text_encoder, diffusers_folder) -> dict | None:
-    """The 2.1 loader's file settings when the Load Edit settings name a 2.1 transformer file or folder, else None."""
-    if source == FILES:
-        first = host.model_file_path("diffusion_models", transformer) if transformer != NOT_USED else None
-        if first is not None and is_qwen_image21_file(first):
-            encoder = None if text_encoder == NOT_USED else host.model_file_path("text_encoders", text_encoder)
-            return dict(transformer=first, text_encoder=encoder)
-    elif source == DIFFUSERS and is_qwen_image21_folder(diffusers_folder):
-        return {}
-    return None
 
 
 class QwenLoRALoadEditModels:
@@ -58,30 +38,10 @@ class QwenLoRALoadEditModels:
 
     def load(self, source, transformer, text_encoder, vae, diffusers_folder, storage, compute_dtype,
              text_encoder_fp8, edit_variant):
-        device = host.compute_device()
-        dtype = resolve_compute_dtype(compute_dtype, device)
         with engine_mode():
-            if source == TINY:
-                variant = TINY_AUTO_VARIANT if edit_variant == AUTO else edit_variant
-                return (build_tiny_edit_components(variant, storage=storage, compute_dtype=dtype, device=device),)
-            qwen21 = qwen_image21_settings(source, transformer, text_encoder, diffusers_folder)
-            if qwen21 is not None:  # 2.1 has no variants: it edits when its dataset has reference images
-                if edit_variant != AUTO:
-                    raise UserInputError(f"edit_variant is {edit_variant!r}, but the model is Qwen-Image 2.1, which "
-                                         "has no Edit variants: set edit_variant to auto.")
-                return (load_recognised(source, device, storage=storage, compute_dtype=compute_dtype,
-                                        diffusers_folder=diffusers_folder, **qwen21),)
-            if source == DIFFUSERS:
-                if not diffusers_folder.strip():
-                    raise UserInputError("diffusers_folder is empty: enter the path of a diffusers Qwen-Image-Edit folder.")
-                return (load_edit_diffusers_dir(diffusers_folder.strip(), storage=storage, compute_dtype=dtype,
-                                                device=device, variant=edit_variant),)
-            paths = [host.model_file_path(kind, name) for kind, name in
-                     (("diffusion_models", transformer), ("text_encoders", text_encoder), ("vae", vae))]
-            beside = any(c.is_dir() for c in tokenizer_candidates(None, paths[1]))
-            tokenizer = None if beside else host.bundled_qwen_tokenizer()
-            return (load_edit_single_files(*paths, tokenizer_dir=tokenizer, storage=storage, compute_dtype=dtype,
-                                           device=device, text_encoder_fp8=text_encoder_fp8, variant=edit_variant),)
+            return (load_model_set(load_request(source, transformer, text_encoder, vae, diffusers_folder, storage,
+                                                compute_dtype, text_encoder_fp8, edit=True,
+                                                edit_variant=edit_variant)),)
 
 
 class QwenLoRAEditDataset:

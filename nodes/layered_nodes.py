@@ -1,4 +1,4 @@
-"""Qwen-Image-Layered: finding a layered dataset (the engine: trainer_core/families/qwen_image_layered/).
+"""Qwen-Image-Layered: finding a layered dataset (the engine: the family that trains on layered datasets).
 
 A Layered model set comes from the plain Load node (it knows Layered from the transformer file); the other
 nodes (Cache, Init Trainer, Train Steps, Preview, Save, ...) take it and this dataset as they are: Cache
@@ -9,9 +9,11 @@ image given to it) and lays the layers out side by side.
 from __future__ import annotations
 
 from ..trainer_core.core.config import CUSTOM_FOLDER, DatasetConfig
-from ..trainer_core.families.qwen_image_layered.data import load_layered_dataset
+from ..trainer_core.families import family_for_dataset
 from .common import CATEGORY, DATASET
 from .data_nodes import QwenLoRADataset, dataset_folder
+
+LAYERED = "layered"  # the dataset convention this node finds (a composite and its RGBA layers)
 
 
 class QwenLoRALayeredDataset:
@@ -35,5 +37,5 @@ class QwenLoRALayeredDataset:
     def discover(self, folder, input_folder=CUSTOM_FOLDER, validation_images=0, **settings):
         cfg = DatasetConfig(folder=dataset_folder(folder, input_folder), input_folder=input_folder,
                             validation_images=validation_images, **settings)
-        dataset = load_layered_dataset(cfg)
+        dataset = family_for_dataset(LAYERED).load_dataset(cfg)
         return (dataset, dataset.summary())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..trainer_core.core.config import NOT_USED, LoadConfig
-from ..trainer_core.families.recognise import is_qwen_image21_file, load_recognised
+from ..trainer_core.families.loading import LoadRequest, load_model_set
 from ..trainer_core.models.source import FILES
 from ..trainer_core.models.tokenizer import tokenizer_candidates
 from . import host
@@ -32,20 +32,26 @@ class QwenLoRALoadModels:
 
     def load(self, source, transformer, text_encoder, vae, diffusers_folder, storage, compute_dtype,
              text_encoder_fp8):
-        settings = dict(storage=storage, compute_dtype=compute_dtype, text_encoder_fp8=text_encoder_fp8)
         with engine_mode():
-            if source != FILES:  # the tiny model, or a diffusers folder (a path typed in the node)
-                return (load_recognised(source, host.compute_device(), diffusers_folder=diffusers_folder, **settings),)
-            first = host.model_file_path("diffusion_models", transformer)
-            if is_qwen_image21_file(first):  # its processor (and a part set to (not used)) from diffusers_folder
-                encoder = None if text_encoder == NOT_USED else host.model_file_path("text_encoders", text_encoder)
-                vae_file = None if vae == NOT_USED else host.model_file_path("vae", vae)
-                return (load_recognised(source, host.compute_device(), transformer=first, text_encoder=encoder,
-                                        vae=vae_file, diffusers_folder=diffusers_folder, **settings),)
-            paths = [first] + [host.model_file_path(kind, name) for kind, name in
-                               (("text_encoders", text_encoder), ("vae", vae))]
-            # A tokenizer folder beside the files wins; otherwise the Qwen2.5 tokenizer ComfyUI ships.
-            beside = any(c.is_dir() for c in tokenizer_candidates(None, paths[1]))
-            tokenizer = None if beside else host.bundled_qwen_tokenizer()
-            return (load_recognised(source, host.compute_device(), transformer=paths[0], text_encoder=paths[1],
-                                    vae=paths[2], tokenizer=tokenizer, diffusers_folder=diffusers_folder, **settings),)
+            return (load_model_set(load_request(source, transformer, text_encoder, vae, diffusers_folder, storage,
+                                                compute_dtype, text_encoder_fp8)),)
+
+
+def load_request(source, transformer, text_encoder, vae, diffusers_folder, storage, compute_dtype, text_encoder_fp8,
+                 **edit) -> LoadRequest:
+    """The Load settings as the engine's request (the family whose files they are loads them): model files found in
+    ComfyUI's model folders (a part set to (not used) is none: a family may read it from its diffusers folder), and a
+    tokenizer folder beside the text encoder, else the Qwen2.5 tokenizer ComfyUI ships. `edit`: the Load Edit node's
+    (edit=True, edit_variant)."""
+    files = {}
+    if source == FILES:
+        def found(kind, name):
+            return None if name == NOT_USED else host.model_file_path(kind, name)
+
+        files = dict(transformer=host.model_file_path("diffusion_models", transformer),
+                     text_encoder=found("text_encoders", text_encoder), vae=found("vae", vae))
+        beside = files["text_encoder"] is not None and any(
+            c.is_dir() for c in tokenizer_candidates(None, files["text_encoder"]))
+        files["tokenizer"] = None if beside else host.bundled_qwen_tokenizer()
+    return LoadRequest(source, host.compute_device(), storage=storage, compute_dtype=compute_dtype,
+                       diffusers_folder=diffusers_folder, text_encoder_fp8=text_encoder_fp8, **files, **edit)

@@ -7,8 +7,6 @@ import torch
 from ..trainer_core.adapters.lora_files import lora_output_path
 from ..trainer_core.core.config import CompareStepsConfig, LossPlotConfig, PreviewConfig, SaveConfig
 from ..trainer_core.core.errors import UserInputError
-from ..trainer_core.families.qwen_image21.family import NAME as QWEN_IMAGE21_NAME
-from ..trainer_core.families.qwen_image_edit.family import QwenImageEdit
 from ..trainer_core.training.live import step_grid
 from ..trainer_core.training.plot import loss_plot
 from . import host
@@ -56,13 +54,9 @@ class QwenLoRAPreview:
 
 
 def takes_control_images(trainer) -> bool:
-    """Whether the trainer's model edits control images rather than sampling from text alone: Qwen-Image-Edit, or
-    Qwen-Image 2.1 trained on an edit dataset (its first training sample has reference images)."""
-    family = trainer.components.family
-    if isinstance(family, QwenImageEdit):
-        return True
-    sample = trainer.dataset.preview_sample
-    return family.name == QWEN_IMAGE21_NAME and sample is not None and bool(sample.condition_keys)
+    """Whether the trainer's model edits control images rather than sampling from text alone (its family decides:
+    Qwen-Image-Edit does; Qwen-Image 2.1 when it trains on an edit dataset)."""
+    return trainer.components.family.takes_condition_images(trainer.dataset)
 
 
 def preview_image(trainer, prompt: str, width: int, height: int, steps: int, cfg: float, seed: int,

@@ -163,9 +163,9 @@ def adapter_snapshot(trainer) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="session")
 def tiny_files(tmp_path_factory):
     """The tiny model (seed 0) written by `export-tiny` as ComfyUI single files: name -> path."""
-    from trainer_core.devtools.export import export_tiny
+    from trainer_core.families import get_family
 
-    return export_tiny(tmp_path_factory.mktemp("tiny_files"), layout="comfyui", seed=0)
+    return get_family("qwen-image").export_tiny(tmp_path_factory.mktemp("tiny_files"), layout="comfyui", seed=0)
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,7 @@ def test_the_synthetic_dataset_is_read_from_memory_and_trains(monkeypatch):
     import common
 
     from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
-    from trainer_core.models.tiny import build_tiny_components
+    from trainer_core.families.qwen_image import build_tiny_components
     from trainer_core.training import Trainer
 
     transformer = build_tiny_components(seed=0, storage="float32").transformer

@@ -9,7 +9,7 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from trainer_core.devtools.export import export_tiny_edit
+from trainer_core.families import get_family
 from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
 from trainer_core.core.errors import UserInputError
 from trainer_core.families.qwen_image_edit.files import load_edit_diffusers_dir, load_edit_single_files
@@ -17,7 +17,7 @@ from trainer_core.families.qwen_image_edit.files import load_edit_diffusers_dir,
 
 @pytest.fixture(scope="module")
 def files_2511(tmp_path_factory):
-    return export_tiny_edit(tmp_path_factory.mktemp("edit_2511"), "edit-2511")
+    return get_family("edit-2511").export_tiny(tmp_path_factory.mktemp("edit_2511"))
 
 
 def test_2511_file_carries_comfyuis_marker_and_loads_as_2511_with_its_vision_tower(files_2511):
@@ -39,11 +39,11 @@ def test_variant_is_read_from_names_and_folders_and_a_wrong_choice_is_refused(fi
     with pytest.raises(UserInputError, match="edit-2509.*was chosen, but the transformer is 'edit-2511'"):
         load_edit_single_files(files_2511["transformer_bf16"], files_2511["text_encoder_bf16"], files_2511["vae"],
                                storage="float32", compute_dtype=torch.float32, variant="edit-2509")
-    plus = export_tiny_edit(tmp_path / "2509", "edit-2509")
+    plus = get_family("edit-2509").export_tiny(tmp_path / "2509")
     loaded = load_edit_single_files(plus["transformer_bf16"], plus["text_encoder_bf16"], plus["vae"],
                                     storage="float32", compute_dtype=torch.float32)
     assert loaded.family.variant.name == "edit-2509" and not loaded.skeleton().config.zero_cond_t
-    folder = export_tiny_edit(tmp_path / "dir", "edit-2511", layout="diffusers")["diffusers_folder"]
+    folder = get_family("edit-2511").export_tiny(tmp_path / "dir", layout="diffusers")["diffusers_folder"]
     loaded = load_edit_diffusers_dir(folder, storage="float32", compute_dtype=torch.float32)
     assert loaded.family.variant.name == "edit-2511" and loaded.transformer.config.zero_cond_t
 

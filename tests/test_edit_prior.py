@@ -17,8 +17,8 @@ from test_edit_pipelines import control_images, small_pipeline_sizes  # noqa: F4
 from test_edit_training import PipelineInputs, cfg, write_sample
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.data.cache import build_cache
-from trainer_core.families.qwen_image_edit.config import EditDataConfig
-from trainer_core.families.qwen_image_edit.data import load_edit_dataset
+from trainer_core.core.config import EditDataConfig
+from trainer_core.data.edit_dataset import load_edit_dataset
 from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
 from trainer_core.families.qwen_image_edit.variants import get_variant
 from trainer_core.training import Trainer
@@ -110,7 +110,7 @@ def test_the_preservation_term_is_the_mse_of_adapter_on_and_off_built_from_the_p
         # The step batches the class row with the training rows: equal up to the batch's rounding.
         assert float(total) == pytest.approx(float(flow_part + term), rel=1e-5)
         # The memory plan counts those rows at the image sequence with the control tokens.
-        from trainer_core.families.qwen_image_edit.objective import planned_image_size
+        from trainer_core.families.base import conditioned_image_size as planned_image_size
         from trainer_core.planner.for_run import inputs_for_run
 
         plan = inputs_for_run(trainer.components, cached, trainer.lora_cfg, trainer.optim_cfg, trainer.train_cfg)

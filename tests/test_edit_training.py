@@ -14,8 +14,8 @@ from test_edit_pipelines import control_images, oracle_pipeline, small_pipeline_
 from trainer_core.core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.data.images import load_cropped
 from trainer_core.data.cache import build_cache
-from trainer_core.families.qwen_image_edit.config import EditDataConfig
-from trainer_core.families.qwen_image_edit.data import discover_edit, load_edit_dataset
+from trainer_core.core.config import EditDataConfig
+from trainer_core.data.edit_dataset import discover_edit, load_edit_dataset
 from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
 from trainer_core.families.qwen_image_edit.variants import get_variant
 from trainer_core.core.errors import UserInputError
@@ -194,7 +194,7 @@ def test_one_training_step_loss_equals_the_reference_from_the_pipelines_pieces(s
 
 
 def test_memory_plan_counts_the_control_tokens(tmp_path):
-    from trainer_core.families.qwen_image_edit.objective import planned_image_size  # the Edit family's term
+    from trainer_core.families.base import conditioned_image_size as planned_image_size  # Edit's term
     from trainer_core.planner.for_run import inputs_for_run
 
     write_sample(tmp_path / "d", "a", "edit", control_images()[:2])

@@ -63,18 +63,18 @@ def test_streamed_qwen_image_prompts_equal_resident_ones_bit_for_bit(tiny_files,
 
 def test_streamed_edit_prompts_with_their_controls_equal_resident_ones_bit_for_bit(tmp_path):
     """Edit-2511: the decoder and the vision tower (which sees the controls) both stream."""
-    from trainer_core.devtools.export import export_tiny_edit
-    from trainer_core.families.qwen_image_edit.data import load_edit_dataset
+    from trainer_core.families import get_family
+    from trainer_core.data.edit_dataset import load_edit_dataset
     from trainer_core.families.qwen_image_edit.files import load_edit_single_files
 
-    files = export_tiny_edit(tmp_path / "tiny", variant="edit-2511")
+    files = get_family("edit-2511").export_tiny(tmp_path / "tiny")
     folder = tmp_path / "edits"
     folder.mkdir()
     for path in (REPO / "example_dataset" / "edit_shapes").glob("0[01]_*"):
         shutil.copy(path, folder / path.name)
 
     def run(streamed, name):
-        from trainer_core.families.qwen_image_edit.config import EditDataConfig
+        from trainer_core.core.config import EditDataConfig
 
         components = load_edit_single_files(files["transformer_bf16"], files["text_encoder_bf16"], files["vae"],
                                             files["tokenizer"], storage="float32", compute_dtype=torch.float32)
@@ -90,13 +90,13 @@ def test_streamed_21_prompts_with_their_references_equal_resident_ones_bit_for_b
     """Qwen-Image 2.1 editing from ComfyUI's int8 ConvRot text encoder, kept in int8: decoder and vision streamed."""
     from int8_files import int8_copy
 
-    from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
-    from trainer_core.families.qwen_image_edit.data import load_edit_dataset
-    from trainer_core.families.recognise import load_recognised
+    from trainer_core.families import get_family
+    from trainer_core.data.edit_dataset import load_edit_dataset
+    from trainer_core.families.loading import LoadRequest, load_model_set
     from trainer_core.models.source import FILES
 
     pytest.importorskip("comfy_kitchen")
-    files21 = export_tiny_qwen_image21(tmp_path / "tiny21", layout="comfyui")
+    files21 = get_family("qwen-image-2.1").export_tiny(tmp_path / "tiny21", layout="comfyui")
     encoder = int8_copy(files21["text_encoder"], tmp_path / "qwen3vl_8b_int8_convrot.safetensors", lambda k: True)
     folder = tmp_path / "edits"
     folder.mkdir()
@@ -107,11 +107,11 @@ def test_streamed_21_prompts_with_their_references_equal_resident_ones_bit_for_b
     reference.save(folder / "a_control.png")
 
     def run(streamed, name):
-        from trainer_core.families.qwen_image_edit.config import EditDataConfig
+        from trainer_core.core.config import EditDataConfig
 
-        components = load_recognised(FILES, CPU, storage="float32", compute_dtype="float32",
+        components = load_model_set(LoadRequest(FILES, CPU, storage="float32", compute_dtype="float32",
                                      transformer=files21["transformer_bf16"], text_encoder=encoder,
-                                     diffusers_folder=files21["diffusers_folder"], text_encoder_fp8="keep")
+                                     diffusers_folder=files21["diffusers_folder"], text_encoder_fp8="keep"))
         dataset = load_edit_dataset(DatasetConfig(folder=str(folder), resolution=64, min_bucket_side=32,
                                                   max_bucket_side=128), EditDataConfig(control_resolution=288))
         return cache_text(components, list(dataset.samples), tmp_path / name, streamed,

@@ -55,12 +55,14 @@ def test_no_module_probes_a_sample_or_model_set_for_a_named_attribute():
 
 
 def test_the_demo_models_are_the_registered_families():
+    from trainer_core.families import family_names, get_family
     from trainer_core.runs.cli import DEMO_MODELS
-    from trainer_core.families import FAMILIES
 
-    # edit-auto: the Edit variant read from the files; qwen-image-shapes: a model (the shipped one) of qwen-image
-    assert set(DEMO_MODELS) - {"edit-auto", "qwen-image-shapes"} == set(FAMILIES)
-    assert all(name == family.name for name, family in FAMILIES.items())
+    # qwen-image-shapes: a model (the shipped one) of qwen-image; aliases name a family too (edit-auto: the Edit variant
+    # read from the files, Edit-2511 without them; qwen-image-2512: Qwen-Image's files under 2512's names)
+    assert set(DEMO_MODELS) - {"qwen-image-shapes"} == set(family_names(aliases=True))
+    assert all(name == get_family(name).name for name in family_names())
+    assert get_family("edit-auto") is get_family("edit-2511") and get_family("qwen-image-2512") is get_family("qwen-image")
 
 
 def test_a_cache_of_another_kind_of_family_is_refused_and_variants_share_theirs(tmp_path):
@@ -97,29 +99,15 @@ def test_the_trainer_refuses_a_text_to_image_cache_for_an_edit_model(tiny_cache,
                 TrainConfig(run_name="mismatch", blocks_to_swap=0))
 
 
-def test_a_model_set_of_the_models_loaders_has_no_family_and_the_engine_refuses_it(tiny_cache, demo_folder, tmp_path):
-    """models/ reads Qwen-Image's files and knows no family (it sits below them); the families' loaders hand it. A
-    model set straight from models/ is refused where the engine first asks its family, with the way to load it."""
-    import dataclasses
-
+def test_a_model_set_is_built_with_its_family():
+    """models/ reads Qwen-Image's files and knows no family (it sits below them): its loaders and builders take the
+    family their caller says the files are, so no model set without one exists outside a loader's internals."""
     import pytest
 
-    from conftest import cached_demo
-    from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
-    from trainer_core.core.errors import UserInputError
     from trainer_core.families.qwen_image import QWEN_IMAGE, build_tiny_components
-    from trainer_core.models.tiny import build_tiny_components as build_without_family
-    from trainer_core.planner import inputs_for_run
-    from trainer_core.training import Trainer
+    from trainer_core.models.tiny import build_tiny_components as build_of_models
 
-    assert build_without_family().family is None and build_tiny_components().family is QWEN_IMAGE
-    bare = build_without_family(storage="float32")
-    with pytest.raises(UserInputError, match=r"caching: the model set .* has no family.*trainer_core\.families"):
-        cached_demo(bare, demo_folder, tmp_path)
-    cached = cached_demo(build_tiny_components(storage="float32"), demo_folder, tiny_cache)
-    configs = LoraConfig(rank=4), OptimizerConfig(), TrainConfig(run_name="no-family", blocks_to_swap=0)
-    with pytest.raises(UserInputError, match=r"the Trainer: the model set .* has no family.*load_recognised"):
-        Trainer(bare, cached, *configs)
-    with pytest.raises(UserInputError, match=r"the memory plan: the model set .* has no family"):
-        inputs_for_run(bare, cached, *configs)
-    assert dataclasses.replace(bare, family=QWEN_IMAGE).require_family("the Trainer") is QWEN_IMAGE
+    assert build_tiny_components().family is QWEN_IMAGE
+    with pytest.raises(TypeError, match="family"):
+        build_of_models()
+    assert build_of_models(family=QWEN_IMAGE).family is QWEN_IMAGE

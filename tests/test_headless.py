@@ -26,7 +26,7 @@ TINY_ALL_KEYS = 3 * (2 * 14 - 4)
 
 def tiny_run_file(folder: Path, images: Path, **tables) -> Path:
     """A small run file for the tiny model on the images in `images`; `tables` add or replace settings ({table: {key: v}})."""
-    from trainer_core.runs.run_file import render
+    from trainer_core.runs.run_file_toml import render
 
     data = {
         "model": {"source": "tiny", "storage": "float32"},
@@ -43,7 +43,8 @@ def tiny_run_file(folder: Path, images: Path, **tables) -> Path:
             data.setdefault(table, {}).update(values)
     path = folder / "run.toml"
     folder.mkdir(parents=True, exist_ok=True)
-    from trainer_core.runs.run_file import TABLES, toml_value
+    from trainer_core.runs.run_file import TABLES
+    from trainer_core.runs.run_file_toml import toml_value
 
     extra = "".join(f"\n[{table}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items())
                     for table, values in data.items() if table not in TABLES)  # render writes known tables only
@@ -151,9 +152,9 @@ def test_several_dataset_folders_each_with_its_repeats_and_an_epoch_length(tmp_p
                 "repeats": 2}]
     run, _ = read_run_file(tiny_run_file(tmp_path, demo_folder, dataset=entries,
                                          train={"steps": 0, "epochs": 2, "grad_accum_steps": 3}))
-    from trainer_core.families.qwen_image import load_model_set
+    from trainer_core.families.loading import LoadRequest, load_model_set
 
-    components = load_model_set("tiny test model (random weights)", torch.device("cpu"), storage="float32")
+    components = load_model_set(LoadRequest("tiny test model (random weights)", torch.device("cpu"), storage="float32"))
     cached = cache_once(components, run, ONE_PROCESS, print)
     trainer = open_once(components, cached, run, run.run_dir, ONE_PROCESS, print)
     try:
@@ -327,13 +328,13 @@ def test_the_diffusion_pipe_24gb_example_trains_on_tiny_files(tmp_path, demo_fol
     import shutil
 
     from trainer_core.runs.cli import main
-    from trainer_core.devtools.export import export_tiny
+    from trainer_core.families import get_family
 
     images = tmp_path / "images"
     images.mkdir()
     for name in ("00_red_circle.png", "00_red_circle.txt"):
         shutil.copy(demo_folder / name, images / name)
-    export_tiny(tmp_path / "Qwen-Image", layout="diffusers")
+    get_family("qwen-image").export_tiny(tmp_path / "Qwen-Image", layout="diffusers")
     config = diffusion_pipe_copy(tmp_path, {"diffusers_path": tmp_path / "Qwen-Image"}, images)
     assert main(["train", "--from-diffusion-pipe", str(config), "--steps", "1"]) == 0
     printed = capsys.readouterr().out

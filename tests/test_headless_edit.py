@@ -85,7 +85,7 @@ def test_an_edit_run_on_the_shapes_model_is_refused_by_name(tmp_path, capsys):
     assert data["model"]["source"] == "shapes"
     assert main(["train", "--config", str(path), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "[edit] needs a Qwen-Image-Edit model" in err and "Traceback" not in err, err
+    assert "edit run needs a Qwen-Image-Edit model" in err and "remove [edit]" in err and "Traceback" not in err, err
 
 
 # Qwen-Image 2.1 editing from a run file: run_files/qwen_image21_edit.toml, its [model] pointed at the tiny 2.1 export
@@ -97,9 +97,9 @@ REFERENCE_SIDE = 288
 
 @pytest.fixture(scope="module")
 def files21(tmp_path_factory):
-    from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
+    from trainer_core.families import get_family
 
-    return export_tiny_qwen_image21(tmp_path_factory.mktemp("tiny21"), layout="comfyui")
+    return get_family("qwen-image-2.1").export_tiny(tmp_path_factory.mktemp("tiny21"), layout="comfyui")
 
 
 def edit21_folder(folder: Path) -> Path:
@@ -115,7 +115,7 @@ def edit21_folder(folder: Path) -> Path:
 
 def edit21_run_file(tmp_path: Path, files21, **edit) -> Path:
     """The shipped 2.1 edit run file, its paths on the tiny files and a 288 px edit folder, CPU-sized."""
-    from trainer_core.runs.run_file import render
+    from trainer_core.runs.run_file_toml import render
 
     data = tomllib.loads(EDIT21_RUN_FILE.read_text())
     assert data["edit"]["variant"] == "auto" and data["model"]["source"] == "files"
@@ -137,8 +137,8 @@ def test_a_21_edit_run_file_trains_the_lora_the_canvas_trains_bit_for_bit(files2
     build (which finds every entry the run cached: the same entries) and the Trainer."""
     from trainer_core.core.config import DatasetConfig
     from trainer_core.data.cache import build_cache
-    from trainer_core.families.qwen_image_edit.data import load_edit_dataset
-    from trainer_core.families.recognise import load_recognised
+    from trainer_core.data.edit_dataset import load_edit_dataset
+    from trainer_core.families.loading import LoadRequest, load_model_set
     from trainer_core.runs.cli import main
     from trainer_core.runs.run_file import read_run_file
     from trainer_core.training import Trainer
@@ -153,9 +153,9 @@ def test_a_21_edit_run_file_trains_the_lora_the_canvas_trains_bit_for_bit(files2
     assert headless_lora.is_file()
 
     run, _ = read_run_file(path)
-    components = load_recognised(run.load.source, torch.device("cpu"), storage=run.load.storage,
+    components = load_model_set(LoadRequest(run.load.source, torch.device("cpu"), storage=run.load.storage,
                                  compute_dtype=run.load.compute_dtype, transformer=run.load.transformer,
-                                 text_encoder=None, diffusers_folder=run.load.diffusers_folder)
+                                 text_encoder=None, diffusers_folder=run.load.diffusers_folder))
     assert components.family.name == "qwen-image-2.1"
     cfg = run.datasets[0]
     dataset = load_edit_dataset(DatasetConfig(**{f: getattr(cfg, f) for f in ("folder", "resolution", "min_bucket_side",
@@ -183,5 +183,5 @@ def test_a_21_edit_run_with_an_edit_variant_is_refused_naming_the_field(files21,
     path = edit21_run_file(tmp_path, files21, variant="edit-2511")
     assert main(["train", "--config", str(path), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "[edit] variant = 'edit-2511', but the model is Qwen-Image 2.1" in err and 'variant = "auto"' in err, err
+    assert "edit_variant is 'edit-2511', but the model is Qwen-Image 2.1" in err and '[edit] variant = "auto"' in err, err
     assert "Traceback" not in err

@@ -102,9 +102,9 @@ def comfy_base(tmp_path):
     (base / "custom_nodes").mkdir(parents=True)
     (base / "custom_nodes" / "qwen_image_lora_trainer").symlink_to(REPO, target_is_directory=True)
     # The tiny model as ComfyUI single files in ComfyUI's own model folders (diffusion_models, ...).
-    from trainer_core.devtools.export import export_tiny
+    from trainer_core.families import get_family
 
-    export_tiny(base / "models", layout="comfyui")
+    get_family("qwen-image").export_tiny(base / "models", layout="comfyui")
     return base
 
 
@@ -318,13 +318,13 @@ def test_the_tiny_first_run_workflow_runs_as_shipped_in_real_comfyui(comfy, tmp_
 def comfy_edit(tmp_path):
     """A ComfyUI with the tiny Edit-2511 as ComfyUI single files, the built-in edit dataset in its input folder
     and a picture to edit there (for a Load Image)."""
-    from trainer_core.devtools.export import export_tiny_edit
+    from trainer_core.families import get_family
     from trainer_core.families.qwen_image_edit.demo import make_edit_demo_dataset
 
     base = tmp_path / "comfy_edit_base"
     (base / "custom_nodes").mkdir(parents=True)
     (base / "custom_nodes" / "qwen_image_lora_trainer").symlink_to(REPO, target_is_directory=True)
-    files = export_tiny_edit(base / "models", "edit-2511")
+    files = get_family("edit-2511").export_tiny(base / "models")
     make_edit_demo_dataset(base / "input" / "edit_dataset")
     shutil.copy(base / "input" / "edit_dataset" / "00_red_circle_control.png", base / "input" / "to_edit.png")
     server = ComfyServer(base)

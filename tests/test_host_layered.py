@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from comfy_probe import run_probe
 from test_layered import layered_data, layered_trainer  # noqa: F401 (fixtures)
 from trainer_core.adapters.lora_files import LORA_LAYOUTS
-from trainer_core.devtools.export import export_tiny_layered
+from trainer_core.families import get_family
 from trainer_core.families.qwen_image_layered.pipeline import frame_shapes, pack_frames
 from trainer_core.models.latents import pack_latents
 
@@ -44,7 +44,7 @@ def unpack_frames(tokens: torch.Tensor, c: int, f: int, h: int, w: int) -> torch
 
 def test_layered_lora_loads_in_comfyui_with_every_key_and_its_forward_equals_ours(layered_trainer, tmp_path):
     trainer = layered_trainer
-    files = export_tiny_layered(tmp_path / "models")  # the trainer's frozen base weights (seed 0)
+    files = get_family("qwen-image-layered").export_tiny(tmp_path / "models")  # the trainer's frozen base weights (seed 0)
     g = torch.Generator().manual_seed(0)
     c, f, h, w = trainer.components.vae.config.z_dim, 3, 16, 16  # 2 layers; an 8x8 token grid per frame
     inputs = {"latents": torch.randn(1, c, f, h, w, generator=g), "reference": torch.randn(1, c, 1, h, w, generator=g),

@@ -52,9 +52,9 @@ def test_qwen25_vl_int8_convrot_reads_back_as_comfy_kitchen_dequantises_it(tiny_
 
 @pytest.fixture(scope="module")
 def files21(tmp_path_factory):
-    from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
+    from trainer_core.families import get_family
 
-    return export_tiny_qwen_image21(tmp_path_factory.mktemp("tiny21"), layout="comfyui")
+    return get_family("qwen-image-2.1").export_tiny(tmp_path_factory.mktemp("tiny21"), layout="comfyui")
 
 
 @pytest.mark.parametrize("fp8", ["keep", "dequantize"])
@@ -121,11 +121,11 @@ def fp8mixed(tensors: dict[str, torch.Tensor], quantised) -> dict[str, torch.Ten
 def test_edit_2511s_quantised_files_load_as_2511_with_their_blocks_in_one_byte(tmp_path, fmt):
     from safetensors.torch import load_file, save_file
 
-    from trainer_core.devtools.export import export_tiny_edit
+    from trainer_core.families import get_family
     from trainer_core.families.qwen_image_edit.files import load_edit_single_files
     from trainer_core.models.float8 import FLOAT8, frozen_block_linears
 
-    files = export_tiny_edit(tmp_path / "tiny", variant="edit-2511")
+    files = get_family("edit-2511").export_tiny(tmp_path / "tiny")
     source = files["transformer_bf16"]
     target = tmp_path / f"qwen_image_edit_2511_{fmt}.safetensors"
     blocks = lambda k: k.startswith("transformer_blocks.")  # noqa: E731  (the tiny export's keys are bare)

@@ -64,13 +64,14 @@ def test_21_editing_trains_from_comfyuis_int8_files_headless_and_on_the_canvas(t
     from test_headless_edit import edit21_run_file
 
     from trainer_core.core.config import DatasetConfig
-    from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
-    from trainer_core.families.qwen_image_edit.data import load_edit_dataset
-    from trainer_core.families.recognise import load_recognised
+    from trainer_core.families import get_family
+    from trainer_core.data.edit_dataset import load_edit_dataset
+    from trainer_core.families.loading import LoadRequest, load_model_set
     from trainer_core.runs.cli import main
-    from trainer_core.runs.run_file import read_run_file, render
+    from trainer_core.runs.run_file import read_run_file
+    from trainer_core.runs.run_file_toml import render
 
-    files21 = export_tiny_qwen_image21(tmp_path / "tiny21", layout="comfyui")
+    files21 = get_family("qwen-image-2.1").export_tiny(tmp_path / "tiny21", layout="comfyui")
     transformer = int8_copy(files21["transformer_bf16"], tmp_path / "qwen_image_2.1_int8_convrot.safetensors",
                             lambda k: ".transformer_blocks." in k)
     encoder = int8_copy(files21["text_encoder"], tmp_path / "qwen3vl_8b_int8_convrot.safetensors", lambda k: True)
@@ -87,9 +88,9 @@ def test_21_editing_trains_from_comfyuis_int8_files_headless_and_on_the_canvas(t
     headless = run_dir / "qwen_image21_edit_lora_000002.safetensors"
 
     run, _ = read_run_file(path)
-    components = load_recognised(run.load.source, CPU, storage=run.load.storage, compute_dtype=run.load.compute_dtype,
+    components = load_model_set(LoadRequest(run.load.source, CPU, storage=run.load.storage, compute_dtype=run.load.compute_dtype,
                                  transformer=run.load.transformer, text_encoder=run.load.text_encoder,
-                                 diffusers_folder=run.load.diffusers_folder, text_encoder_fp8="keep")
+                                 diffusers_folder=run.load.diffusers_folder, text_encoder_fp8="keep"))
     cfg = run.datasets[0]
     dataset = load_edit_dataset(DatasetConfig(**{f: getattr(cfg, f) for f in ("folder", "resolution", "min_bucket_side",
                                                                               "max_bucket_side")}), run.edit.data)
@@ -99,13 +100,14 @@ def test_21_editing_trains_from_comfyuis_int8_files_headless_and_on_the_canvas(t
 @pytest.mark.slow
 def test_edit_2511_trains_from_comfyuis_int8_files_headless_and_on_the_canvas(tmp_path, capsys):
     from trainer_core.core.config import DatasetConfig
-    from trainer_core.devtools.export import export_tiny_edit
-    from trainer_core.families.qwen_image_edit.data import load_edit_dataset
-    from trainer_core.families.qwen_image_edit.files import load_edit_model_set
+    from trainer_core.families import get_family
+    from trainer_core.data.edit_dataset import load_edit_dataset
+    from trainer_core.families.loading import LoadRequest, load_model_set
     from trainer_core.runs.cli import main
-    from trainer_core.runs.run_file import read_run_file, render
+    from trainer_core.runs.run_file import read_run_file
+    from trainer_core.runs.run_file_toml import render
 
-    files = export_tiny_edit(tmp_path / "tiny", variant="edit-2511")
+    files = get_family("edit-2511").export_tiny(tmp_path / "tiny")
     transformer = int8_copy(files["transformer_bf16"], tmp_path / "qwen_image_edit_2511_int8_convrot.safetensors",
                             lambda k: k.startswith("transformer_blocks."))
     encoder = int8_copy(files["text_encoder_bf16"], tmp_path / "qwen_2.5_vl_7b_int8_convrot.safetensors",
@@ -132,9 +134,10 @@ def test_edit_2511_trains_from_comfyuis_int8_files_headless_and_on_the_canvas(tm
     headless = run_dir / "tiny_edit_000002.safetensors"
 
     run, _ = read_run_file(path)
-    components = load_edit_model_set(run.load.source, CPU, storage=run.load.storage,
-                                     compute_dtype=run.load.compute_dtype, transformer=run.load.transformer,
-                                     text_encoder=run.load.text_encoder, vae=run.load.vae, text_encoder_fp8="keep")
+    components = load_model_set(LoadRequest(run.load.source, CPU, storage=run.load.storage,
+                                            compute_dtype=run.load.compute_dtype, transformer=run.load.transformer,
+                                            text_encoder=run.load.text_encoder, vae=run.load.vae,
+                                            text_encoder_fp8="keep", edit=True))
     assert components.family.variant.name == "edit-2511"
     cfg = run.datasets[0]
     dataset = load_edit_dataset(DatasetConfig(**{f: getattr(cfg, f) for f in ("folder", "resolution", "min_bucket_side",

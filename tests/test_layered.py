@@ -94,15 +94,15 @@ def test_text_to_image_refuses_a_layered_dataset_and_layered_a_plain_one(layered
 
 @pytest.mark.parametrize("layout", ["comfyui", "diffusers"])
 def test_exported_files_load_as_layered_with_its_flags_and_rgba_vae(tmp_path, layout):
-    from trainer_core.devtools.export import export_tiny_layered
+    from trainer_core.families import get_family
+    from trainer_core.families.loading import LoadRequest, load_model_set
     from trainer_core.families.qwen_image_layered.files import load_layered_single_files
-    from trainer_core.families.recognise import recognise_family
-    from trainer_core.families.qwen_image import load_diffusers_dir
+    from trainer_core.models.source import DIFFUSERS
 
-    files = export_tiny_layered(tmp_path, layout=layout)
-    if layout == "diffusers":
-        components = recognise_family(load_diffusers_dir(files["diffusers_folder"], storage="float32",
-                                                         compute_dtype=torch.float32))
+    files = get_family("qwen-image-layered").export_tiny(tmp_path, layout=layout)
+    if layout == "diffusers":  # the Load node's request: the folder's transformer config says Layered
+        components = load_model_set(LoadRequest(DIFFUSERS, "cpu", storage="float32", compute_dtype="float32",
+                                                diffusers_folder=str(files["diffusers_folder"])))
     else:
         components = load_layered_single_files(files["transformer_bf16"], files["text_encoder_bf16"], files["vae"],
                                                storage="float32", compute_dtype=torch.float32)
@@ -122,12 +122,13 @@ def test_exported_files_load_as_layered_with_its_flags_and_rgba_vae(tmp_path, la
 def test_a_layered_transformer_with_an_rgb_vae_is_refused_by_the_vae_files_name(tmp_path):
     from diffusers import AutoencoderKLQwenImage
 
-    from trainer_core.devtools.export import export_tiny_layered, public_config, write_part_file
+    from trainer_core.families import get_family
+    from trainer_core.models.part_files import public_config, write_part_file
     from trainer_core.families.qwen_image_layered.files import load_layered_single_files
     from trainer_core.families.qwen_image_layered.tiny import TINY_LAYERED_VAE
     from trainer_core.models.vae_file import vae_file_tensors
 
-    files = export_tiny_layered(tmp_path)
+    files = get_family("qwen-image-layered").export_tiny(tmp_path)
     rgb = AutoencoderKLQwenImage(**{**TINY_LAYERED_VAE, "input_channels": 3})
     path = write_part_file(vae_file_tensors(rgb), tmp_path / "vae" / "rgb_vae.safetensors", "vae", "bf16",
                            public_config(rgb.config))
@@ -219,10 +220,10 @@ def test_layered_demo_from_exported_files_writes_a_lora_diffusers_layered_pipeli
     from diffusers import QwenImageLayeredPipeline
     from safetensors.torch import load_file
 
-    from trainer_core.devtools.export import export_tiny_layered
+    from trainer_core.families import get_family
     from trainer_core.runs.cli import main
 
-    files = export_tiny_layered(tmp_path / "files")
+    files = get_family("qwen-image-layered").export_tiny(tmp_path / "files")
     args = ["--transformer", str(files["transformer_fp8_e4m3fn_scaled"]), "--text-encoder",
             str(files["text_encoder_bf16"]), "--vae", str(files["vae"])]
     assert main(["demo", "--model", "qwen-image-layered", *args, "--steps", "3", "--out", str(tmp_path / "out")]) == 0

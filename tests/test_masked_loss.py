@@ -257,8 +257,8 @@ def test_a_mask_cropped_away_entirely_is_refused_at_caching(encoder, tmp_path):
 def test_an_edit_target_takes_a_mask_and_validation_uses_it(tmp_path):
     """Half masks on the targets (controls take none): at background weight 0 the loss and the validation loss
     differ from background weight 1, whose weights are all ones and so equal no masks, bit for bit."""
-    from trainer_core.families.qwen_image_edit.config import EditDataConfig
-    from trainer_core.families.qwen_image_edit.data import load_edit_dataset
+    from trainer_core.core.config import EditDataConfig
+    from trainer_core.data.edit_dataset import load_edit_dataset
     from trainer_core.families.qwen_image_edit.demo import make_edit_demo_dataset
     from trainer_core.families.qwen_image_edit.tiny import build_tiny_edit_components
 

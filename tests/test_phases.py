@@ -288,7 +288,8 @@ def test_the_model_loaders_take_a_decided_text_encoder_fp8_mode_only():
     from trainer_core.models.single_file import load_single_files
     from trainer_core.models.text_encoder_file import TextEncoderFile
 
-    for load in (lambda: load_single_files("t.safetensors", "te.safetensors", "v.safetensors", text_encoder_fp8="auto"),
+    for load in (lambda: load_single_files("t.safetensors", "te.safetensors", "v.safetensors", text_encoder_fp8="auto",
+                                           family=None),
                  lambda: TextEncoderFile("te.safetensors", fp8="auto")):
         with pytest.raises(UserInputError, match=r"text_encoder_fp8='auto'.*planner\.resolve_text_encoder_fp8"):
             load()

@@ -305,12 +305,12 @@ def test_export_tiny_files_and_folder_load_back_to_the_tiny_model(tiny21, tmp_pa
     """`export-tiny --model qwen-image-2.1`: the diffusers folder (alone, or beside a ComfyUI transformer file
     with the MLP fused or split) loads to the same weights and the same prompt embedding. Beside a transformer
     file the set is lazy: nothing but headers read until a part is needed."""
-    from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
+    from trainer_core.families import get_family
     from trainer_core.families.qwen_image21.folder import load_qwen_image21_folder
     from trainer_core.families.qwen_image21.text import encode_prompt
     from trainer_core.models.float8 import dequantized_state_dict
 
-    written = export_tiny_qwen_image21(tmp_path, layout="comfyui")
+    written = get_family("qwen-image-2.1").export_tiny(tmp_path, layout="comfyui")
     expected = dequantized_state_dict(tiny21.transformer)
     for transformer_file in (None, written["transformer_bf16"], written["transformer_bf16_split_mlp"]):
         loaded = load_qwen_image21_folder(written["diffusers_folder"], transformer_file, storage="float32",

@@ -12,7 +12,8 @@ import torch
 
 from conftest import REPO
 from trainer_core.core.errors import UserInputError
-from trainer_core.families.recognise import is_qwen_image21_file, load_recognised
+from trainer_core.families.loading import LoadRequest, load_model_set
+from trainer_core.families.qwen_image21.recognise import is_qwen_image21_file
 from trainer_core.models.source import DIFFUSERS, FILES
 
 FAMILY = "qwen-image-2.1"
@@ -23,9 +24,9 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def files21(tmp_path_factory):
-    from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
+    from trainer_core.families import get_family
 
-    return export_tiny_qwen_image21(tmp_path_factory.mktemp("tiny21"), layout="comfyui")
+    return get_family("qwen-image-2.1").export_tiny(tmp_path_factory.mktemp("tiny21"), layout="comfyui")
 
 
 def test_every_exported_21_transformer_file_says_21_and_a_qwen_image_file_does_not(files21, tiny_files):
@@ -41,8 +42,8 @@ def test_a_21_transformer_file_loads_as_21_with_the_folders_other_parts(files21,
     from trainer_core.families import get_family
 
     tiny = get_family(FAMILY).tiny_components(storage="float32")
-    components = load_recognised(FILES, CPU, storage="float32", compute_dtype="float32", transformer=files21[name],
-                                 text_encoder="(not used)", vae="(not used)", diffusers_folder=files21["diffusers_folder"])
+    components = load_model_set(LoadRequest(FILES, CPU, storage="float32", compute_dtype="float32", transformer=files21[name],
+                                 text_encoder="(not used)", vae="(not used)", diffusers_folder=files21["diffusers_folder"]))
     assert components.family.name == FAMILY
     want = {k: v.to(torch.bfloat16).float() for k, v in tiny.transformer.state_dict().items()}  # the file is bf16
     assert components.transformer is None and components.text_encoder is None  # lazy, as Qwen-Image's files
@@ -54,13 +55,13 @@ def test_a_21_transformer_file_loads_as_21_with_the_folders_other_parts(files21,
 def test_a_21_transformer_file_without_its_folder_is_refused_naming_both(files21, tmp_path):
     with pytest.raises(UserInputError, match="is Qwen-Image 2.1: its processor .and its VAE and Qwen3-VL text encoder, unless their files are chosen. are "
                                          "read from") as e:
-        load_recognised(FILES, CPU, transformer=files21["transformer_bf16"], diffusers_folder=str(tmp_path))
+        load_model_set(LoadRequest(FILES, CPU, transformer=files21["transformer_bf16"], diffusers_folder=str(tmp_path)))
     assert str(files21["transformer_bf16"]) in str(e.value) and "diffusers_folder" in str(e.value)
 
 
 def test_a_21_diffusers_folder_loads_as_21(files21):
-    components = load_recognised(DIFFUSERS, CPU, storage="float32", compute_dtype="float32",
-                                 diffusers_folder=files21["diffusers_folder"])
+    components = load_model_set(LoadRequest(DIFFUSERS, CPU, storage="float32", compute_dtype="float32",
+                                 diffusers_folder=files21["diffusers_folder"]))
     assert components.family.name == FAMILY and components.num_blocks == 2
 
 
@@ -146,7 +147,7 @@ def test_the_shipped_21_run_file_trains_on_the_tiny_files(files21, demo_folder, 
     the text encoder from the folder, or from its ComfyUI-layout file; "int8": ComfyUI's int8 ConvRot files of both
     (comfy-kitchen's), the text encoder's int8 Linears kept (text_encoder_fp8 = keep)."""
     from trainer_core.runs.cli import main
-    from trainer_core.runs.run_file import render
+    from trainer_core.runs.run_file_toml import render
 
     data = tomllib.loads(RUN_FILE.read_text())
     assert data["model"]["source"] == "files" and "text_encoder" not in data["model"]
@@ -180,7 +181,7 @@ def test_the_demo_trains_21_from_comfyuis_single_files(files21, tmp_path, capsys
     files = ["--transformer", str(files21["transformer_fp8_e4m3fn_scaled"]), "--text-encoder",
              str(files21["text_encoder"]), "--vae", str(files21["vae"])]
     assert main(["demo", "--model", FAMILY, *files, "--steps", "1", "--out", str(tmp_path / "no_folder")]) == 2
-    assert "set --diffusers-folder to the diffusers Qwen-Image 2.1 folder" in capsys.readouterr().err
+    assert "Set diffusers_folder to that folder" in capsys.readouterr().err
     assert not (tmp_path / "no_folder").exists()
     assert main(["demo", "--model", FAMILY, *files, "--diffusers-folder", str(files21["diffusers_folder"]),
                  "--steps", "1", "--out", str(tmp_path / "out")]) == 0

@@ -42,8 +42,8 @@ def edit_dataset(folder, reference: Image.Image | None = None, resolution: int =
     """One not-square target with its caption and one reference beside it (name_control.png), and `more`
     references after it (name_control_2.png, ...)."""
     from conftest import tiny_dataset_config
-    from trainer_core.families.qwen_image_edit.config import EditDataConfig
-    from trainer_core.families.qwen_image_edit.data import load_edit_dataset
+    from trainer_core.core.config import EditDataConfig
+    from trainer_core.data.edit_dataset import load_edit_dataset
 
     folder.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", (192, 64), (200, 60, 40)).save(folder / "a.png")

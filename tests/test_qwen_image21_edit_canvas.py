@@ -29,9 +29,9 @@ def edit_folder(folder):
 @pytest.mark.slow
 def test_the_edit_workflow_trains_and_previews_a_21_edit_from_its_transformer_file(pack, tmp_path, monkeypatch):
     from graph_runner import GraphRunner
-    from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
+    from trainer_core.families import get_family
 
-    files21 = export_tiny_qwen_image21(tmp_path / "tiny21", layout="comfyui")
+    files21 = get_family("qwen-image-2.1").export_tiny(tmp_path / "tiny21", layout="comfyui")
     models = tmp_path / "models"
     (models / "diffusion_models").mkdir(parents=True)
     target = models / "diffusion_models" / "qwen_image_2.1_bf16.safetensors"
@@ -41,7 +41,7 @@ def test_the_edit_workflow_trains_and_previews_a_21_edit_from_its_transformer_fi
     monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
     monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
     prompt = json.loads(EDIT_WORKFLOW.read_text())
-    prompt["1"]["inputs"].update(transformer=target.name, text_encoder="(not used)", storage="float32",
+    prompt["1"]["inputs"].update(transformer=target.name, text_encoder="(not used)", vae="(not used)", storage="float32",
                                  compute_dtype="float32", diffusers_folder=str(files21["diffusers_folder"]))
     prompt["2"]["inputs"].update(folder=str(edit_folder(tmp_path / "edit")), resolution=64, min_bucket_side=32,
                                  max_bucket_side=128, control_resolution=RESOLUTION)
@@ -77,9 +77,9 @@ def test_the_edit_workflow_trains_and_previews_a_21_edit_from_its_transformer_fi
 
 
 def test_the_load_edit_node_refuses_an_edit_variant_for_a_21_model(pack, tmp_path):
-    from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
+    from trainer_core.families import get_family
 
-    files21 = export_tiny_qwen_image21(tmp_path / "tiny21", layout="comfyui")
+    files21 = get_family("qwen-image-2.1").export_tiny(tmp_path / "tiny21", layout="comfyui")
     node = pack.NODE_CLASS_MAPPINGS["QwenLoRALoadEditModels"]()
     errors = pack_module(pack, "trainer_core.core.errors")
     with pytest.raises(errors.UserInputError, match="Qwen-Image 2.1, which has no Edit variants"):

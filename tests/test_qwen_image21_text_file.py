@@ -73,16 +73,16 @@ def test_a_file_of_another_model_without_its_config_is_refused(tmp_path):
 
 
 def test_the_21_load_path_reads_the_text_encoder_file_and_the_folders_vae(tmp_path):
-    from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
+    from trainer_core.families import get_family
     from trainer_core.families import get_family
     from trainer_core.families.qwen_image21.text import encode_prompt
-    from trainer_core.families.recognise import load_recognised
+    from trainer_core.families.loading import LoadRequest, load_model_set
 
-    files = export_tiny_qwen_image21(tmp_path)
+    files = get_family("qwen-image-2.1").export_tiny(tmp_path)
     tiny = get_family("qwen-image-2.1").tiny_components(storage="float32")
-    components = load_recognised(FILES, torch.device("cpu"), storage="float32", compute_dtype="float32",
+    components = load_model_set(LoadRequest(FILES, torch.device("cpu"), storage="float32", compute_dtype="float32",
                                  transformer=files["transformer_bf16"], text_encoder=files["text_encoder"],
-                                 diffusers_folder=files["diffusers_folder"])
+                                 diffusers_folder=files["diffusers_folder"]))
     rounded = {n: t.bfloat16().float() for n, t in tiny.text_encoder.state_dict().items() if not n.startswith("lm_")}
     assert components.text_encoder is None  # lazy: read when the cache misses
     components.ensure_text_encoder()

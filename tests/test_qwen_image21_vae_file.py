@@ -39,7 +39,7 @@ def vae21():
 def write(vae, path, dtype=torch.float32):
     from safetensors.torch import save_file
 
-    from trainer_core.devtools.export import public_config
+    from trainer_core.models.part_files import public_config
     from trainer_core.families.qwen_image21.vae_file import comfyui_vae_tensors
 
     tensors = comfyui_vae_tensors(vae, dtype)
@@ -72,7 +72,7 @@ def test_a_file_from_diffusers_weights_loads_back_bit_exact_and_decodes_as_diffu
     assert sorted(ours.state_dict()) == sorted(theirs)
     for name, tensor in ours.state_dict().items():
         assert torch.equal(tensor, theirs[name]), name
-    from trainer_core.devtools.export import public_config
+    from trainer_core.models.part_files import public_config
 
     assert public_config(ours.config) == public_config(vae21.config)  # (diffusers' bookkeeping keys aside)
     generator = torch.Generator().manual_seed(3)
@@ -137,17 +137,17 @@ def test_other_vae_files_are_refused_by_name(vae21, tmp_path):
 def test_export_tiny_writes_it_and_load_reads_the_vae_from_it(tmp_path):
     """`export-tiny --model qwen-image-2.1` writes the VAE file; the Load settings with it chosen read the VAE from
     the file (bf16 values, the folder's are float32), even from a folder without vae/."""
-    from trainer_core.devtools.export_qwen21 import export_tiny_qwen_image21
     from trainer_core.families import get_family
-    from trainer_core.families.recognise import load_recognised
+    from trainer_core.families import get_family
+    from trainer_core.families.loading import LoadRequest, load_model_set
     from trainer_core.models.source import FILES
 
-    written = export_tiny_qwen_image21(tmp_path, layout="comfyui")
+    written = get_family("qwen-image-2.1").export_tiny(tmp_path, layout="comfyui")
     folder = written["diffusers_folder"]
     shutil.rmtree(folder / "vae")
-    loaded = load_recognised(FILES, "cpu", storage="float32", compute_dtype="float32",
+    loaded = load_model_set(LoadRequest(FILES, "cpu", storage="float32", compute_dtype="float32",
                              transformer=str(written["transformer_bf16"]), vae=str(written["vae"]),
-                             diffusers_folder=str(folder))
+                             diffusers_folder=str(folder)))
     assert loaded.family.name == "qwen-image-2.1" and loaded.vae is None  # read when first needed
     tiny = get_family("qwen-image-2.1").tiny_components().vae.state_dict()
     got = loaded.ensure_vae().state_dict()

@@ -48,7 +48,7 @@ def test_a_random_qwen3_vl_file_is_read_back_by_the_2_1_loader(tmp_path):
     """`random_files21.write_random_qwen3_vl` (the 2.1 rehearsal's text encoder) with a small config: ComfyUI's
     scaled-fp8 layout, every language and vision-block Linear float8 with its scale, which our 2.1 loader reads to
     weights equal to float8 x scale, every other tensor bf16; `lm_head` written but not loaded."""
-    from trainer_core.devtools.random_files21 import write_random_qwen3_vl
+    from trainer_core.families.qwen_image21.random_files import write_random_qwen3_vl
     from trainer_core.families.qwen_image21.text_file import comfyui_name, load_qwen3_vl_file
     from trainer_core.families.qwen_image21.tiny import tiny_text_config
     from trainer_core.models.layouts import SCALE_WEIGHT, SCALED_FP8_MARKER
@@ -79,7 +79,7 @@ def test_random_int8_convrot_files_are_read_back_in_one_byte_by_the_2_1_loaders(
     `qwen3vl_8b_int8_convrot` / `qwen_image_2.1_int8_convrot`): every language and vision-block Linear of the text
     encoder, every block Linear of a real-width transformer block, int8 with one scale per row and its comfy_quant
     entry, kept in int8 by the loaders (the rotation where 256 divides the input features)."""
-    from trainer_core.devtools.random_files21 import write_random_qwen3_vl, write_random_transformer21
+    from trainer_core.families.qwen_image21.random_files import write_random_qwen3_vl, write_random_transformer21
     from trainer_core.families.qwen_image21.files import QwenImage21TransformerFile
     from trainer_core.families.qwen_image21.text_file import load_qwen3_vl_file
     from trainer_core.families.qwen_image21.tiny import tiny_text_config

@@ -29,8 +29,8 @@ NODE_SETTINGS = {
     "QwenLoRASave": ("SaveConfig",),
     "QwenLoRARelease": (),  # a trainer socket only
     "QwenLoRADatasetMix": (),  # dataset sockets only
-    "QwenLoRALoadEditModels": ("families.qwen_image_edit.config.EditLoadConfig",),
-    "QwenLoRAEditDataset": ("DatasetConfig", "families.qwen_image_edit.config.EditDataConfig"),
+    "QwenLoRALoadEditModels": ("EditLoadConfig",),
+    "QwenLoRAEditDataset": ("DatasetConfig", "EditDataConfig"),
     "QwenLoRAEditPreview": ("PreviewConfig",),
     "QwenLoRALayeredDataset": ("DatasetConfig",),
 }
@@ -57,7 +57,7 @@ def is_socket(spec) -> bool:
 
 
 def config_class(pack, name: str) -> type:
-    """A config class by name: in trainer_core.core.config, or 'families.qwen_image_edit.config.X' in that module of trainer_core."""
+    """A config class by name: in trainer_core.core.config, or 'package.module.X' in that module of trainer_core."""
     module, _, cls = name.rpartition(".")
     return getattr(pack_module(pack, f"trainer_core.{module or 'core.config'}"), cls)
 

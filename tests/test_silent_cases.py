@@ -219,7 +219,7 @@ def edit_folder(tmp_path):
 
 
 def edit_discover(folder):
-    from trainer_core.families.qwen_image_edit.data import discover_edit
+    from trainer_core.data.edit_dataset import discover_edit
 
     from conftest import tiny_dataset_config
 

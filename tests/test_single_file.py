@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import cached_demo
-from trainer_core.devtools.export import public_config, write_part_file
+from trainer_core.models.part_files import public_config, write_part_file
 from trainer_core.core.errors import UserInputError
 from trainer_core.families.qwen_image import build_tiny_components, load_single_files
 from trainer_core.models.float8 import FLOAT8, dequantized_state_dict, frozen_block_linears

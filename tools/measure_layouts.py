@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer_core.devtools.export import public_config, write_part_file  # noqa: E402
+from trainer_core.models.part_files import public_config, write_part_file  # noqa: E402
 from trainer_core.families.qwen_image import build_tiny_components  # noqa: E402
 from trainer_core.models.float8 import FLOAT8_MAX, FLOAT8, dequantized_state_dict, quantize_per_tensor  # noqa: E402
 from trainer_core.models.text_encoder_file import load_text_encoder_file, text_encoder_file_tensors  # noqa: E402

@@ -126,13 +126,13 @@ def main(argv=None) -> int:
     modules = ensure_playwright()
 
     from trainer_core.runs.demo import make_demo_dataset
-    from trainer_core.devtools.export import export_tiny
+    from trainer_core.families import get_family
 
     tmp = Path(tempfile.mkdtemp(prefix="qwen_lora_screens_"))
     base = tmp / "comfy_base"
     (base / "custom_nodes").mkdir(parents=True)
     (base / "custom_nodes" / "qwen_image_lora_trainer").symlink_to(REPO, target_is_directory=True)
-    files = export_tiny(base / "models", layout="comfyui")
+    files = get_family("qwen-image").export_tiny(base / "models", layout="comfyui")
     dataset = make_demo_dataset(base / "input" / "demo_dataset")
     # A fresh user without the first-start template browser, the host's template-package version warning,
     # the minimap, the canvas statistics and the pack badge over every node: nothing covers the graph.

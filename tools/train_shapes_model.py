@@ -39,7 +39,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer_core.devtools import shapes  # noqa: E402
-from trainer_core.devtools.export import public_config, write_part_file  # noqa: E402
+from trainer_core.models.part_files import public_config, write_part_file  # noqa: E402
 from trainer_core.core.files import write_bytes_atomic  # noqa: E402
 from trainer_core.models.latents import pack_latents  # noqa: E402
 from trainer_core.models.pretrained import SHIPPED_DIR, build_untrained, shipped_files  # noqa: E402

@@ -28,3 +28,10 @@ PLAN_TEXT_ENCODER_FILES = ("bf16", "fp8", "int8")
 # The LoRA target presets by name (what each holds is an architecture fact: models/qwen_arch.LORA_TARGET_PRESETS,
 # which test_layout checks against these names). Named here so the settings import no model code.
 LORA_TARGET_PRESET_NAMES = ("attention", "attention+mlp", "all")
+
+# The Load Edit node's edit_variant: "auto" (read from the file) or one of Qwen-Image-Edit's variants, which are its
+# families' names (families/qwen_image_edit/variants.py defines them; a test checks the two agree).
+EDIT_VARIANT_CHOICES = ("auto", "edit", "edit-2509", "edit-2511")
+
+# How `export-tiny` writes a tiny model: ComfyUI's single files (models/part_files.py) or a diffusers folder.
+EXPORT_LAYOUTS = ("comfyui", "diffusers")

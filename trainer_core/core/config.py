@@ -18,6 +18,7 @@ from .choices import (  # noqa: F401 (re-exported)
     ADAPTER_TYPES,
     COMPUTE_DTYPES,
     CUSTOM_FOLDER,
+    EDIT_VARIANT_CHOICES,
     LORA_LAYOUTS,
     LORA_TARGET_PRESET_NAMES,
     MODEL_SOURCES,
@@ -340,6 +341,8 @@ class TrainConfig:
 from .command_config import (  # noqa: E402, F401
     InitConfig,
     LoadConfig,
+    EditLoadConfig,
+    EditDataConfig,
     CacheConfig,
     TrainStepsConfig,
     PreviewConfig,

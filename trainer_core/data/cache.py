@@ -208,7 +208,7 @@ def build_cache(
     (held out of training) are cached the same way. `preservation`: (trigger, class word) of differential output
     preservation (CacheConfig): the class captions of the training samples with the trigger are encoded too.
     """
-    family = components.require_family("caching")  # handed by the families' loaders (this layer imports none)
+    family = components.family  # handed by the families' loaders (this layer imports none)
     cache_dir = Path(cache_dir)
     check_path_room(cache_dir, "cache folder", ENTRY_ROOM)  # (a Cache node's name is checked so by files.inside)
     training, validation = list(samples), list(validation)

@@ -10,14 +10,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import math
 import os
 import re
 import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from PIL import (
@@ -34,6 +33,7 @@ from PIL import (
 
 from ..core.config import DatasetConfig, parse_colour
 from ..core.errors import UserInputError
+from .buckets import BUCKET_STEP, bucket_sizes, choose_bucket  # noqa: F401 (re-exported)
 from .pixels import pil_to_tensor, tensor_to_pil  # noqa: F401 (re-exported: the data's users import them here)
 
 if TYPE_CHECKING:
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from .masks import SampleMask
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
-BUCKET_STEP = 32
 # Formats opened, whatever the extension says (Pillow opens by content): raster formats Pillow decodes
 # itself. Never PostScript/PDF (Pillow would hand those to Ghostscript) or other exotic plugins.
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "TIFF", "BMP")  # JPEG includes MPO (its factory opens both)
@@ -53,10 +52,14 @@ GREY_HIGH_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")  # more than 8 b
 _PLUGINS = (BmpImagePlugin, GifImagePlugin, JpegImagePlugin, PngImagePlugin, TiffImagePlugin, WebPImagePlugin)
 
 
+IMAGES = "images"  # a dataset of images and captions (the Dataset node's): `Sample.kind`
+
+
 @dataclass(frozen=True)
 class Sample:
     """One training image as found on disk (before encoding)."""
 
+    kind: ClassVar[str] = IMAGES  # the dataset convention that found it (a family's `dataset_kinds` lists its own)
     image_path: str
     caption: str
     width: int  # original size, after EXIF rotation
@@ -130,26 +133,6 @@ def validation_indices(count: int, held_out: int) -> set[int]:
     the folder rather than its last files (often the newest shots of one session)."""
     held_out = min(held_out, count)
     return {int((i + 0.5) * count / held_out) for i in range(held_out)}
-
-
-def bucket_sizes(cfg: DatasetConfig) -> list[tuple[int, int]]:
-    """All (width, height) buckets of about resolution^2 pixels within the side limits."""
-    if not cfg.enable_buckets:
-        return [(cfg.resolution, cfg.resolution)]
-    area = cfg.resolution * cfg.resolution
-    sizes = set()
-    for width in range(cfg.min_bucket_side, cfg.max_bucket_side + 1, BUCKET_STEP):
-        height = int(area / width) // BUCKET_STEP * BUCKET_STEP
-        if cfg.min_bucket_side <= height <= cfg.max_bucket_side:
-            sizes.add((width, height))
-    sizes.add((cfg.resolution, cfg.resolution))
-    return sorted(sizes)
-
-
-def choose_bucket(width: int, height: int, buckets: list[tuple[int, int]]) -> tuple[int, int]:
-    """The bucket whose aspect ratio is closest (in log space) to the image's."""
-    aspect = math.log(width / height)
-    return min(buckets, key=lambda b: (abs(math.log(b[0] / b[1]) - aspect), -b[0] * b[1]))
 
 
 def read_caption(image_path: Path, cfg: DatasetConfig) -> str:
@@ -370,7 +353,7 @@ def dataset_fields(cfg: DatasetConfig) -> dict:
 def discover(cfg: DatasetConfig, exclude=None) -> list[Sample]:
     """Find every image with its caption and bucket; the list is sorted by file name.
 
-    `exclude(path)`: images that are not training targets (an edit dataset's control images, families/qwen_image_edit/data.py)."""
+    `exclude(path)`: images that are not training targets (an edit dataset's control images, data/edit_dataset.py)."""
     if not cfg.folder.strip():
         raise UserInputError("no dataset folder given. Point it at a folder of images with .txt captions.")
     folder = Path(cfg.folder).expanduser().absolute()  # errors name the folder looked in, in full

@@ -5,6 +5,8 @@ a Qwen-Image-Edit variant (qwen_image_edit/) or Qwen-Image-Layered (qwen_image_l
 (cache, training step, memory plan, previews, demo) is written once and asks the family at these hooks, never
 the samples or the model set what they happen to carry:
 
+    what it is       name, display_name, dataset_kinds (the dataset conventions it trains on),
+                     previews_take_condition_images
     data and cache   load_dataset, check_samples, cache_conditioning (keys and encoding of targets, prompts
                      and conditions), data_settings, check_cached
     training step    patch_size, batch_group, dropped_text_key, conditions, token_grid, pack, resolution_mu,
@@ -12,7 +14,7 @@ the samples or the model set what they happen to carry:
                      target_prediction
     memory plan      planned_image_size
     previews         preview_inputs, preview_pipeline, preview_image
-    built-ins        tiny_components, demo
+    built-ins        tiny_components, demo, export_tiny
 
 Tensor shapes (text-to-image Qwen-Image; another family documents its own):
     latents      (C, h, w) per sample, normalised; a micro-batch stacks them to (B, C, h, w)
@@ -22,8 +24,8 @@ Tensor shapes (text-to-image Qwen-Image; another family documents its own):
     embedding    (L, D) prompt embedding per prompt
 (Layered: latents (C, F, h, w), the composite and its layers as frames; its grid (F, h/2, w/2).)
 
-Everything here is cheap to import (no torch at module level): the config and the CLI's parser read
-family names.
+A family's package imports what it needs at its top: nothing imports it before one of its families is asked for
+(families/registry.py), and the names the CLI and the run file read are the registry's.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import UserInputError
+from ..data.images import IMAGES
 
 # write(tensors, kind, key, what): the shared cache builder's atomic write of one entry
 # (kind "latents" or "text"; `what` names the input in an error).
@@ -102,7 +105,12 @@ class ModelFamily:
     text-to-image behaviour (no conditions, the loss over every image token)."""
 
     name: str = ""  # what the CLI's --model and a model set's family are called ("qwen-image", "edit-2511")
+    display_name: str = ""  # what messages call it ("Qwen-Image-Edit-2511")
+    dataset_kinds: tuple[str, ...] = (IMAGES,)  # the dataset conventions it trains on (`data.images.Sample.kind`)
     patch_size: int = 2  # latent cells per token side (Qwen-Image packs 2 x 2; Qwen-Image 2.1 takes 1)
+    # Whether a preview samples with condition images (the Edit Preview node's control image sockets): Edit's
+    # controls; Qwen-Image 2.1's references when its dataset has them (`takes_condition_images`).
+    previews_take_condition_images: bool = False
 
     # ----------------------------------------------------------------------------------------------
     # data and cache
@@ -116,7 +124,19 @@ class ModelFamily:
         return load_dataset(cfg)
 
     def check_samples(self, samples: list) -> None:
-        """Refuse, by file name, samples this family cannot train on (UserInputError)."""
+        """Refuse samples of a dataset convention this family does not train on, naming the families that do."""
+        other = next((s for s in samples if s.kind not in self.dataset_kinds), None)
+        if other is not None:
+            from .registry import family_names, get_family
+
+            takers = [f.display_name for f in map(get_family, family_names()) if other.kind in f.dataset_kinds]
+            raise UserInputError(f"the loaded model is {self.display_name}, but this dataset is {_a(other.kind)} "
+                                 f"{other.kind} dataset: load a model that trains on {other.kind} datasets "
+                                 f"({', '.join(takers) or 'none is registered'}).")
+
+    def takes_condition_images(self, dataset) -> bool:
+        """Whether a preview of a run on `dataset` (a cache.CachedDataset) samples with condition images."""
+        return self.previews_take_condition_images
 
     def data_settings(self, dataset) -> Any:
         """The family's data settings of a loaded `data.Dataset` (for `cache.build_cache`), or None."""
@@ -129,7 +149,7 @@ class ModelFamily:
     def check_cached(self, dataset) -> None:
         """Refuse a cached dataset that another kind of family made (its prompts were encoded without, or
         with, the conditions this family trains on). Variants of one kind share their caches' meaning."""
-        from . import get_family
+        from .registry import get_family
 
         made_by = get_family(dataset.family)
         if type(made_by) is not type(self):
@@ -204,7 +224,8 @@ class ModelFamily:
     # memory plan
 
     def planned_image_size(self, dataset) -> tuple[int, int]:
-        """(width, height) px the memory plan plans the image sequence at: the largest bucket."""
+        """(width, height) px the memory plan plans the image sequence at: the largest bucket (a family whose
+        conditions are image tokens too: `conditioned_image_size`)."""
         return max((s.bucket for s in dataset.samples), key=lambda b: b[0] * b[1])
 
     def planned_vision_sizes(self, dataset) -> tuple[tuple[int, int], ...]:
@@ -243,5 +264,35 @@ class ModelFamily:
         """The built-in demo's data and names (`python -m trainer_core demo --model <name>`)."""
         raise NotImplementedError
 
+    def export_tiny(self, folder, layout: str = "comfyui", seed: int = 0, name: str | None = None) -> dict:
+        """The tiny model set (`tiny_components(seed)`) written as ComfyUI's single files, named as ComfyUI's own are,
+        or a diffusers folder (`python -m trainer_core export-tiny --model <name>`): {what: path}. `name`: the name it
+        was asked by (a registered alias names the files its own way)."""
+        raise NotImplementedError
+
     def __repr__(self) -> str:
         return f"<model family {self.name}>"
+
+
+def _a(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+# -- the memory plan of a family whose condition images are image tokens beside the target's (Edit's controls, 2.1's
+# references): they lengthen the image sequence as much as target tokens do.
+
+def conditioned_image_size(dataset) -> tuple[int, int]:
+    """(width, height) px to plan a cached dataset at: the largest sample's target with its condition images' pixels
+    added as extra rows (a taller target of the same token count), rounded up to the 32 px bucket grid."""
+    largest = largest_conditioned_sample(dataset)
+    width = largest.bucket[0]
+    return width, -(-_conditioned_area(largest) // (width * 32)) * 32
+
+
+def largest_conditioned_sample(dataset):
+    """The cached sample the plan plans: the most pixels, its target and condition images together."""
+    return max(dataset.samples, key=_conditioned_area)
+
+
+def _conditioned_area(s) -> int:
+    return s.bucket[0] * s.bucket[1] + sum(w * h for w, h in s.condition_sizes)

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.errors import UserInputError
 from ..core.host_memory import give_back_freed_memory
 
 
@@ -50,12 +49,11 @@ class QwenImageComponents:
     scheduler_config: dict[str, Any]
     compute_dtype: torch.dtype
     device: torch.device
+    # What the model set is (families/base.ModelFamily): the engine asks it what differs between families. The
+    # loaders of this package read Qwen-Image's files and know no family: the families' loaders hand them theirs.
+    family: Any
     name: str = "qwen-image"
     storage: str = "float8"
-    # What the model set is (families/base.ModelFamily): the engine asks it what differs between families.
-    # The loaders of this package read Qwen-Image's files and know no family (None); the loaders of
-    # trainer_core.families hand it (`require_family` refuses a model set without one).
-    family: Any = None
     # Re-creates (text_encoder, tokenizer) after `release_text_encoder`, for a later cache run that
     # meets a new caption; None when the source cannot be read again.
     text_encoder_loader: Callable[[], tuple[nn.Module, Any]] | None = field(default=None, repr=False)
@@ -77,16 +75,6 @@ class QwenImageComponents:
     _fingerprints: dict[str, str] = field(default_factory=dict, repr=False)
     # The trainer whose adapter is in the transformer now (a weak reference; see Trainer._claim_model_set).
     trainer_ref: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
-
-    def require_family(self, where: str) -> Any:
-        """The family, or a clear refusal when the model set came straight from this package's loaders."""
-        if self.family is None:
-            raise UserInputError(
-                f"{where}: the model set {self.name!r} has no family (it was loaded by trainer_core.models, whose "
-                "loaders know none). Load it through trainer_core.families: the Load settings with "
-                "families.recognise.load_recognised, text-to-image with families.qwen_image (load_single_files, "
-                "load_diffusers_dir, build_tiny_components, load_model_set), Edit and Layered with their loaders.")
-        return self.family
 
     @property
     def block_storage(self) -> str:

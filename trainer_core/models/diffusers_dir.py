@@ -93,8 +93,11 @@ def load_diffusers_dir(
     storage: str = "float8",
     compute_dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
+    *,
+    family,
 ) -> QwenImageComponents:
-    """Load all parts from `path`. The transformer stays on the CPU; the trainer places its blocks."""
+    """Load all parts from `path`, a model set of `family`. The transformer stays on the CPU; the trainer places its
+    blocks."""
     from diffusers import AutoencoderKLQwenImage
     from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -139,8 +142,8 @@ def load_diffusers_dir(
                  else dict(QWEN_IMAGE_SCHEDULER_CONFIG))
     return QwenImageComponents(
         transformer=transformer, vae=vae, text_encoder=text_encoder.to(device), tokenizer=tokenizer,
-        scheduler_config=scheduler, compute_dtype=compute_dtype, device=device, name=root.name, storage=storage,
-        text_encoder_loader=load_text_encoder,
+        scheduler_config=scheduler, compute_dtype=compute_dtype, device=device, family=family, name=root.name,
+        storage=storage, text_encoder_loader=load_text_encoder,
     )
 
 

@@ -61,8 +61,9 @@ def have_shipped_model(root: str | Path = SHIPPED_DIR) -> bool:
 
 
 def load_shapes_model(storage: str = "float8", compute_dtype: torch.dtype = torch.float32,
-                      device: str | torch.device = "cpu", root: str | Path = SHIPPED_DIR) -> QwenImageComponents:
-    """The shipped model as a (lazy) model set, read by the loader of ComfyUI's own files."""
+                      device: str | torch.device = "cpu", root: str | Path = SHIPPED_DIR, *,
+                      family) -> QwenImageComponents:
+    """The shipped model as a (lazy) model set of `family`, read by the loader of ComfyUI's own files."""
     from ..core.errors import UserInputError
     from .single_file import load_single_files
 
@@ -73,7 +74,7 @@ def load_shapes_model(storage: str = "float8", compute_dtype: torch.dtype = torc
             "`python tools/train_shapes_model.py`, or choose the tiny test model.")
     components = load_single_files(files["transformer"], files["text_encoder"], files["vae"],
                                    tokenizer_dir=files["tokenizer"], storage=storage, compute_dtype=compute_dtype,
-                                   device=device, text_encoder_fp8="dequantize")
+                                   device=device, text_encoder_fp8="dequantize", family=family)
     components.name = NAME
     return components
 

@@ -80,6 +80,8 @@ def load_single_files(
     text_encoder_fp8: str = "dequantize",
     vision: bool = False,
     extra_config: dict | None = None,
+    *,
+    family,
 ) -> QwenImageComponents:
     """A lazy model set over three files and a tokenizer folder (see tokenizer.py for where it is looked for).
 
@@ -90,8 +92,8 @@ def load_single_files(
     while loading or "keep" its float8 weights (the cache keys name it); the Load settings' "auto" is decided
     before this by `planner.resolve_text_encoder_fp8`, and refused here. For Qwen-Image-Edit
     (families/qwen_image_edit/files.py): `vision` loads the encoder's vision tower, `extra_config` adds
-    transformer config values no tensor tells. The model set has no family: the families' loaders hand it one
-    (text-to-image: `families.qwen_image.load_single_files`).
+    transformer config values no tensor tells. `family`: the family the caller (a loader of families/) says
+    the files are.
     """
     check_fp8_mode(text_encoder_fp8)
     vocab_rows = check_files_fit(transformer, text_encoder, vae)
@@ -114,7 +116,7 @@ def load_single_files(
 
     components = QwenImageComponents(
         transformer=None, vae=None, text_encoder=None, tokenizer=None,
-        scheduler_config=dict(QWEN_IMAGE_SCHEDULER_CONFIG), compute_dtype=compute_dtype, device=device,
+        scheduler_config=dict(QWEN_IMAGE_SCHEDULER_CONFIG), compute_dtype=compute_dtype, device=device, family=family,
         name=Path(transformer).stem, storage=storage, text_encoder_loader=load_text_encoder,
         vae_loader=vae_source, transformer_source=transformer_source, _fingerprints=identities,
     )

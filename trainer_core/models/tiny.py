@@ -84,8 +84,10 @@ def build_tiny_components(
     storage: str = "float32",
     compute_dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    *,
+    family,
 ) -> QwenImageComponents:
-    """Tiny transformer + VAE + text encoder + tokenizer, random weights from `seed`."""
+    """Tiny transformer + VAE + text encoder + tokenizer, random weights from `seed`, a model set of `family`."""
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
 
     with torch.random.fork_rng(devices=[]):
@@ -103,7 +105,7 @@ def build_tiny_components(
     text_encoder, tokenizer = build_tiny_text_encoder(seed + 2, compute_dtype)
     return QwenImageComponents(
         transformer=transformer, vae=vae, text_encoder=text_encoder.to(device), tokenizer=tokenizer,
-        scheduler_config=dict(QWEN_IMAGE_SCHEDULER_CONFIG), compute_dtype=compute_dtype, device=device,
+        scheduler_config=dict(QWEN_IMAGE_SCHEDULER_CONFIG), compute_dtype=compute_dtype, device=device, family=family,
         name=f"tiny-qwen-image-seed{seed}", storage=storage,
         text_encoder_loader=lambda: build_tiny_text_encoder(seed + 2, compute_dtype),
     )

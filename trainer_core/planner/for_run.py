@@ -36,7 +36,7 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
                    blocks_to_swap: int = 0) -> PlanInputs:
     """Plan inputs for training `components` on a cached dataset: its largest image sequence (the family's
     term: the largest bucket, with Edit's control tokens) and its longest caption."""
-    family = components.require_family("the memory plan")
+    family = components.family
     width, height = family.planned_image_size(dataset)  # Edit: with its control tokens' rows
     text_tokens = max(dataset.embedding(s.text_key).shape[0] for s in dataset.samples)
     # The references of the sample planned_image_size plans (the largest area): 2.1's caching and preview terms.

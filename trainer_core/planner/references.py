@@ -52,7 +52,7 @@ def reference_size(resolution: int) -> tuple[int, int]:
 
 def with_references(inputs, count: int, resolution: int = 0):
     """`inputs` (a PlanInputs of the target's size) with `count` square references sized at `resolution`: their
-    latent rows added to the height as `qwen_image_edit.objective.planned_image_size` adds them for a run."""
+    latent rows added to the height as `families.base.conditioned_image_size` adds them for a run."""
     if count == 0:
         return inputs
     sizes = (reference_size(resolution),) * count

@@ -18,7 +18,7 @@ from .cli_args import (
     config_arg,
     existing_path,
 )
-from .cli_demo import DEMO_MODELS, LAYERED, QWEN_IMAGE21, SHAPES_MODEL, add_demo_parser, cmd_demo  # noqa: F401 (re-exported)
+from .cli_demo import DEMO_MODELS, SHAPES_MODEL, add_demo_parser, cmd_demo  # noqa: F401 (re-exported)
 
 
 def _quiet_libraries() -> None:
@@ -96,24 +96,11 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
     from safetensors import SafetensorError
 
     from ..core.files import os_error, write_error
-    from ..devtools.export import export_tiny
+    from ..families import get_family
 
     check_writable_folder(args.dir, "dir")
-    try:
-        if args.model == QWEN_IMAGE21:
-            from ..devtools.export_qwen21 import export_tiny_qwen_image21
-
-            written = export_tiny_qwen_image21(args.dir, layout=args.layout, seed=args.seed)
-        elif args.model == LAYERED:
-            from ..devtools.export import export_tiny_layered
-
-            written = export_tiny_layered(args.dir, layout=args.layout, seed=args.seed)
-        elif args.model.startswith("edit"):  # a tiny Qwen-Image-Edit of that variant
-            from ..devtools.export import export_tiny_edit
-
-            written = export_tiny_edit(args.dir, variant=args.model, layout=args.layout, seed=args.seed)
-        else:  # qwen-image, or the same files named as Qwen-Image-2512's
-            written = export_tiny(args.dir, layout=args.layout, seed=args.seed, model=args.model)
+    try:  # the family's own files (its hook), named as ComfyUI names that model's
+        written = get_family(args.model).export_tiny(args.dir, layout=args.layout, seed=args.seed, name=args.model)
     except (OSError, SafetensorError) as e:
         if os_error(e) is None:
             raise
@@ -266,18 +253,17 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export-tiny", help="write the tiny test model as ComfyUI single files (every format, "
                                                 "with config JSONs and the tokenizer) or as a diffusers folder")
     export.add_argument("dir", help="output folder")
-    from ..devtools.export import EXPORT_LAYOUTS
+    from ..core.choices import EXPORT_LAYOUTS
+    from ..families import DEFAULT, family_names
 
     export.add_argument("--layout", choices=EXPORT_LAYOUTS, default=EXPORT_LAYOUTS[0],
                         help=f"ComfyUI single files or a diffusers folder (default: {EXPORT_LAYOUTS[0]})")
     export.add_argument("--seed", **config_arg(TrainConfig, "seed", default=0, help="seed of the random weights"))
-    tiny_models = tuple(m for m in DEMO_MODELS if m not in (SHAPES_MODEL, "edit-auto"))  # the shapes model ships
-    export.add_argument("--model", choices=(tiny_models[0], "qwen-image-2512", *tiny_models[1:]),
-                        default=tiny_models[0],
-                        help="qwen-image (qwen-image-2512: the same files named as ComfyUI's Qwen-Image-2512 "
-                             "release), a tiny Qwen-Image-Edit variant (Edit-2511's transformer files carry "
-                             "ComfyUI's marker key), qwen-image-2.1 (transformer files with the MLP fused and "
-                             "split, the other parts as a diffusers folder), or qwen-image-layered (its RGBA VAE, "
+    export.add_argument("--model", choices=family_names(aliases=True), default=DEFAULT,
+                        help="a model family's tiny model: qwen-image (qwen-image-2512: the same files named as "
+                             "ComfyUI's Qwen-Image-2512 release), a Qwen-Image-Edit variant (Edit-2511's transformer "
+                             "files carry ComfyUI's marker key), qwen-image-2.1 (transformer files with the MLP fused "
+                             "and split, the other parts as a diffusers folder), or qwen-image-layered (its RGBA VAE, "
                              "and the transformer's addition_t_embedding by which ComfyUI knows Layered)")
     export.set_defaults(func=cmd_export_tiny)
 
@@ -332,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "the machine's host RAM, with one shared host copy of the frozen weights, and per GPU")
     plan.add_argument("--preview-size", **config_arg(PlanConfig, "preview_size"))
     plan.add_argument("--references", **config_arg(PlanConfig, "references"))
-    from ..families.qwen_image_edit.config import EditDataConfig
+    from ..core.config import EditDataConfig
 
     plan.add_argument("--control-resolution", **config_arg(EditDataConfig, "control_resolution"))
     plan.set_defaults(func=cmd_plan)

@@ -23,11 +23,13 @@ from PIL import Image
 
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
 from ..core.files import remove_leftovers, write_bytes_atomic, write_error
-from ..families.base import DemoSpec
 from ..data.cache import build_cache
-from ..families import get_family
-from ..families.qwen_image import COLOURS, PREVIEW_PROMPT, SHAPES, make_demo_dataset  # noqa: F401 (the demo's data)
+from ..data.demo_shapes import COLOURS, PREVIEW_PROMPT, SHAPES, make_demo_dataset  # noqa: F401 (the demo's data)
+from ..families import DEFAULT, get_family
+from ..families.base import DemoSpec
+from ..families.loading import LoadRequest, load_model_set
 from ..models.components import QwenImageComponents
+from ..models.source import SHAPES as SHAPES_SOURCE
 from ..models.pretrained import NAME as SHAPES_MODEL  # the shipped small pretrained model
 from ..training import checkpoint
 from ..training.plot import loss_plot
@@ -71,16 +73,14 @@ class DemoResult:
 
 def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = False, log=print,
              components: QwenImageComponents | None = None, blocks_to_swap: int | str = 1,
-             model: str = "qwen-image") -> DemoResult:
+             model: str = DEFAULT) -> DemoResult:
     """Train to `steps` total steps on the family's built-in dataset; with `resume`, continue from the
     checkpoint in `out` first. `components` default to the tiny model of the family `model` (float8 blocks), or
     the shipped shapes model for SHAPES_MODEL; given, their own family decides. `blocks_to_swap` may be 'auto'.
     The run goes through the same recipe as the nodes (`runs.open_run`) and is released at the end."""
     if model == SHAPES_MODEL and components is None:
-        from ..families.qwen_image import load_shapes_model
-
-        components = load_shapes_model(storage="float8", compute_dtype=torch.float32)
-    family = components.require_family("the demo") if components is not None else get_family(model)
+        components = load_model_set(LoadRequest(SHAPES_SOURCE, "cpu", storage="float8", compute_dtype="float32"))
+    family = components.family if components is not None else get_family(model)
     spec = shapes_demo() if model == SHAPES_MODEL else family.demo()
     out = Path(out)
     run_dir = out / "run"

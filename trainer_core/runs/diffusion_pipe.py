@@ -40,7 +40,8 @@ from .diffusion_pipe_fields import (
     shift_text,
 )
 from .diffusion_pipe_kinds import check_kind
-from .run_file import KEYS, render, toml_value
+from .run_file import KEYS
+from .run_file_toml import render, toml_value
 
 
 @dataclass

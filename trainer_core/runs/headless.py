@@ -40,8 +40,7 @@ from ..core.names import require_step
 from ..data.cache import CachedDataset, build_cache
 from ..data.mixture import combined, data_settings, mix
 from ..families.comfyui_files import known_file
-from ..families.qwen_image_edit.files import load_edit_model_set
-from ..families.recognise import load_recognised
+from ..families.loading import LoadRequest, load_model_set
 from ..training import Every, StepExtras, StepReport, Trainer, every
 from ..training.distributed import Replicas, lost_peer, lost_peer_message
 from ..training.idle_settings import unused_preservation
@@ -107,15 +106,15 @@ def train_run(run: RunFile, replicas: Replicas, config_text: str = "", steps: in
     lora_output_path(run_dir, run.save.filename, run.train.run_name, 0)  # a bad name fails before any work
     if run.steps_cfg.snapshot_every or run.headless.snapshot_every_epochs:  # named by filename: {step}, or overwritten
         require_step(run.save.filename, f"{run.where}: [output] filename", "[output] snapshot_every(_epochs)")
-    # The family from the files: Layered and 2.1 say so in their transformers (2.1: the rest from its folder); an
-    # Edit model where [edit] says so (the Load Edit node's loader: the variant, the text encoder's vision tower;
-    # 2.1 files or folder load as 2.1, and its family reads the datasets as edit datasets).
-    load = load_edit_model_set if run.edit is not None else load_recognised
-    extra = {"variant": run.edit.variant} if run.edit is not None else {}
-    components = load(run.load.source, replicas.device, storage=run.load.storage,
-                      compute_dtype=run.load.compute_dtype, transformer=run.load.transformer,
-                      text_encoder=run.load.text_encoder, vae=run.load.vae, tokenizer=run.headless.tokenizer or None,
-                      diffusers_folder=run.load.diffusers_folder, text_encoder_fp8=run.load.text_encoder_fp8, **extra)
+    # The family from the files (families/loading.py): Layered and 2.1 say so in their transformers (2.1: the rest
+    # from its folder); with [edit] the run loads as the Load Edit node does (an Edit variant, or 2.1, which reads
+    # its datasets as edit datasets then).
+    components = load_model_set(LoadRequest(
+        run.load.source, replicas.device, storage=run.load.storage, compute_dtype=run.load.compute_dtype,
+        transformer=run.load.transformer, text_encoder=run.load.text_encoder, vae=run.load.vae,
+        tokenizer=run.headless.tokenizer or None, diffusers_folder=run.load.diffusers_folder,
+        text_encoder_fp8=run.load.text_encoder_fp8, edit=run.edit is not None,
+        edit_variant=run.edit.variant if run.edit is not None else "auto"))
     known = known_file(run.load.transformer) if run.load.transformer else None  # a file ComfyUI's templates name
     say(f"model: {components.name} ({components.num_blocks} blocks, {components.block_storage} blocks, compute "
         f"{str(components.compute_dtype).removeprefix('torch.')}, {components.device})"

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,8 @@ from ..core.config import (
     NO_LORA,
     CacheConfig,
     DatasetConfig,
+    EditDataConfig,
+    EditLoadConfig,
     HeadlessConfig,
     InitConfig,
     LoadConfig,
@@ -52,7 +53,6 @@ from ..core.config import (
     parse_blocks_to_swap,
 )
 from ..core.errors import MissingPath, UserInputError
-from ..families.qwen_image_edit.config import EditDataConfig, EditLoadConfig, EditRun
 
 _FIELD_DEFAULT = object()  # Key.shown when the template shows the field's own default
 # [model] source: the Load node's choices, or a short name for each.
@@ -167,6 +167,14 @@ KEYS = (
     Key("edit", "control_resolution", EditDataConfig, "control_resolution"),
 )
 _KEYS = {(k.table, k.name): k for k in KEYS}
+
+
+@dataclass(frozen=True)
+class EditRun:
+    """The [edit] table: the Load Edit node's variant and the Edit Dataset node's settings."""
+
+    variant: str
+    data: EditDataConfig
 
 
 @dataclass
@@ -361,14 +369,10 @@ def _model(settings: dict[str, Any], where: str) -> LoadConfig:
                 f"{where}: [model] says no model: set source = \"tiny\" (the built-in test model), diffusers_folder, "
                 "or transformer, text_encoder and vae (model files).")
     settings["source"] = source
-    if source == SOURCE_NAMES["files"] and settings["transformer"]:
-        from ..families.recognise import is_qwen_image21_file
-
-        if is_qwen_image21_file(settings["transformer"]):  # 2.1: VAE (and text encoder unless set) from its folder
-            files = ("transformer",) + (("text_encoder",) if settings["text_encoder"] else ())
-            if not Path(settings.get("diffusers_folder") or ".").is_dir():
-                raise MissingPath(f"{where}: [model] transformer is Qwen-Image 2.1: set diffusers_folder to the "
-                                     "diffusers Qwen-Image 2.1 folder its text encoder, VAE and processor come from.")
+    if source == SOURCE_NAMES["files"] and settings.get("diffusers_folder"):
+        # A family whose files name a folder for their other parts (2.1: its processor, and the text encoder and
+        # VAE when their files are left out) reads the folder; the family's loader says what it still needs.
+        files = ("transformer",) + tuple(name for name in ("text_encoder", "vae") if settings[name])
     if source == SOURCE_NAMES["files"]:
         missing = [name for name in files if not settings[name]]
         if missing:
@@ -377,7 +381,8 @@ def _model(settings: dict[str, Any], where: str) -> LoadConfig:
         for name in files:
             if not Path(settings[name]).is_file():
                 raise MissingPath(f"{where}: [model] {name} = {settings[name]!r} is not a file: check the path.")
-    if source == SOURCE_NAMES["diffusers"] and not Path(settings.get("diffusers_folder") or ".").is_dir():
+    if (source == SOURCE_NAMES["diffusers"] or settings.get("diffusers_folder")) and \
+            not Path(settings.get("diffusers_folder") or ".").is_dir():
         raise MissingPath(f"{where}: [model] diffusers_folder = {settings.get('diffusers_folder', '')!r} is not a "
                              "folder: check the path, or set it.")
     return LoadConfig(**settings)
@@ -401,49 +406,3 @@ def _datasets(entries: Any, base: Path, where: str) -> list[DatasetConfig]:
         except UserInputError as e:
             raise UserInputError(f"{label}: {e}") from None
     return datasets
-
-
-# --------------------------------------------------------------------------------------------------
-# writing TOML
-
-def toml_value(value: Any) -> str:
-    """`value` (a string, number, bool or list of them) as TOML."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, str):
-        # JSON's string escapes are TOML basic-string escapes; TOML also wants DEL escaped.
-        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    raise TypeError(f"no TOML form for {type(value).__name__}")
-
-
-def render(data: dict[str, Any], comments: dict[tuple, str] | None = None, header: str = "") -> str:
-    """Run-file tables as TOML text, in the order of TABLES. `comments[(table, key)]` (for a dataset entry:
-    `("dataset", index, key)`) is written after that key's value; `header` lines go first, as comments."""
-    comments = comments or {}
-    lines = [f"# {line}".rstrip() for line in header.splitlines()]
-
-    def block(title: str, table: dict[str, Any], where: tuple) -> None:
-        if lines:
-            lines.append("")
-        lines.append(title)
-        for name, value in table.items():
-            note = comments.get((*where, name))
-            lines.append(f"{name} = {toml_value(value)}" + (f"  # {note}" if note else ""))
-
-    for table in TABLES:
-        if table not in data:
-            continue
-        if table == "dataset":
-            for i, entry in enumerate(data[table]):
-                block("[[dataset]]", entry, ("dataset", i))
-        else:
-            block(f"[{table}]", data[table], (table,))
-    return "\n".join(lines) + "\n"

@@ -7,7 +7,8 @@ import textwrap
 from typing import Any
 
 from ..core.config import NO_LORA, InitConfig, TrainConfig, field_meta
-from .run_file import KEYS, SOURCE_NAMES, TABLES, Key, toml_value
+from .run_file import KEYS, SOURCE_NAMES, TABLES, Key
+from .run_file_toml import toml_value
 
 OPT_IN_TABLES = ("edit",)  # [edit] makes the run a Qwen-Image-Edit one
 

@@ -32,8 +32,7 @@ from .step import FlowMatchingStep
 
 def check_inputs(components, dataset, train) -> None:
     """What the Trainer refuses before it builds anything: settings that do not fit the model, an empty cached
-    dataset or one no step could learn from, preservation without the class captions it needs (preservation.py), a model set without a family."""
-    components.require_family("the Trainer")
+    dataset or one no step could learn from, preservation without the class captions it needs (preservation.py)."""
     train.check_model(num_blocks=components.num_blocks)
     if not dataset.samples:
         raise UserInputError("the cached dataset has no samples: check the Dataset node's folder.")

@@ -2,10 +2,10 @@
 `QwenImage21Pipeline`; transformers' Qwen3-VL): an instance of the seam, not a fork of Qwen-Image's code.
 
 It differs from Qwen-Image in almost every part: single-stream blocks with one shared modulation and a SwiGLU
-MLP (models/qwen21_arch.py), 64 latent channels taken one cell per token (patch 1), a 16x RGBA VAE, a
+MLP (arch.py), 64 latent channels taken one cell per token (patch 1), a 16x RGBA VAE, a
 Qwen3-VL text encoder whose last hidden states before the final norm are the prompt embedding, and a
 transformer whose output covers the joint text + image sequence. It trains text-to-image, and reference-image
-editing when its dataset is an edit dataset (qwen_image_edit/data.py's convention; the controls are its references).
+editing when its dataset is an edit dataset (data/edit_dataset.py's convention; the controls are its references).
 
 Modules, one concern each:
     family.py     the family's hooks (families/base.py)
@@ -19,5 +19,13 @@ Modules, one concern each:
     text_file.py  ComfyUI's single Qwen3-VL-8B text encoder file: reader and writer
     folder.py     a diffusers folder (optionally with the transformer from files.py): loader and writer
     tiny.py       the tiny model set (random weights) for tests and the demo
-    recognise.py  whether Load settings name 2.1 (its transformer file, its folder), and its model set from them
+    recognise.py  whether a Load request names 2.1 (its transformer file, its folder), and its model set from it
+
+    FAMILIES   {"qwen-image-2.1": QWEN_IMAGE21}
+    load       a Load (or Load Edit) request that names a 2.1 file or folder (families/loading.py)
 """
+
+from __future__ import annotations
+
+from .family import FAMILIES  # noqa: F401
+from .recognise import load  # noqa: F401

@@ -1,7 +1,7 @@
 """Qwen-Image 2.1's part of the shared cache (`cache.build_cache`): prompts alone, or with reference images.
 
 A sample of a text-to-image dataset has its prompts encoded alone (`text.encode_prompt`, keyed by
-`family.text_key`, as before). A sample of an edit dataset (qwen_image_edit/data.py's convention: a target, its
+`text_key`, as before). A sample of an edit dataset (data/edit_dataset.py's convention: a target, its
 caption and 1 to 3 control images, here the references) has each prompt encoded *with* its references as the
 pipeline does (references.py), cached as {"embedding": (L, D), "image_slots": (L,) bool}, and each reference's
 latents (C, h_i, w_i). Caption dropout keeps the references (the empty caption is encoded with them), as for Edit.
@@ -23,8 +23,11 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ...data.cache import CACHE_VERSION
-from ...data.images import open_image
+from ...data.cache import CACHE_VERSION, latent_key
+from ...data.edit_dataset import EditSample
+from ...data.images import load_cropped, open_image
+from ...data.pixels import tensor_to_pil
+from ...models.latents import encode_images
 from ..base import CacheConditioning
 from .references import (
     check_reference_size,
@@ -33,6 +36,9 @@ from .references import (
     prepare_reference,
     reference_pipeline,
 )
+from .text import encode_prompt
+
+NAME = "qwen-image-2.1"  # the family's name: part of its cache keys
 
 # Bump when the way references or image-conditioned prompts are made changes.
 REFERENCE_CACHE_VERSION = "1"
@@ -40,17 +46,19 @@ REFERENCE_CACHE_VERSION = "1"
 TARGET_RECIPE = "qwen-image-2.1-pipeline-preprocess-1"
 
 
-def reference_key(control, size: tuple[int, int], vae_fingerprint: str) -> str:
-    from .family import NAME
+def text_key(prompt: str, text_fingerprint: str) -> str:
+    """Cache key of a prompt embedding: the family (its template is the pipeline's), the encoder, the text."""
+    parts = (CACHE_VERSION, NAME, text_fingerprint, prompt)
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
+
+def reference_key(control, size: tuple[int, int], vae_fingerprint: str) -> str:
     parts = (CACHE_VERSION, REFERENCE_CACHE_VERSION, NAME, "reference", control.sha256, control.decode,
              f"{size[0]}x{size[1]}", vae_fingerprint)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
 def referenced_text_key(prompt: str, controls, sizes: list[tuple[int, int]], text_fingerprint: str) -> str:
-    from .family import NAME
-
     images = [f"{c.sha256}:{c.decode}:{w}x{h}" for c, (w, h) in zip(controls, sizes)]
     parts = (CACHE_VERSION, REFERENCE_CACHE_VERSION, NAME, "prompt", text_fingerprint, *images, prompt)
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
@@ -58,8 +66,6 @@ def referenced_text_key(prompt: str, controls, sizes: list[tuple[int, int]], tex
 
 def references_of(sample) -> tuple:
     """A sample's reference images (an edit sample's controls), () for a text-to-image sample or None."""
-    from ..qwen_image_edit.data import EditSample
-
     return sample.controls if isinstance(sample, EditSample) else ()
 
 
@@ -80,15 +86,9 @@ class Conditioning21(CacheConditioning):
         return self.sizes[sample.image_path]
 
     def target_key(self, sample, vae_fingerprint: str) -> str:
-        from ...data.cache import latent_key
-
         return hashlib.sha256(f"{latent_key(sample, vae_fingerprint)}|{TARGET_RECIPE}".encode()).hexdigest()[:32]
 
     def encode_target(self, sample):
-        from ...data.images import load_cropped
-        from ...data.pixels import tensor_to_pil
-        from ...models.latents import encode_images
-
         crop = tensor_to_pil(load_cropped(sample.image_path, sample.bucket, sample.background,
                                           sample.allow_large_images))  # exact: the crop's 8-bit values
         w, h = sample.bucket
@@ -101,8 +101,6 @@ class Conditioning21(CacheConditioning):
         return self._pipe
 
     def text_key(self, prompt: str, sample) -> str:
-        from .family import text_key
-
         controls = references_of(sample)
         if not controls:
             return text_key(prompt, self.text_fingerprint)
@@ -134,8 +132,6 @@ class Conditioning21(CacheConditioning):
             write({"latents": latents}, "latents", key, f"reference image {Path(c.path).name}")
 
     def encode_prompts(self, jobs: dict, write) -> None:
-        from .text import encode_prompt
-
         pipe = None
         for key, (prompt, s) in jobs.items():
             controls = references_of(s)

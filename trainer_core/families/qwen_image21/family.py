@@ -1,7 +1,7 @@
 """Qwen-Image 2.1 as a model family: what differs from Qwen-Image, behind the seam's hooks.
 
 A sample is a target image and its caption (a text-to-image dataset), or a target, its caption and 1 to 3
-reference images (an edit dataset, qwen_image_edit/data.py's convention: the controls are the references).
+reference images (an edit dataset, data/edit_dataset.py's convention: the controls are the references).
 One model set trains either: it trains reference-image editing when its dataset has reference images. What
 the pinned `QwenImage21Pipeline` feeds its transformer, and so what training feeds it (objective.py):
     hidden_states          [reference tokens | noisy target tokens], one token per latent cell (B, M + N, C)
@@ -17,24 +17,23 @@ image slots (L,) when seen with references; reference latents (C, h_i, w_i).
 
 from __future__ import annotations
 
-import hashlib
+import torch
 
-from ...core.errors import UserInputError
-from ..base import CacheConditioning, DemoSpec, ModelFamily
-
-NAME = "qwen-image-2.1"
-
-
-def text_key(prompt: str, text_fingerprint: str) -> str:
-    """Cache key of a prompt embedding: the family (its template is the pipeline's), the encoder, the text."""
-    from ...data.cache import CACHE_VERSION
-
-    parts = (CACHE_VERSION, NAME, text_fingerprint, prompt)
-    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+from ...data.demo_shapes import PREVIEW_PROMPT, demo_samples
+from ...data.edit_dataset import EDIT, EditDataset, load_edit_dataset
+from ...data.images import IMAGES
+from ..base import CacheConditioning, DemoSpec, ModelFamily, conditioned_image_size
+from .conditioning import NAME, Conditioning21
+from .export import export_tiny_qwen_image21
+from .objective import transformer_kwargs
+from .sampling import preview_inputs, preview_pipeline
+from .tiny import build_tiny_qwen_image21_set
 
 
 class QwenImage21(ModelFamily):
     name = NAME
+    display_name = "Qwen-Image 2.1"
+    dataset_kinds = (IMAGES, EDIT)  # text-to-image, or editing with the controls as its references
     patch_size = 1  # the transformer takes latent cells unpacked (its config's patch_size 1)
 
     # data and cache
@@ -44,25 +43,12 @@ class QwenImage21(ModelFamily):
         Dataset node finds it (the controls are the references), else a text-to-image one, as the Dataset node."""
         if settings is None:
             return super().load_dataset(cfg)
-        from ..qwen_image_edit.data import load_edit_dataset
-
         return load_edit_dataset(cfg, settings)
 
-    def check_samples(self, samples) -> None:
-        from ..qwen_image_layered.data import LayeredSample
-
-        if any(isinstance(s, LayeredSample) for s in samples):
-            raise UserInputError("the loaded model is Qwen-Image 2.1, but this dataset is a layered dataset: load a "
-                                 "Qwen-Image-Layered transformer (qwen_image_layered_bf16.safetensors).")
-
     def data_settings(self, dataset):
-        from ..qwen_image_edit.data import EditDataset
-
         return dataset.edit if isinstance(dataset, EditDataset) else None
 
     def cache_conditioning(self, components, samples, settings) -> CacheConditioning:
-        from .conditioning import Conditioning21
-
         self.check_samples(samples)
         return Conditioning21(components, samples, getattr(settings, "control_resolution", 0) or 0)
 
@@ -83,8 +69,6 @@ class QwenImage21(ModelFamily):
         return [[dataset.latents(k).float() for k in s.condition_keys] for s in samples]
 
     def transformer_kwargs(self, hidden, grid, conditions, text, text_mask, text_keys=None, dataset=None):
-        from .objective import transformer_kwargs
-
         slots = None
         if conditions:
             if text_keys is None or dataset is None:
@@ -98,38 +82,34 @@ class QwenImage21(ModelFamily):
     # memory plan
 
     def planned_image_size(self, dataset):
-        from ..qwen_image_edit.objective import planned_image_size
-
-        return planned_image_size(dataset)  # reference tokens lengthen the image sequence as target tokens do
+        return conditioned_image_size(dataset)  # reference tokens lengthen the image sequence as target tokens do
 
     # previews
 
-    def preview_inputs(self, components, dataset, prompts, condition_images):
-        from .sampling import preview_inputs
+    def takes_condition_images(self, dataset) -> bool:
+        """It edits when its dataset has reference images (an edit dataset: its preview sample has some)."""
+        sample = dataset.preview_sample
+        return sample is not None and bool(sample.condition_keys)
 
+    def preview_inputs(self, components, dataset, prompts, condition_images):
         return preview_inputs(components, dataset, prompts, condition_images)
 
     def preview_pipeline(self, components, conditions):
-        from .sampling import preview_pipeline
-
         return preview_pipeline(components, conditions)
 
     # built-ins
 
     def tiny_components(self, seed=0, storage="float32", compute_dtype=None, device="cpu"):
-        import torch
-
-        from .tiny import build_tiny_qwen_image21
-
-        return build_tiny_qwen_image21(seed=seed, storage=storage, compute_dtype=compute_dtype or torch.float32,
-                                       device=device)
+        return build_tiny_qwen_image21_set(self, seed=seed, storage=storage,
+                                           compute_dtype=compute_dtype or torch.float32, device=device)
 
     def demo(self) -> DemoSpec:
-        from ..qwen_image import PREVIEW_PROMPT, _demo_samples
-
         return DemoSpec(run_name="demo-qwen-image-2.1", lora_name="demo_qwen_image21_lora.safetensors",
-                        preview_prompt=PREVIEW_PROMPT, plot_title="qwen-image-2.1 demo loss",
-                        make_dataset=_demo_samples)
+                        preview_prompt=PREVIEW_PROMPT, plot_title="qwen-image-2.1 demo loss", make_dataset=demo_samples)
+
+    def export_tiny(self, folder, layout="comfyui", seed=0, name=None):
+        return export_tiny_qwen_image21(self.tiny_components(seed=seed), folder, layout)
 
 
 QWEN_IMAGE21 = QwenImage21()
+FAMILIES = {NAME: QWEN_IMAGE21}

@@ -18,6 +18,8 @@ import torch
 from ...core.errors import UserInputError
 from ...models.components import QwenImageComponents
 from ...models.float8 import store_block_linears
+from ..registry import get_family
+from .conditioning import NAME
 
 # Only the folder's own files, only safetensors (no pickles, never the network).
 local = dict(use_safetensors=True, local_files_only=True)  # noqa: N816 (test_security reads **local)
@@ -95,7 +97,6 @@ def _loaded(root: Path, storage: str, compute_dtype: torch.dtype, device: torch.
             vae_file, text_encoder_fp8: str) -> QwenImageComponents:
     from diffusers import QwenImage21Transformer2DModel
 
-    from .family import QWEN_IMAGE21
     from .processor import build_processor
 
     transformer = QwenImage21Transformer2DModel.from_pretrained(str(root / "transformer"), torch_dtype=compute_dtype,
@@ -119,7 +120,7 @@ def _loaded(root: Path, storage: str, compute_dtype: torch.dtype, device: torch.
     components = QwenImageComponents(
         transformer=transformer, vae=vae, text_encoder=text_encoder.to(device), tokenizer=processor,
         scheduler_config=_scheduler_config(root), compute_dtype=compute_dtype, device=device, name=root.name,
-        storage=storage, family=QWEN_IMAGE21, text_encoder_loader=load_text_encoder,
+        storage=storage, family=get_family(NAME), text_encoder_loader=load_text_encoder,
         processor_loader=lambda: processor,
     )
     return components
@@ -132,7 +133,6 @@ def _lazy(root: Path, transformer_file, storage: str, compute_dtype: torch.dtype
     from ...models.components import vocabulary_bytes
     from ...models.file_identity import combined_identity, file_identity
     from ...planner.device import CachingPlacement
-    from .family import QWEN_IMAGE21
     from .files import QwenImage21TransformerFile
     from .processor import build_processor
 
@@ -161,7 +161,7 @@ def _lazy(root: Path, transformer_file, storage: str, compute_dtype: torch.dtype
     components = QwenImageComponents(
         transformer=None, vae=vae, text_encoder=None, tokenizer=None, scheduler_config=_scheduler_config(root),
         compute_dtype=compute_dtype, device=device, name=Path(transformer_file).stem, storage=storage,
-        family=QWEN_IMAGE21, text_encoder_loader=load_text_encoder, processor_loader=lambda: processor,
+        family=get_family(NAME), text_encoder_loader=load_text_encoder, processor_loader=lambda: processor,
         vae_loader=vae_loader, transformer_source=source, _fingerprints=identities,
     )
     components.text_encoder_placement = CachingPlacement(components, one_byte=text_encoder_fp8 == "keep"

@@ -1,4 +1,5 @@
-"""How a Load setting says it is Qwen-Image 2.1, and its model set from those settings.
+"""How a Load request says it is Qwen-Image 2.1, and its model set from that request (this package's `load`,
+families/loading.py).
 
 From files: the transformer file has 2.1's text projection (`txt_in.text_norm.weight`, under any prefix ComfyUI's
 files use; Qwen-Image's has `txt_norm.weight`). Its Qwen3-VL text encoder may be ComfyUI's single file too
@@ -12,11 +13,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...core.choices import NOT_USED
+from ...core.choices import EDIT_VARIANT_CHOICES
 from ...core.errors import UserInputError
 from ...models.qwen21_arch import TRANSFORMER_CLASS, TRANSFORMER_PROBE
 
 PIPELINE_CLASS = "QwenImage21Pipeline"
+AUTO = EDIT_VARIANT_CHOICES[0]
 
 
 def is_qwen_image21_file(path) -> bool:
@@ -47,34 +49,36 @@ def is_qwen_image21_folder(folder) -> bool:
             or _class_name(root / "model_index.json") == PIPELINE_CLASS)
 
 
-def load_from_settings(source: str, device, storage: str, compute_dtype: str, transformer=None,
-                       diffusers_folder=None, text_encoder=None, vae=None, text_encoder_fp8: str = "dequantize"):
-    """The 2.1 model set the Load settings name (source files or diffusers folder), or None when they are not 2.1.
-    With a 2.1 transformer file, `text_encoder` (a path, or None) is ComfyUI's Qwen3-VL file (text_file.py) and
-    `vae` ComfyUI's 2.1 VAE file (vae_file.py); without them the folder's are read. `text_encoder_fp8` may be the
-    Load settings' 'auto', decided here for `device` with 2.1's parts (`planner.resolve_text_encoder_fp8`)."""
-    from ...models.source import DIFFUSERS, FILES, resolve_compute_dtype
+def load(request):
+    """The 2.1 model set a Load request names (its transformer file, or its diffusers folder), or None when it names
+    another model. With a 2.1 transformer file, `request.text_encoder` (or None: the folder's) is ComfyUI's Qwen3-VL
+    file (text_file.py) and `request.vae` ComfyUI's 2.1 VAE file (vae_file.py); its processor is the folder's (the
+    request's tokenizer is Qwen-Image's and not read). `text_encoder_fp8` may be 'auto', decided here for the device
+    with 2.1's parts (`planner.resolve_text_encoder_fp8`). A Load Edit request loads the same model set (it edits when
+    its dataset has reference images) and must leave the Edit variant on auto: 2.1 has none."""
+    from ...models.source import DIFFUSERS, FILES
     from ...planner.device import resolve_text_encoder_fp8
     from ...planner.inference import real_parts21
     from .folder import load_qwen_image21_folder
 
-    dtype = resolve_compute_dtype(compute_dtype, device)
-    if not text_encoder or str(text_encoder) == NOT_USED:
-        text_encoder = None
-    if not vae or str(vae) == NOT_USED:
-        vae = None
-    if source == FILES and is_qwen_image21_file(transformer):
-        if not is_qwen_image21_folder(diffusers_folder):
-            raise UserInputError(
-                f"transformer file {transformer} is Qwen-Image 2.1: its processor (and its VAE and Qwen3-VL text "
-                f"encoder, unless their files are chosen) are read from a diffusers Qwen-Image 2.1 folder. Set "
-                f"diffusers_folder to that folder (it holds processor/, vae/ and text_encoder/; now "
-                f"{str(diffusers_folder or '').strip() or 'empty'}).")
-        fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device, parts=real_parts21(lm_head=False)) if text_encoder else "dequantize"
-        return load_qwen_image21_folder(str(diffusers_folder).strip(), transformer_file=transformer, storage=storage,
-                                        compute_dtype=dtype, device=device, text_encoder_file=text_encoder,
-                                        vae_file=vae, text_encoder_fp8=fp8)
-    if source == DIFFUSERS and is_qwen_image21_folder(diffusers_folder):
-        return load_qwen_image21_folder(str(diffusers_folder).strip(), storage=storage, compute_dtype=dtype,
-                                        device=device)
-    return None
+    files = request.source == FILES and is_qwen_image21_file(request.transformer)
+    if not files and not (request.source == DIFFUSERS and is_qwen_image21_folder(request.diffusers_folder)):
+        return None
+    if request.edit and request.edit_variant not in (AUTO, "edit-auto"):
+        raise UserInputError(f"edit_variant is {request.edit_variant!r}, but the model is Qwen-Image 2.1, which has no "
+                             "Edit variants (it edits when its dataset has reference images): set it to auto (in a "
+                             "run file, [edit] variant = \"auto\" or leave it out).")
+    if not files:
+        return load_qwen_image21_folder(request.diffusers_folder, storage=request.storage, compute_dtype=request.dtype,
+                                        device=request.device)
+    if not is_qwen_image21_folder(request.diffusers_folder):
+        raise UserInputError(
+            f"transformer file {request.transformer} is Qwen-Image 2.1: its processor (and its VAE and Qwen3-VL text "
+            f"encoder, unless their files are chosen) are read from a diffusers Qwen-Image 2.1 folder. Set "
+            f"diffusers_folder to that folder (it holds processor/, vae/ and text_encoder/; now "
+            f"{request.diffusers_folder or 'empty'}).")
+    fp8 = (resolve_text_encoder_fp8(request.text_encoder_fp8, request.device, parts=real_parts21(lm_head=False))
+           if request.text_encoder else "dequantize")
+    return load_qwen_image21_folder(request.diffusers_folder, transformer_file=request.transformer,
+                                    storage=request.storage, compute_dtype=request.dtype, device=request.device,
+                                    text_encoder_file=request.text_encoder, vae_file=request.vae, text_encoder_fp8=fp8)

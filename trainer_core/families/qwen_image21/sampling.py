@@ -32,7 +32,7 @@ from .references import (
     reference_tokens,
 )
 
-MAX_REFERENCES = 3  # as the edit dataset convention (qwen_image_edit/data.py)
+MAX_REFERENCES = 3  # as the edit dataset convention (data/edit_dataset.py)
 
 
 @dataclass

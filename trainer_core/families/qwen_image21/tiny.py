@@ -14,10 +14,15 @@ both through it.
 from __future__ import annotations
 
 import torch
+from diffusers import AutoencoderKLQwenImage21, QwenImage21Transformer2DModel
+from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
 from ...models.components import QwenImageComponents
 from ...models.float8 import store_block_linears
 from ...models.tiny import SPECIAL_TOKENS, build_tiny_tokenizer
+from ..registry import get_family
+from .conditioning import NAME
+from .processor import build_processor
 
 TINY_LATENT_CHANNELS = 8
 
@@ -60,10 +65,6 @@ def tiny_text_config(vocab_size: int, special_ids: dict[str, int]) -> dict:
 
 def build_tiny_text_encoder(seed: int, dtype: torch.dtype):
     """(Qwen3-VL text encoder, its processor), random weights from `seed`."""
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    from .processor import build_processor
-
     tokenizer = build_tiny_tokenizer()
     special_ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config = Qwen3VLConfig(**tiny_text_config(len(tokenizer), special_ids))
@@ -75,11 +76,14 @@ def build_tiny_text_encoder(seed: int, dtype: torch.dtype):
 
 def build_tiny_qwen_image21(seed: int = 0, storage: str = "float32", compute_dtype: torch.dtype = torch.float32,
                             device: str | torch.device = "cpu") -> QwenImageComponents:
-    """Tiny transformer + VAE + Qwen3-VL + processor of Qwen-Image 2.1, random weights from `seed`."""
-    from diffusers import AutoencoderKLQwenImage21, QwenImage21Transformer2DModel
+    """The tiny Qwen-Image 2.1 model set (`build_tiny_qwen_image21_set`)."""
+    return build_tiny_qwen_image21_set(get_family(NAME), seed, storage, compute_dtype, device)
 
-    from .family import QWEN_IMAGE21
 
+def build_tiny_qwen_image21_set(family, seed: int = 0, storage: str = "float32",
+                                compute_dtype: torch.dtype = torch.float32,
+                                device: str | torch.device = "cpu") -> QwenImageComponents:
+    """Tiny transformer + VAE + Qwen3-VL + processor of Qwen-Image 2.1, random weights from `seed`, of `family`."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         transformer = QwenImage21Transformer2DModel(**TINY_TRANSFORMER)
@@ -96,7 +100,7 @@ def build_tiny_qwen_image21(seed: int = 0, storage: str = "float32", compute_dty
     return QwenImageComponents(
         transformer=transformer, vae=vae, text_encoder=text_encoder.to(device), tokenizer=processor,
         scheduler_config=dict(QWEN_IMAGE21_SCHEDULER_CONFIG), compute_dtype=compute_dtype, device=device,
-        name=f"tiny-qwen-image-2.1-seed{seed}", storage=storage, family=QWEN_IMAGE21,
+        name=f"tiny-qwen-image-2.1-seed{seed}", storage=storage, family=family,
         text_encoder_loader=lambda: build_tiny_text_encoder(seed + 2, compute_dtype),
         processor_loader=lambda: processor,  # small: kept for previews after the encoder is released
     )

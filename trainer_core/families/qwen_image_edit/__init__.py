@@ -10,16 +10,20 @@ Modules, one concern each:
     variants.py   the three variants, what each does differently, and how a file or folder tells which
     files.py      the loaders (ComfyUI's single files, diffusers folders); processor.py: the Qwen2.5-VL
                   processor the edit prompts are encoded through, built offline
-    config.py     the settings edit training adds (control_resolution, the variant choice of the Load Edit node)
     pipelines.py  the pinned diffusers edit pipelines as the one source of templates, image sizing,
                   prompt encoding with images and control latents (we call their own methods)
-    data.py       the dataset convention: target + caption + control images, and its errors
     cache.py      its part of the shared cache (cache.build_cache): control latents, image-conditioned prompts
     objective.py  control tokens appended to the target's, as the pipelines do; their term in the memory plan
     sampling.py   its preview hooks: the shared sampler's transformer with the controls appended
     tiny.py       tiny Edit model sets (random weights) for tests and the demo
     demo.py       the built-in edit dataset (`python -m trainer_core demo --model edit-2511`)
 
-The shared engine (cache.py, trainer.py, planner/for_run.py, sampling.py, demo.py) calls this package only
-through the family's hooks; the nodes add the Load Edit and Edit Dataset nodes (nodes/edit_nodes.py).
+The dataset convention (target + caption + control images) is data/edit_dataset.py's, shared with Qwen-Image 2.1;
+the settings edit training adds (control_resolution, the Load Edit node's variant) are core.config's. The shared
+engine calls this package only through the family's hooks and `load` (families/loading.py).
 """
+
+from __future__ import annotations
+
+from .family import FAMILIES  # noqa: F401
+from .files import load  # noqa: F401

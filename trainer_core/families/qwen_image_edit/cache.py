@@ -24,7 +24,7 @@ from ...core.errors import UserInputError
 from ...data.cache import CACHE_VERSION
 from ...data.images import open_image
 from ..base import CacheConditioning
-from .data import ControlImage, EditSample
+from ...data.edit_dataset import ControlImage, EditSample
 from .pipelines import (
     ControlSize,
     check_control_aspect,

@@ -12,10 +12,9 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from ...core.config import DatasetConfig
-from ..qwen_image import COLOURS, SHAPES
-from .config import EditDataConfig
-from .data import load_edit_dataset
+from ...core.config import DatasetConfig, EditDataConfig
+from ...data.demo_shapes import COLOURS, SHAPES
+from ...data.edit_dataset import load_edit_dataset
 
 GREY = (128, 128, 128)
 RUN_NAME = "edit_demo"

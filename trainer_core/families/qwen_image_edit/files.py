@@ -8,6 +8,9 @@ variants.py, skipped as a tensor), and the text encoder is loaded with `visual.*
 qwen_2.5_vl_7b_fp8_scaled file has it). A diffusers Edit folder loads as a text-to-image one does (its
 text_encoder/ has the vision tower and its transformer config says `zero_cond_t`); its variant comes from
 that config and model_index.json.
+
+`load` is this package's answer to the Load Edit node's request (families/loading.py): asked after the packages that
+recognise their own files (Qwen-Image 2.1's), it takes every other Load Edit request.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ import torch
 
 from ...core.errors import UserInputError
 from ...models.components import QwenImageComponents
+from ...models.diffusers_dir import load_diffusers_dir
 from ...models.safetensors_file import SafetensorsFile
 from ...models.single_file import load_single_files
+from ...models.source import DIFFUSERS, FILES, SHAPES, TINY
 from ...planner.device import CachingPlacement, resolve_text_encoder_fp8
-from .family import edit_family
+from ..registry import get_family
+from .tiny import build_tiny_edit_components
 from .variants import AUTO, resolve_variant, variant_from_diffusers_dir, variant_from_file
 
 TINY_AUTO_VARIANT = "edit-2511"  # the tiny Edit model an 'auto' variant builds (the Load Edit node's too)
@@ -48,56 +54,40 @@ def load_edit_single_files(
     edit = resolve_variant(_choice(variant), variant_from_file(transformer, SafetensorsFile(transformer, "transformer").keys))
     fp8 = resolve_text_encoder_fp8(text_encoder_fp8, device)
     components = load_single_files(transformer, text_encoder, vae, tokenizer_dir, storage, compute_dtype, device, fp8,
-                                   vision=True, extra_config={"zero_cond_t": edit.zero_cond_t})
+                                   vision=True, extra_config={"zero_cond_t": edit.zero_cond_t},
+                                   family=get_family(edit.name))
     components.text_encoder_placement = CachingPlacement(components, one_byte=fp8 == "keep")
-    components.family = edit_family(edit)
     return components
 
 
 def load_edit_diffusers_dir(path: str | Path, storage: str = "float8", compute_dtype: torch.dtype = torch.bfloat16,
                             device: str | torch.device = "cpu", variant: str = AUTO) -> QwenImageComponents:
     """An edit model set from a diffusers Qwen-Image-Edit folder (as diffusers_dir.load_diffusers_dir)."""
-    from ...models.diffusers_dir import load_diffusers_dir
-
     edit = resolve_variant(_choice(variant), variant_from_diffusers_dir(path))
-    components = load_diffusers_dir(path, storage, compute_dtype, device)
-    components.family = edit_family(edit)
-    return components
+    return load_diffusers_dir(path, storage, compute_dtype, device, family=get_family(edit.name))
 
 
-def load_edit_model_set(source: str, device, storage: str = "float8", compute_dtype: str = "auto",
-                        transformer=None, text_encoder=None, vae=None, tokenizer=None, diffusers_folder=None,
-                        text_encoder_fp8: str = "dequantize", variant: str = AUTO) -> QwenImageComponents:
-    """What the Load Edit node loads, from a run file's [model] settings (models/source.py's sources): the tiny
-    test model as `variant` (auto: Edit-2511, as the node), a diffusers Edit folder, or three files; a Qwen-Image
-    2.1 transformer file or folder loads as 2.1 (as the node: it edits when its dataset has references), which
-    has no variants, so `variant` must be auto."""
-    from ...models.source import DIFFUSERS, FILES, SHAPES, TINY, resolve_compute_dtype
-    from ..qwen_image21.recognise import is_qwen_image21_file, is_qwen_image21_folder, load_from_settings
-    from .tiny import build_tiny_edit_components
-
-    if ((source == FILES and is_qwen_image21_file(transformer))
-            or (source == DIFFUSERS and is_qwen_image21_folder(diffusers_folder))):
-        if _choice(variant) != AUTO:
-            raise UserInputError(f"[edit] variant = {variant!r}, but the model is Qwen-Image 2.1, which has no Edit "
-                                 "variants (it edits when its dataset has reference images): set variant = \"auto\" "
-                                 "or leave it out.")
-        # the text encoder file where one is set (vae and tokenizer are Qwen-Image's: 2.1 reads its folder's)
-        return load_from_settings(source, device, storage, compute_dtype, transformer, diffusers_folder, text_encoder,
-                                  text_encoder_fp8=text_encoder_fp8)
-    dtype = resolve_compute_dtype(compute_dtype, device)
-    if source == TINY:
+def load(request) -> QwenImageComponents | None:
+    """The Load Edit node's model set (a run file's [model] with [edit]): the tiny test model as the chosen variant
+    (auto: Edit-2511), a diffusers Edit folder, or three files; None for the Load node's request."""
+    if not request.edit:
+        return None
+    device, dtype, variant = request.device, request.dtype, request.edit_variant
+    if request.source == TINY:
         return build_tiny_edit_components(TINY_AUTO_VARIANT if _choice(variant) == AUTO else variant,
-                                          storage=storage, compute_dtype=dtype, device=device)
-    if source == SHAPES:
-        raise UserInputError("[edit] needs a Qwen-Image-Edit model, and the shapes model is a text-to-image one: set "
-                             "[model] source = \"tiny\" (the tiny Edit test model), an Edit diffusers_folder or Edit "
-                             "model files, or remove [edit].")
-    if source == DIFFUSERS:
-        return load_edit_diffusers_dir(str(diffusers_folder).strip(), storage=storage, compute_dtype=dtype,
+                                          storage=request.storage, compute_dtype=dtype, device=device)
+    if request.source == SHAPES:
+        raise UserInputError("an edit run needs a Qwen-Image-Edit model, and the shapes model is a text-to-image one: "
+                             "choose the tiny test model (the tiny Edit model), an Edit diffusers folder or Edit model "
+                             "files; in a run file, set [model] source = \"tiny\" or remove [edit].")
+    if request.source == DIFFUSERS:
+        if not request.diffusers_folder:
+            raise UserInputError("diffusers_folder is empty: enter the path of a diffusers Qwen-Image-Edit folder.")
+        return load_edit_diffusers_dir(request.diffusers_folder, storage=request.storage, compute_dtype=dtype,
                                        device=device, variant=variant)
-    if source != FILES:
-        raise UserInputError(f"source={source!r} is not one of the Load Edit node's sources.")
-    return load_edit_single_files(transformer, text_encoder, vae, tokenizer_dir=tokenizer, storage=storage,
-                                  compute_dtype=dtype, device=device, text_encoder_fp8=text_encoder_fp8,
-                                  variant=variant)
+    assert request.source == FILES
+    request.require("transformer", "text_encoder", "vae", hint="Qwen-Image-Edit reads qwen_image_edit_*, "
+                    "qwen_2.5_vl_7b_fp8_scaled (with its vision tower) and qwen_image_vae")
+    return load_edit_single_files(request.transformer, request.text_encoder, request.vae,
+                                  tokenizer_dir=request.tokenizer, storage=request.storage, compute_dtype=dtype,
+                                  device=device, text_encoder_fp8=request.text_encoder_fp8, variant=variant)

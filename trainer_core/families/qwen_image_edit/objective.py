@@ -36,21 +36,3 @@ def append_controls(target_tokens: torch.Tensor, grid: tuple[int, int],
     tokens = torch.cat(packed).to(target_tokens.device, target_tokens.dtype)  # (B, M, 4C)
     img_shapes = [[(1, *grid), *shapes]] * target_tokens.shape[0]
     return torch.cat([target_tokens, tokens], dim=1), img_shapes
-
-
-def planned_image_size(dataset) -> tuple[int, int]:
-    """(width, height) in px the memory planner should plan an edit dataset at: the largest sample's target
-    with its controls' pixels added as extra rows (a taller target of the same token count), since control
-    tokens lengthen the image sequence as much as target tokens do."""
-    largest = largest_sample(dataset)
-    width = largest.bucket[0]
-    return width, -(-_area(largest) // (width * 32)) * 32  # rows rounded up to the 32 px bucket grid
-
-
-def _area(s) -> int:
-    return s.bucket[0] * s.bucket[1] + sum(w * h for w, h in s.condition_sizes)
-
-
-def largest_sample(dataset):
-    """The sample the plan plans: the most pixels, its target and controls together."""
-    return max(dataset.samples, key=_area)

@@ -9,11 +9,12 @@ little: `control_resolution` (edit data) keeps the control sizes small.
 from __future__ import annotations
 
 import torch
+from diffusers import QwenImageTransformer2DModel
 
 from ...models.components import QwenImageComponents
 from ...models.float8 import store_block_linears
 from ...models.tiny import TINY_TRANSFORMER, build_tiny_components
-from .family import edit_family
+from ..registry import get_family
 from .variants import get_variant
 
 
@@ -28,19 +29,24 @@ def build_tiny_edit_components(
     compute_dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> QwenImageComponents:
-    """Tiny Edit transformer (of `variant`) + VAE + text encoder with vision tower + tokenizer.
+    """The tiny model set of the Edit variant named `variant` (`build_tiny_edit_model_set`)."""
+    return build_tiny_edit_model_set(get_family(get_variant(variant).name), seed, storage, compute_dtype, device)
+
+
+def build_tiny_edit_model_set(family, seed: int = 0, storage: str = "float32",
+                              compute_dtype: torch.dtype = torch.float32,
+                              device: str | torch.device = "cpu") -> QwenImageComponents:
+    """Tiny Edit transformer (of `family`'s variant) + VAE + text encoder with vision tower + tokenizer, of `family`.
 
     The weights equal `models.tiny.build_tiny_components(seed)`'s: only the transformer's config differs."""
-    from diffusers import QwenImageTransformer2DModel
-
-    components = build_tiny_components(seed=seed, storage="float32", compute_dtype=compute_dtype, device=device)
-    edit = get_variant(variant)
-    if edit.zero_cond_t:
+    variant = family.variant.name
+    components = build_tiny_components(seed=seed, storage="float32", compute_dtype=compute_dtype, device=device,
+                                       family=family)
+    if family.variant.zero_cond_t:
         transformer = QwenImageTransformer2DModel(**tiny_edit_transformer_config(variant)).to(compute_dtype)
         transformer.load_state_dict(components.transformer.state_dict())
         components.transformer = transformer.requires_grad_(False).eval()
     store_block_linears(components.transformer, storage)
     components.storage = storage
-    components.family = edit_family(edit)
     components.name = f"tiny-qwen-image-{variant}-seed{seed}"
     return components

@@ -17,11 +17,13 @@ is missing, a gap in the numbers, a layer of another size, a layer without alpha
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from PIL import Image, ImageOps
 
@@ -29,6 +31,7 @@ from ...core.config import DatasetConfig
 from ...core.errors import UserInputError
 from ...data.images import IMAGE_EXTENSIONS, IMAGE_FORMATS, Dataset, Sample, discover, read_file, validation_indices
 
+LAYERED = "layered"  # a layered dataset (the Layered Dataset node's): `Sample.kind`
 _LAYER = re.compile(r"^(?P<stem>.+)_layer_(?P<n>\d+)$")  # name_layer_1, name_layer_2, ...
 
 
@@ -42,6 +45,7 @@ class LayerImage:
 class LayeredSample(Sample):
     """A composite `Sample` with its layers, in the pipeline's order (layer 1 first)."""
 
+    kind: ClassVar[str] = LAYERED
     layers: tuple[LayerImage, ...] = ()
 
 
@@ -118,7 +122,7 @@ def discover_layered(cfg: DatasetConfig) -> list[LayeredSample]:
     composites = discover(cfg, exclude=is_layer_file)
     folder = Path(cfg.folder).expanduser().absolute()
     layers = find_layers(folder, [Path(s.image_path) for s in composites])
-    return [LayeredSample(**{f: getattr(s, f) for f in s.__dataclass_fields__},
+    return [LayeredSample(**{f.name: getattr(s, f.name) for f in dataclasses.fields(s)},
                           layers=tuple(read_layer(p, s) for p in layers[Path(s.image_path)])) for s in composites]
 
 

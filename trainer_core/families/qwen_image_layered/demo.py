@@ -11,7 +11,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from ...core.config import DatasetConfig
-from ..qwen_image import COLOURS, SHAPES
+from ...data.demo_shapes import COLOURS, SHAPES
 from .data import load_layered_dataset
 
 GREY = (128, 128, 128, 255)

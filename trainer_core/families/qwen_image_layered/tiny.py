@@ -11,11 +11,13 @@ tokenizer are the text-to-image ones (Layered's prompts are text only).
 from __future__ import annotations
 
 import torch
+from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
 
 from ...models.components import QwenImageComponents
 from ...models.float8 import store_block_linears
 from ...models.qwen_arch import PATCH_SIZE
 from ...models.tiny import TINY_TRANSFORMER, build_tiny_components
+from ..registry import get_family
 
 LAYERED_FLAGS = {"use_additional_t_cond": True, "use_layer3d_rope": True}
 RGBA = 4
@@ -30,18 +32,18 @@ TINY_LAYERED_VAE = dict(
 )
 
 
-def build_tiny_layered_components(
-    seed: int = 0,
-    storage: str = "float32",
-    compute_dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-) -> QwenImageComponents:
-    """Tiny Layered transformer + RGBA VAE + text encoder + tokenizer, random weights from `seed`."""
-    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+def build_tiny_layered_components(seed: int = 0, storage: str = "float32", compute_dtype: torch.dtype = torch.float32,
+                                  device: str | torch.device = "cpu") -> QwenImageComponents:
+    """The tiny Qwen-Image-Layered model set (`build_tiny_layered_model_set`)."""
+    return build_tiny_layered_model_set(get_family("qwen-image-layered"), seed, storage, compute_dtype, device)
 
-    from .family import QWEN_IMAGE_LAYERED
 
-    components = build_tiny_components(seed=seed, storage="float32", compute_dtype=compute_dtype, device=device)
+def build_tiny_layered_model_set(family, seed: int = 0, storage: str = "float32",
+                                 compute_dtype: torch.dtype = torch.float32,
+                                 device: str | torch.device = "cpu") -> QwenImageComponents:
+    """Tiny Layered transformer + RGBA VAE + text encoder + tokenizer, random weights from `seed`, of `family`."""
+    components = build_tiny_components(seed=seed, storage="float32", compute_dtype=compute_dtype, device=device,
+                                       family=family)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed + 10)
         transformer = QwenImageTransformer2DModel(**TINY_LAYERED_TRANSFORMER)
@@ -51,6 +53,5 @@ def build_tiny_layered_components(
     store_block_linears(components.transformer, storage)
     components.vae = vae.to(compute_dtype).to(torch.device(device)).requires_grad_(False).eval()
     components.storage = storage
-    components.family = QWEN_IMAGE_LAYERED
     components.name = f"tiny-qwen-image-layered-seed{seed}"
     return components

@@ -1,5 +1,5 @@
 """Qwen-Image 2.1's model files with random weights at the real size, in the layouts our 2.1 loaders read
-(families/qwen_image21/), written tensor by tensor (`random_files.write_safetensors_streamed`): for the CPU
+(this package), written tensor by tensor (`random_files.write_safetensors_streamed`): for the CPU
 rehearsal (benchmarks/realsize_cpu.py --model qwen-image-2.1). What the loaders and the memory plan see is the
 files' names, shapes and dtypes, never the values.
 
@@ -21,7 +21,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .random_files import _random, _sidecar, write_int8_convrot_file, write_safetensors_streamed, write_scaled_fp8_file
+from ...models.random_files import (
+    _random,
+    _sidecar,
+    write_int8_convrot_file,
+    write_safetensors_streamed,
+    write_scaled_fp8_file,
+)
 
 
 def write_random_transformer21(path: str | Path, num_layers: int | None = None, seed: int = 0,
@@ -29,10 +35,10 @@ def write_random_transformer21(path: str | Path, num_layers: int | None = None, 
     """The 2.1 transformer (diffusers' defaults = the real model; `num_layers` real-width blocks) as ComfyUI's
     fp8_e4m3fn file with the MLP fused, or (`fmt` "int8_convrot") as its int8 ConvRot file, the block Linears int8
     (the file ComfyUI's 2.1 templates download)."""
-    from ..families.qwen_image21.files import empty_transformer21
-    from ..models.float8 import FLOAT8, FLOAT8_MAX
-    from ..models.qwen21_arch import FUSED_MLP, FUSED_PARTS
-    from .export import public_config
+    from .files import empty_transformer21
+    from ...models.float8 import FLOAT8, FLOAT8_MAX
+    from ...models.qwen21_arch import FUSED_MLP, FUSED_PARTS
+    from ...models.part_files import public_config
 
     model = empty_transformer21({} if num_layers is None else {"num_layers": num_layers})
     linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith("transformer_blocks.")}
@@ -71,8 +77,8 @@ def write_random_qwen3_vl(path: str | Path, seed: int = 0, config: dict | None =
     """Qwen3-VL-8B (models/qwen21_arch.QWEN3_VL_8B_CONFIG; or `config`, with its JSON beside the file) as
     ComfyUI's scaled-fp8 text encoder file, or (`fmt` "int8_convrot") as its int8 ConvRot one
     (`qwen3vl_8b_int8_convrot`, what ComfyUI's 2.1 templates download)."""
-    from ..families.qwen_image21.text_file import comfyui_name, empty_qwen3_vl
-    from ..models.qwen21_arch import QWEN3_VL_8B_CONFIG
+    from .text_file import comfyui_name, empty_qwen3_vl
+    from ...models.qwen21_arch import QWEN3_VL_8B_CONFIG
 
     model = empty_qwen3_vl(config or QWEN3_VL_8B_CONFIG)
     linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)
@@ -93,8 +99,8 @@ def write_vae21(path: str | Path, seed: int = 0) -> Path:
     """The real 2.1 VAE (diffusers' defaults, diffusers' own initialisation) in ComfyUI's 2.1 layout, bf16."""
     from diffusers import AutoencoderKLQwenImage21
 
-    from ..core.files import write_safetensors_atomic
-    from ..families.qwen_image21.vae_file import comfyui_vae_tensors
+    from ...core.files import write_safetensors_atomic
+    from .vae_file import comfyui_vae_tensors
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

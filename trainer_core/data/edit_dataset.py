@@ -1,5 +1,8 @@
 """An edit dataset: per sample a target image, its caption (the edit instruction) and 1 to 3 control images.
 
+A convention two families train on: Qwen-Image-Edit (the controls it edits) and Qwen-Image 2.1 (its reference
+images); each family decides how its controls are sized and encoded.
+
 Folder convention (either form; one per sample, never both):
 
     name.png + name.txt                     target and caption, as for text-to-image
@@ -17,16 +20,18 @@ a control number beyond 3 or after a gap, both forms for one target.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from ...core.config import DatasetConfig
-from ...core.errors import UserInputError
-from ...data.images import IMAGE_EXTENSIONS, Dataset, Sample, decode_image, discover, read_file, validation_indices
-from .config import EditDataConfig
+from ..core.config import DatasetConfig, EditDataConfig
+from ..core.errors import UserInputError
+from .images import IMAGE_EXTENSIONS, Dataset, Sample, decode_image, discover, read_file, validation_indices
 
+EDIT = "edit"  # an edit dataset (the Edit Dataset node's): `Sample.kind`
 MAX_CONTROLS = 3
 CONTROL_FOLDER = "control"
 _SAME_FOLDER = re.compile(r"^(?P<stem>.+)_control(?:_(?P<n>\d+))?$")  # name_control, name_control_2
@@ -46,6 +51,7 @@ class ControlImage:
 class EditSample(Sample):
     """A target `Sample` with its control images, in order (Picture 1, 2, 3)."""
 
+    kind: ClassVar[str] = EDIT
     controls: tuple[ControlImage, ...] = ()
 
 
@@ -130,7 +136,7 @@ def discover_edit(cfg: DatasetConfig) -> list[EditSample]:
     samples = []
     for target in targets:
         found = controls[Path(target.image_path)]
-        samples.append(EditSample(**{f: getattr(target, f) for f in target.__dataclass_fields__},
+        samples.append(EditSample(**{f.name: getattr(target, f.name) for f in dataclasses.fields(target)},
                                   controls=tuple(read_control(p, target.background, target.allow_large_images)
                                                  for p in found)))
     return samples

@@ -1,4 +1,4 @@
-"""The tiny Qwen-Image 2.1 (`families.qwen_image21.tiny`) written out (`export-tiny --model qwen-image-2.1`).
+"""The tiny Qwen-Image 2.1 (tiny.py) written out (`export-tiny --model qwen-image-2.1`).
 
     layout comfyui:    DIR/diffusion_models/qwen_image21_tiny_{bf16,fp8_e4m3fn,fp8_e4m3fn_scaled}.safetensors
                        (MLP fused as `gate_up`, as ComfyUI's files hold it) and ..._bf16_split_mlp.safetensors,
@@ -15,20 +15,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..core.files import write_safetensors_atomic
-from ..families.qwen_image21.files import comfyui_transformer_tensors
-from ..families.qwen_image21.folder import save_qwen_image21_folder
-from ..families.qwen_image21.text_file import comfyui_text_encoder_tensors
-from ..families.qwen_image21.vae_file import comfyui_vae_tensors
-from .export import public_config
+from ...core.files import write_safetensors_atomic
+from ...models.part_files import check_layout, public_config
+from .files import comfyui_transformer_tensors
+from .folder import save_qwen_image21_folder
+from .text_file import comfyui_text_encoder_tensors
+from .vae_file import comfyui_vae_tensors
 
 FORMATS = ("bf16", "fp8_e4m3fn", "fp8_e4m3fn_scaled")
 
 
-def export_tiny_qwen_image21(folder: str | Path, layout: str = "comfyui", seed: int = 0) -> dict[str, Path]:
-    from ..families import get_family
-
-    components = get_family("qwen-image-2.1").tiny_components(seed=seed, storage="float32")
+def export_tiny_qwen_image21(components, folder: str | Path, layout: str = "comfyui") -> dict[str, Path]:
+    """The tiny 2.1 model set `components` as files (module docstring)."""
+    check_layout(layout)
     root = Path(folder)
     out = {"diffusers_folder": save_qwen_image21_folder(components, root / "qwen_image21_tiny")}
     if layout == "diffusers":
