@@ -16,7 +16,8 @@ from trainer_core.planner import GIB, PlanInputs
 from trainer_core.planner.caching import choose_encoder_streaming, choose_text_encoder_storage, prompts_step_gpu_bytes
 from trainer_core.planner.caching_time import caching_time
 from trainer_core.planner.gpus import GPUS
-from trainer_core.planner.inference import real_parts, real_parts21
+from trainer_core.families.qwen_image21.plan import real_parts21
+from trainer_core.planner.inference import real_parts
 
 GPU_NAMES = ("rtx4060ti-16gb", "rtx4090")
 

@@ -17,8 +17,9 @@ import dataclasses
 import common  # noqa: F401  (puts the repository on sys.path)
 
 from trainer_core.planner import GIB, PlanInputs, auto_blocks_to_swap
-from trainer_core.planner.arch import real_arch, real_arch21
-from trainer_core.planner.inference import real_parts, real_parts21, vision_fields
+from trainer_core.families.qwen_image21.plan import real_arch21, real_parts21
+from trainer_core.planner.arch import real_arch
+from trainer_core.planner.inference import real_parts, vision_fields
 from trainer_core.planner.phases import PHASES, plan_phases
 from trainer_core.planner.references import with_references
 

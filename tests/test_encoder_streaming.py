@@ -156,6 +156,7 @@ def test_the_plan_counts_a_streamed_encoders_device_and_host_bytes(one_byte):
     from trainer_core.models.streaming import assign_frozen_linear_weight
     from trainer_core.planner import PlanInputs
     from trainer_core.planner.caching import cache_host_terms, cache_steps
+    from trainer_core.families.qwen_image21.plan import real_parts21
     from trainer_core.planner.inference import parts_for_encoder
     from trainer_core.streaming.encoder import EncoderStreams, encoder_stacks
     from trainer_core.streaming.placement import default_placement
@@ -168,7 +169,7 @@ def test_the_plan_counts_a_streamed_encoders_device_and_host_bytes(one_byte):
     torch.manual_seed(0)
     encoder = Qwen3VLForConditionalGeneration(Qwen3VLConfig(**config)).to(torch.bfloat16).eval()
     encoder.lm_head = torch.nn.Identity()  # as the file loaders build it
-    parts = parts_for_encoder(encoder)
+    parts = parts_for_encoder(encoder, real_parts21(lm_head=False))
     if one_byte:  # the decoder's Linears kept in one byte (the plan counts the tower's in bf16 either way)
         for _, linear in frozen_linears(encoder.model.language_model.layers):
             stored, _ = quantize_weight(linear.weight.data.float(), "float8")
@@ -216,7 +217,7 @@ def test_the_caching_timeline_copies_each_streamed_layer_once_per_prompt():
     from trainer_core.planner.caching import streamed_layer_bytes
     from trainer_core.planner.caching_time import caching_time
     from trainer_core.planner.gpus import GPUS
-    from trainer_core.planner.inference import real_parts21
+    from trainer_core.families.qwen_image21.plan import real_parts21
 
     parts, gpu = real_parts21(lm_head=False), GPUS["rtx4060ti-16gb"]
     inputs = PlanInputs(text_encoder_storage="float8", text_encoder_streamed=0)

@@ -151,7 +151,7 @@ def with_lora(model: torch.nn.Module, path: Path) -> torch.nn.Module:
     from trainer_core.adapters.lora_files import load_into_adapter, read_lora_file
     from trainer_core.core.config import LoraConfig
 
-    lora = read_lora_file(path)
+    lora = read_lora_file(path, model=model)
     assert (lora.rank, lora.alpha) == (RANK, ALPHA)
     inject_lora(model, LoraConfig(rank=lora.rank, alpha=lora.alpha, targets="all"), seed=0, modules=list(lora.weights))
     load_into_adapter(model, lora.weights)

@@ -215,10 +215,11 @@ def test_the_swap_search_finds_what_trying_every_count_finds(arch_name, settings
     """auto_blocks_to_swap tries the counts up to the ring depth one by one and bisects past it: at budgets on and
     either side of the planned peaks of the counts around the ring depth and of every fifth count after (each
     budget costs a search), the same count (or none) as trying every count in turn."""
-    from trainer_core.planner import arch as arch_module
+    from trainer_core.families.qwen_image21.plan import real_arch21
+    from trainer_core.planner.arch import real_arch
     from trainer_core.planner.phases import gpu_peak_after_caching
 
-    arch = getattr(arch_module, arch_name)()
+    arch = {"real_arch": real_arch, "real_arch21": real_arch21}[arch_name]()
     inputs = PlanInputs(**settings)
     peaks = [gpu_peak_after_caching(plan_memory(dataclasses.replace(inputs, blocks_to_swap=k), arch), arch)
              for k in range(arch.num_blocks)]

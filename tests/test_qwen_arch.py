@@ -58,12 +58,32 @@ def test_block_module_names_round_trip():
 
 
 def test_the_facts_module_imports_nothing():
-    """Pure data: the config (and so every node) imports it; it must not pull in torch or diffusers."""
+    """Pure data: the config (and so every node) imports it; it must not pull in torch or diffusers. It declares the
+    MMDiT's architecture (models/architecture.py, pure data as well) for the layers that ask of one."""
     import ast
 
-    tree = ast.parse(inspect.getsource(qwen_arch))
-    imported = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
-    assert [ast.unparse(n) for n in imported] == ["from __future__ import annotations"]
+    from trainer_core.models import architecture
+
+    for module, allowed in ((qwen_arch, ["from .architecture import TransformerArchitecture, declare_architecture"]),
+                            (architecture, ["from collections.abc import Mapping",
+                                            "from dataclasses import dataclass, field"])):
+        tree = ast.parse(inspect.getsource(module))
+        imported = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert [ast.unparse(n) for n in imported] == ["from __future__ import annotations", *allowed]
+
+
+def test_the_mmdit_is_declared_with_its_facts_and_its_vaes_scale():
+    """The architecture the lower layers ask of a QwenImageTransformer2DModel: its presets, the last block's dead
+    Linears, its MLP input, and the VAE scale diffusers' AutoencoderKLQwenImage defaults give (2 ** downsamplings)."""
+    from diffusers import AutoencoderKLQwenImage
+
+    from trainer_core.models.architecture import architecture_of
+
+    mmdit = architecture_of(_tiny_transformer())
+    assert mmdit is qwen_arch.MMDIT and mmdit.lora_presets == LORA_TARGET_PRESETS
+    assert mmdit.dead_in_last_block == DEAD_IN_LAST_BLOCK and mmdit.mlp_input_linear == IMG_STREAM["mlp0"]
+    downsampling = inspect.signature(AutoencoderKLQwenImage.__init__).parameters["temperal_downsample"].default
+    assert mmdit.vae_scale_factor == 2 ** len(downsampling)
 
 
 def test_latent_statistics_are_the_vaes_defaults():

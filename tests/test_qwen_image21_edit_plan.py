@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from trainer_core.planner import GIB, PlanInputs
-from trainer_core.planner.arch import real_arch21
-from trainer_core.planner.inference import real_parts21
+from trainer_core.families.qwen_image21.plan import real_arch21
+from trainer_core.families.qwen_image21.plan import real_parts21
 from trainer_core.planner.phases import plan_phases
 from trainer_core.planner.references import patches, slots, vision_bytes, with_references
 
 
 def test_the_parts_know_qwen3_vl_8b_vision_tower():
-    from trainer_core.models.qwen21_arch import QWEN3_VL_8B_CONFIG
+    from trainer_core.families.qwen_image21.arch import QWEN3_VL_8B_CONFIG
 
     vision, parts = QWEN3_VL_8B_CONFIG["vision_config"], real_parts21()
     assert (parts.vision_layers, parts.vision_hidden, parts.vision_out) == (27, 1152, 4096)
@@ -33,7 +33,7 @@ def _encoder(depth: int, deepstack: list[int], text_hidden: int = 256):
 
     from trainer_core.families.qwen_image21.processor import build_processor
     from trainer_core.families.qwen_image21.tiny import tiny_text_config
-    from trainer_core.models.qwen21_arch import QWEN3_VL_8B_CONFIG
+    from trainer_core.families.qwen_image21.arch import QWEN3_VL_8B_CONFIG
     from trainer_core.models.tiny import SPECIAL_TOKENS, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()

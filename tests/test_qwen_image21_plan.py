@@ -18,8 +18,9 @@ from conftest import planned_step_peak
 
 from trainer_core.planner import GIB, PlanInputs, auto_blocks_to_swap, plan_memory
 from trainer_core.planner.activations import ActivationSettings, block_saved_bytes
-from trainer_core.planner.arch import arch_from_transformer, real_arch21
-from trainer_core.planner.inference import real_parts21
+from trainer_core.families.qwen_image21.plan import real_arch21
+from trainer_core.planner.arch import arch_from_transformer
+from trainer_core.families.qwen_image21.plan import real_parts21
 
 
 def real_config() -> dict:

@@ -123,7 +123,7 @@ def text_encoder_remainder(hidden: int = 512, layers: int = 4, tokens: int = 300
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     from trainer_core.devtools.memprobe import LiveBytes
-    from trainer_core.models.qwen21_arch import QWEN3_VL_8B_CONFIG
+    from trainer_core.families.qwen_image21.arch import QWEN3_VL_8B_CONFIG
 
     config = copy.deepcopy(QWEN3_VL_8B_CONFIG)
     text = config["text_config"]

@@ -29,7 +29,7 @@ def encoder(layers: int, depth: int, deepstack: list[int]):
 
     from trainer_core.families.qwen_image21.processor import build_processor
     from trainer_core.families.qwen_image21.tiny import tiny_text_config
-    from trainer_core.models.qwen21_arch import QWEN3_VL_8B_CONFIG
+    from trainer_core.families.qwen_image21.arch import QWEN3_VL_8B_CONFIG
     from trainer_core.models.tiny import SPECIAL_TOKENS, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
@@ -73,7 +73,8 @@ def main() -> None:
     from PIL import Image
 
     from trainer_core.devtools.memprobe import LiveBytes
-    from trainer_core.planner.inference import TEMPLATE_TOKENS, real_parts21, text_encoder_working_bytes, vision_fields
+    from trainer_core.families.qwen_image21.plan import real_parts21
+    from trainer_core.planner.inference import TEMPLATE_TOKENS, text_encoder_working_bytes, vision_fields
     from trainer_core.planner.references import patches, vision_bytes
 
     deepstack = list(range(min(2, args.depth - 1)))

@@ -3,7 +3,8 @@
 Injection creates the adapter on the meta device and materialises it in the LoRA dtype: peft would
 otherwise cast the adapter to the base layer's dtype, which is float8 here, and training would fail.
 
-Which modules get a LoRA comes from `models.qwen_arch` (presets, the last block's dead modules). How the
+Which modules get a LoRA comes from the transformer's architecture (`models.architecture`: its presets, the last
+block's dead modules). How the
 adapter is written to and read from files, in every layout, is `lora_files.py`: this module knows
 nothing of files. `LoraConfig.adapter` lokr or loha puts a LyCORIS adapter on the same modules instead
 (`lycoris.py`); the functions here that are not about LoRA's A and B cover those too.
@@ -19,9 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.config import LoraConfig
-from ..models.qwen21_arch import LORA_TARGET_PRESETS as QWEN21_PRESETS
-from ..models.qwen21_arch import is_qwen_image21
-from ..models.qwen_arch import DEAD_IN_LAST_BLOCK, LORA_TARGET_PRESETS, block_module
+from ..models.architecture import architecture_of
+from ..models.qwen_arch import block_module
 from . import lycoris
 
 ADAPTER = "default"
@@ -30,9 +30,8 @@ ADAPTER = "default"
 def target_module_names(transformer: nn.Module, preset: str) -> list[str]:
     """Full module names ('transformer_blocks.3.attn.to_q', ...) that get a LoRA for `preset`."""
     last = len(transformer.transformer_blocks) - 1
-    presets, dead = LORA_TARGET_PRESETS, DEAD_IN_LAST_BLOCK
-    if is_qwen_image21(transformer):  # single-stream blocks: other Linears, none dead in the last block
-        presets, dead = QWEN21_PRESETS, ()
+    architecture = architecture_of(transformer)  # its block Linears and the last block's dead ones
+    presets, dead = architecture.lora_presets, architecture.dead_in_last_block
     names = []
     for i in range(last + 1):
         for module in presets[preset]:
@@ -45,7 +44,8 @@ def target_module_names(transformer: nn.Module, preset: str) -> list[str]:
 def matching_preset(transformer: nn.Module, modules: list[str]) -> str | None:
     """The target preset that adapts exactly `modules` in this transformer, if one does."""
     wanted = set(modules)
-    return next((p for p in LORA_TARGET_PRESETS if set(target_module_names(transformer, p)) == wanted), None)
+    presets = architecture_of(transformer).lora_presets
+    return next((p for p in presets if set(target_module_names(transformer, p)) == wanted), None)
 
 
 def lora_layers(transformer: nn.Module) -> dict[str, nn.Module]:

@@ -49,10 +49,10 @@ from ..core.errors import UserInputError
 from ..core.files import inside
 from ..core.finite import nonfinite_names
 from ..core.names import check_component, fill_template
-from ..models.qwen21_arch import FUSED_MLP, FUSED_PARTS, is_qwen_image21
+from ..models.architecture import architecture_of
 from ..models.qwen_arch import BLOCK_LINEARS, BLOCKS, OUTER_LINEARS
 from . import lycoris
-from .fused_mlp_lora import split_mlp_pair
+from .fused_mlp_lora import split_fused_pair
 from .lora import ADAPTER, adapter_weights, lora_layers
 
 COMFY_PREFIX = "diffusion_model."
@@ -110,8 +110,8 @@ def comfyui_state_dict(transformer: nn.Module, alpha: float, dtype: torch.dtype)
 
 
 def comfyui_prefix(transformer: nn.Module) -> str:
-    """What goes before the module names in the comfyui layout: none for 2.1 (module docstring)."""
-    return "" if is_qwen_image21(transformer) else COMFY_PREFIX
+    """What goes before the module names in the comfyui layout: its architecture's (none for 2.1: module docstring)."""
+    return architecture_of(transformer).comfyui_lora_prefix
 
 
 def lora_metadata(cfg: LoraConfig, steps: int, base_model: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -146,13 +146,8 @@ def lora_file_tensors(transformer: nn.Module, rank: int, alpha: float, dtype: to
     """The live adapter as the tensors of a LoRA file in `layout` (detached, CPU, `dtype`; alpha fp32)."""
     if layout not in LORA_LAYOUTS:
         raise UserInputError(f"LoRA layout {layout!r} is not one of {list(LORA_LAYOUTS)}.")
-    if layout == "kohya" and is_qwen_image21(transformer):
-        # ComfyUI's 2.1 key map reads kohya names only onto the weights a model holds: a fused `img_mlp.gate_up`
-        # (ComfyUI's own 2.1 files) leaves the MLP pair's LoRAs unloaded, silently (measured on ComfyUI's 2.1 model).
-        raise UserInputError("LoRA layout kohya is not one ComfyUI reads whole for Qwen-Image 2.1: with a 2.1 model "
-                             "file whose MLP is fused (ComfyUI's own files) every block's img_mlp LoRAs are left out "
-                             "without an error. Save it in the comfyui layout (ComfyUI loads it with every key used, "
-                             "fused or split) or diffusers.")
+    if layout == "kohya" and architecture_of(transformer).kohya_refusal:  # (2.1's: its fused MLP)
+        raise UserInputError(architecture_of(transformer).kohya_refusal)
     if lycoris.lycoris_layers(transformer):
         if layout == "diffusers":
             raise UserInputError("LoRA layout diffusers holds plain LoRAs only: diffusers loads no LoKr or LoHa "
@@ -193,12 +188,13 @@ def layout_metadata(layout: str, rank: int, alpha: float) -> dict[str, str]:
 # in
 
 
-def kohya_names(module_names) -> dict[str, str]:
-    """kohya's spelling ('.' -> '_') -> module name, for the model's Linear `module_names` (and a 2.1 MLP pair's
-    fused name, which ComfyUI's 2.1 files hold): what a kohya file of any family adapts. A spelling two modules
-    share is left out (it names neither)."""
+def kohya_names(module_names, fused_linears=None) -> dict[str, str]:
+    """kohya's spelling ('.' -> '_') -> module name, for the model's Linear `module_names` (and the fused names of
+    its architecture's `fused_linears`, which ComfyUI's files hold: 2.1's MLP pair): what a kohya file of any family
+    adapts. A spelling two modules share is left out (it names neither)."""
     names = set(module_names)
-    names |= {n[: -len(FUSED_PARTS[0])] + FUSED_MLP for n in names if n.endswith(FUSED_PARTS[0])}
+    for fused, halves in (fused_linears or {}).items():
+        names |= {n[: -len(halves[0])] + fused for n in names if n.endswith(halves[0])}
     found: dict[str, list[str]] = {}
     for name in names:
         found.setdefault(name.replace(".", "_"), []).append(name)
@@ -285,9 +281,10 @@ def _first(names: list[str], n: int = 3) -> str:
     return f"{names[:n]}" + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
-def read_lora_file(path: str | Path, module_names=None) -> LoraFile:
-    """Read a LoRA file (any layout above) into rank, alpha and per-module (A, B) as trained. `module_names`: the
-    Linears of the model it is for, which kohya's names ('.' -> '_') are read back against (without them: Qwen-Image's).
+def read_lora_file(path: str | Path, model: nn.Module | None = None) -> LoraFile:
+    """Read a LoRA file (any layout above) into rank, alpha and per-module (A, B) as trained. `model`: the transformer
+    (or its skeleton) it is for: kohya's names ('.' -> '_') are read back against its Linears (without it: Qwen-Image's),
+    and a LoRA on a Linear its architecture's ComfyUI files fuse is read as the LoRAs on the halves we train.
 
     Refused, with a `UserInputError` naming the file and the problem: anything that is not a readable
     plain LoRA, non-floating-point weights (integer or bool tensors are no trained LoRA: a damaged file or
@@ -314,7 +311,8 @@ def read_lora_file(path: str | Path, module_names=None) -> LoraFile:
     parts: dict[str, dict[str, torch.Tensor]] = {}
     keys: dict[str, dict[str, str]] = {}  # module -> part -> key in the file
     layouts: set[str] = set()
-    kohya = kohya_names(module_names) if module_names is not None else None
+    fused_linears = architecture_of(model).fused_linears if model is not None else {}
+    kohya = kohya_names(linear_modules(model), fused_linears) if model is not None else None
     for key, tensor in tensors.items():
         split = _split_key(key, kohya)
         if split is None:
@@ -346,9 +344,10 @@ def read_lora_file(path: str | Path, module_names=None) -> LoraFile:
         raise UserInputError(f"LoRA file {path} has matrices that do not form a Linear LoRA for {bad[:3]} (first: "
                              f"lora_A {shapes['A']}, lora_B {shapes['B']}; a Linear LoRA has A (rank, in) and B "
                              "(out, rank)).")
-    for module in [m for m in parts if m.endswith(FUSED_MLP)]:  # ComfyUI's fused 2.1 MLP (fused_mlp_lora.py)
+    for module, fused_name in [(m, f) for m in parts for f in fused_linears if m.endswith("." + f)]:  # 2.1's MLP
         fused, fused_keys = parts.pop(module), keys.pop(module)
-        for name, (a, b) in split_mlp_pair(module, fused["A"], fused["B"], str(path)).items():
+        for name, (a, b) in split_fused_pair(module, fused_name, fused_linears[fused_name], fused["A"], fused["B"],
+                                             str(path)).items():
             parts[name] = {"A": a, "B": b, **({"alpha": fused["alpha"] / 2} if "alpha" in fused else {})}
             keys[name] = fused_keys
     ranks = {m: p["A"].shape[0] for m, p in parts.items()}

@@ -12,7 +12,7 @@ the samples or the model set what they happen to carry:
     training step    patch_size, batch_group, dropped_text_key, conditions, token_grid, pack, resolution_mu,
                      transformer_inputs, extra_transformer_kwargs, transformer_kwargs, loss_tokens,
                      target_prediction
-    memory plan      planned_image_size
+    memory plan      planned_image_size, planned_vision_sizes, planned_arch, planned_parts
     previews         preview_inputs, preview_pipeline, preview_image
     built-ins        tiny_components, demo, export_tiny
 
@@ -36,6 +36,8 @@ from typing import Any
 
 from ..core.errors import UserInputError
 from ..data.images import IMAGES
+from ..planner.arch import QwenImageArch, real_arch
+from ..planner.inference import PartSizes, real_parts
 
 # write(tensors, kind, key, what): the shared cache builder's atomic write of one entry
 # (kind "latents" or "text"; `what` names the input in an error).
@@ -227,6 +229,17 @@ class ModelFamily:
         """(width, height) px the memory plan plans the image sequence at: the largest bucket (a family whose
         conditions are image tokens too: `conditioned_image_size`)."""
         return max((s.bucket for s in dataset.samples), key=lambda b: b[0] * b[1])
+
+    def planned_arch(self) -> QwenImageArch:
+        """The real model's transformer, as the `plan` command plans it: Qwen-Image's 60-block MMDiT unless the family
+        trains another (its numbers read off a model built on the meta device)."""
+        return real_arch()
+
+    def planned_parts(self, text_encoder_file: bool = True) -> PartSizes:
+        """The real model's other parts as loaded, with their measured constants: Qwen2.5-VL (its language model) and
+        Qwen-Image's VAE unless the family's are others. `text_encoder_file`: the encoder as ComfyUI's single file
+        loads it, else as a diffusers folder does."""
+        return real_parts()
 
     def planned_vision_sizes(self, dataset) -> tuple[tuple[int, int], ...]:
         """(W, H) px of the images the text encoder's vision tower sees with the planned sample's prompt: none, or

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .qwen21_arch import is_qwen_image21
+from .architecture import architecture_of
 from .qwen_arch import IMG_STREAM, MODULATION_LINEARS, TXT_STREAM
 
 
@@ -33,7 +33,7 @@ def supports_modulation_ahead(transformer: nn.Module) -> bool:
     """Whether the modulation inputs are a function of the timestep alone that `modulation_inputs` knows:
     no trainable parameter before them (a LoRA on the time embedding would need their gradient) and no extra
     timestep conditioning."""
-    if is_qwen_image21(transformer):  # its one modulation Linear sits outside the blocks, never streamed
+    if not architecture_of(transformer).per_block_modulation:  # (2.1's one modulation Linear: outside the blocks)
         return False
     embed = transformer.time_text_embed
     return (not getattr(embed, "use_additional_t_cond", False)

@@ -16,6 +16,8 @@ models and the real one go through the same code; the constants below are for fi
 
 from __future__ import annotations
 
+from .architecture import TransformerArchitecture, declare_architecture
+
 # ------------------------------------------------------------------------------------------------
 # transformer
 
@@ -58,6 +60,13 @@ LORA_TARGET_PRESETS: dict[str, tuple[str, ...]] = {
 # In the last block the text stream's output is thrown away (only the image stream reaches `proj_out`),
 # so a LoRA on these modules there would never receive a gradient: leave them out.
 DEAD_IN_LAST_BLOCK: tuple[str, ...] = ("attn.add_q_proj", "attn.to_add_out", "txt_mlp.net.0.proj", "txt_mlp.net.2")
+
+# Qwen-Image's MMDiT, as the layers below the families ask of an architecture (models/architecture.py): every family
+# whose transformer is a `QwenImageTransformer2DModel` (Qwen-Image, 2512, Edit, Layered) trains this one.
+MMDIT = declare_architecture(TransformerArchitecture(
+    transformer_class="QwenImageTransformer2DModel", lora_presets=LORA_TARGET_PRESETS,
+    dead_in_last_block=DEAD_IN_LAST_BLOCK, comfyui_lora_prefix="diffusion_model.", per_block_modulation=True,
+    single_stream=False, mlp_input_linear=IMG_STREAM["mlp0"], vae_scale_factor=8))
 
 # The Linears outside the blocks: embedders of the latent tokens, the prompt and the timestep, the final
 # norm's modulation and the output projection. They stay in the compute dtype (never float8: they are

@@ -2,21 +2,21 @@
 
 `real_arch()` builds the real Qwen-Image transformer on the meta device: the defaults of diffusers'
 `QwenImageTransformer2DModel` are the real model's config (60 blocks, 24 heads x 128, joint dim 3584,
-in 64, out 16); `real_arch21()` the same for Qwen-Image 2.1 (`QwenImage21Transformer2DModel`: 32 single-stream
-blocks, 32 heads x 128, SwiGLU 3 x 4096, context 4096, 64 channels, patch 1). `arch_from_transformer` reads the same numbers from any instance (a tiny test model,
-a loaded model), so the planner's formulas can be checked against real tensors of a small model.
+in 64, out 16); another family's real model is its own (`ModelFamily.planned_model`). `arch_from_transformer` reads
+the same numbers from any instance (a tiny test model, a loaded model, a real one on the meta device), so the planner's
+formulas can be checked against real tensors of a small model; what only the architecture knows (single-stream or
+dual-stream blocks, its MLP's input Linear, its VAE's scale, its LoRA presets) it asks `models.architecture`.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 from dataclasses import dataclass
 
 from torch import nn
 
-from ..models.qwen21_arch import is_qwen_image21
-from ..models.qwen_arch import BLOCKS, IMG_STREAM, LORA_TARGET_PRESETS, QWEN25_VL_7B_CONFIG, split_block_module
+from ..models.architecture import architecture_of
+from ..models.qwen_arch import BLOCKS, QWEN25_VL_7B_CONFIG, split_block_module
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class QwenImageArch:
     outside_params: int  # parameters outside the blocks (embedders, final norm, projection)
     outside_largest_linear: int  # parameters of the largest Linear weight outside the blocks
     lora_targets: dict[str, tuple[tuple[int, str], ...]]  # preset -> (block index, module name), model order
-    # Qwen-Image 2.1: one joint stream of prompt + target rows through every block Linear (single_stream.py)
+    # One joint stream of prompt + target rows through every block Linear (single_stream.py), or dual-stream
     single_stream: bool = False
 
     @property
@@ -114,26 +114,27 @@ def arch_from_transformer(transformer: nn.Module, vae_scale_factor: int | None =
     outside = sum(p.numel() for n, p in transformer.named_parameters() if not n.startswith(BLOCKS))
     axes = list(cfg.axes_dims_rope)
     pos_freqs = getattr(transformer.pos_embed, "pos_freqs", None)
-    single = is_qwen_image21(transformer)
+    architecture = architecture_of(transformer)
+    single = architecture.single_stream
     if single:  # one table of positive and negative positions (`freqs`), where the plan counts two halves
         table_rows = transformer.pos_embed.freqs[0].shape[0] // 2
     else:
         table_rows = pos_freqs.shape[0] if pos_freqs is not None else 4096
     heads, head_dim = cfg.num_attention_heads, cfg.attention_head_dim
-    # Qwen-Image 2.1 (single-stream): its SwiGLU's input projection, its text width `context_in_dim`
-    mlp = next(s for s in linears if s.name in (IMG_STREAM["mlp0"], "img_mlp.proj"))
+    mlp = next(s for s in linears if s.name == architecture.mlp_input_linear)  # its output width is F
+    # (a single-stream block's text width is its `context_in_dim`)
     return QwenImageArch(
         num_blocks=len(transformer.transformer_blocks),
         dim=heads * head_dim, mlp_dim=mlp.out_features, heads=heads, head_dim=head_dim,
         text_dim=cfg.get("joint_attention_dim") or cfg.get("context_in_dim"),
         latent_channels=cfg.in_channels // (cfg.patch_size ** 2), patch_size=cfg.patch_size,
-        vae_scale_factor=vae_scale_factor or default_vae_scale_factor(single),
+        vae_scale_factor=vae_scale_factor or architecture.vae_scale_factor,
         rope_complex_per_token=sum(axes) // 2, rope_table_positions=table_rows,
         block_linears=tuple(linears), block_other_params=other, outside_params=outside,
         outside_largest_linear=max(m.weight.numel() for m in outside_linears),
         lora_targets={
             preset: tuple(split_block_module(n) for n in target_module_names(transformer, preset))
-            for preset in LORA_TARGET_PRESETS
+            for preset in architecture.lora_presets
         },
         single_stream=single,
     )
@@ -145,45 +146,12 @@ def arch_for_components(components) -> QwenImageArch:
     return arch_from_transformer(components.skeleton(), vae_scale_factor=components.vae_scale_factor())
 
 
-def default_vae_scale_factor(qwen_image21: bool = False) -> int:
-    """Pixels per latent cell of the real VAE: 2 ** len(temperal_downsample) of the installed diffusers'
-    `AutoencoderKLQwenImage` defaults (the real config), read, not hard-coded; Qwen-Image 2.1's
-    `AutoencoderKLQwenImage21` says it as its `scale_factor_spatial` default (16)."""
-    if qwen_image21:
-        from diffusers import AutoencoderKLQwenImage21
-
-        return inspect.signature(AutoencoderKLQwenImage21.__init__).parameters["scale_factor_spatial"].default
-    from diffusers import AutoencoderKLQwenImage
-
-    default = inspect.signature(AutoencoderKLQwenImage.__init__).parameters["temperal_downsample"].default
-    return 2 ** len(default)
-
-
 @functools.lru_cache(maxsize=1)
 def real_arch() -> QwenImageArch:
     """The real Qwen-Image transformer's numbers, from a model built on the meta device (~0.3 s)."""
     from ..models.streaming import empty_transformer
 
     return arch_from_transformer(empty_transformer({}))
-
-
-@functools.lru_cache(maxsize=1)
-def real_arch21() -> QwenImageArch:
-    """The real Qwen-Image 2.1 transformer's numbers: diffusers' `QwenImage21Transformer2DModel` defaults are its
-    config (32 blocks, 32 heads x 128, MLP ratio 3, context 4096, 64 channels, patch 1), built on the meta device."""
-    import torch
-    from diffusers import QwenImage21Transformer2DModel
-
-    with torch.device("meta"):
-        return arch_from_transformer(QwenImage21Transformer2DModel())
-
-
-PLANNED_MODELS = ("qwen-image", "qwen-image-2.1")
-
-
-def arch_for_model(model: str) -> QwenImageArch:
-    """The real architecture the `plan` command plans for `model` (one of PLANNED_MODELS)."""
-    return real_arch21() if model == "qwen-image-2.1" else real_arch()
 
 
 @functools.lru_cache(maxsize=1)

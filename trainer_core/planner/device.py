@@ -128,7 +128,7 @@ class CachingPlacement:
         if torch.device(device).type != "cuda":
             return StreamedLayers()
         work = self.components.caching_work
-        parts = parts_for_encoder(encoder)
+        parts = parts_for_encoder(encoder, self.components.family.planned_parts(text_encoder_file=True))
         inputs = PlanInputs(text_tokens=work.text_tokens, reference_sizes=tuple(work.image_sizes), device="cuda",
                             text_encoder_storage="float8" if self.one_byte else "bfloat16", cuda_context_bytes=0,
                             text_encoder_streamed=None)

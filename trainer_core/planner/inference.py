@@ -54,7 +54,7 @@ class PartSizes:
     text_intermediate: int
     vae_params: int
     vae_base_dim: int
-    # The model's own measured constants (Qwen-Image's by default; Qwen-Image 2.1's in `real_parts21`).
+    # The model's own measured constants (Qwen-Image's by default; another family's in its `planned_parts`).
     vae_encode_per_pixel_channel: float = VAE_ENCODE_BYTES_PER_PIXEL_CHANNEL
     vae_decode_per_pixel_channel: float = VAE_DECODE_BYTES_PER_PIXEL_CHANNEL
     text_extra_per_token: int = TEXT_ENCODER_EXTRA_PER_TOKEN
@@ -72,6 +72,10 @@ class PartSizes:
     vision_working_per_patch_channel: float = 0.0  # one block's transients (references.py), 2.1's or Edit's
     vision_block_linear_params: int = 0  # one vision block's Linear weights: what streaming one block moves
     vae_image_channels: int = 3  # channels of a decoded image: RGB, or RGBA (Layered's and 2.1's VAEs)
+    # The text encoder file that keeps its Linears in one byte (what the plan suggests when caching does not fit), and
+    # its kind among the files the planner knows (PLAN_TEXT_ENCODER_FILES: the `plan --text-encoder-file` default).
+    one_byte_text_encoder_file: str = "qwen_2.5_vl_7b_fp8_scaled"
+    one_byte_text_encoder_format: str = "fp8"
 
     @property
     def text_layer_linear_params(self) -> int:
@@ -94,49 +98,6 @@ def real_parts() -> PartSizes:
         text_encoder_largest=text["vocab_size"] * text["hidden_size"], text_hidden=text["hidden_size"],
         text_layers=text["num_hidden_layers"], text_intermediate=text["intermediate_size"],
         vae_params=vae_params(), vae_base_dim=base_dim)
-
-
-# Qwen-Image 2.1's parts, measured by tools/calibrate_qwen21.py (same method as above): its VAE
-# (`AutoencoderKLQwenImage21`, RGBA, 16x) per pixel per base channel, and what its Qwen3-VL forward holds per token
-# beyond the hidden states, the MLP's transients and the logits (the pipeline runs the whole model, lm_head too).
-# VAE at base_dim 96, 256 and 512 px: encode 139.2 / 556.8 MB, decode 421.5 / 1685.8 MB (its decoder is 144 wide,
-# hence the larger decode figure per base channel). The text encoder's remainder measured -8184 B per token at hidden
-# 512 (4 layers, 300 tokens) but +16104 B at the real width (4096, MLP 12288; 2 and 4 layers alike, 312 tokens:
-# tools/calibrate_qwen21_references.py), which is what the real encoder holds: 16104.
-VAE21_ENCODE_BYTES_PER_PIXEL_CHANNEL = 22.12
-VAE21_DECODE_BYTES_PER_PIXEL_CHANNEL = 66.99
-TEXT21_EXTRA_PER_TOKEN = 16104
-
-
-@functools.lru_cache(maxsize=2)
-def real_parts21(lm_head: bool = True) -> PartSizes:
-    """Qwen-Image 2.1's Qwen3-VL-8B (`models.qwen21_arch.QWEN3_VL_8B_CONFIG`, loaded whole: the folder loader
-    reads `Qwen3VLForConditionalGeneration`, vision tower and lm_head included) and its VAE, on the meta device.
-    `lm_head=False`: the encoder as ComfyUI's single file loads (families/qwen_image21/text_file.py drops the head:
-    no head weights, no logits)."""
-    import torch
-    from diffusers import AutoencoderKLQwenImage21
-    from torch import nn
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    from ..models.qwen21_arch import QWEN3_VL_8B_CONFIG
-
-    text = QWEN3_VL_8B_CONFIG["text_config"]
-    with torch.device("meta"):
-        encoder = Qwen3VLForConditionalGeneration(Qwen3VLConfig(**QWEN3_VL_8B_CONFIG))
-        vae = AutoencoderKLQwenImage21()
-    linears = sum(m.weight.numel() for n, m in encoder.named_modules()
-                  if isinstance(m, nn.Linear) and ".layers." in f".{n}")
-    head = 0 if lm_head else encoder.lm_head.weight.numel()
-    return PartSizes(
-        text_encoder_params=sum(p.numel() for p in encoder.parameters()) - head, text_encoder_linear_params=linears,
-        text_encoder_largest=text["vocab_size"] * text["hidden_size"], text_hidden=text["hidden_size"],
-        text_layers=text["num_hidden_layers"], text_intermediate=text["intermediate_size"],
-        vae_params=sum(p.numel() for p in vae.parameters()), vae_base_dim=vae.config.base_dim,
-        vae_image_channels=vae_image_channels(vae), vae_encode_per_pixel_channel=VAE21_ENCODE_BYTES_PER_PIXEL_CHANNEL,
-        vae_decode_per_pixel_channel=VAE21_DECODE_BYTES_PER_PIXEL_CHANNEL,
-        text_extra_per_token=TEXT21_EXTRA_PER_TOKEN, text_logits_per_token=text["vocab_size"] if lm_head else 0,
-        **vision_fields(encoder))
 
 
 def vision_fields(encoder) -> dict:
@@ -164,17 +125,9 @@ def vae_image_channels(vae) -> int:
     return config["out_channels"] if "out_channels" in config else config.get("input_channels", 3)
 
 
-def parts_for_model(model: str, text_encoder_file: bool = True) -> PartSizes:
-    """The real parts the `plan` command plans for `model` (arch.PLANNED_MODELS); `text_encoder_file`: 2.1's
-    encoder from ComfyUI's single file (no lm_head), else from a diffusers folder (all of it)."""
-    return real_parts21(lm_head=not text_encoder_file) if model == "qwen-image-2.1" else real_parts()
-
-
 def parts_for_components(components) -> PartSizes:
-    """The sizes of a loaded model set's VAE (and text encoder, while it is loaded); the real model's for a
+    """The sizes of a loaded model set's VAE (and text encoder, while it is loaded); its family's real model's for a
     part that is not there (a released text encoder: caching is over by the time a run is planned)."""
-    from ..models.qwen21_arch import is_qwen_image21
-
     fields: dict = {}
     vae = components.vae
     if vae is not None:
@@ -182,8 +135,8 @@ def parts_for_components(components) -> PartSizes:
                       vae_image_channels=vae_image_channels(vae))
     if components.text_encoder is not None:
         fields.update(encoder_fields(components.text_encoder))
-    # The real model's constants and the sizes of a part not loaded.
-    return dataclasses.replace(real_parts21() if is_qwen_image21(components.skeleton()) else real_parts(), **fields)
+    # The real model's constants and the sizes of a part not loaded (its encoder as a folder loads it, head and all).
+    return dataclasses.replace(components.family.planned_parts(text_encoder_file=False), **fields)
 
 
 def encoder_fields(encoder) -> dict:
@@ -205,16 +158,15 @@ def encoder_fields(encoder) -> dict:
     return fields
 
 
-def parts_for_encoder(encoder) -> PartSizes:
-    """The sizes the caching phase plans for `encoder` (loaded or on the meta device): Qwen3-VL's (2.1) constants or
-    Qwen2.5-VL's (Qwen-Image), with the encoder's own shapes."""
-    base = real_parts21(lm_head=False) if encoder.config.model_type == "qwen3_vl" else real_parts()
+def parts_for_encoder(encoder, base: PartSizes) -> PartSizes:
+    """The sizes the caching phase plans for `encoder` (loaded or on the meta device): `base`'s measured constants (its
+    family's real parts: `ModelFamily.planned_parts`) with the encoder's own shapes."""
     return dataclasses.replace(base, **encoder_fields(encoder))
 
 
 def preview_block_working_bytes(arch: QwenImageArch, targets: str, lora_dtype: str, n_img: int, n_txt: int) -> int:
     """One block's forward transients in a denoising step (batch 1: true CFG runs its two forwards in turn)."""
-    if arch.single_stream:  # Qwen-Image 2.1: measured for its own block
+    if arch.single_stream:  # measured for a single-stream block
         from . import single_stream
 
         return single_stream.preview_block_working_bytes(arch, targets, lora_dtype, n_img, n_txt)

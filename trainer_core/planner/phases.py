@@ -283,11 +283,11 @@ def fewest_swapped_fitting(inputs: PlanInputs, arch: QwenImageArch, parts: PartS
     return (hi if found.fits else None), found
 
 
-def _candidates(p: PlanInputs, failing: set[str], arch: QwenImageArch) -> list[tuple[str, dict]]:
+def _candidates(p: PlanInputs, failing: set[str], parts: PartSizes) -> list[tuple[str, dict]]:
     """Single changes worth trying, each as (label, PlanInputs fields)."""
     out: list[tuple[str, dict]] = []
     if "cache" in failing and p.text_encoder_storage == "bfloat16":
-        one_byte = "qwen3vl_8b_int8_convrot" if arch.single_stream else "qwen_2.5_vl_7b_fp8_scaled"
+        one_byte = parts.one_byte_text_encoder_file
         out.append(("text encoder in one byte while caching (Load node: text_encoder_fp8 = keep" +
                     (")" if p.text_encoder_file_fp8 else f", with the {one_byte} file)"),
                     dict(text_encoder_storage="float8", text_encoder_file_fp8=True)))
@@ -346,7 +346,7 @@ def suggest_changes(plan: PhasePlan, arch: QwenImageArch | None = None, parts: P
     swap_only, fitting = fewest_swapped_fitting(p, arch, parts, plan.ram_bytes, plan.gpu_budget_bytes)
     if swap_only is not None and swap_only != p.blocks_to_swap:
         lines.append(f"blocks_to_swap={swap_only}{_peaks(fitting)}")
-    for label, change in _candidates(p, failing, arch):
+    for label, change in _candidates(p, failing, parts):
         k, fitting = fewest_swapped_fitting(dataclasses.replace(p, **change), arch, parts, plan.ram_bytes,
                                             plan.gpu_budget_bytes)
         # Worth listing when it fits where nothing else does, or with fewer swapped blocks (faster, less RAM).

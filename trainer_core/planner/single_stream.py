@@ -23,7 +23,6 @@ preview forward's are measured, per joint row and unit of F, by `tools/calibrate
 
 from __future__ import annotations
 
-from ..models.qwen21_arch import LORA_TARGET_PRESETS as PRESETS21
 from .activations import FP32, ActivationSettings, _lora_group
 from .arch import QwenImageArch
 
@@ -33,7 +32,7 @@ MLP_INPUT = ("img_mlp.gate_layer", "img_mlp.proj")
 
 def block_saved_bytes(arch: QwenImageArch, s: ActivationSettings, batch: int, n_img: int, n_txt: int) -> int:
     """Bytes autograd keeps for one 2.1 block's backward (parameters, modulation and RoPE factors excluded)."""
-    targets = set(PRESETS21[s.preset])
+    targets = {module for _, module in arch.lora_targets[s.preset]}
     weight_casts = 0
     if s.as_computed() is not s:  # the LoRA computed in the activations' dtype: its weights cast down per call
         weight_casts = sum(s.rank * (arch.linear(m).in_features + arch.linear(m).out_features)

@@ -115,28 +115,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from ..core.config import AUTO_SWAP, PlanConfig, field_default
     from ..core.errors import UserInputError
+    from ..families import get_family
     from ..planner import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
-    from ..planner.arch import arch_for_model
-    from ..planner.inference import parts_for_model
     from ..planner.phases import plan_phases
     from ..planner.render import render_phases
 
-    arch, parts = arch_for_model(args.model), parts_for_model(args.model)
-    label, num_blocks = ("Qwen-Image 2.1" if arch.single_stream else "Qwen-Image"), arch.num_blocks
+    family = get_family(args.model)  # its real model: transformer, text encoder as ComfyUI's file loads it, VAE
+    arch, parts = family.planned_arch(), family.planned_parts(text_encoder_file=True)
+    label, num_blocks = family.display_name, arch.num_blocks
     if args.blocks_to_swap > num_blocks - 1:
         raise UserInputError(
             f"--blocks-to-swap {args.blocks_to_swap}: {label} has {num_blocks} transformer blocks and at least one "
             f"must stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' (or leave it out) to let the planner choose."
         )
     # The text encoder file ComfyUI's templates download: Qwen-Image's fp8 scaled, 2.1's int8 ConvRot (one byte either).
-    te_file = args.text_encoder_file if args.text_encoder_file != "auto" else ("int8" if arch.single_stream else "fp8")
+    te_file = args.text_encoder_file if args.text_encoder_file != "auto" else parts.one_byte_text_encoder_format
     te_fp8_file = te_file != "bf16"
     if not te_fp8_file and args.text_encoder_storage == "float8":
         raise UserInputError("--text-encoder-storage float8 keeps a one-byte file's Linears, and --text-encoder-file "
                              "bf16 has none: use --text-encoder-file fp8 or int8, or --text-encoder-storage bfloat16.")
     if arch.single_stream and args.gpu is not None:
-        raise UserInputError("--gpu: the step-time model (planner/timeline.py) is Qwen-Image's dual-stream one; "
-                             "it does not model Qwen-Image 2.1 yet. Leave --gpu out.")
+        raise UserInputError(f"--gpu: the step-time model (planner/timeline.py) is Qwen-Image's dual-stream one; "
+                             f"it does not model {label}'s single-stream blocks yet. Leave --gpu out.")
     width = args.width if args.width is not None else args.resolution
     height = args.height if args.height is not None else args.resolution
     auto = args.blocks_to_swap == AUTO_SWAP
@@ -274,12 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "Then prints each phase's GPU and host RAM peak (load, cache, init, train, preview, save), "
                     "checked against --budget-gb and --ram-gb; exits 1 when a phase does not fit, with the changes "
                     "that would. Defaults are the nodes' defaults.")
-    from ..planner.arch import PLANNED_MODELS
-
-    plan.add_argument("--model", choices=PLANNED_MODELS, default=PLANNED_MODELS[0],
-                      help="the real model to plan for: qwen-image (also Edit and 2512: the same transformer) or "
-                           "qwen-image-2.1 (32 single-stream blocks of width 4096, its Qwen3-VL-8B text encoder "
-                           "and 16x VAE)")
+    plan.add_argument("--model", choices=family_names(aliases=True), default=DEFAULT,
+                      help="the real model to plan for, by its family: qwen-image (Edit, 2512 and Layered plan as it: "
+                           "the same transformer) or qwen-image-2.1 (32 single-stream blocks of width 4096, its "
+                           "Qwen3-VL-8B text encoder and 16x VAE)")
     plan.add_argument("--resolution", **config_arg(DatasetConfig, "resolution", help="square side in pixels"))
     plan.add_argument("--width", **config_arg(PlanConfig, "width", default=None,
                                               help="image width in pixels, a multiple of 32 (default: --resolution)"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..adapters.lora import compute_in_input_dtype, inject_lora, matching_preset, target_module_names
-from ..adapters.lora_files import check_targets, linear_modules, load_into_adapter, read_lora_file
+from ..adapters.lora_files import check_targets, load_into_adapter, read_lora_file
 from ..core.config import NO_LORA
 from ..core.errors import UserInputError
 from ..core.finite import all_finite
@@ -52,7 +52,7 @@ def build(trainer: "Trainer", init_lora, preview_size) -> None:
             raise UserInputError(f"continue_from_lora starts from a plain LoRA file, and the LoRA Config asks for "
                                  f"adapter={lora.adapter}: set adapter to lora to continue that file, or choose "
                                  f"{NO_LORA!r} to train a new LoKr or LoHa.")
-        trainer.init_lora = read_lora_file(init_lora, module_names=linear_modules(skeleton))  # kohya names: this model's
+        trainer.init_lora = read_lora_file(init_lora, model=skeleton)  # kohya names and fused Linears: this model's
         check_targets(skeleton, trainer.init_lora)
         modules = trainer.init_lora.targets
         # The file decides rank, alpha and the adapted modules; dropout and dtype come from the settings.

@@ -58,7 +58,7 @@ class PromptsOnly(CacheConditioning):
 
 class QwenImage(ModelFamily):
     name = "qwen-image"
-    display_name = "Qwen-Image (text-to-image)"
+    display_name = "Qwen-Image"
     dataset_kinds = (IMAGES,)
 
     def cache_conditioning(self, components, samples, settings) -> CacheConditioning:

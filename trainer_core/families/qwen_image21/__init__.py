@@ -8,6 +8,7 @@ transformer whose output covers the joint text + image sequence. It trains text-
 editing when its dataset is an edit dataset (data/edit_dataset.py's convention; the controls are its references).
 
 Modules, one concern each:
+    arch.py       the architecture's facts, declared for the lower layers (models/architecture.py)
     family.py     the family's hooks (families/base.py)
     objective.py  the transformer's inputs as the pinned pipeline builds them (with references or without)
     text.py       prompt encoding by the pipeline's own method
@@ -27,5 +28,6 @@ Modules, one concern each:
 
 from __future__ import annotations
 
+from . import arch  # noqa: F401 (declares the architecture before any model of it exists)
 from .family import FAMILIES  # noqa: F401
 from .recognise import load  # noqa: F401

@@ -26,6 +26,7 @@ from ..base import CacheConditioning, DemoSpec, ModelFamily, conditioned_image_s
 from .conditioning import NAME, Conditioning21
 from .export import export_tiny_qwen_image21
 from .objective import transformer_kwargs
+from .plan import real_arch21, real_parts21
 from .sampling import preview_inputs, preview_pipeline
 from .tiny import build_tiny_qwen_image21_set
 
@@ -83,6 +84,12 @@ class QwenImage21(ModelFamily):
 
     def planned_image_size(self, dataset):
         return conditioned_image_size(dataset)  # reference tokens lengthen the image sequence as target tokens do
+
+    def planned_arch(self):
+        return real_arch21()
+
+    def planned_parts(self, text_encoder_file=True):
+        return real_parts21(lm_head=not text_encoder_file)  # ComfyUI's file drops the head (text_file.py)
 
     # previews
 

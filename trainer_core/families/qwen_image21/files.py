@@ -36,7 +36,7 @@ from ...models.layouts import (
     split_scaled_fp8,
     strip_prefix,
 )
-from ...models.qwen21_arch import FUSED_MLP, FUSED_PARTS, TRANSFORMER_PROBE
+from .arch import FUSED_MLP, FUSED_PARTS, TRANSFORMER_PROBE
 from ...models.qwen_arch import BLOCKS
 from ...models.safetensors_file import SafetensorsFile
 from ...models.streaming import stream_into

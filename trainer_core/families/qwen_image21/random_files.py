@@ -37,7 +37,7 @@ def write_random_transformer21(path: str | Path, num_layers: int | None = None, 
     (the file ComfyUI's 2.1 templates download)."""
     from .files import empty_transformer21
     from ...models.float8 import FLOAT8, FLOAT8_MAX
-    from ...models.qwen21_arch import FUSED_MLP, FUSED_PARTS
+    from .arch import FUSED_MLP, FUSED_PARTS
     from ...models.part_files import public_config
 
     model = empty_transformer21({} if num_layers is None else {"num_layers": num_layers})
@@ -78,7 +78,7 @@ def write_random_qwen3_vl(path: str | Path, seed: int = 0, config: dict | None =
     ComfyUI's scaled-fp8 text encoder file, or (`fmt` "int8_convrot") as its int8 ConvRot one
     (`qwen3vl_8b_int8_convrot`, what ComfyUI's 2.1 templates download)."""
     from .text_file import comfyui_name, empty_qwen3_vl
-    from ...models.qwen21_arch import QWEN3_VL_8B_CONFIG
+    from .arch import QWEN3_VL_8B_CONFIG
 
     model = empty_qwen3_vl(config or QWEN3_VL_8B_CONFIG)
     linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ...core.choices import EDIT_VARIANT_CHOICES
 from ...core.errors import UserInputError
-from ...models.qwen21_arch import TRANSFORMER_CLASS, TRANSFORMER_PROBE
+from .arch import TRANSFORMER_CLASS, TRANSFORMER_PROBE
 
 PIPELINE_CLASS = "QwenImage21Pipeline"
 AUTO = EDIT_VARIANT_CHOICES[0]
@@ -58,8 +58,8 @@ def load(request):
     its dataset has reference images) and must leave the Edit variant on auto: 2.1 has none."""
     from ...models.source import DIFFUSERS, FILES
     from ...planner.device import resolve_text_encoder_fp8
-    from ...planner.inference import real_parts21
     from .folder import load_qwen_image21_folder
+    from .plan import real_parts21
 
     files = request.source == FILES and is_qwen_image21_file(request.transformer)
     if not files and not (request.source == DIFFUSERS and is_qwen_image21_folder(request.diffusers_folder)):

@@ -29,7 +29,7 @@ from torch import nn
 
 from ...core.errors import UserInputError
 from ...models.layouts import int8_weights, refuse_nonfinite_scales, split_scaled_fp8
-from ...models.qwen21_arch import QWEN3_VL_8B_CONFIG
+from .arch import QWEN3_VL_8B_CONFIG
 from ...models.safetensors_file import SafetensorsFile
 from ...models.streaming import assign_frozen_linear_weight, assign_parameter, dequantize, fill_empty
 from ...models.text_encoder_file import ONE_BYTE_DTYPES, Placement, check_fp8_mode

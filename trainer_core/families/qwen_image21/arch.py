@@ -1,4 +1,5 @@
-"""Facts of the Qwen-Image 2.1 architecture the lower layers need: its block Linears and LoRA presets.
+"""Facts of the Qwen-Image 2.1 architecture: its block Linears and LoRA presets, declared for the lower layers
+(`ARCHITECTURE`, models/architecture.py), and the shapes of its real text encoder for the memory plan.
 
 Qwen-Image 2.1 (diffusers 0.42.1 `QwenImage21Transformer2DModel`) is single-stream: text, condition and
 target tokens run through the same Linears of each block, and one `modulation` Linear outside the blocks
@@ -6,11 +7,13 @@ feeds them all (no per-block modulation). Its MLP is SwiGLU: `img_mlp.gate_layer
 (both dim -> 3 dim) and `img_mlp.out`. ComfyUI's files may hold the first two fused as `img_mlp.gate_up`
 (gate rows first: diffusers' `convert_qwen_image21_transformer_checkpoint_to_diffusers` says so).
 
-Pure data (no torch at module level), like `qwen_arch`; the preset names are Qwen-Image's, so the
+Pure data (no torch at module level), like `models.qwen_arch`; the preset names are Qwen-Image's, so the
 `targets` setting means the same for both.
 """
 
 from __future__ import annotations
+
+from ...models.architecture import TransformerArchitecture, declare_architecture
 
 TRANSFORMER_CLASS = "QwenImage21Transformer2DModel"
 
@@ -36,9 +39,18 @@ VAE_SCALE_FACTOR = 16
 LATENT_CHANNELS = 64
 
 
-def is_qwen_image21(transformer) -> bool:
-    """Whether `transformer` (loaded or a meta skeleton) is a Qwen-Image 2.1 transformer."""
-    return type(transformer).__name__ == TRANSFORMER_CLASS
+# ComfyUI's 2.1 key map reads kohya names only onto the weights a model holds: a fused `img_mlp.gate_up` (ComfyUI's
+# own 2.1 files) leaves the MLP pair's LoRAs unloaded, silently (measured on ComfyUI's 2.1 model).
+KOHYA_REFUSAL = ("LoRA layout kohya is not one ComfyUI reads whole for Qwen-Image 2.1: with a 2.1 model file whose MLP "
+                 "is fused (ComfyUI's own files) every block's img_mlp LoRAs are left out without an error. Save it in "
+                 "the comfyui layout (ComfyUI loads it with every key used, fused or split) or diffusers.")
+
+ARCHITECTURE = declare_architecture(TransformerArchitecture(
+    transformer_class=TRANSFORMER_CLASS, lora_presets=LORA_TARGET_PRESETS, dead_in_last_block=(),
+    comfyui_lora_prefix="",  # ComfyUI's 2.1 key map reads bare diffusers names
+    kohya_refusal=KOHYA_REFUSAL, fused_linears={FUSED_MLP: FUSED_PARTS},
+    per_block_modulation=False,  # its one modulation Linear sits outside the blocks
+    single_stream=True, mlp_input_linear="img_mlp.proj", vae_scale_factor=VAE_SCALE_FACTOR))
 
 
 # The real text encoder's shapes, for the memory planner only (no weights are built from it): Qwen3-VL-8B as
