@@ -19,7 +19,7 @@ from test_nodes import tiny_prompt
 from trainer_core.training import checkpoint as ckpt
 from trainer_core.core import files
 from trainer_core.runs import registry as runs
-from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.core.config import AUTO_SWAP, LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import UserInputError
 from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training import Trainer
@@ -137,7 +137,7 @@ def test_changed_learning_rate_rebuilds_and_resumes_exactly(tiny_run, tmp_path, 
 def test_auto_swapping_resolves_in_the_engine(tiny_run):
     open_, _ = tiny_run
     run = open_("a", blocks_to_swap="auto")
-    assert run.trainer.requested_train_cfg.blocks_to_swap == -1
+    assert run.trainer.requested_train_cfg.blocks_to_swap == AUTO_SWAP
     assert run.trainer.train_cfg.blocks_to_swap == 0  # CPU: nothing to swap
     assert "blocks_to_swap: 0 (auto)" in run.status and "CPU training" in run.status
     assert TrainConfig(blocks_to_swap="AUTO").auto_swap and TrainConfig(blocks_to_swap=-1).auto_swap

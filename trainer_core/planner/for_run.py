@@ -43,8 +43,7 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
     largest = max(dataset.samples, key=lambda s: s.bucket[0] * s.bucket[1] + sum(
         w * h for w, h in s.condition_sizes))
     return PlanInputs.from_configs(
-        lora, optimizer, dataclasses.replace(train, blocks_to_swap=blocks_to_swap), width, height,
-        storage=planned_storage(components),
+        lora, optimizer, train, width, height, blocks_to_swap=blocks_to_swap, storage=planned_storage(components),
         text_tokens=text_tokens, device="cuda" if components.device.type == "cuda" else "cpu",
         dataset_images=len(dataset.samples),
         reference_sizes=tuple(tuple(z) for z in largest.condition_sizes),

@@ -136,7 +136,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     arch, parts = arch_for_model(args.model), parts_for_model(args.model)
     label, num_blocks = ("Qwen-Image 2.1" if arch.single_stream else "Qwen-Image"), arch.num_blocks
-    if args.blocks_to_swap > num_blocks - 1:
+    auto = args.blocks_to_swap == AUTO_SWAP
+    if not auto and args.blocks_to_swap > num_blocks - 1:
         raise UserInputError(
             f"--blocks-to-swap {args.blocks_to_swap}: {label} has {num_blocks} transformer blocks and at least one "
             f"must stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' (or leave it out) to let the planner choose."
@@ -152,7 +153,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
                              "it does not model Qwen-Image 2.1 yet. Leave --gpu out.")
     width = args.width if args.width is not None else args.resolution
     height = args.height if args.height is not None else args.resolution
-    auto = args.blocks_to_swap == AUTO_SWAP
     ram = int(args.ram_gb * GIB) if args.ram_gb else None
     inputs = PlanInputs(
         width=width, height=height, batch=args.batch, text_tokens=args.text_tokens, rank=args.rank,
