@@ -15,7 +15,7 @@ from test_nodes import tiny_prompt
 
 
 def adapter(trainer):
-    return {n: p.detach().clone() for n, p in zip(trainer.param_names, trainer.params)}
+    return {n: p.detach().clone() for n, p in zip(trainer.built.param_names, trainer.built.params)}
 
 
 def with_compare(prompt, columns=0, tile_size=64):
@@ -130,7 +130,7 @@ def test_previews_leave_training_bit_identical(pack, tmp_path, demo_folder, monk
         prompt = tiny_prompt(tmp_path, demo_folder, steps=3, **{"7": {"preview_every": every},
                                                                 "6": {"run_name": f"bitexact_{every}"}})
         trainer = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)["7"][0]
-        results[every] = (adapter(trainer), list(trainer.loss_history))
+        results[every] = (adapter(trainer), list(trainer.progress.loss_history))
         runs.release(f"bitexact_{every}")
     (plain, plain_losses), (previewed, previewed_losses) = results[0], results[1]
     assert plain_losses == previewed_losses
@@ -187,7 +187,7 @@ def test_engine_previews_every_n_steps_change_nothing_and_stop_on_cancel(demo_fo
     assert seen == [(1, False), (2, True), (3, False), (4, True)]
     assert [step for step, _ in report.previews] == [2, 4] and all(s >= 0 for _, s in report.previews)
     assert_same_adapter(plain, previewed)
-    assert plain.loss_history == previewed.loss_history
+    assert plain.progress.loss_history == previewed.progress.loss_history
     plain.close()
 
     class Cancel(Exception):

@@ -261,7 +261,8 @@ class TrainConfig:
     grad_accum_steps: int = _f(1, "Micro-batches summed into one optimizer step.", min=1, max=1024)
     gradient_checkpointing: bool = _f(True, "Recompute each block's activations in backward: much less memory.")
     # A count or AUTO_SWAP. The default and range are the widget's and the flag's, where -1 spells auto: a made
-    # config holds AUTO_SWAP (parse_blocks_to_swap, in __post_init__).
+    # config holds AUTO_SWAP (parse_blocks_to_swap, in __post_init__), and what the engine decides from it is the
+    # trainer's (training.setup.Decided), never written back here.
     blocks_to_swap: int | str = _f(
         AUTO_SWAP_NUMBER, "Transformer blocks whose frozen weights stay in CPU RAM and are copied to the GPU when "
         "needed (slower, less VRAM). -1 (or 'auto') = auto: the fewest that fit the GPU's free memory, from the memory "

@@ -131,7 +131,7 @@ def open_run(
         head += "\n" + "\n".join(trainer.resume_notes)
     for note in idle_settings(dataset, lora, optimizer, train):  # settings that change nothing here, said
         head += f"\nwarning: {note}"
-    status = f"{head}\nblocks_to_swap: {_swap_text(trainer)}\n\n{trainer.memory_plan}"
+    status = f"{head}\nblocks_to_swap: {trainer.decided.swap.label}\n\n{trainer.memory_plan}"
     return OpenedRun(trainer, "resumed" if resumed else "started", status)
 
 
@@ -252,18 +252,13 @@ def setting_conflicts(trainer: Trainer, lora: LoraConfig, optimizer: OptimizerCo
                       components: QwenImageComponents) -> list[str]:
     """Differences between a live trainer and new settings that a run cannot continue across (the same
     rule a checkpoint is held to: `Trainer.MUST_MATCH_LORA`, `optim.fixed_for_the_run`, the base weights)."""
-    asked = trainer.requested_lora_cfg
+    asked = trainer.lora_cfg
     conflicts = [f"{key}: running {getattr(asked, key)!r}, now {getattr(lora, key)!r}"
                  for key in MUST_MATCH_LORA if getattr(asked, key) != getattr(lora, key)]
     conflicts += fixed_for_the_run(to_dict(trainer.optim_cfg), optimizer, "running")  # the optimizer kind, ...
-    if components is not trainer.components and components.fingerprint("transformer") != trainer.base_fingerprint:
+    if components is not trainer.components and components.fingerprint("transformer") != trainer.built.base_fingerprint:
         conflicts.append(f"base model: running {trainer.components.name!r}, now {components.name!r} (different weights)")
     return conflicts
-
-
-def _swap_text(trainer: Trainer) -> str:
-    chosen = trainer.train_cfg.blocks_to_swap
-    return f"{chosen} (auto)" if trainer.requested_train_cfg.auto_swap else str(chosen)
 
 
 def _where(run_dir: Path | None) -> str:
