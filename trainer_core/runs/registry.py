@@ -15,8 +15,9 @@
 Ownership: a trainer owns its adapter and a model set carries one adapter, so at most one live trainer
 per model set. Opening a run on a model set that another run trains checkpoints and retires that run;
 its trainer then refuses every use with an error naming both runs (never a silent mix of adapters).
-`blocks_to_swap='auto'` is resolved by the Trainer from the memory plan (see `planner.for_run.plan_run`), after
-`before_build` ran (a host frees its own models there).
+The Trainer checks the settings against the model and decides what they leave open once, when it is built
+(training/setup.py): `blocks_to_swap='auto'` becomes a count from the memory plan (`planner.for_run.plan_run`),
+after `before_build` ran (a host frees its own models there).
 
 Live trainers are kept here by run name, because a host may drop the object that holds one (ComfyUI
 evicts cached node outputs under memory pressure): the next `open_run` of that name finds it again.
@@ -81,7 +82,6 @@ def open_run(
     process's place among the processes of a data-parallel run (distributed.py). `preview_size`: (width,
     height) of the previews the caller will sample, for the memory plan (None: the Preview node's default)."""
     name = check_run_name(train.run_name)
-    train.check_model(num_blocks=components.num_blocks)  # the settings themselves were checked when made
     run_dir = Path(run_dir) if run_dir is not None else None
     signature = run_signature(components, dataset, lora, optimizer, train, run_dir, init_lora) + f"/{replicas.size}"
     with _lock:

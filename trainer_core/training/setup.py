@@ -75,7 +75,8 @@ class Built:
 def check_inputs(components, dataset, train) -> None:
     """What the Trainer refuses before it builds anything: settings that do not fit the model, an empty cached
     dataset or one no step could learn from, preservation without the class captions it needs (preservation.py), a
-    model set without a family."""
+    model set without a family. The settings themselves were checked when made; this is the one check of them
+    against the model."""
     components.require_family("the Trainer")
     train.check_model(num_blocks=components.num_blocks)
     if not dataset.samples:
