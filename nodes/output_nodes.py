@@ -131,7 +131,7 @@ class QwenLoRACompareSteps:
 
     def compare(self, trainer, columns, tile_size):
         grid = step_grid(trainer.step_previews, columns, tile_size, title=trainer.train_cfg.run_name,
-                         preview_every=getattr(trainer, "preview_every", 0), step=trainer.step)
+                         preview_every=trainer.preview_every, step=trainer.step)
         return (pil_to_image(grid),)
 
 

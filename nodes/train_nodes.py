@@ -147,8 +147,8 @@ class QwenLoRATrain:
               preview_sampling_steps: int = 20, snapshot_every: int = 0):
         cfg = TrainStepsConfig(steps, preview_every, preview_size, preview_sampling_steps, snapshot_every)
         trainer.require_live()
-        trainer.preview_every = cfg.preview_every  # Compare Steps says when its first preview comes
         extras = step_extras(trainer, cfg)
+        trainer.schedule_previews(extras)  # the run's live preview schedule: Compare Steps says when the first comes
         with engine_mode():
             extras.untrained_preview(trainer)  # Compare Steps' first tile: the model before the LoRA trained
         progress = host.Progress(steps)

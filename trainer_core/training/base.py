@@ -4,7 +4,7 @@ that hand the components (state.py, outputs.py, evaluation.py, lifecycle.py) the
     settings, as asked ........ lora_cfg, optim_cfg, train_cfg (the run, its folder, its processes)
     decided, built ............ setup.Decided (swap count, the adapter's rank...), setup.Built (the parts)
     progress .................. state.Progress (step, micro-batch counter, histories), its checkpoints on disk
-    live previews ............. the small copies kept
+    live previews ............. the schedule its host set, the small copies kept
     its life .................. the run folder's lock, busy, retired or broken
 
 The recipe (recipe.Trainer) builds the parts and runs the loop; this class holds them and gives them out. It claims
@@ -30,6 +30,7 @@ from .busy import Busy, holds, run_description
 from .comparison import Comparison
 from .distributed import Replicas
 from .live import PreviewSettings, StepPreview
+from .periodic import StepExtras
 
 
 class TrainerBase:
@@ -51,7 +52,9 @@ class TrainerBase:
         self.saved_step: int | None = None  # step of the newest checkpoint on disk
         self.restored_from: Path | None = None  # the checkpoint folder `resume` last read
         self.resume_notes: list[str] = []  # checkpoints `resume` passed over, one sentence each, for a person
-        # Small copies of the previews made while training (live.py caps them).
+        # The live previews: the schedule its host set last (`schedule_previews`: every N steps, 0 = off) and small
+        # copies of the previews made while training (live.py caps them).
+        self.preview_every = 0
         self.step_previews: list[StepPreview] = []
         # Its life.
         self.lock = None  # the run folder's (lifecycle.lock_run_folder), on the process that writes checkpoints
@@ -141,6 +144,11 @@ class TrainerBase:
         self.require_live()
         return outputs.preview_step(self.components, self.dataset, self.built, self.train_cfg.run_name, self.step,
                                     self.step_previews, settings, progress)
+
+    def schedule_previews(self, extras: StepExtras) -> None:
+        """The live preview schedule its host follows from now on (Train Steps: its widgets): `preview_every` says
+        it to whoever shows the previews (Compare Steps: when the first comes)."""
+        self.preview_every = extras.preview_every if extras.previews else 0
 
     # -- its life (lifecycle.py) ----------------------------------------------------------------------
 
