@@ -22,6 +22,7 @@ from PIL import Image
 
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
 from ..core.errors import RunFolderLost, TrainingStopped, UserInputError
+from ..core.run_lock import RunLock
 from ..data.cache import CachedDataset
 from ..models.components import QwenImageComponents
 from ..streaming.placement import MODULATION_WINDOW
@@ -57,7 +58,7 @@ class TrainerBase:
         self.preview_every = 0
         self.step_previews: list[StepPreview] = []
         # Its life.
-        self.lock = None  # the run folder's (lifecycle.lock_run_folder), on the process that writes checkpoints
+        self.lock: RunLock | None = None  # the run folder's (lifecycle.lock_run_folder), where checkpoints are written
         self.retired_reason: str | None = None  # why this trainer may no longer be used (`retire`)
         self.broken_reason: str | None = None  # a step made the LoRA non-finite, nothing could undo it (guards.py)
         self.busy = Busy(run_description(self))  # one place at a time
