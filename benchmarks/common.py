@@ -55,7 +55,7 @@ def resident_bytes(trainer) -> int:
     tables) that are in use, plus the swapper's slots (the masters of swapped blocks are host memory). Each
     tensor's own bytes, not its storage's: a block that an earlier setting swapped computes from a view into
     that setting's arena, whose whole chunk is not this model's."""
-    model = trainer.transformer
+    model = trainer.built.transformer
     seen, total = set(), 0
     for t in [*model.parameters(), *model.buffers(), model.pos_embed.pos_freqs, model.pos_embed.neg_freqs]:
         if t.numel():
@@ -63,5 +63,5 @@ def resident_bytes(trainer) -> int:
             if key not in seen:
                 seen.add(key)
                 total += t.numel() * t.element_size()
-    swapper = trainer.runner.swapper
+    swapper = trainer.built.runner.swapper
     return total + (swapper.slot_bytes if swapper is not None else 0)

@@ -39,7 +39,7 @@ def relative(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 def lora_deltas(trainer) -> dict[str, torch.Tensor]:
     """dW = B A per adapted module (scale left out: the same in both runs), fp32 (out, in)."""
-    params = dict(zip(trainer.param_names, trainer.params))
+    params = dict(zip(trainer.built.param_names, trainer.built.params))
     out = {}
     for name, a in params.items():
         if ".lora_A." in name:
@@ -71,7 +71,7 @@ def train_tiny(storage: str, fp8_activations: bool, steps: int, work: Path) -> t
                                       schedule_steps=200, min_lr_ratio=0.1),
                       TrainConfig(seed=0, micro_batch_size=2, gradient_checkpointing=True, blocks_to_swap=1,
                                   fp8_activations=fp8_activations))
-    status = trainer.runner.fp8_status or "fp8 activations: off"
+    status = trainer.built.runner.fp8_status or "fp8 activations: off"
     losses = trainer.train(steps).losses
     deltas = lora_deltas(trainer)
     trainer.close()

@@ -126,7 +126,7 @@ def streamed_caching(env: Env, report: Report, components, samples, workdir: Pat
 
 def probe_lora(trainer, blocks: set[int]) -> dict[str, torch.Tensor]:
     """CPU copies of the LoRA tensors of `blocks` (resident in some settings, streamed in others)."""
-    return {n: p.detach().float().cpu() for n, p in trainer.transformer.named_parameters()
+    return {n: p.detach().float().cpu() for n, p in trainer.built.transformer.named_parameters()
             if p.requires_grad and _block_of(n) in blocks}
 
 
@@ -278,7 +278,7 @@ def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, se
         row(label, k, "save", m, plan)
         saved = read_lora_file(path)
         results[label] = (losses, after_one, probe_lora(trainer, probe_blocks), rest.step_seconds)
-        report.check(f"{label}: LoRA file", sorted(saved.targets) == sorted(trainer.lora_modules),
+        report.check(f"{label}: LoRA file", sorted(saved.targets) == sorted(trainer.decided.modules),
                      f"{len(saved.targets)} modules, rank {saved.rank}; losses {losses[0]:.4f} -> {losses[-1]:.4f}; "
                      f"{rest.step_seconds:.2f} s/step over steps 2..{env.steps}")
         trainer.close()

@@ -68,11 +68,11 @@ def run_config(env: Env, config: Config, components, dataset, inputs: PlanInputs
                         compile_float8=config.path == "compiled")
     trainer = Trainer(components, dataset, LoraConfig(rank=inputs.rank, alpha=float(inputs.rank), targets=inputs.targets),
                       OptimizerConfig(optimizer=inputs.optimizer, learning_rate=1e-4), train, comparison=config.comparison)
-    status = trainer.runner.fp8_status or ("compiled float8: on" if trainer.runner.compiled_float8 else "")
+    status = trainer.built.runner.fp8_status or ("compiled float8: on" if trainer.built.runner.compiled_float8 else "")
     path, placement = RUNTIME, None
-    if config.path == "fp8 activations" and (trainer.runner.fp8_status or "").startswith("fp8 activations: on"):
+    if config.path == "fp8 activations" and (trainer.built.runner.fp8_status or "").startswith("fp8 activations: on"):
         path = FP8_PATH
-    elif config.path == "compiled" and trainer.runner.compiled_float8:
+    elif config.path == "compiled" and trainer.built.runner.compiled_float8:
         path = PATHS[2]
     if config.comparison.lora_compute == "float32":
         path = ComputePath("float32", "eager")
@@ -90,7 +90,7 @@ def run_config(env: Env, config: Config, components, dataset, inputs: PlanInputs
         resident = common.resident_bytes(trainer)
         # torch.compile refuses to run under a TorchDispatchMode such as LiveBytes: a compiled row counts the
         # resident tensors only.
-        with (contextlib.nullcontext() if trainer.runner.compiled_float8 else LiveBytes()) as live:
+        with (contextlib.nullcontext() if trainer.built.runner.compiled_float8 else LiveBytes()) as live:
             first, rest, seconds = harness.timed_steps(env, trainer, env.steps)
         allocated = reserved = resident + (live.peak if live is not None else 0)
     losses = first.losses + rest.losses

@@ -100,9 +100,9 @@ class QwenLoRALossPlot:
         }}
 
     def plot(self, trainer, width, height):
-        return (pil_to_image(loss_plot(trainer.loss_history, width, height, title=trainer.train_cfg.run_name,
-                                       validation=trainer.validation_history,
-                                       datasets=trainer.dataset_loss_history)),)
+        return (pil_to_image(loss_plot(trainer.progress.loss_history, width, height, title=trainer.train_cfg.run_name,
+                                       validation=trainer.progress.validation_history,
+                                       datasets=trainer.progress.dataset_loss_history)),)
 
 
 class QwenLoRACompareSteps:
@@ -125,7 +125,7 @@ class QwenLoRACompareSteps:
 
     def compare(self, trainer, columns, tile_size):
         grid = step_grid(trainer.step_previews, columns, tile_size, title=trainer.train_cfg.run_name,
-                         preview_every=getattr(trainer, "preview_every", 0), step=trainer.step)
+                         preview_every=trainer.preview_every, step=trainer.step)
         return (pil_to_image(grid),)
 
 

@@ -147,8 +147,8 @@ class QwenLoRATrain:
               preview_sampling_steps: int = 20, snapshot_every: int = 0):
         cfg = TrainStepsConfig(steps, preview_every, preview_size, preview_sampling_steps, snapshot_every)
         trainer.require_live()
-        trainer.preview_every = cfg.preview_every  # Compare Steps says when its first preview comes
         extras = step_extras(trainer, cfg)
+        trainer.schedule_previews(extras)  # the run's live preview schedule: Compare Steps says when the first comes
         with engine_mode():
             extras.untrained_preview(trainer)  # Compare Steps' first tile: the model before the LoRA trained
         progress = host.Progress(steps)
@@ -177,8 +177,8 @@ class QwenLoRATrain:
 
         with engine_mode():
             report = trainer.train(steps, work=[*extras.work(), every(1, on_step)])
-        return (trainer, report.mean_loss, report_text(report, trainer.last_loss(), trainer.validation_history,
-                                                        trainer.dataset_loss_history))
+        return (trainer, report.mean_loss, report_text(report, trainer.last_loss(), trainer.progress.validation_history,
+                                                        trainer.progress.dataset_loss_history))
 
 
 # The live image: the newest preview (at most this many pixels a side) beside a loss plot of this width.
@@ -210,8 +210,8 @@ SNAPSHOT_NAME = "{run_name}_{step}"  # the Save node's default name: snapshots s
 def live_image(trainer: Trainer, preview):
     """The loss plot, with the newest preview beside it when there is one."""
     height = max(256, preview.height) if preview is not None else 256
-    plot = loss_plot(trainer.loss_history, LIVE_PLOT_WIDTH, height, title=trainer.train_cfg.run_name,
-                     validation=trainer.validation_history, datasets=trainer.dataset_loss_history)
+    plot = loss_plot(trainer.progress.loss_history, LIVE_PLOT_WIDTH, height, title=trainer.train_cfg.run_name,
+                     validation=trainer.progress.validation_history, datasets=trainer.progress.dataset_loss_history)
     return side_by_side(preview, plot) if preview is not None else plot
 
 

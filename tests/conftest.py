@@ -157,7 +157,7 @@ def cached_demo(components, folder, cache_dir, **cache_kwargs):
 
 def adapter_snapshot(trainer) -> dict[str, torch.Tensor]:
     """Copies of every LoRA tensor, keyed by parameter name."""
-    return {n: p.detach().clone() for n, p in trainer.transformer.named_parameters() if ".lora_" in n}
+    return {n: p.detach().clone() for n, p in trainer.built.transformer.named_parameters() if ".lora_" in n}
 
 
 @pytest.fixture(scope="session")

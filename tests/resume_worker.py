@@ -40,7 +40,7 @@ def main(data: str, work: str, total_steps: int, resume: bool, out: str, cache: 
     if resume:
         assert trainer.resume(), "expected a checkpoint"
     trainer.train(total_steps - trainer.step)
-    save_file({n: p.detach().contiguous() for n, p in zip(trainer.param_names, trainer.params)}, out)
+    save_file({n: p.detach().contiguous() for n, p in zip(trainer.built.param_names, trainer.built.params)}, out)
     print("step", trainer.step)
     trainer.close()  # unlock the run folder: the new process resumes it next
 

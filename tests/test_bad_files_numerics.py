@@ -63,19 +63,19 @@ class FaultyOptimizerStep:
 
     def __init__(self, trainer, at):
         self.trainer, self.at, self.calls = trainer, at, 0
-        self.real = trainer.optimizer.step
-        trainer.optimizer.step = self
+        self.real = trainer.built.optimizer.step
+        trainer.built.optimizer.step = self
 
     def __call__(self, *args, **kwargs):
         out = self.real(*args, **kwargs)
         self.calls += 1
         if self.calls == self.at:
             with torch.no_grad():
-                self.trainer.params[1].view(-1)[0] = float("nan")
+                self.trainer.built.params[1].view(-1)[0] = float("nan")
         return out
 
     def remove(self):
-        self.trainer.optimizer.step = self.real
+        self.trainer.built.optimizer.step = self.real
 
 
 # -- 1. non-finite values ---------------------------------------------------------------------------
@@ -104,7 +104,7 @@ def test_a_step_that_makes_the_lora_nonfinite_is_undone_from_the_newest_finite_c
                                               r".*steps 3 to 4 are undone"):
         t.train(3)
     fault.remove()
-    assert t.step == 2 and all(torch.isfinite(p).all() for p in t.params)
+    assert t.step == 2 and all(torch.isfinite(p).all() for p in t.built.params)
     assert checkpoint_steps(tmp_path / "run") == [2]  # nothing non-finite (nor step 3) was written
     # The whole state came back (LoRA, optimizer, RNG, data order): continuing equals a run that never failed.
     t.train(3)
@@ -156,7 +156,7 @@ def test_a_checkpoint_is_never_written_with_nonfinite_values(tmp_path, demo_fold
     t.train(1)
     before = (ckpt.checkpoints_dir(tmp_path / "run") / "latest.json").read_text()
     with torch.no_grad():
-        t.params[0].view(-1)[0] = float("nan")
+        t.built.params[0].view(-1)[0] = float("nan")
     with pytest.raises(TrainingStopped, match=r"the checkpoint of step 1 was not written: 1 of its tensors hold NaN"):
         t.save_checkpoint()
     assert (ckpt.checkpoints_dir(tmp_path / "run") / "latest.json").read_text() == before
@@ -197,7 +197,7 @@ def test_resume_passes_over_a_nonfinite_checkpoint_with_a_message(tmp_path, demo
     try:
         assert opened.action == "started" and opened.trainer.step == 0
         assert "step_000003 was skipped" in opened.status and "step_000002 was skipped" in opened.status
-        assert torch.equal(opened.trainer.transformer.get_submodule(Q).lora_A["default"].weight,
+        assert torch.equal(opened.trainer.built.transformer.get_submodule(Q).lora_A["default"].weight,
                            load_file(str(good))[f"diffusion_model.{Q}.lora_A.weight"])
     finally:
         runs.release("numerics_open")

@@ -52,7 +52,7 @@ def test_a_mix_in_the_canvas_caches_and_trains_what_a_run_files_datasets_do(pack
         assert trainer.step == 2
         # The loss report has each dataset's mean (the Train Steps report says so per dataset).
         assert "per dataset" in outputs["7"][2].splitlines()[0]
-        assert [step for step, _ in trainer.dataset_loss_history] == [1, 2]
+        assert [step for step, _ in trainer.progress.dataset_loss_history] == [1, 2]
         summary = outputs["21"][1]
         assert summary.splitlines()[0] == "2 datasets, 12 images in all:"
         assert f"- {reg_folder.name} (regularisation, loss weight 0.5): 4 images x 2 repeats" in summary

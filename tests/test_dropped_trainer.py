@@ -49,13 +49,13 @@ def test_the_trainer_after_a_dropped_one_trains_as_on_a_fresh_model_set(demo_fol
     gc.collect()
     after_drop = trainer_on(components, cached, **train)
     losses = after_drop.train(2).losses
-    lora = [p.detach().clone() for p in after_drop.params]
+    lora = [p.detach().clone() for p in after_drop.built.params]
     after_drop.close()
 
     fresh_components = build_tiny_components(seed=0, storage=storage, compute_dtype=compute)
     fresh = trainer_on(fresh_components, cached_demo(fresh_components, demo_folder, tmp_path), **train)
     assert fresh.train(2).losses == losses
-    assert all(torch.equal(a, b) for a, b in zip(lora, fresh.params))
+    assert all(torch.equal(a, b) for a, b in zip(lora, fresh.built.params))
     fresh.close()
 
 

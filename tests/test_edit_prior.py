@@ -56,7 +56,7 @@ def test_the_preservation_term_is_the_mse_of_adapter_on_and_off_built_from_the_p
     try:
         variant = get_variant(variant_name)
         refs = {s.caption: PipelineInputs(bare, variant, s) for s in samples}  # bare: its text encoder is loaded
-        flow, cached = trainer.flow, trainer.dataset
+        flow, cached = trainer.built.flow, trainer.dataset
         assert [bool(s.preservation_text_key) for s in cached.samples] == [True, False]
         # The class caption is cached as the pipeline encodes it with the sample's own control images.
         subject = cached.samples[0]
@@ -73,10 +73,10 @@ def test_the_preservation_term_is_the_mse_of_adapter_on_and_off_built_from_the_p
                 ref = refs[s.caption]
                 x0, noise, level = batch.x0[i:i + 1], batch.noise[i:i + 1], batch.levels[i:i + 1]
                 assert torch.equal(x0, ref.x0)  # the cached target latent is the pipeline's
-                prediction = ref.prediction(trainer.transformer, s.caption, x0, noise, level)
+                prediction = ref.prediction(trainer.built.transformer, s.caption, x0, noise, level)
                 losses.append(torch.nn.functional.mse_loss(prediction, ref.pack(noise - x0)))
                 if s.preservation_text_key:
-                    adapted = ref.prediction(trainer.transformer, class_caption, x0, noise, level)
+                    adapted = ref.prediction(trainer.built.transformer, class_caption, x0, noise, level)
                     base = ref.prediction(bare.transformer, class_caption, x0, noise, level)
             return sum(losses) / len(losses), adapted, base
 
@@ -100,7 +100,7 @@ def test_the_preservation_term_is_the_mse_of_adapter_on_and_off_built_from_the_p
             # The engine's base prediction (adapter switched off) is the bare model's, exactly.
             i = rows[0]
             key = batch.samples[i].preservation_text_key
-            engine_base = base_prediction(trainer.transformer, flow.predict, batch.x0[rows], batch.noise[rows],
+            engine_base = base_prediction(trainer.built.transformer, flow.predict, batch.x0[rows], batch.noise[rows],
                                           batch.levels[rows], [cached.embedding(key)],
                                           [flow.family.conditions(cached, [batch.samples[i]])[0]], [key])
             total = flow.loss(batch)
@@ -159,7 +159,7 @@ def test_edit_datasets_weights_regularisation_and_preservation_through_the_nodes
         assert all(s.condition_keys for s in cached.samples)  # edit samples all: their controls were cached
         assert trainer.step == 2 and "per dataset" in outputs["7"][2].splitlines()[0]
         weighting = pack_module(pack, "trainer_core.training.weighting")
-        flow = trainer.flow
+        flow = trainer.built.flow
         with torch.no_grad():
             reg_batch = flow.draw(0, indices=[2])
             tally = weighting.DatasetLosses()

@@ -34,15 +34,15 @@ def make(cached, run_dir=None, ema=True, decay=0.9, lora_dtype="float32"):
 
 
 def raw(trainer) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in trainer.params]
+    return [p.detach().clone() for p in trainer.built.params]
 
 
 def test_ema_with_decay_0_is_the_raw_weights_exactly(cached):
     trainer = make(cached, decay=0.0)
     try:
         trainer.train(3)
-        assert trainer.ema.updates == 3
-        for p, a in zip(trainer.params, trainer.ema.averages):
+        assert trainer.built.ema.updates == 3
+        for p, a in zip(trainer.built.params, trainer.built.ema.averages):
             assert torch.equal(p.detach(), a)
     finally:
         trainer.close()
@@ -60,9 +60,9 @@ def test_ema_after_n_steps_is_the_ema_of_the_weights_history(cached):
             step = get_ema_avg_fn(ema_decay_at(0.9, n))
             expected = [step(e, w.double(), n) for e, w in zip(expected, weights)]
         assert [ema_decay_at(0.9, n) for n in (0, 1, 5, 10)] == [0.1, 2 / 11, 0.4, 0.55]  # warm-up, then 0.9
-        for e, a, w in zip(expected, trainer.ema.averages, history[-1]):
+        for e, a, w in zip(expected, trainer.built.ema.averages, history[-1]):
             torch.testing.assert_close(a.double(), e, rtol=1e-6, atol=1e-9)
-        assert any(not torch.equal(a, w) for a, w in zip(trainer.ema.averages, history[-1]))  # it does average
+        assert any(not torch.equal(a, w) for a, w in zip(trainer.built.ema.averages, history[-1]))  # it does average
     finally:
         trainer.close()
 
@@ -70,19 +70,19 @@ def test_ema_after_n_steps_is_the_ema_of_the_weights_history(cached):
 def test_resume_with_ema_is_bit_exact_and_a_checkpoint_without_ema_still_loads(cached, tmp_path):
     whole = make(cached, tmp_path / "whole")
     whole.train(4)
-    whole_raw, whole_ema = raw(whole), [a.clone() for a in whole.ema.averages]
+    whole_raw, whole_ema = raw(whole), [a.clone() for a in whole.built.ema.averages]
     whole.close()
 
     first = make(cached, tmp_path / "split")
     first.train(2)
     first.close()
     again = make(cached, tmp_path / "split")
-    assert again.resume() and again.ema.updates == 2
+    assert again.resume() and again.built.ema.updates == 2
     again.train(2)
     try:
         for a, b in zip(raw(again), whole_raw):
             assert torch.equal(a, b)
-        for a, b in zip(again.ema.averages, whole_ema):
+        for a, b in zip(again.built.ema.averages, whole_ema):
             assert torch.equal(a, b)
     finally:
         again.close()
@@ -94,8 +94,9 @@ def test_resume_with_ema_is_bit_exact_and_a_checkpoint_without_ema_still_loads(c
     turned_on = make(cached, tmp_path / "plain")
     try:
         assert turned_on.resume(notes) and turned_on.step == 2
-        assert turned_on.ema.updates == 0 and "without EMA" in " ".join(notes)
-        for p, a in zip(turned_on.params, turned_on.ema.averages):  # the average starts at the resumed weights
+        assert turned_on.built.ema.updates == 0 and "without EMA" in " ".join(notes)
+        built = turned_on.built
+        for p, a in zip(built.params, built.ema.averages):  # the average starts at the resumed weights
             assert torch.equal(p.detach(), a)
     finally:
         turned_on.close()
@@ -110,13 +111,15 @@ def test_save_writes_the_ema_file_beside_the_raw_one_with_the_same_keys(cached, 
         assert ema_path(path).name == "run_000003_ema.safetensors"
         raw_file, ema_file = load_file(str(path)), load_file(str(ema_path(path)))
         assert raw_file.keys() == ema_file.keys()
-        assert raw_file.keys() == lora_state_dict(trainer, torch.float32, weights="ema").keys()
-        for key, value in lora_state_dict(trainer, torch.float32, weights="ema").items():
+        ema_tensors = lora_state_dict(trainer.built, trainer.decided.lora, trainer.train_cfg.run_name, torch.float32,
+                                      weights="ema")
+        assert raw_file.keys() == ema_tensors.keys()
+        for key, value in ema_tensors.items():
             assert torch.equal(ema_file[key], value), key
         assert any(not torch.equal(raw_file[k], ema_file[k]) for k in raw_file)
         with safe_open(str(ema_path(path)), "pt") as f:
             assert f.metadata()["qwen_lora.weights"] == "ema" and f.metadata()["qwen_lora.ema_updates"] == "3"
-        for p, b in zip(trainer.params, before):  # the raw weights are back, bit for bit
+        for p, b in zip(trainer.built.params, before):  # the raw weights are back, bit for bit
             assert torch.equal(p.detach(), b)
     finally:
         trainer.close()
@@ -127,17 +130,17 @@ def test_preview_with_ema_samples_the_ema_weights_and_puts_the_raw_ones_back(cac
     What the transformer computes with is read at each of its forwards while sampling."""
     trainer = make(cached, decay=0.5, lora_dtype="bfloat16")
     seen: list[list[torch.Tensor]] = []
-    hook = trainer.transformer.register_forward_pre_hook(lambda module, args: seen.append(raw(trainer)))
+    hook = trainer.built.transformer.register_forward_pre_hook(lambda module, args: seen.append(raw(trainer)))
     try:
         trainer.train(3)
         before = raw(trainer)
         seen.clear()
         trainer.sample_preview(PROMPT, width=32, height=32, steps=2, weights="ema")
-        cast = [a.to(torch.bfloat16) for a in trainer.ema.averages]
+        cast = [a.to(torch.bfloat16) for a in trainer.built.ema.averages]
         assert seen and any(not torch.equal(c, b) for c, b in zip(cast, before))
         for weights in seen:  # every forward of the sampling (CFG: two)
             assert all(torch.equal(w, c) for w, c in zip(weights, cast))
-        for p, b in zip(trainer.params, before):
+        for p, b in zip(trainer.built.params, before):
             assert torch.equal(p.detach(), b)
         seen.clear()
         trainer.sample_preview(PROMPT, width=32, height=32, steps=2)  # raw: the weights as trained
@@ -166,10 +169,10 @@ def test_the_memory_plan_counts_the_average_as_allocated(cached):
 
     trainer = make(cached, lora_dtype="bfloat16")
     try:
-        arch = arch_from_transformer(trainer.transformer)
+        arch = arch_from_transformer(trainer.built.transformer)
         inputs = PlanInputs(rank=4, lora_dtype="bfloat16", device="cpu", ema=True)
         with_ema, without = plan_memory(inputs, arch), plan_memory(PlanInputs(rank=4, device="cpu"), arch)
-        allocated = sum(a.numel() * a.element_size() for a in trainer.ema.averages)  # float32 for a bf16 LoRA
+        allocated = sum(a.numel() * a.element_size() for a in trainer.built.ema.averages)  # float32 for a bf16 LoRA
         assert with_ema.term("EMA of the LoRA weights") == allocated and without.term("EMA of the LoRA weights") == 0
     finally:
         trainer.close()

@@ -136,11 +136,11 @@ def test_chunked_training_with_fp8_activations_stays_bit_identical(tmp_path, dem
     whole = fp8_trainer(tmp_path, demo_folder, True)
     assert "fp8 activations: on" in whole.memory_plan
     losses = whole.train(4).losses
-    after = [p.detach().clone() for p in whole.params]
+    after = [p.detach().clone() for p in whole.built.params]
     whole.close()
     chunked = fp8_trainer(tmp_path, demo_folder, True)
     assert chunked.train(2).losses + chunked.train(2).losses == losses
-    assert all(torch.equal(a, b) for a, b in zip(after, chunked.params))
+    assert all(torch.equal(a, b) for a, b in zip(after, chunked.built.params))
     chunked.close()
     bf16 = fp8_trainer(tmp_path, demo_folder, False)
     bf16_losses = bf16.train(4).losses
@@ -161,7 +161,7 @@ def test_compile_float8_is_an_alternative_and_says_when_it_cannot_run(tmp_path, 
     trainer = Trainer(components, cached, LoraConfig(rank=4, alpha=4.0), OptimizerConfig(optimizer="adamw"),
                       TrainConfig(seed=1, compile_float8=True))
     try:
-        assert not trainer.runner.compiled_float8
+        assert not trainer.built.runner.compiled_float8
         assert "compiled float8: off here (it needs a CUDA GPU with Triton)" in trainer.memory_plan
         assert len(trainer.train(1).losses) == 1
     finally:

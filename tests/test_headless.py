@@ -159,10 +159,11 @@ def test_several_dataset_folders_each_with_its_repeats_and_an_epoch_length(tmp_p
     trainer = open_once(components, cached, run, run.run_dir, ONE_PROCESS, print)
     try:
         assert cached.repeats == (1,) * 8 + (2,) * 8
-        epoch = [i for batch in trainer.order.epoch_plan(0) for i in batch]
+        epoch = [i for batch in trainer.built.order.epoch_plan(0) for i in batch]
         assert sorted(epoch) == sorted(list(range(16)) + list(range(8, 16)))
         end, per_epoch = run_length(trainer, run, None)
-        assert per_epoch == len(trainer.order.epoch_plan(0)) / 3 and end == -(-2 * len(trainer.order.epoch_plan(0)) // 3)
+        batches = len(trainer.built.order.epoch_plan(0))
+        assert per_epoch == batches / 3 and end == -(-2 * batches // 3)
     finally:
         release("t")
 

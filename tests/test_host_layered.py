@@ -65,7 +65,7 @@ def test_layered_lora_loads_in_comfyui_with_every_key_and_its_forward_equals_our
     theirs = load_file(request["out"])
 
     # Ours: the bf16 file's weights (what ComfyUI loaded) with the live LoRA, fed as the pipeline feeds it.
-    transformer = trainer.transformer
+    transformer = trainer.built.transformer
     state = load_file(files["transformer_bf16"])
     saved = {k: v.clone() for k, v in transformer.state_dict().items()}
     base = {k.replace(".base_layer", ""): k for k in saved if "lora_" not in k}

@@ -89,7 +89,7 @@ def test_exported_files_are_comfyuis_layouts(tiny_files, trained_lora, tmp_path)
     assert theirs.pop("lora_keys_not_loaded").item() == 0
     scale = trained_lora.lora_cfg.alpha / trained_lora.lora_cfg.rank
     deltas = {f"diffusion_model.{m}.weight": scale * b.detach() @ a.detach()
-              for m, (a, b) in adapter_weights(trained_lora.transformer).items()}
+              for m, (a, b) in adapter_weights(trained_lora.built.transformer).items()}
     for layout in loras:
         patched = {k[len(f"lora.{layout}."):]: theirs.pop(k) for k in list(theirs) if k.startswith(f"lora.{layout}.")}
         assert patched.keys() == deltas.keys(), layout

@@ -33,8 +33,8 @@ def our_forward(file, trainer, inputs) -> torch.Tensor:
     """The file's transformer with the trainer's adapter (peft's layers, our forward), fp32."""
     model = load_transformer_file(file, storage="float32", compute_dtype=torch.float32)
     if trainer is not None:
-        inject_lora(model, trainer.lora_cfg, seed=0, modules=trainer.lora_modules)
-        trained_tensors = dict(zip(trainer.param_names, trainer.params))
+        inject_lora(model, trainer.lora_cfg, seed=0, modules=trainer.decided.modules)
+        trained_tensors = dict(zip(trainer.built.param_names, trainer.built.params))
         for name, p in model.named_parameters():
             if p.requires_grad:
                 p.copy_(trained_tensors[name])
@@ -67,7 +67,7 @@ def test_comfyui_loads_lokr_and_loha_files_with_every_key_and_computes_what_peft
         trainer = trained[name]
         assert theirs[f"not_loaded.{key}"].item() == 0, key
         deltas = {k[len(f"delta.{key}."):]: v for k, v in theirs.items() if k.startswith(f"delta.{key}.")}
-        layers = lycoris_layers(trainer.transformer)
+        layers = lycoris_layers(trainer.built.transformer)
         assert set(deltas) == {f"diffusion_model.{m}.weight" for m in layers}, key
         worst = max((deltas[f"diffusion_model.{m}.weight"] - layer.get_delta_weight(ADAPTER)).abs().max().item()
                     for m, layer in layers.items())

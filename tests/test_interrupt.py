@@ -20,7 +20,7 @@ def output_dirs(tmp_path, monkeypatch):
 
 
 def adapter(trainer):
-    return {n: p.detach().clone() for n, p in zip(trainer.param_names, trainer.params)}
+    return {n: p.detach().clone() for n, p in zip(trainer.built.param_names, trainer.built.params)}
 
 
 def reference_adapter(pack, tmp_path, demo_folder, chunks):

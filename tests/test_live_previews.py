@@ -15,7 +15,7 @@ from test_nodes import tiny_prompt
 
 
 def adapter(trainer):
-    return {n: p.detach().clone() for n, p in zip(trainer.param_names, trainer.params)}
+    return {n: p.detach().clone() for n, p in zip(trainer.built.param_names, trainer.built.params)}
 
 
 def with_compare(prompt, columns=0, tile_size=64):
@@ -109,6 +109,23 @@ def test_train_steps_and_train_config_preview_at_the_steps_of_the_one_scheduler(
     assert written == [f"step_{s:06d}_{i}.png" for s in scheduled for i in (0, 1)]
 
 
+def test_the_live_preview_schedule_is_the_trainers_own_state(pack, tmp_path, demo_folder, monkeypatch):
+    """Train Steps hands its schedule to the trainer (`schedule_previews`), where it is declared with the rest of the
+    trainer's shape; Compare Steps reads it from there."""
+    monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
+    monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
+    host_standin.install(monkeypatch)
+    runs = pack_module(pack, "trainer_core.runs.registry")
+    runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
+    prompt = with_compare(tiny_prompt(tmp_path, demo_folder, steps=2, **{"7": {"preview_every": 2}}))
+    outputs = runner.run(prompt)
+    trainer = outputs["7"][0]
+    assert trainer.preview_every == 2 and [p.step for p in trainer.step_previews] == [0, 2]
+    prompt["7"]["inputs"]["preview_every"] = 0
+    assert runner.run(prompt)["7"][0].preview_every == 0  # the schedule its host set last
+    runs.release(prompt["6"]["inputs"]["run_name"])
+
+
 def test_step_labels_are_drawn_from_the_step_numbers():
     """Two grids that differ only in their step numbers differ only in the label strip."""
     from trainer_core.training.live import StepPreview, step_grid
@@ -130,7 +147,7 @@ def test_previews_leave_training_bit_identical(pack, tmp_path, demo_folder, monk
         prompt = tiny_prompt(tmp_path, demo_folder, steps=3, **{"7": {"preview_every": every},
                                                                 "6": {"run_name": f"bitexact_{every}"}})
         trainer = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)["7"][0]
-        results[every] = (adapter(trainer), list(trainer.loss_history))
+        results[every] = (adapter(trainer), list(trainer.progress.loss_history))
         runs.release(f"bitexact_{every}")
     (plain, plain_losses), (previewed, previewed_losses) = results[0], results[1]
     assert plain_losses == previewed_losses
@@ -187,7 +204,7 @@ def test_engine_previews_every_n_steps_change_nothing_and_stop_on_cancel(demo_fo
     assert seen == [(1, False), (2, True), (3, False), (4, True)]
     assert [step for step, _ in report.previews] == [2, 4] and all(s >= 0 for _, s in report.previews)
     assert_same_adapter(plain, previewed)
-    assert plain.loss_history == previewed.loss_history
+    assert plain.progress.loss_history == previewed.progress.loss_history
     plain.close()
 
     class Cancel(Exception):

@@ -24,9 +24,9 @@ def test_same_loss_as_fp32_compute_on_the_same_batch(tmp_path, demo_folder):
     t.train(2)  # B is no longer zero: the LoRA changes the output
     losses = {}
     for enabled in (True, False):
-        compute_in_input_dtype(t.transformer, enabled=enabled)
+        compute_in_input_dtype(t.built.transformer, enabled=enabled)
         with torch.no_grad():  # the same draws both times: they are a function of the micro-batch's number
-            losses[enabled] = float(t.flow.loss(t.flow.draw(t.micro_batches, indices=[0])))
+            losses[enabled] = float(t.built.flow.loss(t.built.flow.draw(t.progress.micro_batches, indices=[0])))
     assert abs(losses[True] - losses[False]) <= 1e-2 * abs(losses[False])
     t.close()
 
@@ -36,9 +36,9 @@ def test_updates_too_small_for_bf16_are_kept_and_chunks_stay_bit_identical(tmp_p
     outputs kept, the last block's text stream detached): 2 + 2 steps equal 4 steps, bit for bit; and updates of
     ~lr = 1e-5 per step, far below bf16's resolution at values ~0.1 (2^-11), are kept by the fp32 masters."""
     whole = bf16_trainer(tmp_path, demo_folder, 1e-5)
-    before = [p.detach().clone() for p in whole.params]
+    before = [p.detach().clone() for p in whole.built.params]
     whole.train(4)
-    after = [p.detach().clone() for p in whole.params]
+    after = [p.detach().clone() for p in whole.built.params]
     whole.close()
     assert all(p.dtype == torch.float32 for p in after)
     assert all((a != b).any() for a, b in zip(after, before))  # every tensor learnt
@@ -46,5 +46,5 @@ def test_updates_too_small_for_bf16_are_kept_and_chunks_stay_bit_identical(tmp_p
     chunked = bf16_trainer(tmp_path, demo_folder, 1e-5)
     chunked.train(2)
     chunked.train(2)
-    assert all(torch.equal(a, b) for a, b in zip(after, chunked.params))
+    assert all(torch.equal(a, b) for a, b in zip(after, chunked.built.params))
     chunked.close()

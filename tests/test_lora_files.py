@@ -26,7 +26,7 @@ def continued(path, demo_folder, cache_dir, lora=None):
 def test_float32_files_read_back_to_the_trained_weights(trained_lora, tmp_path, layout):
     lora = read_lora_file(trained_lora.save_lora(tmp_path / "l.safetensors", dtype=torch.float32, layout=layout))
     assert (lora.layout, lora.rank, lora.alpha, lora.steps) == (layout, 4, 6.0, 4)
-    live = adapter_weights(trained_lora.transformer)
+    live = adapter_weights(trained_lora.built.transformer)
     assert sorted(lora.weights) == sorted(live)
     for module, (a, b) in live.items():
         assert torch.equal(lora.weights[module][0], a)
@@ -40,19 +40,20 @@ def test_training_continues_from_a_bf16_file_in_every_layout(trained_lora, tmp_p
     path = trained_lora.save_lora(tmp_path / "l.safetensors", layout=layout)  # bf16, the default
     more = continued(path, demo_folder, tiny_cache)
     # The file decides rank, alpha and modules, whatever the LoRA config said.
-    assert (more.lora_cfg.rank, more.lora_cfg.alpha, more.lora_cfg.targets) == (4, 6.0, "all")
-    for module, (a, b) in adapter_weights(trained_lora.transformer).items():
-        a2, b2 = adapter_weights(more.transformer)[module]
+    assert (more.decided.lora.rank, more.decided.lora.alpha, more.decided.lora.targets) == (4, 6.0, "all")
+    for module, (a, b) in adapter_weights(trained_lora.built.transformer).items():
+        a2, b2 = adapter_weights(more.built.transformer)[module]
         assert torch.equal(a2, a.to(torch.bfloat16).float())
         expected_b = b.to(torch.bfloat16).float() if layout != "diffusers" else (b * 1.5).to(torch.bfloat16).float() / 1.5
         assert torch.allclose(b2, expected_b, rtol=1e-6, atol=0)
     with torch.no_grad():
-        saved, now = trained_lora.transformer(**forward_inputs())[0], more.transformer(**forward_inputs())[0]
+        saved = trained_lora.built.transformer(**forward_inputs())[0]
+        now = more.built.transformer(**forward_inputs())[0]
     assert (saved - now).abs().max() < 2e-3  # the same adapter, up to bf16 rounding of its weights
-    before = {n: p.detach().clone() for n, p in more.transformer.named_parameters() if ".lora_" in n}
+    before = {n: p.detach().clone() for n, p in more.built.transformer.named_parameters() if ".lora_" in n}
     report = more.train(2)
     assert all(torch.isfinite(torch.tensor(report.losses)))
-    assert any(not torch.equal(before[n], p) for n, p in more.transformer.named_parameters() if ".lora_" in n)
+    assert any(not torch.equal(before[n], p) for n, p in more.built.transformer.named_parameters() if ".lora_" in n)
     meta = more.lora_metadata()
     assert meta["qwen_lora.steps"] == "6" and meta["qwen_lora.run_steps"] == "2"
     assert meta["qwen_lora.init_lora"] == "l.safetensors" and meta["qwen_lora.targets"] == "all"

@@ -27,7 +27,7 @@ SETTINGS = {
 
 
 def adapter_tensors(trainer) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in zip(trainer.param_names, trainer.params)}
+    return {n: p.detach().clone() for n, p in zip(trainer.built.param_names, trainer.built.params)}
 
 
 def make(tmp_path, demo_folder, cache, lora, run="run", steps=0, **train):
@@ -63,10 +63,10 @@ def test_trains_from_a_no_op_on_streamed_float8_blocks_and_resumes_bit_exactly(n
     whole = make(tmp_path, demo_folder, tiny_cache, lora, run="whole", steps=3)
     plain = make(tmp_path, demo_folder, tiny_cache, LoraConfig(rank=4, alpha=6.0, targets="all"), run="plain",
                  steps=1)
-    assert whole.loss_history[0] == plain.loss_history[0]
+    assert whole.progress.loss_history[0] == plain.progress.loss_history[0]
     plain.close()
-    assert whole.runner.swapper is not None and whole.components.storage == "float8"
-    assert any(p.abs().max() > 0 for p in whole.params)
+    assert whole.built.runner.swapper is not None and whole.components.storage == "float8"
+    assert any(p.abs().max() > 0 for p in whole.built.params)
     expected = adapter_tensors(whole)
     whole.close()
 
@@ -133,8 +133,8 @@ def test_the_saved_files_delta_is_peft_s_delta(trained, name, layout, prefix):
 
     trainer = trained[name]
     tensors = trainer.lora_state_dict(dtype=torch.float32, layout=layout)
-    layers = lycoris_layers(trainer.transformer)
-    assert len(layers) == len(trainer.lora_modules)
+    layers = lycoris_layers(trainer.built.transformer)
+    assert len(layers) == len(trainer.decided.modules)
     kinds = set()
     for module, layer in layers.items():
         stem = prefix + (module if layout == "comfyui" else module.replace(".", "_"))

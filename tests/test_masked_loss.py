@@ -83,10 +83,10 @@ def masked_copy(plain: Path, folder: Path, masks: dict[str, Image.Image], subfol
 
 
 def lora_grads(trainer: Trainer, indices) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    loss = trainer.flow.loss(trainer.flow.draw(trainer.micro_batches, indices=indices))
+    loss = trainer.built.flow.loss(trainer.built.flow.draw(trainer.progress.micro_batches, indices=indices))
     loss.backward()
-    grads = {n: p.grad.clone() for n, p in trainer.transformer.named_parameters() if p.grad is not None}
-    trainer.optimizer.zero_grad(set_to_none=True)
+    grads = {n: p.grad.clone() for n, p in trainer.built.transformer.named_parameters() if p.grad is not None}
+    trainer.built.optimizer.zero_grad(set_to_none=True)
     return loss.detach(), grads
 
 
@@ -111,8 +111,8 @@ def test_a_mask_of_ones_equals_no_mask_bit_for_bit(plain, cache_dir, tmp_path):
         assert torch.equal(loss_a, loss_b)
         assert grads_a.keys() == grads_b.keys() and all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a)
     a.train(2), b.train(2)
-    assert a.loss_history == b.loss_history
-    state_a, state_b = a.transformer.state_dict(), b.transformer.state_dict()
+    assert a.progress.loss_history == b.progress.loss_history
+    state_a, state_b = a.built.transformer.state_dict(), b.built.transformer.state_dict()
     assert all(torch.equal(state_a[n], state_b[n]) for n in state_a if ".lora_" in n)
     # the function itself: weights of ones are the plain mean, bit for bit, also at odd sizes
     g = torch.Generator().manual_seed(0)
@@ -126,7 +126,7 @@ def oracle_errors(trainer: Trainer, x0, noise, levels, embeds) -> torch.Tensor:
     h, w = x0.shape[-2:]
     text, text_mask = pad_prompt_batch(embeds)
     with torch.no_grad():
-        prediction = trainer.transformer(
+        prediction = trainer.built.transformer(
             hidden_states=pack_latents(noisy_latents(x0, noise, levels)), encoder_hidden_states=text,
             encoder_hidden_states_mask=text_mask, timestep=levels, img_shapes=[[(1, h // 2, w // 2)]] * len(x0),
             return_dict=False)[0]
@@ -150,11 +150,11 @@ def test_weights_make_the_weighted_mean_over_latent_positions(plain, cache_dir, 
     torch.testing.assert_close(weights, expected, rtol=1e-6, atol=0)
     trainer = make_trainer(components, cached)
     trainer.train(1)
-    trainer.transformer.eval()
-    batch = trainer.flow.draw(trainer.micro_batches, indices=[0, 1])
+    trainer.built.transformer.eval()
+    batch = trainer.built.flow.draw(trainer.progress.micro_batches, indices=[0, 1])
     embeds = [cached.embedding(s.text_key) for s in batch.samples]
     with torch.no_grad():
-        loss = trainer.flow.loss(batch)  # caption dropout is 0: these embeddings are the ones it uses
+        loss = trainer.built.flow.loss(batch)  # caption dropout is 0: these embeddings are the ones it uses
     err = oracle_errors(trainer, batch.x0, batch.noise, batch.levels, embeds)
     left, rest = err[..., :8], err[..., 8:]
     if right_weight == 0.0:
@@ -280,7 +280,7 @@ def test_an_edit_target_takes_a_mask_and_validation_uses_it(tmp_path):
 
     def losses(trainer: Trainer) -> tuple[torch.Tensor, float]:
         with torch.no_grad():
-            return trainer.flow.loss(trainer.flow.draw(0, indices=[0, 1])), trainer.validation_loss()
+            return trainer.built.flow.loss(trainer.built.flow.draw(0, indices=[0, 1])), trainer.validation_loss()
 
     bare = losses(trainer_for(0.0))
     for name in names:

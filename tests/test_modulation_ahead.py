@@ -139,8 +139,8 @@ def test_the_trainers_results_are_bit_identical_with_it_and_it_copies_less(tmp_p
                           TrainConfig(seed=1, blocks_to_swap=1, grad_accum_steps=2))
         trainer.modulation_window = window
         losses = [loss for n in chunks for loss in trainer.train(n, work=extras.work()).losses]
-        runs[window, chunks] = (losses, [p.detach().clone() for p in trainer.params],
-                                trainer.runner.forwards_from_plan, [p.image for p in trainer.step_previews])
+        runs[window, chunks] = (losses, [p.detach().clone() for p in trainer.built.params],
+                                trainer.built.runner.forwards_from_plan, [p.image for p in trainer.step_previews])
         trainer.close()
     plain = runs[0, (6,)]
     for key in ((4, (6,)), (4, (2, 4))):

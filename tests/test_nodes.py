@@ -111,7 +111,7 @@ def test_the_tiny_first_run_workflow_runs_as_shipped_and_its_loss_falls(pack, tm
     RecordImages.received.clear()
     outputs = runner.run(prompt)
     trainer = outputs["7"][0]
-    losses = [loss for _, loss in trainer.loss_history]
+    losses = [loss for _, loss in trainer.progress.loss_history]
     assert trainer.step == 20 and len(losses) == 20
     # measured: the last 5 average 0.61 x the first 5; the preview moved 0.054 on average
     assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5, losses
@@ -138,9 +138,9 @@ def test_the_regularized_first_run_workflow_mixes_both_example_sets_and_reports_
     summary = outputs["18"][1]
     assert summary.startswith("2 datasets, 32 images in all:") and "(regularisation, loss weight 0.5)" in summary
     trainer = outputs["7"][0]
-    assert trainer.step == 6 and len(trainer.dataset_loss_history) == 6
+    assert trainer.step == 6 and len(trainer.progress.dataset_loss_history) == 6
     assert len(trainer.dataset.samples) == 8 + 24
-    labels = set().union(*(means for _step, means in trainer.dataset_loss_history))
+    labels = set().union(*(means for _step, means in trainer.progress.dataset_loss_history))
     assert len(labels) == 2, labels
 
 
@@ -168,4 +168,4 @@ def test_training_runs_with_inference_mode_off(pack, tmp_path, demo_folder, lora
     """Nodes run under torch.inference_mode(); the adapter must still be ordinary trainable tensors."""
     runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
     trainer = runner.run(tiny_prompt(tmp_path, demo_folder, steps=1))["7"][0]
-    assert all(not p.is_inference() and p.requires_grad for p in trainer.params)
+    assert all(not p.is_inference() and p.requires_grad for p in trainer.built.params)

@@ -61,7 +61,7 @@ def test_every_optimizer_resumes_bit_exactly(demo_folder, tiny_cache, tmp_path, 
     for bit. The split run also saves and previews its LoRA (a LoRA file's tensors, the validation path) in
     between: for schedule-free AdamW that swaps to the averaged weights and back, which must change nothing."""
     whole = make(tmp_path / "whole", demo_folder, tiny_cache, name, dtype)
-    untrained = [p.detach().clone() for p in whole.params]
+    untrained = [p.detach().clone() for p in whole.built.params]
     whole.train(4)
     split = make(tmp_path / "split", demo_folder, tiny_cache, name, dtype)
     split.train(1)
@@ -71,9 +71,9 @@ def test_every_optimizer_resumes_bit_exactly(demo_folder, tiny_cache, tmp_path, 
     again = make(tmp_path / "split", demo_folder, tiny_cache, name, dtype)
     assert again.resume() and again.step == 2
     again.train(2)
-    assert all(torch.equal(a, b) for a, b in zip(whole.params, again.params))
-    assert any(not torch.equal(a, b) for a, b in zip(whole.params, untrained)), "training changed nothing"
-    state_equal(whole.optimizer, again.optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(whole.built.params, again.built.params))
+    assert any(not torch.equal(a, b) for a, b in zip(whole.built.params, untrained)), "training changed nothing"
+    state_equal(whole.built.optimizer, again.built.optimizer)
 
 
 # Every hyper-parameter a group holds, changed (warmup_steps 0: Prodigy's warm-up safeguard goes off).
@@ -91,13 +91,13 @@ def test_a_resumed_optimizer_steps_with_the_new_settings_and_its_own_running_val
     keeps its beta1 for the run (the next test)."""
     first = make(tmp_path, demo_folder, tiny_cache, name)
     first.train(2)
-    before = dict(first.optimizer.param_groups[0])
+    before = dict(first.built.optimizer.param_groups[0])
     first.close()
     changed = {k: v for k, v in CHANGED.items() if not (name == "schedulefree_adamw" and k == "beta1")}
     again = make(tmp_path, demo_folder, tiny_cache, name, **changed)
     assert again.resume() and again.step == 2
     new = build_optimizer([torch.nn.Parameter(torch.zeros(2, 2))], settings(name, **changed)).param_groups[0]
-    group = again.optimizer.param_groups[0]
+    group = again.built.optimizer.param_groups[0]
     running = RUNNING_GROUP_VALUES.get(name, ())
     for key in group.keys() - {"params"}:
         expected = before[key] if key in running else new[key]
@@ -169,17 +169,18 @@ def test_schedule_free_previews_and_saves_see_its_averaged_weights(demo_folder, 
     x (what the library's eval() sets), and training continues from y exactly."""
     t = make(tmp_path, demo_folder, tiny_cache, "schedulefree_adamw")
     t.train(3)
-    y = [p.detach().clone() for p in t.params]
-    beta1 = t.optimizer.param_groups[0]["betas"][0]
-    x = [p.lerp(t.optimizer.state[p]["z"], 1 - 1 / beta1) for p in t.params]
-    with evaluation_weights(t.optimizer):
-        assert all(torch.equal(p, e) for p, e in zip(t.params, x))
-        at_x = {k: v.clone() for k, v in lora_file_tensors(t.transformer, 4, 4.0, torch.float32, "comfyui").items()}
+    y = [p.detach().clone() for p in t.built.params]
+    beta1 = t.built.optimizer.param_groups[0]["betas"][0]
+    x = [p.lerp(t.built.optimizer.state[p]["z"], 1 - 1 / beta1) for p in t.built.params]
+    with evaluation_weights(t.built.optimizer):
+        assert all(torch.equal(p, e) for p, e in zip(t.built.params, x))
+        at_x = {k: v.clone()
+                for k, v in lora_file_tensors(t.built.transformer, 4, 4.0, torch.float32, "comfyui").items()}
     saved = t.lora_state_dict(torch.float32)
     assert saved.keys() == at_x.keys() and all(torch.equal(saved[k], at_x[k]) for k in saved)
-    at_y = lora_file_tensors(t.transformer, 4, 4.0, torch.float32, "comfyui")
+    at_y = lora_file_tensors(t.built.transformer, 4, 4.0, torch.float32, "comfyui")
     assert any(not torch.equal(saved[k], at_y[k]) for k in saved)
-    assert all(torch.equal(p, q) for p, q in zip(t.params, y)) and t.optimizer.param_groups[0]["train_mode"]
+    assert all(torch.equal(p, q) for p, q in zip(t.built.params, y)) and t.built.optimizer.param_groups[0]["train_mode"]
 
 
 def test_kahan_summation_keeps_a_bfloat16_loras_small_updates():

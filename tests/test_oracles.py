@@ -78,10 +78,10 @@ def test_diffusers_loads_our_files_to_the_trained_deltas_and_output(trained_lora
     theirs = diffusers_with_lora(path)
     cfg = trained_lora.lora_cfg
     # fp32: diffusers folds alpha / rank = 1.5 into A (kohya, comfyui) and we into B (diffusers): one rounding.
-    assert_same_deltas(diffusers_deltas(theirs), deltas(adapter_weights(trained_lora.transformer), cfg.alpha, cfg.rank),
-                       rtol=1e-6)
+    ours = adapter_weights(trained_lora.built.transformer)
+    assert_same_deltas(diffusers_deltas(theirs), deltas(ours, cfg.alpha, cfg.rank), rtol=1e-6)
     with torch.no_grad():
-        ours_out = trained_lora.transformer(**forward_inputs())[0]
+        ours_out = trained_lora.built.transformer(**forward_inputs())[0]
         theirs_out = theirs(**forward_inputs())[0]
         base = build_tiny_components(storage="float32").transformer(**forward_inputs())[0]
     assert (ours_out - base).abs().max() > 1e-4  # the adapter does something
@@ -135,8 +135,8 @@ def test_a_diffusers_saved_lora_reads_alike_in_ours_and_in_diffusers(tmp_path, d
     assert_same_deltas(diffusers_deltas(theirs), expected, rtol=0)
     assert_same_deltas(deltas(lora.weights, lora.alpha, lora.rank), expected, rtol=1e-6)
     more = continued_from(path, demo_folder, tiny_cache)
-    assert (more.lora_cfg.rank, more.lora_cfg.alpha) == (4, 8.0)
-    assert_output_matches(more.transformer, theirs)
+    assert (more.decided.lora.rank, more.decided.lora.alpha) == (4, 8.0)
+    assert_output_matches(more.built.transformer, theirs)
 
 
 def test_a_kohya_musubi_lora_reads_alike_in_ours_and_in_diffusers(tmp_path, demo_folder, tiny_cache):
@@ -166,8 +166,9 @@ def test_a_kohya_musubi_lora_reads_alike_in_ours_and_in_diffusers(tmp_path, demo
     theirs = diffusers_with_lora(path)
     assert_same_deltas(diffusers_deltas(theirs), deltas(expected, alpha, rank), rtol=0)
     more = continued_from(path, demo_folder, tiny_cache)
-    assert_same_deltas(deltas(adapter_weights(more.transformer), alpha, rank), deltas(expected, alpha, rank), rtol=0)
-    assert_output_matches(more.transformer, theirs)
+    assert_same_deltas(deltas(adapter_weights(more.built.transformer), alpha, rank), deltas(expected, alpha, rank),
+                       rtol=0)
+    assert_output_matches(more.built.transformer, theirs)
 
 
 # ====================================================================================================
@@ -216,7 +217,7 @@ def test_trainer_steps_shift_their_noise_levels_as_the_pipeline_would(demo_folde
                           OptimizerConfig(learning_rate=1e-3),
                           TrainConfig(run_name="shift", resolution_shift=shift, timestep_sampling="logit_normal"))
         calls = seen[shift] = []
-        trainer.transformer.register_forward_pre_hook(
+        trainer.built.transformer.register_forward_pre_hook(
             lambda _m, _args, kw: calls.append((kw["hidden_states"].shape[1], kw["timestep"].clone())), with_kwargs=True)
         trainer.train(4)
     scheduler = qwen_scheduler()

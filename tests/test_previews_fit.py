@@ -27,11 +27,11 @@ def test_a_streamed_preview_equals_a_resident_one_bit_for_bit(tiny_cache, demo_f
                                       checkpoint_every=0))
         try:
             trainer.train(2)
-            assert (trainer.runner.swapper is not None) == bool(swapped)
+            assert (trainer.built.runner.swapper is not None) == bool(swapped)
             image = trainer.sample_preview("a red star", cached.negative_prompt, 64, 64, 3, 4.0, 5)
             images.append(np.asarray(image))
             if swapped:
-                assert trainer.runner.swapper.bytes_copied > 0  # the preview's forwards streamed the blocks
+                assert trainer.built.runner.swapper.bytes_copied > 0  # the preview's forwards streamed the blocks
         finally:
             trainer.close()
     assert np.array_equal(images[0], images[1])

@@ -55,8 +55,8 @@ def test_a_steps_loss_is_the_weighted_mean_of_the_datasets_losses(demo_folder, r
     assert {s.dataset for s in cached.samples} == {demo_folder.name, reg_folder.name}
     trainer = _trainer(cached, components, micro_batch_size=2, grad_accum_steps=2)
     for number in range(6):  # a micro-batch: (1/B) sum_d w_d n_d L_d
-        tally, batch = DatasetLosses(), trainer.flow.draw(number)
-        loss = trainer.flow.loss(batch, tally).item()
+        tally, batch = DatasetLosses(), trainer.built.flow.draw(number)
+        loss = trainer.built.flow.loss(batch, tally).item()
         parts = tally.report()
         assert loss == pytest.approx(sum(d.weight * d.samples * d.mean for d in parts.values()) / 2, rel=1e-6, abs=0)
     reports = []
@@ -71,14 +71,14 @@ def test_a_steps_loss_is_the_weighted_mean_of_the_datasets_losses(demo_folder, r
         assert parts[reg_folder.name].regularization if reg_folder.name in parts else True
         mixed += len(parts) == 2
     assert mixed  # some step had samples of both datasets
-    assert [step for step, _ in trainer.dataset_loss_history] == [1, 2]
+    assert [step for step, _ in trainer.progress.dataset_loss_history] == [1, 2]
 
 
 def test_weights_of_one_give_the_unweighted_loss_bit_for_bit(demo_folder, reg_folder, tiny_cache):
     components = build_tiny_components(seed=0, storage="float32")
     cached = _cache(components, [(demo_folder, 1.0, False), (reg_folder, 1.0, True)], tiny_cache)
     trainer = _trainer(cached, components, micro_batch_size=2)
-    flow = trainer.flow
+    flow = trainer.built.flow
     for number in range(3):
         batch = flow.draw(number)
         embeds = [cached.embedding(s.text_key) for s in batch.samples]
@@ -161,17 +161,18 @@ def test_the_base_prediction_is_the_model_without_its_adapter_exactly(demo_folde
 
     trainer = _dop_trainer(demo_folder, dop_cache)
     trainer.train(2)  # the adapter is no longer a no-op
-    flow, batch = trainer.flow, _batch_with_trigger(trainer.flow)
+    flow, batch = trainer.built.flow, _batch_with_trigger(trainer.built.flow)
     rows = [i for i, s in enumerate(batch.samples) if s.preservation_text_key]
     embeds = [trainer.dataset.embedding(batch.samples[i].preservation_text_key) for i in rows]
     inputs = (batch.x0[rows], batch.noise[rows], batch.levels[rows], embeds)
-    grads = [p.requires_grad for p in trainer.params]
-    base = base_prediction(trainer.transformer, flow.predict, *inputs)
-    assert [p.requires_grad for p in trainer.params] == grads and all(grads)  # the off-switch left them as they were
+    grads = [p.requires_grad for p in trainer.built.params]
+    base = base_prediction(trainer.built.transformer, flow.predict, *inputs)
+    # the off-switch left them as they were
+    assert [p.requires_grad for p in trainer.built.params] == grads and all(grads)
     assert not base.requires_grad
     # The oracle: the same weights in a model that never had an adapter, a separate forward.
     bare = build_tiny_components(seed=0, storage="float32")
-    bare_flow = FlowMatchingStep(bare.transformer, trainer.dataset, trainer.order, trainer.train_cfg,
+    bare_flow = FlowMatchingStep(bare.transformer, trainer.dataset, trainer.built.order, trainer.train_cfg,
                                  bare.scheduler_config, bare.device, bare.compute_dtype, bare.family)
     with torch.no_grad():
         assert torch.equal(base, bare_flow.predict(*inputs))
@@ -182,12 +183,12 @@ def test_the_preservation_term_is_the_weighted_mse_to_the_base_prediction(demo_f
     weight = 0.7
     trainer = _dop_trainer(demo_folder, dop_cache, weight=weight, micro_batch_size=2)
     trainer.train(2)
-    flow, batch = trainer.flow, _batch_with_trigger(trainer.flow)
+    flow, batch = trainer.built.flow, _batch_with_trigger(trainer.built.flow)
     rows = [i for i, s in enumerate(batch.samples) if s.preservation_text_key]
     embeds = [trainer.dataset.embedding(s.text_key) for s in batch.samples]
     class_embeds = [trainer.dataset.embedding(batch.samples[i].preservation_text_key) for i in rows]
     bare = build_tiny_components(seed=0, storage="float32")
-    bare_flow = FlowMatchingStep(bare.transformer, trainer.dataset, trainer.order, trainer.train_cfg,
+    bare_flow = FlowMatchingStep(bare.transformer, trainer.dataset, trainer.built.order, trainer.train_cfg,
                                  bare.scheduler_config, bare.device, bare.compute_dtype, bare.family)
     with torch.no_grad():
         inputs = (batch.x0[rows], batch.noise[rows], batch.levels[rows], class_embeds)
@@ -208,7 +209,7 @@ def test_weight_zero_is_no_preservation_bit_for_bit(demo_folder, dop_cache, tmp_
         trainer.train(2)
     a, b, c = adapter_snapshot(off), adapter_snapshot(zero), adapter_snapshot(on)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert off.loss_history == zero.loss_history
+    assert off.progress.loss_history == zero.progress.loss_history
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
@@ -217,7 +218,7 @@ def test_chunks_and_resume_with_preservation_and_streamed_blocks_are_bit_exact(d
     settings = dict(micro_batch_size=2, grad_accum_steps=2, blocks_to_swap=1, gradient_checkpointing=True)
     whole = _dop_trainer(demo_folder, dop_cache, **settings)
     whole.train(4)
-    assert whole.runner.swapper is not None and whole.runner.forwards_from_plan > 0
+    assert whole.built.runner.swapper is not None and whole.built.runner.forwards_from_plan > 0
     components = build_tiny_components(seed=0, storage="float32")
     cached = _cache(components, [(demo_folder, 1.0, False)], dop_cache, preservation=(TRIGGER, CLASS))
     settings.update(seed=1, preservation_weight=0.7)
@@ -233,7 +234,7 @@ def test_chunks_and_resume_with_preservation_and_streamed_blocks_are_bit_exact(d
     resumed.train(2)
     a, b = adapter_snapshot(whole), adapter_snapshot(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert whole.loss_history == resumed.loss_history
+    assert whole.progress.loss_history == resumed.progress.loss_history
 
 
 # -- the memory plan and the timeline model -----------------------------------------------------------------

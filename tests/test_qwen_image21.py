@@ -291,8 +291,8 @@ def test_a_run_continues_from_its_own_lora_in_every_layout(with_lora, tiny21, tm
     trainer = Trainer(tiny21, cached, LoraConfig(), OptimizerConfig(optimizer="adamw"), TrainConfig(run_name="on"),
                       init_lora=path)
     try:
-        assert trainer.lora_cfg.rank == 2 and trainer.lora_cfg.alpha == 3.0
-        continued = adapter_weights(trainer.transformer)
+        assert trainer.decided.lora.rank == 2 and trainer.decided.lora.alpha == 3.0
+        continued = adapter_weights(trainer.built.transformer)
         assert sorted(continued) == sorted(trained)
         for name, (a, b) in trained.items():
             torch.testing.assert_close(continued[name][0], a, rtol=0, atol=0)

@@ -123,7 +123,7 @@ def test_the_shipped_21_workflow_trains_on_the_tiny_files(pack, files21, demo_fo
     assert trainer.step == 2 and trainer.components.family.name == FAMILY
     from trainer_core.models.float8 import FLOAT8, frozen_block_linears
 
-    stored = {lin.weight.dtype for _, lin in frozen_block_linears(trainer.transformer)}
+    stored = {lin.weight.dtype for _, lin in frozen_block_linears(trainer.built.transformer)}
     assert stored == ({torch.int8} if files == "int8" else {FLOAT8})  # an int8 file's blocks kept as ComfyUI runs them
     if files != "int8":
         # the encoder from where it was chosen: the file holds bf16 values, the folder the tiny model's float32 ones

@@ -40,13 +40,13 @@ def test_a_micro_batchs_draws_do_not_depend_on_what_was_drawn_before(demo_folder
     """Micro-batch 5 drawn first equals micro-batch 5 drawn after 0..4 (and after sampling from torch's global
     RNG in between): nothing is replayed, nothing is carried from one draw to the next."""
     fresh = make_trainer(tmp_path, demo_folder, caption_dropout=0.5)
-    direct = fresh.flow.draw(5)
+    direct = fresh.built.flow.draw(5)
     fresh.close()
     walked = make_trainer(tmp_path, demo_folder, caption_dropout=0.5)
     for m in range(5):
-        walked.flow.draw(m)
+        walked.built.flow.draw(m)
         torch.rand(3)
-    after = walked.flow.draw(5)
+    after = walked.built.flow.draw(5)
     walked.close()
     assert [s.latent_key for s in direct.samples] == [s.latent_key for s in after.samples]
     for name in ("x0", "noise", "levels", "dropped"):
@@ -57,7 +57,7 @@ def test_a_micro_batchs_draws_do_not_depend_on_what_was_drawn_before(demo_folder
 def walked_noise_of(demo_folder, tmp_path, m):
     t = make_trainer(tmp_path, demo_folder, caption_dropout=0.5)
     try:
-        return t.flow.draw(m).noise
+        return t.built.flow.draw(m).noise
     finally:
         t.close()
 
@@ -82,13 +82,13 @@ def test_resumed_trainer_continues_the_counter_bit_exactly(demo_folder, tmp_path
     """In one process (the new-process case is test_resume): 3 + resume + 3 steps == 6 steps."""
     whole = trainer_in(None, tmp_path / "cache", demo_folder, caption_dropout=0.3, grad_accum_steps=2)
     whole.train(6)
-    whole_snapshot = {n: p.detach().clone() for n, p in zip(whole.param_names, whole.params)}
+    whole_snapshot = {n: p.detach().clone() for n, p in zip(whole.built.param_names, whole.built.params)}
     whole.close()
     first = trainer_in(tmp_path / "run", tmp_path / "cache", demo_folder, caption_dropout=0.3, grad_accum_steps=2)
     first.train(3)
     first.close()
     second = trainer_in(tmp_path / "run", tmp_path / "cache", demo_folder, caption_dropout=0.3, grad_accum_steps=2)
-    assert second.resume() and second.micro_batches == 6
+    assert second.resume() and second.progress.micro_batches == 6
     second.train(3)
-    assert all(torch.equal(whole_snapshot[n], p) for n, p in zip(second.param_names, second.params))
+    assert all(torch.equal(whole_snapshot[n], p) for n, p in zip(second.built.param_names, second.built.params))
     second.close()

@@ -79,14 +79,14 @@ def test_8bit_adamw_state_whose_quantisation_maps_are_shared_checkpoints_and_res
     big = LoraConfig(rank=64, alpha=64.0)
     whole = make(tmp_path / "whole", demo_folder, tiny_cache, lora=big)
     whole.train(4)
-    assert any(p.numel() >= 4096 for p in whole.params)
+    assert any(p.numel() >= 4096 for p in whole.built.params)
     split = make(tmp_path / "split", demo_folder, tiny_cache, lora=big)
     split.train(2)
     split.close()  # one trainer per run folder
     again = make(tmp_path / "split", demo_folder, tiny_cache, lora=big)
     assert again.resume() and again.step == 2
     again.train(2)
-    assert all(torch.equal(a, b) for a, b in zip(whole.params, again.params))
+    assert all(torch.equal(a, b) for a, b in zip(whole.built.params, again.built.params))
 
 
 def test_resuming_with_another_rank_or_optimizer_names_the_difference(demo_folder, tiny_cache, tmp_path):
@@ -145,7 +145,7 @@ def test_nonfinite_loss_skips_the_step_and_several_stop_training(demo_folder, ti
     t.dataset._memory[(key, "latents")] = torch.full_like(good, float("nan"))
     report = t.train(6)
     assert report.skipped >= 1 and t.step == 8
-    assert all(torch.isfinite(p).all() for p in t.params)
+    assert all(torch.isfinite(p).all() for p in t.built.params)
     # Every latent poisoned: two bad steps in a row stop training with a message; the LoRA is kept.
     for s in t.dataset.samples:
         t.dataset._memory[(s.latent_key, "latents")] = torch.full_like(t.dataset.latents(s.latent_key), float("inf"))

@@ -19,7 +19,7 @@ from test_nodes import tiny_prompt
 from trainer_core.training import checkpoint as ckpt
 from trainer_core.core import files
 from trainer_core.runs import registry as runs
-from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
+from trainer_core.core.config import AUTO_SWAP, LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import UserInputError
 from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training import Trainer
@@ -46,10 +46,10 @@ def tiny_run(tmp_path, demo_folder, tiny_cache):
 def owned_tensors(trainer):
     """Weak references to every kind of tensor a trainer owns: adapter, gradients' targets, optimizer
     state, the swapper's GPU slots and its (pinned on CUDA) master arena."""
-    swapper = trainer.runner.swapper
-    tensors = [*trainer.params, *swapper.slots[0], *[c for c in swapper.arena.chunks if c is not None]]
-    tensors += [v for state in trainer.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
-    assert len(tensors) > len(trainer.params) + 2
+    swapper = trainer.built.runner.swapper
+    tensors = [*trainer.built.params, *swapper.slots[0], *[c for c in swapper.arena.chunks if c is not None]]
+    tensors += [v for state in trainer.built.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+    assert len(tensors) > len(trainer.built.params) + 2
     return [weakref.ref(t) for t in tensors]
 
 
@@ -122,7 +122,7 @@ def test_changed_learning_rate_rebuilds_and_resumes_exactly(tiny_run, tmp_path, 
     with pytest.raises(UserInputError, match="rebuilt with new settings"):
         first.train(1)
     rebuilt.trainer.train(2)
-    got = {n: p.detach().clone() for n, p in zip(rebuilt.trainer.param_names, rebuilt.trainer.params)}
+    got = {n: p.detach().clone() for n, p in zip(rebuilt.trainer.built.param_names, rebuilt.trainer.built.params)}
     runs.release("a")
 
     # Reference: the same two chunks in one trainer whose learning rate changes in between.
@@ -130,15 +130,15 @@ def test_changed_learning_rate_rebuilds_and_resumes_exactly(tiny_run, tmp_path, 
     reference.train(2)
     reference.optim_cfg = faster
     reference.train(2)
-    expected = dict(zip(reference.param_names, reference.params))
+    expected = dict(zip(reference.built.param_names, reference.built.params))
     assert all(torch.equal(got[k], expected[k]) for k in got)
 
 
 def test_auto_swapping_resolves_in_the_engine(tiny_run):
     open_, _ = tiny_run
     run = open_("a", blocks_to_swap="auto")
-    assert run.trainer.requested_train_cfg.blocks_to_swap == -1
-    assert run.trainer.train_cfg.blocks_to_swap == 0  # CPU: nothing to swap
+    assert run.trainer.train_cfg.blocks_to_swap == AUTO_SWAP  # the setting stays as asked
+    assert run.trainer.decided.swap.blocks_to_swap == 0  # CPU: nothing to swap
     assert "blocks_to_swap: 0 (auto)" in run.status and "CPU training" in run.status
     assert TrainConfig(blocks_to_swap="AUTO").auto_swap and TrainConfig(blocks_to_swap=-1).auto_swap
     with pytest.raises(UserInputError, match="blocks_to_swap=-2 is outside its range"):

@@ -40,8 +40,8 @@ def test_three_chunks_of_three_equal_one_chunk_of_nine(demo_folder, tiny_cache, 
         chunked.train(3)
     assert whole.step == chunked.step == 9
     assert_same_adapter(whole, chunked)
-    assert [l for _, l in whole.loss_history] == [l for _, l in chunked.loss_history] == report.losses
-    assert whole.optimizer.param_groups[0]["lr"] == chunked.optimizer.param_groups[0]["lr"]
+    assert [l for _, l in whole.progress.loss_history] == [l for _, l in chunked.progress.loss_history] == report.losses
+    assert whole.built.optimizer.param_groups[0]["lr"] == chunked.built.optimizer.param_groups[0]["lr"]
 
 
 @pytest.mark.parametrize("blocks_to_swap", [1])  # the tiny model has 2 blocks: 1 is all-but-one
@@ -53,7 +53,7 @@ def test_block_swapping_gives_identical_weights(demo_folder, tiny_cache, blocks_
     plain.train(6)
     swapped.train(6)
     assert_same_adapter(plain, swapped)
-    assert swapped.runner.swapper.bytes_copied > 0  # weights really travelled through the slots
+    assert swapped.built.runner.swapper.bytes_copied > 0  # weights really travelled through the slots
 
 
 @pytest.mark.parametrize("storage", ["float8", "float32"])
@@ -70,10 +70,10 @@ def test_block_swapping_on_a_deeper_model_all_but_one(demo_folder, tiny_cache, s
         grads = []
         for t in runs:
             t.train(3)
-            loss = t.flow.loss(t.flow.draw(t.micro_batches, indices=[0, 1]))
+            loss = t.built.flow.loss(t.built.flow.draw(t.progress.micro_batches, indices=[0, 1]))
             loss.backward()
-            grads.append({n: p.grad.clone() for n, p in t.transformer.named_parameters() if p.grad is not None})
-            t.optimizer.zero_grad(set_to_none=True)
+            grads.append({n: p.grad.clone() for n, p in t.built.transformer.named_parameters() if p.grad is not None})
+            t.built.optimizer.zero_grad(set_to_none=True)
     finally:
         tiny_models.TINY_TRANSFORMER.update(original)
     for other, other_grads in zip(runs[1:], grads[1:]):
@@ -113,19 +113,19 @@ def test_adapter_starts_as_a_no_op(demo_folder, tiny_cache):
     from trainer_core.adapters.lora import adapter_weights
 
     t = make_trainer(tiny_cache, demo_folder)
-    assert all(torch.count_nonzero(b) == 0 for _, b in adapter_weights(t.transformer).values())
-    assert all(torch.count_nonzero(a) > 0 for a, _ in adapter_weights(t.transformer).values())
+    assert all(torch.count_nonzero(b) == 0 for _, b in adapter_weights(t.built.transformer).values())
+    assert all(torch.count_nonzero(a) > 0 for a, _ in adapter_weights(t.built.transformer).values())
 
 
 def test_close_returns_the_model_unchanged(demo_folder, tiny_cache):
     t = make_trainer(tiny_cache, demo_folder, storage="float8", blocks_to_swap=1, gradient_checkpointing=True)
-    names_before = {n for n, _ in t.transformer.named_parameters() if ".lora_" not in n}
+    names_before = {n for n, _ in t.built.transformer.named_parameters() if ".lora_" not in n}
     t.train(2)
-    t.close()
-    names_after = {n.replace(".base_layer", "") for n, _ in t.transformer.named_parameters()}
+    t.close()  # it drops its built parts: the model is the model set's again
+    names_after = {n.replace(".base_layer", "") for n, _ in t.components.transformer.named_parameters()}
     assert names_after == {n.replace(".base_layer", "") for n in names_before}
-    assert all(p.numel() > 0 for p in t.transformer.parameters())  # swapped weights are back in place
-    assert not hasattr(t.transformer, "peft_config")  # a new adapter can be injected without peft's warning
+    assert all(p.numel() > 0 for p in t.components.transformer.parameters())  # swapped weights are back in place
+    assert not hasattr(t.components.transformer, "peft_config")  # a new adapter can be injected without peft's warning
 
 
 def test_learning_rate_schedule():
@@ -136,3 +136,27 @@ def test_learning_rate_schedule():
     assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
     assert factors[4] == 1.0 and abs(factors[9] - 0.55) < 1e-9 and factors[14] == factors[15] == pytest.approx(0.1)
     assert lr_factor(100, OptimizerConfig(warmup_steps=0)) == 1.0
+
+
+def test_the_trainers_shape_is_declared_in_one_place(demo_folder, tiny_cache, tmp_path):
+    """Every attribute a trainer has is declared where its shape is (training/base.py): building, training,
+    checkpointing, resuming, previews, saving and retiring add none. The settings stay the objects asked for; what
+    the engine decided from them (the swap count of 'auto') is beside them."""
+    from trainer_core.training.base import TrainerBase
+    from trainer_core.training.live import PreviewSettings
+
+    prompt = "a red circle on a white background"
+    components = build_tiny_components(seed=0, storage="float32")
+    cached = cached_demo(components, demo_folder, tiny_cache, preview_prompts=[prompt])
+    lora, optim, train = LoraConfig(rank=4, alpha=8.0), OptimizerConfig(), TrainConfig(seed=3, checkpoint_every=1)
+    t = Trainer(components, cached, lora, optim, train, run_dir=tmp_path / "run")
+    declared = set(vars(TrainerBase(components, cached, lora, optim, train, None, t.replicas, t.comparison)))
+    assert set(vars(t)) == declared
+    t.train(2)
+    t.preview_step(PreviewSettings(prompt, size=64, steps=2))
+    t.save_lora(tmp_path / "lora.safetensors")
+    assert t.resume() and t.step == 2
+    t.retire("done")
+    assert set(vars(t)) == declared
+    assert (t.lora_cfg, t.optim_cfg, t.train_cfg) == (lora, optim, train) and t.train_cfg is train
+    assert train.auto_swap and t.decided.swap.auto and t.decided.swap.blocks_to_swap == 0  # CPU: nothing to swap

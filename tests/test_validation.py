@@ -37,7 +37,7 @@ def test_held_out_images_are_spread_named_and_never_trained_on(demo_folder, tiny
         load_dataset(tiny_dataset_config(demo_folder, validation_images=len(full.samples)))
 
     trainer = make_trainer(demo_folder, tiny_cache)
-    trained_on = {trainer.dataset.samples[i].image_path for m in range(20) for i in trainer.order.batch(m)}
+    trained_on = {trainer.dataset.samples[i].image_path for m in range(20) for i in trainer.built.order.batch(m)}
     assert not trained_on & held  # the data order only ever draws training samples
     for sample in trainer.dataset.validation:  # cached like the training samples: latents and embeddings
         assert (tiny_cache / "latents" / f"{sample.latent_key}.safetensors").is_file()
@@ -52,12 +52,12 @@ def test_measuring_validation_changes_nothing_of_training(demo_folder, tiny_cach
     plain.train(6)
     checked.train(3)
     checked.train(3)
-    assert plain.loss_history == checked.loss_history
+    assert plain.progress.loss_history == checked.progress.loss_history
     a, b = adapter_snapshot(plain), adapter_snapshot(checked)
     assert all(torch.equal(a[n], b[n]) for n in a)
-    assert plain.validation_history == []
-    assert [s for s, _ in checked.validation_history] == [2, 4, 6]
-    assert checked.transformer.training is False  # as train() leaves it
+    assert plain.progress.validation_history == []
+    assert [s for s, _ in checked.progress.validation_history] == [2, 4, 6]
+    assert checked.built.transformer.training is False  # as train() leaves it
 
 
 def test_validation_values_are_deterministic(demo_folder, tiny_cache):
@@ -67,27 +67,27 @@ def test_validation_values_are_deterministic(demo_folder, tiny_cache):
     assert one.validation_loss() == before  # same step, same value
     one.train(6)
     two.train(6)
-    assert one.validation_history == two.validation_history
-    assert one.validation_loss() == one.validation_history[-1][1]  # measured again at step 6: the same
-    assert one.validation_history[-1][1] != before  # and it does follow the LoRA
+    assert one.progress.validation_history == two.progress.validation_history
+    assert one.validation_loss() == one.progress.validation_history[-1][1]  # measured again at step 6: the same
+    assert one.progress.validation_history[-1][1] != before  # and it does follow the LoRA
 
 
 def test_a_resume_keeps_the_validation_curve(demo_folder, tiny_cache, tmp_path):
     first = make_trainer(demo_folder, tiny_cache, run_dir=tmp_path / "run", validation_every=2)
     first.train(4)
-    history = list(first.validation_history)
+    history = list(first.progress.validation_history)
     first.close()
     second = make_trainer(demo_folder, tiny_cache, run_dir=tmp_path / "run", validation_every=2)
     assert second.resume() and second.step == 4
-    assert second.validation_history == history
+    assert second.progress.validation_history == history
     second.train(2)
-    assert [s for s, _ in second.validation_history] == [2, 4, 6]
+    assert [s for s, _ in second.progress.validation_history] == [2, 4, 6]
 
 
 def test_no_held_out_images_no_validation(demo_folder, tiny_cache):
     trainer = make_trainer(demo_folder, tiny_cache, held_out=0, validation_every=1)
     trainer.train(2)
-    assert trainer.validation_history == []
+    assert trainer.progress.validation_history == []
 
 
 def count(img, colour):

@@ -118,8 +118,8 @@ def measure_loras(tmp: Path) -> None:
     inputs = dict(hidden_states=torch.randn(1, 16, 16, generator=g), encoder_hidden_states=torch.randn(1, 6, 16, generator=g),
                   timestep=torch.tensor([0.4]), img_shapes=[[(1, 4, 4)]], return_dict=False)
     with torch.no_grad():
-        ours = trainer.transformer(**inputs)[0]
-    live = adapter_weights(trainer.transformer)
+        ours = trainer.built.transformer(**inputs)[0]
+    live = adapter_weights(trainer.built.transformer)
     print("\nLoRA (rank 4, alpha 6)  diffusers load_lora_weights vs adapter | continued adapter weights vs trained")
     for layout in LORA_LAYOUTS:
         for dtype in (torch.float32, torch.bfloat16):

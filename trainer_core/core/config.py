@@ -1,11 +1,12 @@
 """Configuration of a training run, with validation and help text per field.
 
 Each field carries `metadata`: `help` (shown as the tooltip of the matching node input), and, for
-numbers, `min`/`max`/`step`; for choices, `choices`; `multiline` for a text box; `file_list` (a ComfyUI
-model folder) for a file choice whose list the node fills in at run time (`extra_choices` go first, the
-default is preselected when present). This is the one source of every setting: node widgets and their
-tooltips (nodes/widgets.py), the command line's flags (cli.py) and the planner's validation are all
-generated from it, so the engine, the canvas and the terminal never disagree about ranges or meaning.
+numbers, `min`/`max`/`step` (and `words`: values beside the range, such as blocks_to_swap's 'auto'); for
+choices, `choices`; `multiline` for a text box; `file_list` (a ComfyUI model folder) for a file choice whose
+list the node fills in at run time (`extra_choices` go first, the default is preselected when present). This is
+the one source of every setting: node widgets and their tooltips (nodes/widgets.py), the command line's flags
+(cli.py) and the planner's validation are all generated from it, so the engine, the canvas and the terminal never
+disagree about ranges or meaning.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .choices import (  # noqa: F401 (re-exported)
 from .errors import UserInputError
 from .fields import (  # noqa: F401 (re-exported: the settings' users import them from here)
     AUTO_SWAP,
+    AUTO_SWAP_NUMBER,
     _check_choice,
     _check_range,
     _f,
@@ -259,10 +261,13 @@ class TrainConfig:
     micro_batch_size: int = _f(1, "Images per forward pass (all from one aspect bucket).", min=1, max=64)
     grad_accum_steps: int = _f(1, "Micro-batches summed into one optimizer step.", min=1, max=1024)
     gradient_checkpointing: bool = _f(True, "Recompute each block's activations in backward: much less memory.")
-    blocks_to_swap: int = _f(
-        AUTO_SWAP, "Transformer blocks whose frozen weights stay in CPU RAM and are copied to the GPU when needed "
-        "(slower, less VRAM). -1 (or 'auto') = auto: the fewest that fit the GPU's free memory, from the memory "
-        "plan; on a CPU nothing is swapped.", min=AUTO_SWAP, max=1000,
+    # A count or AUTO_SWAP. The default and range are the widget's and the flag's, where -1 spells auto: a made
+    # config holds AUTO_SWAP (parse_blocks_to_swap, in __post_init__), and what the engine decides from it is the
+    # trainer's (training.setup.Decided), never written back here.
+    blocks_to_swap: int | str = _f(
+        AUTO_SWAP_NUMBER, "Transformer blocks whose frozen weights stay in CPU RAM and are copied to the GPU when "
+        "needed (slower, less VRAM). -1 (or 'auto') = auto: the fewest that fit the GPU's free memory, from the memory "
+        "plan; on a CPU nothing is swapped.", min=AUTO_SWAP_NUMBER, max=1000, words=(AUTO_SWAP,),
     )
     seed: int = _f(42, "Seed for LoRA initialisation, data order, noise and timesteps.", min=0, max=2**31 - 1)
     timestep_sampling: str = _f(
@@ -330,7 +335,7 @@ class TrainConfig:
 
     def check_model(self, num_blocks: int) -> None:
         """What the settings can only be checked against once the model is known."""
-        if self.blocks_to_swap > num_blocks - 1:
+        if not self.auto_swap and self.blocks_to_swap > num_blocks - 1:
             raise UserInputError(
                 f"blocks_to_swap={self.blocks_to_swap} is too large: the transformer has {num_blocks} blocks and "
                 f"at least one must stay on the GPU. Use at most {num_blocks - 1}."

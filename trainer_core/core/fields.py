@@ -12,22 +12,26 @@ from typing import Any
 from .errors import UserInputError
 from .names import check_component
 
-# blocks_to_swap = AUTO_SWAP asks the memory planner for the fewest swapped blocks that fit the device.
-AUTO_SWAP = -1
+# blocks_to_swap = AUTO_SWAP asks the memory planner for the fewest swapped blocks that fit the device: a value of
+# its own, which the engine turns into a count once (planner.for_run.plan_run). An INT widget or flag cannot hold
+# a word, so there the user spells it AUTO_SWAP_NUMBER; parse_blocks_to_swap reads either spelling where a setting
+# is made.
+AUTO_SWAP = "auto"
+AUTO_SWAP_NUMBER = -1
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
 
 
-def parse_blocks_to_swap(value: int | str) -> int:
+def parse_blocks_to_swap(value: int | str) -> int | str:
     """'auto' (any case) or -1 -> AUTO_SWAP; a whole number (or its text) -> that number."""
     if isinstance(value, str):
         text = value.strip().lower()
-        if text == "auto":
+        if text == AUTO_SWAP:
             return AUTO_SWAP
         try:
-            return int(text)
+            value = int(text)
         except ValueError:
             raise UserInputError(
                 f"blocks_to_swap={value!r} is not a number: use 'auto' (or -1), 0 for no swapping, or how many "
@@ -35,7 +39,7 @@ def parse_blocks_to_swap(value: int | str) -> int:
             ) from None
     if isinstance(value, bool) or not isinstance(value, int):
         raise UserInputError(f"blocks_to_swap={value!r} must be a whole number or 'auto'.")
-    return value
+    return AUTO_SWAP if value == AUTO_SWAP_NUMBER else value
 
 
 def parse_colour(text: str, what: str = "background") -> tuple[int, int, int]:
@@ -93,6 +97,8 @@ def check_value(cls: type, name: str, value: Any) -> str | None:
     meta = field_meta(cls, name)
     if "choices" in meta:
         return None if value in meta["choices"] else f"must be one of {', '.join(map(str, meta['choices']))}"
+    if value in meta.get("words", ()):
+        return None
     if isinstance(value, float) and not math.isfinite(value):
         return "must be a finite number"
     lo, hi, step = meta.get("min"), meta.get("max"), meta.get("step")
@@ -119,6 +125,8 @@ def _check_range(cfg: Any, *names: str) -> None:
     for name in names:
         meta = field_meta(type(cfg), name)
         value = getattr(cfg, name)
+        if value in meta.get("words", ()):
+            continue
         if isinstance(value, float) and not math.isfinite(value):
             raise UserInputError(f"{type(cfg).__name__}.{name}={value} must be a finite number.")
         lo, hi = meta.get("min"), meta.get("max")

@@ -43,8 +43,7 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
     largest = max(dataset.samples, key=lambda s: s.bucket[0] * s.bucket[1] + sum(
         w * h for w, h in s.condition_sizes))
     return PlanInputs.from_configs(
-        lora, optimizer, dataclasses.replace(train, blocks_to_swap=blocks_to_swap), width, height,
-        storage=planned_storage(components),
+        lora, optimizer, train, width, height, blocks_to_swap=blocks_to_swap, storage=planned_storage(components),
         text_tokens=text_tokens, device="cuda" if components.device.type == "cuda" else "cpu",
         dataset_images=len(dataset.samples),
         reference_sizes=tuple(tuple(z) for z in largest.condition_sizes),
@@ -55,11 +54,17 @@ def inputs_for_run(components, dataset, lora: LoraConfig, optimizer: OptimizerCo
 
 @dataclass(frozen=True)
 class SwapDecision:
-    """How a run streams its blocks: how many, over a ring of how many GPU slots, and the plan as text."""
+    """How a run streams its blocks: how many, over a ring of how many GPU slots, and why: the plan as text, and
+    whether the planner chose the count (the settings said 'auto') or took it as asked."""
 
     blocks_to_swap: int
     ring_depth: int
     text: str
+    auto: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.blocks_to_swap} (auto)" if self.auto else str(self.blocks_to_swap)
 
 
 def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_bytes: int | None,
@@ -104,7 +109,7 @@ def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_
         machine = plan_machine(plan, processes, AFTER_CACHING)
         refuse_if_machine_unfit(machine)
         text += "\n\n" + render_machine(machine)
-    return SwapDecision(inputs.blocks_to_swap, inputs.ring_depth, text)
+    return SwapDecision(inputs.blocks_to_swap, inputs.ring_depth, text, auto)
 
 
 def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
@@ -124,7 +129,7 @@ def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, 
     cuda = components.device.type == "cuda"
     if components.compute_dtype != torch.bfloat16:
         text = "CPU training: no GPU memory to plan." if not cuda else "The memory plan covers bfloat16 compute only."
-        return SwapDecision(0 if auto else train.blocks_to_swap, MIN_RING, text)
+        return SwapDecision(0 if auto else train.blocks_to_swap, MIN_RING, text, auto)
     inputs = inputs_for_run(components, dataset, lora, optimizer, train, 0 if auto else train.blocks_to_swap)
     if preview_size is not None:
         inputs = dataclasses.replace(inputs, preview_width=preview_size[0], preview_height=preview_size[1])

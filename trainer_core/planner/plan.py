@@ -128,14 +128,18 @@ class PlanInputs:
 
     @classmethod
     def from_configs(cls, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig, width: int,
-                     height: int, storage: str = "float8", **kwargs) -> PlanInputs:
-        """The inputs for a run the nodes describe with their config objects."""
+                     height: int, storage: str = "float8", blocks_to_swap: int | None = None, **kwargs) -> PlanInputs:
+        """The inputs for a run the nodes describe with their config objects, streaming `blocks_to_swap` blocks
+        (None: the settings' count; where they say 'auto', the planner decides it: for_run.plan_run)."""
+        if blocks_to_swap is None and train.auto_swap:
+            raise ValueError("a plan streams a number of blocks: pass blocks_to_swap where the settings say 'auto'")
         preservation = train.preservation_weight > 0
         return cls(width=width, height=height, batch=train.micro_batch_size * (2 if preservation else 1),
                    preservation=preservation, rank=lora.rank,
                    targets=lora.targets, lora_dtype=lora.dtype, lora_dropout=lora.dropout, adapter=lora.adapter,
                    lokr_factor=lora.lokr_factor, lokr_decompose_both=lora.lokr_decompose_both, storage=storage,
-                   checkpointing=train.gradient_checkpointing, blocks_to_swap=train.blocks_to_swap,
+                   checkpointing=train.gradient_checkpointing,
+                   blocks_to_swap=train.blocks_to_swap if blocks_to_swap is None else blocks_to_swap,
                    optimizer=optimizer.optimizer, ema=optimizer.ema, grad_accum_steps=train.grad_accum_steps,
                    fp8_activations=train.fp8_activations, **kwargs)
 

@@ -124,9 +124,10 @@ def sample_digest(sample) -> str:
 def start_report(trainer) -> dict[str, Any]:
     """What every process must start from: step, base model, LoRA weights (a checksum), the cached data."""
     with torch.no_grad():
-        weights = sum(float(p.detach().double().sum()) + float(p.detach().double().abs().sum()) for p in trainer.params)
+        weights = sum(float(p.detach().double().sum()) + float(p.detach().double().abs().sum())
+                      for p in trainer.built.params)
     dataset = trainer.dataset
-    return {"step": trainer.step, "base": f"{trainer.components.name} ({trainer.base_fingerprint[:12]})",
+    return {"step": trainer.step, "base": f"{trainer.components.name} ({trainer.built.base_fingerprint[:12]})",
             "lora": weights, "samples": [sample_digest(s) for s in dataset.samples],
             "paths": [s.image_path for s in dataset.samples], "repeats": dataset.repeats,
             "validation": [sample_digest(s) for s in dataset.validation]}

@@ -123,7 +123,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     family = get_family(args.model)  # its real model: transformer, text encoder as ComfyUI's file loads it, VAE
     arch, parts = family.planned_arch(), family.planned_parts(text_encoder_file=True)
     label, num_blocks = family.display_name, arch.num_blocks
-    if args.blocks_to_swap > num_blocks - 1:
+    auto = args.blocks_to_swap == AUTO_SWAP
+    if not auto and args.blocks_to_swap > num_blocks - 1:
         raise UserInputError(
             f"--blocks-to-swap {args.blocks_to_swap}: {label} has {num_blocks} transformer blocks and at least one "
             f"must stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' (or leave it out) to let the planner choose."
@@ -139,7 +140,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
                              f"it does not model {label}'s single-stream blocks yet. Leave --gpu out.")
     width = args.width if args.width is not None else args.resolution
     height = args.height if args.height is not None else args.resolution
-    auto = args.blocks_to_swap == AUTO_SWAP
     ram = int(args.ram_gb * GIB) if args.ram_gb else None
     inputs = PlanInputs(
         width=width, height=height, batch=args.batch, text_tokens=args.text_tokens, rank=args.rank,

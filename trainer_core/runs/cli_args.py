@@ -47,10 +47,12 @@ def _checked(cls: type, name: str, kind: type, check_value, parse=None):
 
 
 def blocks_to_swap_arg(**override) -> dict:
-    """--blocks-to-swap: 'auto' or a number (config.parse_blocks_to_swap), within TrainConfig's range."""
+    """--blocks-to-swap: 'auto' or a number (config.parse_blocks_to_swap, which reads -1 as auto too), within
+    TrainConfig's range; the flag's value is AUTO_SWAP or a count, its default too."""
     from ..core.config import TrainConfig, check_value, parse_blocks_to_swap
 
     kwargs = config_arg(TrainConfig, "blocks_to_swap", **override)  # a default of -1 means auto
+    kwargs["default"] = parse_blocks_to_swap(kwargs["default"])
     kwargs["type"] = _checked(TrainConfig, "blocks_to_swap", int, check_value, parse=parse_blocks_to_swap)
     kwargs["metavar"] = "N|auto"
     return kwargs

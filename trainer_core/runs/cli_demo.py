@@ -90,10 +90,11 @@ def _builtin_num_blocks(model: str) -> int:
     return TINY_TRANSFORMER["num_layers"]
 
 
-def _check_demo_blocks_to_swap(blocks_to_swap: int, num_blocks: int) -> None:
+def _check_demo_blocks_to_swap(blocks_to_swap: int | str, num_blocks: int) -> None:
+    from ..core.config import AUTO_SWAP
     from ..core.errors import UserInputError
 
-    if blocks_to_swap > num_blocks - 1:
+    if blocks_to_swap != AUTO_SWAP and blocks_to_swap > num_blocks - 1:
         raise UserInputError(
             f"--blocks-to-swap {blocks_to_swap}: the transformer has {num_blocks} blocks and at least one must "
             f"stay on the GPU: use 0 to {num_blocks - 1}, or 'auto' to let the memory planner choose."

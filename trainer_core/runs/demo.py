@@ -106,7 +106,7 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = Fa
         run_dir=run_dir,
     )
     trainer = run.trainer
-    log(f"blocks_to_swap: {trainer.train_cfg.blocks_to_swap}" + (" (auto)" if trainer.requested_train_cfg.auto_swap else ""))
+    log(f"blocks_to_swap: {trainer.decided.swap.label}")
     if resume:
         log(f"resumed from step {trainer.step}" if run.action == "resumed" else f"no checkpoint in {run_dir}: starting at step 0")
     try:
@@ -120,10 +120,10 @@ def run_demo(out: str | Path, steps: int = 200, seed: int = 0, resume: bool = Fa
         preview = _write_preview(trainer, spec, seed, out / "preview.png")
     finally:
         release(spec.run_name)  # the demo is a whole program: leave no live run behind
-    plot = _write_output(_png(loss_plot(trainer.loss_history, title=spec.plot_title)), out / "loss.png", "loss plot",
-                         trainer.step)
-    _write_output(json.dumps(trainer.loss_history).encode(), out / "losses.json", "loss history", trainer.step)
-    losses = [loss for _, loss in trainer.loss_history]
+    history = trainer.progress.loss_history
+    plot = _write_output(_png(loss_plot(history, title=spec.plot_title)), out / "loss.png", "loss plot", trainer.step)
+    _write_output(json.dumps(history).encode(), out / "losses.json", "loss history", trainer.step)
+    losses = [loss for _, loss in history]
     return DemoResult(lora=lora, preview=preview, preview_before=before, loss_plot=plot,
                       first_loss=losses[0] if losses else float("nan"),
                       last_loss=losses[-1] if losses else float("nan"), steps=trainer.step)

@@ -199,8 +199,9 @@ def open_once(components, cached: CachedDataset, run: RunFile, run_dir: Path, re
     except BaseException:
         release(run.train.run_name)
         raise
-    if trainer.host_copy is not None:  # every process has attached the machine's host copy: only mappings keep it
-        trainer.host_copy.seal()
+    host_copy = trainer.built.host_copy
+    if host_copy is not None:  # every process has attached the machine's host copy: only mappings keep it
+        host_copy.seal()
     return trainer
 
 
@@ -208,7 +209,7 @@ def run_length(trainer: Trainer, run: RunFile, steps: int | None) -> tuple[int, 
     """(the step the run ends at, steps per epoch). An epoch is every sample times its repeats, in micro-batches;
     a step takes grad_accum_steps of them on each process."""
     per_step = trainer.train_cfg.grad_accum_steps * trainer.replicas.size
-    steps_per_epoch = trainer.order.batches_per_epoch / per_step
+    steps_per_epoch = trainer.built.order.batches_per_epoch / per_step
     if steps is not None:
         return steps, steps_per_epoch
     ends = [run.headless.steps] if run.headless.steps else []
@@ -274,7 +275,7 @@ def _train(trainer: Trainer, run: RunFile, run_dir: Path, replicas: Replicas, co
                 progress.close()
     if outputs is not None:
         outputs.finish()
-    losses = [loss for _, loss in trainer.loss_history]
+    losses = [loss for _, loss in trainer.progress.loss_history]
     if losses:
         say(f"loss: first step {losses[0]:.4f}, last step {losses[-1]:.4f} (step {trainer.step})")
     return 0
@@ -316,13 +317,13 @@ class Outputs:
 
     def finish(self) -> None:
         """The last step's LoRA, the loss plot, the losses and (with previews) the grid of previews by step."""
-        trainer = self.trainer
         path = self.lora()
-        plot = loss_plot(trainer.loss_history, title=self.run.train.run_name,
-                         validation=trainer.validation_history, datasets=trainer.dataset_loss_history)
+        progress = self.trainer.progress
+        plot = loss_plot(progress.loss_history, title=self.run.train.run_name,
+                         validation=progress.validation_history, datasets=progress.dataset_loss_history)
         self.write(_png(plot), self.run_dir / "loss.png", "loss plot")
-        history = {"loss": trainer.loss_history, "validation_loss": trainer.validation_history,
-                   **({"dataset_loss": trainer.dataset_loss_history} if trainer.dataset_loss_history else {})}
+        history = {"loss": progress.loss_history, "validation_loss": progress.validation_history,
+                   **({"dataset_loss": progress.dataset_loss_history} if progress.dataset_loss_history else {})}
         self.write(json.dumps(history).encode(), self.run_dir / "losses.json", "loss history")
         if self.kept:
             self.write(_png(step_grid(self.kept, title=self.run.train.run_name)), self.run_dir / "previews" /

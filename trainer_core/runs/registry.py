@@ -15,8 +15,9 @@
 Ownership: a trainer owns its adapter and a model set carries one adapter, so at most one live trainer
 per model set. Opening a run on a model set that another run trains checkpoints and retires that run;
 its trainer then refuses every use with an error naming both runs (never a silent mix of adapters).
-`blocks_to_swap='auto'` is resolved by the Trainer from the memory plan (see `planner.for_run.plan_run`), after
-`before_build` ran (a host frees its own models there).
+The Trainer checks the settings against the model and decides what they leave open once, when it is built
+(training/setup.py): `blocks_to_swap='auto'` becomes a count from the memory plan (`planner.for_run.plan_run`),
+after `before_build` ran (a host frees its own models there).
 
 Live trainers are kept here by run name, because a host may drop the object that holds one (ComfyUI
 evicts cached node outputs under memory pressure): the next `open_run` of that name finds it again.
@@ -81,7 +82,6 @@ def open_run(
     process's place among the processes of a data-parallel run (distributed.py). `preview_size`: (width,
     height) of the previews the caller will sample, for the memory plan (None: the Preview node's default)."""
     name = check_run_name(train.run_name)
-    train.check_model(num_blocks=components.num_blocks)  # the settings themselves were checked when made
     run_dir = Path(run_dir) if run_dir is not None else None
     signature = run_signature(components, dataset, lora, optimizer, train, run_dir, init_lora) + f"/{replicas.size}"
     with _lock:
@@ -131,7 +131,7 @@ def open_run(
         head += "\n" + "\n".join(trainer.resume_notes)
     for note in idle_settings(dataset, lora, optimizer, train):  # settings that change nothing here, said
         head += f"\nwarning: {note}"
-    status = f"{head}\nblocks_to_swap: {_swap_text(trainer)}\n\n{trainer.memory_plan}"
+    status = f"{head}\nblocks_to_swap: {trainer.decided.swap.label}\n\n{trainer.memory_plan}"
     return OpenedRun(trainer, "resumed" if resumed else "started", status)
 
 
@@ -252,18 +252,13 @@ def setting_conflicts(trainer: Trainer, lora: LoraConfig, optimizer: OptimizerCo
                       components: QwenImageComponents) -> list[str]:
     """Differences between a live trainer and new settings that a run cannot continue across (the same
     rule a checkpoint is held to: `Trainer.MUST_MATCH_LORA`, `optim.fixed_for_the_run`, the base weights)."""
-    asked = trainer.requested_lora_cfg
+    asked = trainer.lora_cfg
     conflicts = [f"{key}: running {getattr(asked, key)!r}, now {getattr(lora, key)!r}"
                  for key in MUST_MATCH_LORA if getattr(asked, key) != getattr(lora, key)]
     conflicts += fixed_for_the_run(to_dict(trainer.optim_cfg), optimizer, "running")  # the optimizer kind, ...
-    if components is not trainer.components and components.fingerprint("transformer") != trainer.base_fingerprint:
+    if components is not trainer.components and components.fingerprint("transformer") != trainer.built.base_fingerprint:
         conflicts.append(f"base model: running {trainer.components.name!r}, now {components.name!r} (different weights)")
     return conflicts
-
-
-def _swap_text(trainer: Trainer) -> str:
-    chosen = trainer.train_cfg.blocks_to_swap
-    return f"{chosen} (auto)" if trainer.requested_train_cfg.auto_swap else str(chosen)
 
 
 def _where(run_dir: Path | None) -> str:

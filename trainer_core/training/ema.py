@@ -80,28 +80,28 @@ def resume_note(step: int) -> str:
 
 
 @contextlib.contextmanager
-def averaged_weights(trainer: "Trainer", weights: str) -> Iterator[None]:
-    """Inside: the LoRA holds `weights` ('raw': unchanged; 'ema': the average, cast to the LoRA dtype). On
-    leaving, the raw weights are put back from a copy, bit for bit, so a preview or save changes no later step."""
+def averaged_weights(average: WeightAverage | None, params, run_name: str, weights: str) -> Iterator[None]:
+    """Inside: the LoRA `params` hold `weights` ('raw': unchanged; 'ema': the `average`, cast to the LoRA dtype). On
+    leaving, the raw weights are put back from a copy, bit for bit, so a preview or save changes no later step.
+    `run_name` names the run whose average is asked for where it keeps none."""
     if weights not in WEIGHTS:
         raise UserInputError(f"weights={weights!r}: expected one of {list(WEIGHTS)}.")
     if weights == "raw":
         yield
         return
-    average = trainer.ema
     if average is None:
         raise UserInputError(
-            f"weights 'ema' asked for, but run '{trainer.train_cfg.run_name}' keeps no EMA of its weights: turn on "
+            f"weights 'ema' asked for, but run '{run_name}' keeps no EMA of its weights: turn on "
             "ema in the Optimizer node (or [optimizer] ema = true in a run file), or choose weights 'raw'.")
-    kept = [p.detach().clone() for p in trainer.params]
+    kept = [p.detach().clone() for p in params]
     try:
         with torch.no_grad():
-            for p, a in zip(trainer.params, average.averages):
+            for p, a in zip(params, average.averages):
                 p.copy_(a)
         yield
     finally:
         with torch.no_grad():
-            for p, k in zip(trainer.params, kept):
+            for p, k in zip(params, kept):
                 p.copy_(k)
 
 

@@ -61,11 +61,11 @@ def run_due(work: Sequence[Every], trainer: "Trainer", step: StepReport, report:
 
 
 def _update_ema(trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
-    trainer.ema.update()  # first: the checkpoints, previews and snapshots of this step see the updated average
+    trainer.built.ema.update()  # first: the checkpoints, previews and snapshots of this step see the updated average
 
 
 def _validate(trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
-    trainer.validation_history.append((trainer.step, trainer.validation_loss()))
+    trainer.progress.validation_history.append((trainer.step, trainer.validation_loss()))
 
 
 def _checkpoint(trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
@@ -75,7 +75,7 @@ def _checkpoint(trainer: "Trainer", step: StepReport, report: TrainReport) -> No
 def training_work(trainer: "Trainer") -> list[Every]:
     """The EMA, validation and checkpoints, from the trainer's settings (validation only with held-out images)."""
     cfg = trainer.train_cfg
-    work = [Every(1, _update_ema, "ema")] if trainer.ema is not None else []
+    work = [Every(1, _update_ema, "ema")] if trainer.built.ema is not None else []
     if cfg.validation_every and trainer.dataset.validation:
         work.append(Every(cfg.validation_every, _validate, "validation"))
     if cfg.checkpoint_every:

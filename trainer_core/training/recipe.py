@@ -11,6 +11,10 @@ order, and runs the loop over components that do one thing each:
     checkpoint / resume: state.py; validation: evaluation.py; LoRA files and previews: outputs.py
     close / retire .................................. lifecycle.py
 
+The components take what they touch, not the Trainer. The Trainer's shape (every attribute) is declared in one
+place, base.TrainerBase, with the entry points that hand the components their pieces; this module builds the
+parts and runs the loop.
+
 Training is step-chunked: `train(n)` runs n more optimizer steps. Every random draw is a pure function of (seed,
 micro-batch, purpose): k chunks equal one call bit for bit, across a resume and over several processes too.
 """
@@ -23,27 +27,24 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from PIL import Image
 
-from ..adapters.lora_files import LoraFile
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
-from ..core.errors import TrainingStopped, UserInputError
+from ..core.errors import TrainingStopped
 from ..core.finite import all_finite
 from ..data.cache import CachedDataset
 from ..models.components import QwenImageComponents
-from ..streaming.placement import MODULATION_WINDOW
-from . import evaluation, guards, lifecycle, outputs, periodic, randomness, setup, state
-from .busy import Busy, holds, run_description
+from . import guards, lifecycle, periodic, randomness, setup
+from .base import TrainerBase
+from .busy import holds
 from .comparison import DEFAULT as DEFAULT_COMPARISON
 from .comparison import Comparison
 from .distributed import ONE_PROCESS, Replicas
-from .live import PreviewSettings, StepPreview
 from .optim import set_learning_rate
 from .reports import StepReport, TrainReport
 from .weighting import DatasetLosses, record_dataset_losses, reports_datasets
 
 
-class Trainer:
+class Trainer(TrainerBase):
     def __init__(self, components: QwenImageComponents, dataset: CachedDataset, lora: LoraConfig,
                  optimizer: OptimizerConfig, train: TrainConfig, run_dir: str | Path | None = None,
                  init_lora: str | Path | None = None, replicas: Replicas = ONE_PROCESS,
@@ -55,36 +56,17 @@ class Trainer:
         decides rank, alpha and the adapted modules; the optimizer, schedule and step count start fresh.
         `comparison`: a build that differs from the default in one respect, for benchmarks (comparison.py)."""
         setup.check_inputs(components, dataset, train)  # the settings themselves are valid once made
-        self.components, self.dataset, self.comparison = components, dataset, comparison
-        self.modulation_window = MODULATION_WINDOW if comparison.modulation_ahead else 0  # 0: off, same results
-        self.lora_cfg, self.optim_cfg, self.train_cfg = lora, optimizer, train
-        self.requested_lora_cfg, self.requested_train_cfg = lora, train  # as asked: before a LoRA file's rank, 'auto
-        self.run_dir, self.replicas = (Path(run_dir) if run_dir is not None else None), replicas
-        self.device, self.compute_dtype = components.device, components.compute_dtype
-        self.transformer = components.transformer  # None until setup.build loads it (a lazy model set)
-        self.params: list[torch.nn.Parameter] = []
-        self.runner = self.optimizer = self.ema = self.lock = self.flow = None  # ema: ema.WeightAverage, when on
-        self.host_copy = None  # with several processes on a machine: its shared host copy (host_copy.py)
-        self.init_lora: LoraFile | None = None
-        self.retired_reason: str | None = None  # why this trainer may no longer be used (`retire`)
-        self.step = 0  # optimizer steps finished
-        self.micro_batches = 0  # micro-batches drawn, over all processes: the data order's and randomness' counter
-        self.saved_step: int | None = None  # step of the newest checkpoint on disk
-        self.restored_from: Path | None = None  # the checkpoint folder `resume` last read
-        self.loss_history: list[tuple[int, float]] = []
-        # (step, {dataset label: its samples' mean loss}) when the report lists datasets (weighting.py)
-        self.dataset_loss_history: list[tuple[int, dict[str, float]]] = []
-        self.validation_history: list[tuple[int, float]] = []  # (step, validation loss)
-        self.step_previews: list[StepPreview] = []  # small copies of previews made while training (live.py caps them)
-        self.resume_notes: list[str] = []  # checkpoints `resume` passed over, one sentence each, for a person
-        self.broken_reason: str | None = None  # a step made the LoRA non-finite, nothing could undo it (guards.py)
-        self.busy = Busy(run_description(self))  # one place at a time
-        lifecycle.claim_model_set(self)
-        try:
-            lifecycle.lock_run_folder(self)  # before anything touches the model
-            setup.build(self, init_lora, preview_size)
+        run_dir = Path(run_dir) if run_dir is not None else None
+        super().__init__(components, dataset, lora, optimizer, train, run_dir, replicas, comparison)
+        lifecycle.claim_model_set(components, self)
+        try:  # the run folder first, before anything touches the model
+            self.lock = lifecycle.lock_run_folder(run_dir, replicas.writes, train.run_name)
+            self.decided = setup.decide(components, dataset, lora, optimizer, train, init_lora, preview_size,
+                                        replicas.local_size)
+            self.built = setup.build(components, dataset, self.decided, optimizer, train, replicas, comparison,
+                                     keeps_checkpoints=run_dir is not None)
         except BaseException:
-            self.close()  # the model without a half-made adapter, the run folder unlocked
+            self.close()  # the model set free again, the run folder unlocked
             raise
 
     # -- the loop --------------------------------------------------------------------------------------
@@ -100,9 +82,9 @@ class Trainer:
             raise TrainingStopped(self.broken_reason)
         work = [*periodic.training_work(self), *work, *([periodic.every(1, on_step)] if on_step else [])]
         report = TrainReport(first_step=self.step + 1, last_step=self.step)
-        skipped = guards.SkippedSteps(self)
+        skipped = guards.SkippedSteps(self.train_cfg.max_nonfinite_steps, self.decided.continued_from)
         started = time.perf_counter()
-        self.transformer.train()
+        self.built.transformer.train()
         with randomness.global_rng_kept(self.device):
             try:
                 while report.steps < n_steps:
@@ -110,7 +92,7 @@ class Trainer:
                     step = self._one_step()
                     if step.skipped:
                         report.skipped += 1
-                        skipped.skipped()  # raises after max_nonfinite_steps in a row
+                        skipped.skipped(self.step)  # raises after max_nonfinite_steps in a row
                         continue
                     skipped.finished()
                     report.losses.append(step.loss)
@@ -126,46 +108,47 @@ class Trainer:
             else:
                 self.checkpoint_if_behind()
             finally:
-                self.runner.forget_modulation()  # planned for this call's steps: a later call plans its own
-                self.transformer.eval()
+                self.built.runner.forget_modulation()  # planned for this call's steps: a later call plans its own
+                self.built.transformer.eval()
                 report.seconds = time.perf_counter() - started
         return report
 
     def _one_step(self) -> StepReport:
         started = time.perf_counter()
+        built, progress = self.built, self.progress
         # A step takes grad_accum_steps micro-batches per process: micro-batch k of the step is process
         # k mod N's (distributed.py), and each process draws only its own (randomness.py).
         share = self.train_cfg.grad_accum_steps * self.replicas.size
-        first, self.micro_batches = self.micro_batches, self.micro_batches + share
+        first, progress.micro_batches = progress.micro_batches, progress.micro_batches + share
         total, finite = 0.0, True
         tally = DatasetLosses() if reports_datasets(self.dataset.samples) else None  # this process's samples
         for k in range(share):
             if not self.replicas.owns(k):
                 continue
-            batch = self.flow.draw(first + k)
+            batch = built.flow.draw(first + k)
             randomness.seed_global_rng(self.train_cfg.seed, first + k, self.device)  # LoRA dropout's masks
-            loss = self.flow.loss(batch, tally)
+            loss = built.flow.loss(batch, tally)
             del batch  # its latents and noise: not kept through backward (the memory plan counts them as gone)
             if not torch.isfinite(loss):
                 finite = False
                 continue
             (loss / share).backward()
             total += loss.item()
-        total, finite = self.replicas.reduce_step(self.params, total, finite)  # summed over the processes
+        total, finite = self.replicas.reduce_step(built.params, total, finite)  # summed over the processes
         grad_norm = self._clip_gradients() if finite else math.nan
-        lr = set_learning_rate(self.optimizer, self.optim_cfg, self.step)
+        lr = set_learning_rate(built.optimizer, self.optim_cfg, progress.step)
         if not (finite and math.isfinite(grad_norm)):
-            self.optimizer.zero_grad(set_to_none=True)
-            return StepReport(step=self.step, loss=math.nan, lr=lr, grad_norm=grad_norm,
+            built.optimizer.zero_grad(set_to_none=True)
+            return StepReport(step=progress.step, loss=math.nan, lr=lr, grad_norm=grad_norm,
                               seconds=time.perf_counter() - started, skipped=True)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if not all_finite(self.params):  # one fused reduction and one host sync per step
-            guards.undo_nonfinite_step(self)  # raises
-        self.step += 1
-        self.loss_history.append((self.step, total / share))
-        datasets = record_dataset_losses(tally, self.step, self.dataset_loss_history)
-        return StepReport(step=self.step, loss=total / share, lr=lr, grad_norm=grad_norm,
+        built.optimizer.step()
+        built.optimizer.zero_grad(set_to_none=True)
+        if not all_finite(built.params):  # one fused reduction and one host sync per step
+            self._undo_nonfinite_step()  # raises
+        progress.step += 1
+        progress.loss_history.append((progress.step, total / share))
+        datasets = record_dataset_losses(tally, progress.step, progress.dataset_loss_history)
+        return StepReport(step=progress.step, loss=total / share, lr=lr, grad_norm=grad_norm,
                           seconds=time.perf_counter() - started, datasets=datasets)
 
     def _plan_modulation_ahead(self, steps_left: int) -> None:
@@ -173,77 +156,31 @@ class Trainer:
         (at most a modulation window's, within this call's steps) once it has none left: their streamed blocks
         are then copied without the modulation weights (streaming.runner.BlockRunner.plan_modulation). The timesteps are
         pure functions of the micro-batch counter, so nothing is drawn twice or replayed."""
-        if self.runner.swapper is None or self.runner.planned_forwards or not self.modulation_window:
+        runner = self.built.runner
+        if runner.swapper is None or runner.planned_forwards or not self.modulation_window:
             return
         per_step = self.train_cfg.grad_accum_steps
         share = per_step * self.replicas.size
         steps = max(1, min(steps_left, self.modulation_window // per_step))
-        numbers = [self.micro_batches + s * share + k for s in range(steps) for k in range(share)
+        numbers = [self.progress.micro_batches + s * share + k for s in range(steps) for k in range(share)
                    if self.replicas.owns(k)]
-        self.runner.plan_modulation([self.flow.planned_timesteps(m) for m in numbers])
+        runner.plan_modulation([self.built.flow.planned_timesteps(m) for m in numbers])
 
     def _clip_gradients(self) -> float:
-        max_norm = self.optim_cfg.max_grad_norm
+        max_norm, params = self.optim_cfg.max_grad_norm, self.built.params
         if max_norm > 0:
-            return float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-        norms = [p.grad.detach().float().norm() for p in self.params if p.grad is not None]
+            return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norms = [p.grad.detach().float().norm() for p in params if p.grad is not None]
         return float(torch.stack(norms).norm()) if norms else 0.0
 
-    # -- components' entry points -------------------------------------------------------------------
+    def _undo_nonfinite_step(self) -> None:
+        """The optimizer step just taken made LoRA values NaN/inf: the newest checkpoint with finite values puts
+        the run back, or else this trainer refuses further use (guards.py). Raises."""
+        def restore(notes: list[str]) -> tuple[int, Path] | None:
+            return (self.step, self.restored_from) if self.resume(notes) else None
 
-    def validation_loss(self) -> float:
-        return evaluation.validation_loss(self)
-
-    @holds("a checkpoint")
-    def save_checkpoint(self) -> Path | None:
-        return state.save_checkpoint(self)
-
-    def checkpoint_if_behind(self) -> None:
-        state.checkpoint_if_behind(self)
-
-    @holds("resuming from a checkpoint")
-    def resume(self, notes: list[str] | None = None) -> bool:
-        """Continue from the newest usable checkpoint in `run_dir`; False when there is none (state.py)."""
-        return state.resume(self, self.resume_notes if notes is None else notes)
-
-    @holds("reading its LoRA")
-    def lora_state_dict(self, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> dict[str, torch.Tensor]:
-        return outputs.lora_state_dict(self, dtype, layout)
-
-    def lora_metadata(self, layout: str = "comfyui") -> dict[str, str]:
-        return outputs.lora_metadata(self, layout)
-
-    @holds("Save LoRA")
-    def save_lora(self, path, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> Path:
-        return outputs.save_lora(self, path, dtype, layout)
-
-    @holds("Preview")
-    def sample_preview(self, prompt: str, negative_prompt: str = "", width: int = 1024, height: int = 1024,
-                       steps: int = 20, cfg_scale: float = 4.0, seed: int = 0,
-                       progress: Callable[[int, int], None] | None = None,
-                       control_images: list[Image.Image] | None = None, weights: str = "raw") -> Image.Image:
-        return outputs.sample_preview(self, prompt, negative_prompt, width, height, steps, cfg_scale, seed,
-                                      progress, control_images, weights)
-
-    def preview_step(self, settings: PreviewSettings, progress: Callable[[int, int], None] | None = None
-                     ) -> StepPreview:
-        return outputs.preview_step(self, settings, progress)
-
-    @property
-    def live(self) -> bool:
-        return self.retired_reason is None
-
-    def require_live(self) -> None:  # raise why this trainer was retired (its model taken, or released)
-        if self.retired_reason is not None:
-            raise UserInputError(self.retired_reason)
-
-    @holds("retiring it (Release, or an Init Trainer that takes its model)", nests=False)
-    def retire(self, reason: str, unpin: bool = False) -> None:
-        lifecycle.retire(self, reason, unpin)
-
-    @holds("closing it")
-    def close(self, unpin: bool = False) -> None:
-        lifecycle.close(self, unpin)
-
-    def last_loss(self) -> float:
-        return self.loss_history[-1][1] if self.loss_history else math.nan
+        built = self.built
+        self.broken_reason = guards.undo_nonfinite_step(
+            self.step + 1, dict(zip(built.param_names, built.params)), self.decided.continued_from, self.run_dir,
+            restore)  # raises where the checkpoint undid it
+        raise TrainingStopped(self.broken_reason)
