@@ -29,7 +29,7 @@ from typing import ClassVar
 
 from ..core.config import DatasetConfig, EditDataConfig
 from ..core.errors import UserInputError
-from .images import IMAGE_EXTENSIONS, Dataset, Sample, decode_image, discover, read_file, validation_indices
+from .images import IMAGE_EXTENSIONS, Dataset, Sample, decode_image, discover, read_file, split_validation
 
 EDIT = "edit"  # an edit dataset (the Edit Dataset node's): `Sample.kind`
 MAX_CONTROLS = 3
@@ -147,13 +147,8 @@ def load_edit_dataset(cfg: DatasetConfig, edit: EditDataConfig | None = None) ->
     edit = edit or EditDataConfig()
     edit.validate()
     samples = discover_edit(cfg)
-    held = validation_indices(len(samples), cfg.validation_images)
-    if cfg.validation_images and len(held) >= len(samples):
-        raise UserInputError(
-            f"validation_images={cfg.validation_images} holds out every one of the {len(samples)} images in "
-            f"{cfg.folder}: keep at least one for training (lower validation_images or add images).")
-    return EditDataset(config=cfg, samples=tuple(s for i, s in enumerate(samples) if i not in held),
-                       validation=tuple(samples[i] for i in sorted(held)), edit=edit)
+    training, validation = split_validation(samples, cfg)
+    return EditDataset(config=cfg, samples=training, validation=validation, edit=edit)
 
 
 @dataclass(frozen=True)

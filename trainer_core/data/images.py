@@ -117,14 +117,18 @@ def folder_state(folder: str | Path) -> str:
 
 
 def load_dataset(cfg: DatasetConfig) -> Dataset:
-    samples = discover(cfg)
+    return Dataset(cfg, *split_validation(discover(cfg), cfg))
+
+
+def split_validation(samples: list, cfg: DatasetConfig) -> tuple[tuple, tuple]:
+    """(training samples, validation samples): `cfg.validation_images` held out (`validation_indices`), at least one
+    left to train on; every dataset convention holds out the same way."""
     held = validation_indices(len(samples), cfg.validation_images)
     if cfg.validation_images and len(held) >= len(samples):
         raise UserInputError(
             f"validation_images={cfg.validation_images} holds out every one of the {len(samples)} images in "
             f"{cfg.folder}: keep at least one for training (lower validation_images or add images).")
-    return Dataset(config=cfg, samples=tuple(s for i, s in enumerate(samples) if i not in held),
-                   validation=tuple(samples[i] for i in sorted(held)))
+    return tuple(s for i, s in enumerate(samples) if i not in held), tuple(samples[i] for i in sorted(held))
 
 
 def validation_indices(count: int, held_out: int) -> set[int]:

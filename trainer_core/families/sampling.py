@@ -20,6 +20,35 @@ from ..models.latents import pixel_multiple
 from ..planner.device import preview_decode_in_tiles
 
 
+class WrappedTransformer(torch.nn.Module):
+    """Our transformer as a pinned pipeline calls it with a family's conditions put in (Edit's controls appended,
+    2.1's references placed): what the pipeline reads of its transformer (config, blocks, dtype, device, cache
+    contexts) is the inner one's; a subclass changes the call (`forward`)."""
+
+    def __init__(self, transformer: torch.nn.Module):
+        super().__init__()
+        self.inner = transformer
+
+    @property
+    def config(self):
+        return self.inner.config
+
+    @property
+    def transformer_blocks(self):  # (2.1's pipeline keeps a KV cache over them)
+        return self.inner.transformer_blocks
+
+    @property
+    def dtype(self):
+        return self.inner.dtype
+
+    @property
+    def device(self):  # the pipeline finds its execution device through its modules' `device`
+        return self.inner.device
+
+    def cache_context(self, name: str):
+        return self.inner.cache_context(name)
+
+
 def snap_size(size: int, multiple: int) -> int:
     return max(multiple, size // multiple * multiple)
 

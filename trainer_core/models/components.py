@@ -76,6 +76,13 @@ class QwenImageComponents:
     # The trainer whose adapter is in the transformer now (a weak reference; see Trainer._claim_model_set).
     trainer_ref: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
 
+    def vae_image_channels(self) -> tuple[int, str]:
+        """(image channels the VAE takes: 3, or 4 for an RGBA one, and its name for messages), without loading its
+        weights (a VAE file's loader read them from its first convolution)."""
+        if self.vae is not None:
+            return self.vae.config.input_channels, "the VAE"
+        return self.vae_loader.config.get("input_channels", 3), f"VAE file {self.vae_loader.file.path}"
+
     @property
     def block_storage(self) -> str:
         """How the transformer's block Linears are held, for status lines: the storage mode, or "int8 ConvRot (the

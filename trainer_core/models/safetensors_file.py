@@ -167,3 +167,15 @@ _DTYPES = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+
+
+def holds_key(path, name: str, part: str = "transformer") -> bool:
+    """Whether the safetensors file at `path` holds `name` under any prefix ComfyUI's files use: how a family tells
+    its own files (its header only; False when there is no readable file: the part's own loader says what is wrong)."""
+    if not path or not Path(path).is_file():
+        return False
+    try:
+        keys = SafetensorsFile(path, part).keys
+    except UserInputError:
+        return False
+    return any(k == name or k.endswith("." + name) for k in keys)

@@ -47,16 +47,8 @@ def load_shapes_model(storage: str = "float8", compute_dtype: torch.dtype = torc
     return pretrained.load_shapes_model(storage, compute_dtype, device, family=QWEN_IMAGE, **kwargs)
 
 
-def vae_channels(components) -> tuple[int, str]:
-    """(image channels of the model set's VAE, its name for messages), without loading its weights."""
-    if components.vae is not None:
-        return components.vae.config.input_channels, "the VAE"
-    source = components.vae_loader
-    return source.config.get("input_channels", 3), f"VAE file {source.file.path}"
-
-
 def refuse_rgba_vae(components):
-    channels, vae = vae_channels(components)
+    channels, vae = components.vae_image_channels()
     if channels == RGBA:
         raise UserInputError(f"{vae} is Qwen-Image-Layered's RGBA VAE, but the transformer is not Layered: choose "
                              "qwen_image_vae.safetensors, or the Layered transformer "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ...core.choices import EDIT_VARIANT_CHOICES
 from ...core.errors import UserInputError
+from ...models.safetensors_file import holds_key
 from .arch import TRANSFORMER_CLASS, TRANSFORMER_PROBE
 
 PIPELINE_CLASS = "QwenImage21Pipeline"
@@ -22,16 +23,8 @@ AUTO = EDIT_VARIANT_CHOICES[0]
 
 
 def is_qwen_image21_file(path) -> bool:
-    """Whether the safetensors file at `path` is a 2.1 transformer (its header only; False when unreadable)."""
-    from ...models.safetensors_file import SafetensorsFile
-
-    if not path or not Path(path).is_file():
-        return False
-    try:
-        keys = SafetensorsFile(path, "transformer").keys
-    except UserInputError:
-        return False  # the part's own loader says what is wrong with it
-    return any(k == TRANSFORMER_PROBE or k.endswith("." + TRANSFORMER_PROBE) for k in keys)
+    """Whether the safetensors file at `path` is a 2.1 transformer (its header: its text projection's key)."""
+    return holds_key(path, TRANSFORMER_PROBE)
 
 
 def _class_name(path: Path) -> str | None:

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from ...core.errors import UserInputError
-from ..sampling import prompt_embedding
+from ..sampling import WrappedTransformer, prompt_embedding
 from .objective import padded_slots
 from .references import (
     check_reference_size,
@@ -41,33 +41,13 @@ class References:
     slots: torch.Tensor  # (P,) bool: the image slots of every prompt seen with them, up to the last slot
 
 
-class ReferencedTransformer(torch.nn.Module):
+class ReferencedTransformer(WrappedTransformer):
     """`transformer` with fixed references put into every call as the image-conditioned pipeline does (module
     docstring). The pipeline reads its config, blocks (the KV cache), dtype, device and cache contexts."""
 
     def __init__(self, transformer: torch.nn.Module, references: References):
-        super().__init__()
-        self.inner = transformer
+        super().__init__(transformer)
         self.references = references
-
-    @property
-    def config(self):
-        return self.inner.config
-
-    @property
-    def transformer_blocks(self):
-        return self.inner.transformer_blocks
-
-    @property
-    def dtype(self):
-        return self.inner.dtype
-
-    @property
-    def device(self):
-        return self.inner.device
-
-    def cache_context(self, name: str):
-        return self.inner.cache_context(name)
 
     def forward(self, hidden_states: torch.Tensor, img_shapes, img_mask: torch.Tensor, encoder_hidden_states,
                 **kwargs):

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from ...core.errors import UserInputError
-from ..sampling import prompt_embedding
+from ..sampling import WrappedTransformer, prompt_embedding
 from .objective import append_controls
 from .pipelines import (
     check_control_aspect,
@@ -30,28 +30,12 @@ from .pipelines import (
 )
 
 
-class ControlledTransformer(torch.nn.Module):
+class ControlledTransformer(WrappedTransformer):
     """`transformer` with fixed control latents appended to every call's image tokens (module docstring)."""
 
     def __init__(self, transformer: torch.nn.Module, controls: list[torch.Tensor]):
-        super().__init__()
-        self.inner = transformer
+        super().__init__(transformer)
         self.controls = controls  # [(C, h_i, w_i)]
-
-    @property
-    def config(self):
-        return self.inner.config
-
-    @property
-    def dtype(self):
-        return self.inner.dtype
-
-    @property
-    def device(self):  # the pipeline finds its execution device through its modules' `device`
-        return self.inner.device
-
-    def cache_context(self, name: str):
-        return self.inner.cache_context(name)
 
     def forward(self, hidden_states: torch.Tensor, img_shapes, return_dict: bool = False, **kwargs):
         n = hidden_states.shape[1]

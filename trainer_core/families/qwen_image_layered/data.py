@@ -29,7 +29,7 @@ from PIL import Image, ImageOps
 
 from ...core.config import DatasetConfig
 from ...core.errors import UserInputError
-from ...data.images import IMAGE_EXTENSIONS, IMAGE_FORMATS, Dataset, Sample, discover, read_file, validation_indices
+from ...data.images import IMAGE_EXTENSIONS, IMAGE_FORMATS, Dataset, Sample, discover, read_file, split_validation
 
 LAYERED = "layered"  # a layered dataset (the Layered Dataset node's): `Sample.kind`
 _LAYER = re.compile(r"^(?P<stem>.+)_layer_(?P<n>\d+)$")  # name_layer_1, name_layer_2, ...
@@ -148,13 +148,8 @@ class LayeredDataset(Dataset):
 def load_layered_dataset(cfg: DatasetConfig) -> LayeredDataset:
     """The layered samples, with `validation_images` of them held out as for text-to-image."""
     samples = discover_layered(cfg)
-    held = validation_indices(len(samples), cfg.validation_images)
-    if cfg.validation_images and len(held) >= len(samples):
-        raise UserInputError(
-            f"validation_images={cfg.validation_images} holds out every one of the {len(samples)} images in "
-            f"{cfg.folder}: keep at least one for training (lower validation_images or add images).")
-    return LayeredDataset(config=cfg, samples=tuple(s for i, s in enumerate(samples) if i not in held),
-                          validation=tuple(samples[i] for i in sorted(held)))
+    training, validation = split_validation(samples, cfg)
+    return LayeredDataset(config=cfg, samples=training, validation=validation)
 
 
 def crop_rgba(image: Image.Image, bucket: tuple[int, int]) -> Image.Image:

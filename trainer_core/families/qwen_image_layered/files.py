@@ -20,7 +20,7 @@ import torch
 
 from ...core.errors import UserInputError
 from ...models.diffusers_dir import load_diffusers_dir
-from ...models.safetensors_file import SafetensorsFile
+from ...models.safetensors_file import holds_key
 from ...models.single_file import load_single_files
 from ...models.source import DIFFUSERS, FILES
 from ...planner.device import CachingPlacement, resolve_text_encoder_fp8
@@ -31,14 +31,8 @@ LAYERED_PROBE = "time_text_embed.addition_t_embedding.weight"
 
 
 def is_layered_file(path) -> bool:
-    """Whether the transformer file at `path` is Qwen-Image-Layered's (its header only; False when unreadable)."""
-    if not path or not Path(path).is_file():
-        return False
-    try:
-        keys = SafetensorsFile(path, "transformer").keys
-    except UserInputError:
-        return False  # the part's own loader says what is wrong with it
-    return any(k == LAYERED_PROBE or k.endswith("." + LAYERED_PROBE) for k in keys)
+    """Whether the transformer file at `path` is Qwen-Image-Layered's (its header: `LAYERED_PROBE`)."""
+    return holds_key(path, LAYERED_PROBE)
 
 
 def is_layered_folder(folder) -> bool:
@@ -49,16 +43,8 @@ def is_layered_folder(folder) -> bool:
     return bool(isinstance(config, dict) and config.get("use_additional_t_cond"))
 
 
-def _vae_channels(components) -> tuple[int, str]:
-    """(image channels of the model set's VAE, its name for messages), without loading its weights."""
-    if components.vae is not None:
-        return components.vae.config.input_channels, "the VAE"
-    source = components.vae_loader
-    return source.config.get("input_channels", 3), f"VAE file {source.file.path}"
-
-
 def _check_vae(components):
-    channels, vae = _vae_channels(components)
+    channels, vae = components.vae_image_channels()
     if channels != RGBA:
         raise UserInputError(f"the transformer is Qwen-Image-Layered, but {vae} takes {channels}-channel images, not "
                              "RGBA: choose qwen_image_layered_vae.safetensors (Layered's own VAE).")
