@@ -42,7 +42,8 @@ def synthetic_setup(transformer: torch.nn.Module, samples: int, latent_hw: tuple
                                     caption=f"sample {i}", image_path=f"synthetic/{i}.png"))
     memory[("text-empty", "embedding")] = torch.zeros(text_tokens, cfg.joint_attention_dim).to(compute_dtype)
     dataset = CachedDataset(cache_dir=Path("synthetic"), samples=entries, prompt_keys={"": "text-empty"},
-                            vae_fingerprint="synthetic", text_fingerprint="synthetic", _memory=memory)
+                            vae_fingerprint="synthetic", text_fingerprint="synthetic", family=QWEN_IMAGE.name,
+                            _memory=memory)
     components = QwenImageComponents(
         transformer=transformer, vae=None, text_encoder=None, tokenizer=None,
         scheduler_config=dict(QWEN_IMAGE_SCHEDULER_CONFIG), compute_dtype=compute_dtype, device=device,

@@ -6,6 +6,7 @@ Read from the source with `ast` (as test_layout.py), so nothing is imported or b
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 from conftest import REPO
 
@@ -56,11 +57,11 @@ def test_no_module_probes_a_sample_or_model_set_for_a_named_attribute():
 
 def test_the_demo_models_are_the_registered_families():
     from trainer_core.families import family_names, get_family
-    from trainer_core.runs.cli import DEMO_MODELS
+    from trainer_core.runs.cli import demo_models
 
     # qwen-image-shapes: a model (the shipped one) of qwen-image; aliases name a family too (edit-auto: the Edit variant
     # read from the files, Edit-2511 without them; qwen-image-2512: Qwen-Image's files under 2512's names)
-    assert set(DEMO_MODELS) - {"qwen-image-shapes"} == set(family_names(aliases=True))
+    assert set(demo_models()) - {"qwen-image-shapes"} == set(family_names(aliases=True))
     assert all(name == get_family(name).name for name in family_names())
     assert get_family("edit-auto") is get_family("edit-2511") and get_family("qwen-image-2512") is get_family("qwen-image")
 
@@ -111,3 +112,102 @@ def test_a_model_set_is_built_with_its_family():
     with pytest.raises(TypeError, match="family"):
         build_of_models()
     assert build_of_models(family=QWEN_IMAGE).family is QWEN_IMAGE
+
+
+# ---------------------------------------------------------------------------------------------------
+# the seam closed (issue 40): a family is one package, nothing outside the families names one
+
+FAMILY_PACKAGES = ("qwen_image", "qwen_image21", "qwen_image_edit", "qwen_image_layered")  # families/<package>/
+
+
+def _family_of(path) -> str | None:
+    parts = path.relative_to(REPO).parts
+    return parts[2] if parts[:2] == ("trainer_core", "families") and parts[2] in FAMILY_PACKAGES else None
+
+
+def test_the_built_in_families_are_the_registered_packages():
+    from trainer_core.families import registry
+
+    assert {r.module.lstrip(".") for r in registry._REGISTERED} == set(FAMILY_PACKAGES)
+    assert all((REPO / "trainer_core" / "families" / p / "__init__.py").is_file() for p in FAMILY_PACKAGES)
+
+
+def test_no_family_imports_another():
+    """What two families share (the edit dataset convention, the demo's shapes, the preview transformer wrapper, the
+    Qwen-VL processor) lives below them or in the seam's own modules, never in a sibling (every import, also those in
+    functions)."""
+    from test_layout import _imports
+
+    found = []
+    for path in sorted((REPO / "trainer_core" / "families").rglob("*.py")):
+        own = _family_of(path)
+        if own is None:
+            continue
+        files, _ = _imports(path, module_level_only=False)
+        found += [f"{path.relative_to(REPO)} -> {f.relative_to(REPO)}" for f in files if _family_of(f) not in (None, own)]
+    assert not found, found
+
+
+def _code_strings(tree) -> list:
+    """The string constants of a module that are code, not docstrings."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_no_module_outside_the_families_names_one():
+    """The engine below and beside the families (models, adapters, data, streaming, planner, training, devtools, runs)
+    and the nodes import no family's package and spell no family's name or alias in code: they ask the registry, the
+    model set's family or a transformer's architecture. Two exceptions, by what they are: the word "edit", which is
+    the plain Qwen-Image-Edit's name and also the run file's [edit] table and the edit dataset convention's kind; and
+    the Load Edit node's edit_variant choices (core/choices.py), the Edit variants' names as its widget lists them
+    (checked against the Edit family's variants below)."""
+    from trainer_core.families import family_names
+
+    names = set(family_names(aliases=True)) - {"edit"}
+    found = []
+    for path in sorted([*(REPO / "trainer_core").rglob("*.py"), *(REPO / "nodes").rglob("*.py")]):
+        relative = path.relative_to(REPO)
+        if relative.parts[:2] == ("trainer_core", "families"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                modules += [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else []
+                if any(set(m.split(".")) & set(FAMILY_PACKAGES) for m in modules):
+                    found.append(f"{relative}:{node.lineno} imports {modules[0]}")
+        allowed = {"EDIT_VARIANT_CHOICES"} if relative == Path("trainer_core/core/choices.py") else set()
+        spelled = [n for n in _code_strings(tree) if n.value in names]
+        if allowed:
+            spelled = [n for n in spelled if not any(isinstance(a, ast.Assign) and a.targets[0].id in allowed
+                                                     and a.lineno <= n.lineno <= a.end_lineno for a in tree.body)]
+        found += [f"{relative}:{n.lineno} spells {n.value!r}" for n in spelled]
+    assert not found, found
+
+
+def test_the_load_edit_nodes_variants_are_the_edit_familys():
+    from trainer_core.core.choices import EDIT_VARIANT_CHOICES
+    from trainer_core.families.qwen_image_edit.variants import AUTO, EDIT_VARIANTS
+
+    assert EDIT_VARIANT_CHOICES == (AUTO, *EDIT_VARIANTS)
+
+
+def test_no_node_decides_what_a_family_decides():
+    """The nodes present; the engine decides: no node compares a model set's family (by name or class) or checks an
+    instance against a family's class; which previews take control images, which family loads a Load node's files,
+    how a dataset of a kind is read are the families' answers (`takes_condition_images`, `families.loading`,
+    `family_for_dataset`)."""
+    found = []
+    for path in sorted((REPO / "nodes").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                for operand in (node.left, *node.comparators):
+                    chain = ast.unparse(operand)
+                    if chain.endswith((".family", ".family.name")):
+                        found.append(f"{path.relative_to(REPO)}:{node.lineno} compares {chain}")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+                    and "Family" in ast.unparse(node.args[1]) + ast.unparse(node.args[0])):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} {ast.unparse(node)}")
+    assert not found, found

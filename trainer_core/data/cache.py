@@ -97,13 +97,13 @@ class CachedDataset:
     prompt_keys: dict[str, str]  # prompt text -> text key (preview prompts, negative prompt, "")
     vae_fingerprint: str
     text_fingerprint: str
+    family: str  # the name of the family whose conditioning made the entries
     repeats: int | tuple[int, ...] = 1  # per epoch: one number for all samples, or one per sample
     preview_prompts: list[str] = field(default_factory=list)
     negative_prompt: str = ""
     # Held out of training (never in the data order): the validation loss is measured on these.
     validation: list[CachedSample] = field(default_factory=list)
     report: CacheReport = field(default_factory=CacheReport)
-    family: str = "qwen-image"  # the name of the family whose conditioning made the entries
     # Whose conditions the preview and negative prompts were encoded with (the first training sample).
     preview_sample: CachedSample | None = None
     settings: object = None  # the family's data settings the cache was built with (Edit: EditDataConfig)

@@ -52,7 +52,7 @@ class QwenImageComponents:
     # What the model set is (families/base.ModelFamily): the engine asks it what differs between families. The
     # loaders of this package read Qwen-Image's files and know no family: the families' loaders hand them theirs.
     family: Any
-    name: str = "qwen-image"
+    name: str  # what status lines call it (its transformer file's name, its folder's, the tiny model's)
     storage: str = "float8"
     # Re-creates (text_encoder, tokenizer) after `release_text_encoder`, for a later cache run that
     # meets a new caption; None when the source cannot be read again.

@@ -18,7 +18,7 @@ from .cli_args import (
     config_arg,
     existing_path,
 )
-from .cli_demo import DEMO_MODELS, SHAPES_MODEL, add_demo_parser, cmd_demo  # noqa: F401 (re-exported)
+from .cli_demo import SHAPES_MODEL, add_demo_parser, cmd_demo, demo_models  # noqa: F401 (re-exported)
 
 
 def _quiet_libraries() -> None:

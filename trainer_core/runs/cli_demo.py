@@ -16,8 +16,11 @@ from .cli_args import blocks_to_swap_arg, check_writable_folder, config_arg, exi
 # its Edit variant from the transformer file). The shipped small pretrained model: models/pretrained.NAME, spelled out
 # here because this module imports no torch (tests/test_shapes_model.py checks the two agree).
 SHAPES_MODEL = "qwen-image-shapes"
-EDIT_AUTO = "edit-auto"
-DEMO_MODELS = (SHAPES_MODEL, *family_names(aliases=True))
+
+
+def demo_models() -> tuple[str, ...]:
+    """The demo's --model choices when the parser is made (a family registered before then is among them)."""
+    return (SHAPES_MODEL, *family_names(aliases=True))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -65,15 +68,16 @@ def _load_demo_files(args: argparse.Namespace):
     from ..families.loading import LoadRequest, load_model_set
     from ..models.source import FILES
 
-    named = None if args.model in (SHAPES_MODEL, EDIT_AUTO) else get_family(args.model)
-    edit = args.model == EDIT_AUTO or (named is not None and named.dataset_kinds == (EDIT,))
-    variant = args.model if args.model in EDIT_VARIANT_CHOICES else EDIT_VARIANT_CHOICES[0]
+    named = None if args.model == SHAPES_MODEL else get_family(args.model)
+    edit = named is not None and tuple(named.dataset_kinds) == (EDIT,)  # loaded as the Load Edit node loads
+    auto = EDIT_VARIANT_CHOICES[0]
+    variant = args.model if args.model in EDIT_VARIANT_CHOICES else auto  # an alias (edit-auto): read from the files
     # As the built-in demo: float8 block weights, fp32 compute (the CPU has no fast bf16 matmul).
     components = load_model_set(LoadRequest(
         FILES, torch.device("cpu"), storage="float8", compute_dtype="float32", transformer=args.transformer,
         text_encoder=args.text_encoder, vae=args.vae, tokenizer=args.tokenizer, diffusers_folder=args.diffusers_folder,
         text_encoder_fp8=args.text_encoder_fp8, edit=edit, edit_variant=variant))
-    if named is not None and components.family is not named:
+    if named is not None and components.family is not named and not (edit and variant == auto):
         raise UserInputError(f"demo --model {args.model}: the files are {components.family.display_name}'s "
                              f"({components.family.name}): name that model, or give {named.display_name}'s files.")
     return components
@@ -110,7 +114,7 @@ def add_demo_parser(sub) -> None:
     demo.add_argument("--steps", **config_arg(
         TrainStepsConfig, "steps", default=200, help="total optimizer steps (with --resume: up to this many)"))
     demo.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
-    demo.add_argument("--model", choices=DEMO_MODELS, default=DEMO_MODELS[0],
+    demo.add_argument("--model", choices=demo_models(), default=SHAPES_MODEL,
                       help="qwen-image-shapes (the small pretrained model that ships with the pack: the demo "
                            "teaches it stars), or a model family's tiny random model: qwen-image (text-to-image), an "
                            "edit model: edit-2511, edit-2509, edit (trains on the built-in edit dataset with control "
