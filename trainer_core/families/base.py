@@ -35,9 +35,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import UserInputError
-from ..data.images import IMAGES
+from ..data.cache import latent_key
+from ..data.images import IMAGES, load_dataset
+from ..models.latents import pack_latents
+from ..models.scheduler import resolution_mu
 from ..planner.arch import QwenImageArch, real_arch
 from ..planner.inference import PartSizes, real_parts
+from .registry import family_names, get_family
 
 # write(tensors, kind, key, what): the shared cache builder's atomic write of one entry
 # (kind "latents" or "text"; `what` names the input in an error).
@@ -52,8 +56,6 @@ class CacheConditioning:
 
     def target_key(self, sample, vae_fingerprint: str) -> str:
         """Cache key of `sample`'s target latents."""
-        from ..data.cache import latent_key
-
         return latent_key(sample, vae_fingerprint)
 
     def encode_target(self, sample):
@@ -121,16 +123,12 @@ class ModelFamily:
         """The `data.Dataset` a dataset folder holds under this family's convention (headless runs; the canvas
         has a Dataset node per convention). `settings`: the family's own data settings from the run file (Edit:
         an EditDataConfig), None: its defaults."""
-        from ..data.images import load_dataset
-
         return load_dataset(cfg)
 
     def check_samples(self, samples: list) -> None:
         """Refuse samples of a dataset convention this family does not train on, naming the families that do."""
         other = next((s for s in samples if s.kind not in self.dataset_kinds), None)
         if other is not None:
-            from .registry import family_names, get_family
-
             takers = [f.display_name for f in map(get_family, family_names()) if other.kind in f.dataset_kinds]
             raise UserInputError(f"the loaded model is {self.display_name}, but this dataset is {_a(other.kind)} "
                                  f"{other.kind} dataset: load a model that trains on {other.kind} datasets "
@@ -151,8 +149,6 @@ class ModelFamily:
     def check_cached(self, dataset) -> None:
         """Refuse a cached dataset that another kind of family made (its prompts were encoded without, or
         with, the conditions this family trains on). Variants of one kind share their caches' meaning."""
-        from .registry import get_family
-
         made_by = get_family(dataset.family)
         if type(made_by) is not type(self):
             raise UserInputError(
@@ -182,15 +178,11 @@ class ModelFamily:
 
     def pack(self, latents):
         """Latents (B, C, h, w) -> the transformer's tokens (B, N, p*p*C): p x p patches (models.latents)."""
-        from ..models.latents import pack_latents
-
         return pack_latents(latents, self.patch_size)
 
     def resolution_mu(self, latent_shape, scheduler_config: dict) -> float:
         """The resolution shift's mu for latents of `latent_shape` (B, C, h, w), as the family's pipeline
         computes it for its schedule (text-to-image: `calculate_shift` of the image's tokens)."""
-        from ..models.scheduler import resolution_mu
-
         grid = ModelFamily.token_grid(self, latent_shape)
         return resolution_mu(grid[0] * grid[1], scheduler_config)
 
