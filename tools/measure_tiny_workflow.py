@@ -28,7 +28,8 @@ def main() -> None:
     from graph_runner import GraphRunner, RecordImages
 
     pack = load_pack()
-    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_first_run.api.json").read_text())
+    from build_workflows import FIRST_RUN
+    prompt = json.loads((REPO / "workflows" / "api" / f"{FIRST_RUN}.api.json").read_text())
     runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
     # The untrained model's preview (the adapter starts at zero): the nodes up to Init Trainer and a Preview.
     before = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6"}}
