@@ -106,10 +106,10 @@ MAIN_NOTE = """How to train a Qwen-Image LoRA
 2. Data: a folder of images with same-name .txt captions; set its path in Dataset.
 3. Queue: Train Steps trains 250 steps per queue and shows the loss and a preview live. Queue again to continue; a stopped run resumes from its last checkpoint.
 4. Preview shows the LoRA as it is now; Save writes it to models/loras.
-No model files yet? Open the first-run workflow (1 First run ...): it trains on a CPU in about a minute."""
+No model files yet? Open the first-run workflow (1 First run ...): it trains on a CPU in a minute or two."""
 
 TINY_NOTE = """First run: nothing to download. The shapes model that ships with the pack (a small Qwen-Image, 64x64 px) draws circles, squares and triangles; it has never seen a star. The 8 pictures of stars teach it one.
-Queue it: 200 steps train in about a minute on a CPU. Train Steps shows a preview every 50 steps beside the loss; Previews by step lays them side by side from step 0 (before training): the blob the model draws for "a red star" becomes a red star.
+Queue it: 200 steps train in a minute or two on a CPU. Train Steps shows a preview every 50 steps beside the loss; Previews by step lays them side by side from step 0 (before training): the blob the model draws for "a red star" becomes a red star.
 Queue again to continue; Save writes the LoRA to models/loras.
 For a real LoRA open "2 Qwen-Image LoRA" and point it at your files."""
 

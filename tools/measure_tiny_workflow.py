@@ -44,7 +44,7 @@ def main() -> None:
         seconds = time.perf_counter() - start
         trainer = outputs["7"][0]
         chunk = [loss for step, loss in trainer.loss_history][-prompt["7"]["inputs"]["steps"]:]
-        moved = (RecordImages.received[0].float() - untrained).abs().mean().item()
+        moved = (outputs["8"][0].float() - untrained).abs().mean().item()  # the Preview as sampled (64 px)
         print(f"queue {queue}: {seconds:.1f} s, step {trainer.step}, loss {chunk[0]:.4f} -> {chunk[-1]:.4f}, "
               f"preview moved {moved:.4f} from the untrained one")
 
