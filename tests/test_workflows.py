@@ -343,3 +343,15 @@ def test_the_first_run_comes_first_and_every_name_says_what_it_trains():
     assert names[0] == WORKFLOW_STEMS["first_run"] and names[1] == WORKFLOW_STEMS["main"]
     assert [n.split(" ", 1)[0] for n in names] == [str(i) for i in range(1, len(names) + 1)]
     assert all(len(n) <= 37 for n in names), names  # what a 1.49 card showed uncut (README, Screenshots)
+
+
+def test_every_workflow_has_its_template_picture():
+    """The template browser shows `<name>.jpg` beside `<name>.json` as the workflow's picture (a screenshot of it after
+    a run: tools/screenshots.py --thumbnail); without one it shows a generic picture."""
+    from PIL import Image
+
+    for path in UI_WORKFLOWS:
+        picture = path.with_suffix(".jpg")
+        assert picture.is_file(), picture.name
+        with Image.open(picture) as image:
+            assert image.format == "JPEG" and image.size == (512, 512), picture.name

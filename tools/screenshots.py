@@ -49,12 +49,13 @@ def tiny_setup(workflow: dict, base: Path, steps: int | None) -> dict:
     transformer = load["widgets_values"][1]
     models, data = base / "models", base / "input"
     prompts = "a red circle on a white background\na blue square"
-    dataset_type = "QwenLoRADataset"
+    dataset_type, extra = "QwenLoRADataset", {}
     if load["type"] == "QwenLoRALoadEditModels":
         from trainer_core.families.qwen_image_edit.demo import make_edit_demo_dataset
 
         files, dataset = export.export_tiny_edit(models, "edit-2511"), make_edit_demo_dataset(data / "edit_dataset")
         dataset_type, prompts = "QwenLoRAEditDataset", "paint the circle red"
+        extra = {"control_resolution": 96}  # the controls near the targets' size (0: Edit-2511's ~1024 px area)
     elif transformer.startswith("qwen_image_layered"):
         from trainer_core.families.qwen_image_layered.demo import make_layered_demo_dataset
 
@@ -73,14 +74,15 @@ def tiny_setup(workflow: dict, base: Path, steps: int | None) -> dict:
                           "transformer": files["transformer_fp8_e4m3fn"].name,
                           "text_encoder": files["text_encoder_fp8_scaled"].name, "vae": files["vae"].name,
                           **({"diffusers_folder": str(files["diffusers_folder"])} if "diffusers_folder" in files else {})},
-           dataset_type: {"folder": dataset.name, "resolution": 64, "min_bucket_side": 32, "max_bucket_side": 128},
+           dataset_type: {"folder": dataset.name, "resolution": 64, "min_bucket_side": 32, "max_bucket_side": 128,
+                          **extra},
            "QwenLoRACache": {"preview_prompts": prompts},
            "QwenLoRAOptimizer": {"learning_rate": 2e-3, "warmup_steps": 5},
            "QwenLoRAInitTrainer": {"run_name": "screenshot_demo", "checkpoint_every": 0}}
     for preview in ("QwenLoRAPreview", "QwenLoRAEditPreview"):
         out[preview] = {"width": 128, "height": 128, "steps": 8}
-    if steps is not None:
-        out["QwenLoRATrain"] = {"steps": steps}
+    # Train Steps' previews at 128 px in 8 sampling steps (a tiny model's 512 px previews cost minutes on a CPU).
+    out["QwenLoRATrain"] = {"preview_size": 128, "preview_sampling_steps": 8, **({"steps": steps} if steps else {})}
     return out
 
 
