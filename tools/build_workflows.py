@@ -6,10 +6,12 @@ its nodes.
 
 The workflows come from one graph (NODES, LINKS): the real one (Qwen-Image files, settings a real
 run wants), the Edit, Layered and 2.1 variants, a first-run one (the small pretrained shapes model and the star
-pictures shipped with the pack) that trains and previews in about a minute on a CPU, and that one with a
+pictures shipped with the pack) that trains and previews in a minute or two on a CPU, and that one with a
 regularisation set mixed in by a Dataset Mix node (REG_NODES, REG_LINKS). Node sizes and positions are computed
-here, not stored: a node's size follows its sockets and widgets (see `node_size`), nodes are stacked in columns
-inside their stage's group, so a widget added to a node moves the nodes below it instead of hiding them.
+here, not stored: a node's size follows its title, sockets and widgets (see `node_size`), the Note's its text (see
+`note_size`), nodes are stacked in columns inside their stage's group below a row left for the frontend's
+node-source badges, so a widget added to a node moves the nodes below it instead of hiding them. The file names are
+the template browser's titles (WORKFLOWS); the pictures beside them come from tools/screenshots.py --thumbnail.
 """
 
 from __future__ import annotations
