@@ -58,10 +58,14 @@ SCRIPT = """
     const box = el && (el.tagName === "TEXTAREA" ? el : el.querySelector("textarea"));
     // The frontend shows a text box once the canvas has drawn its node in view at a readable scale (a few frames);
     // 1.27 fits the view to a loaded graph a moment later, so the view is set again until the box shows.
-    for (let i = 0; i < 50; i++) {
+    // The box is read once it has kept one height over three reads (it grows to its node over a few frames).
+    const heights = [];
+    for (let i = 0; i < 60; i++) {
       c.ds.scale = 1; c.ds.offset[0] = 20 - n.pos[0]; c.ds.offset[1] = 60 - n.pos[1]; c.setDirty(true, true);
       await new Promise(r => setTimeout(r, 200));
-      if (i >= 3 && box && box.clientHeight > 4) break;
+      heights.push(box ? box.clientHeight : 0);
+      const last = heights.slice(-3);
+      if (i >= 3 && last[0] > 4 && last.every(h => h === last[0])) break;
     }
     notes.push({id: n.id, client: box ? box.clientHeight : null, scroll: box ? box.scrollHeight : null,
                 font: box ? getComputedStyle(box).font : null});

@@ -285,10 +285,10 @@ def test_live_previews_arrive_while_train_steps_runs_and_compare_steps_after_in_
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result.get("status") == "execution_success", json.dumps(result)[:3000] + server.log()[-3000:]
 
-    # Train Steps (node 7) showed an image after every step: the newest preview (64 px: the untrained model's
-    # at step 1) beside the loss plot.
+    # Train Steps (node 7) showed an image after every step: the newest preview (64 px, shown enlarged 8x to 512: the
+    # untrained model's at step 1) beside the loss plot.
     frames = [f for f in result["frames"] if f["node"] == "7"]
-    composite = 64 + 8 + 512
+    composite = 8 * 64 + 8 + 512
     assert [f["value"] for f in frames] == [1, 2, 3, 4, 5, 6], frames
     assert [f["width"] for f in frames] == [composite] * 6, frames
     print(f"\npreview frames of Train Steps: {len(frames)}, each with a sampled preview (steps 0, 2, 4, 6)")
