@@ -1,5 +1,9 @@
 """ComfyUI nodes: thin wrappers that turn widget values into trainer_core calls."""
 
+from pathlib import Path
+
+from . import host
+
 from .config_nodes import QwenLoRAConfig, QwenLoRAOptimizer
 from .data_nodes import QwenLoRACache, QwenLoRADataset, QwenLoRADatasetMix
 from .edit_nodes import QwenLoRAEditDataset, QwenLoRAEditPreview, QwenLoRALoadEditModels
@@ -47,3 +51,6 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "QwenLoRAEditPreview": "Qwen LoRA Preview (Edit)",
     "QwenLoRALayeredDataset": "Qwen LoRA Layered Dataset",
 }
+
+# The template browser lists the example workflows in their names' order, the first run first (host.py).
+host.order_workflow_templates(Path(__file__).parent.parent.name)

@@ -4,7 +4,10 @@ falls back to a standalone behaviour when ComfyUI is absent (tests, scripts)."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import re
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -134,3 +137,42 @@ def bundled_qwen_tokenizer() -> Path | None:
         return None
     folder = Path(list(spec.submodule_search_locations)[0]) / "text_encoders" / "qwen25_tokenizer"
     return folder if folder.is_dir() else None
+
+
+TEMPLATE_LISTS = ("/workflow_templates", "/api/workflow_templates")  # what the template browser asks ComfyUI
+
+
+def _name_order(name: str) -> tuple:
+    """"2 Qwen-Image ..." before "10 ...": the leading number as a number, then the name."""
+    number = re.match(r"\d+", name)
+    return (int(number.group()) if number else float("inf"), name)
+
+
+def order_workflow_templates(pack_folder: str) -> bool:
+    """ComfyUI lists a pack's example workflows (GET /api/workflow_templates: pack folder -> file names) in the order
+    its folder gives them (glob: on Linux's ext4 an order of name hashes), and the template browser shows them in
+    that order (its Alphabetical sort aside). This puts the list of the pack in `pack_folder` in its names' order
+    ("1 First run ..." first) in ComfyUI's answer, every other pack's list as it was: a middleware on ComfyUI's web
+    app, added while ComfyUI imports the pack, before its server starts. Without ComfyUI's server (tests, scripts) or
+    once it runs, nothing changes: returns whether the middleware was added."""
+    server = sys.modules.get("server")  # ComfyUI's, imported before any custom node; never imported here
+    app = getattr(getattr(getattr(server, "PromptServer", None), "instance", None), "app", None)
+    if app is None or getattr(app, "frozen", True):
+        return False
+    from aiohttp import web
+
+    @web.middleware
+    async def ordered_templates(request, handler):
+        response = await handler(request)
+        if request.method != "GET" or request.path not in TEMPLATE_LISTS or not isinstance(response, web.Response):
+            return response
+        try:
+            listing = json.loads(response.body)
+            names = listing[pack_folder]
+            ordered = sorted(names, key=_name_order)
+        except (KeyError, TypeError, ValueError):  # not this pack's, or not a list of names: as ComfyUI answered
+            return response
+        return web.json_response({**listing, pack_folder: ordered})
+
+    app.middlewares.append(ordered_templates)
+    return True

@@ -10,7 +10,7 @@ from ..trainer_core.core.config import NO_LORA, InitConfig, TrainConfig, TrainSt
 from ..trainer_core.core.errors import UserInputError
 from ..trainer_core.runs import registry as runs
 from ..trainer_core.training import StepExtras, Trainer, every
-from ..trainer_core.training.live import PreviewSettings, contain, side_by_side
+from ..trainer_core.training.live import PreviewSettings, for_display, side_by_side
 from ..trainer_core.training.plot import dataset_means, loss_plot
 from . import host
 from .common import CACHED, CATEGORY, LORA_CONFIG, MODELS, OPTIMIZER_CONFIG, TRAINER, engine_mode
@@ -155,12 +155,13 @@ class QwenLoRATrain:
         first = trainer.step
         plot_every = max(1, steps // 20)
         last_log = [time.monotonic()]
-        latest = [trainer.step_previews[-1].image if preview_every and trainer.step_previews else None]
+        latest = [for_display(trainer.step_previews[-1].image, LIVE_PREVIEW_SIDE)
+                  if preview_every and trainer.step_previews else None]
 
         def on_step(report):
             done = report.step - first
             if report.preview is not None:
-                latest[0] = contain(report.preview.image, LIVE_PREVIEW_SIDE)
+                latest[0] = for_display(report.preview.image, LIVE_PREVIEW_SIDE)
                 log.info("[qwen-lora] %s step %d: preview in %.2fs", trainer.train_cfg.run_name, report.step,
                          report.preview.seconds)
             if report.snapshot is not None:
@@ -181,7 +182,8 @@ class QwenLoRATrain:
                                                         trainer.progress.dataset_loss_history))
 
 
-# The live image: the newest preview (at most this many pixels a side) beside a loss plot of this width.
+# The live image: the newest preview (fit to this many pixels a side: a larger one scaled down, a small model's 64 px
+# one enlarged 8x, nearest neighbour) beside a loss plot of this width and the preview's height.
 LIVE_PREVIEW_SIDE = 512
 LIVE_PLOT_WIDTH = 512
 

@@ -1,8 +1,9 @@
 """Loads a UI-format workflow into the real ComfyUI frontend in headless Chromium and prints what the
 canvas makes of it: the API prompt it would queue (app.graphToPrompt), any missing node types, and each
 node's position, size and the least size the canvas computes for it (LGraphNode.computeSize), and the nodes
-each group holds by the canvas' own rule (LGraphGroup.recomputeInsideNodes), and the page's uncaught exceptions (while
-it booted, and while it loaded the workflow).
+each group holds by the canvas' own rule (LGraphGroup.recomputeInsideNodes), the room each node's title has
+(negative: the canvas cuts it), each Note's text box height against the height its lines need, and the page's
+uncaught exceptions (while it booted, and while it loaded the workflow).
 
 Run by test_host_comfyui.py with a Python that has aiohttp (ComfyUI's own):
     python canvas_check.py <comfyui url> <template path under /api/workflow_templates/> <chromium>
@@ -21,8 +22,11 @@ import aiohttp
 
 SCRIPT = """
 (async () => {
-  const wf = await (await fetch(%s)).json();
-  await window.app.loadGraphData(wf);
+  const url = %s;
+  const wf = await (await fetch(url)).json();
+  // As the template browser opens it: in a workflow (tab) named after the file (1.27 draws no Note's text box in a
+  // graph loaded without one).
+  await window.app.loadGraphData(wf, true, true, decodeURIComponent(url.split("/").pop()).replace(/\.json$/, ""));
   const nodes = window.app.graph._nodes.map(n => ({id: n.id, type: n.type, missing: !LiteGraph.registered_node_types[n.type],
                                                    widgets: (n.widgets || []).map(w => [w.name, w.value]),
                                                    pos: Array.from(n.pos), size: Array.from(n.size),
@@ -33,7 +37,40 @@ SCRIPT = """
   const groups = window.app.graph._groups.map(g => { g.recomputeInsideNodes();  // the canvas' own membership rule
                                                       return {title: g.title, nodes: g.nodes.map(n => n.id)}; });
   const prompt = await window.app.graphToPrompt();
-  return JSON.stringify({nodes, groups, output: prompt.output});
+  // Each title as the canvas draws it (its title font, within the node's width less two title-bar heights and its
+  // title buttons): room left over, negative where the canvas cuts it with an ellipsis.
+  const ctx = window.app.canvas.ctx;
+  const titles = window.app.graph._nodes.map(n => {
+    ctx.save();
+    ctx.font = n.titleFontStyle || `${LiteGraph.NODE_TEXT_SIZE}px ${LiteGraph.NODE_FONT}`;
+    let room = n.size[0] - 2 * LiteGraph.NODE_TITLE_HEIGHT;
+    for (const b of n.title_buttons || []) if (b.visible) room -= b.getWidth(ctx) + 2;
+    const width = ctx.measureText(n.getTitle ? n.getTitle() : n.title).width;
+    ctx.restore();
+    return {id: n.id, title: n.getTitle ? n.getTitle() : n.title, room: room - width};
+  });
+  // Each Note's text box, drawn at scale 1 in view: the height its lines need (scrollHeight) against its own.
+  const c = window.app.canvas;
+  const notes = [];
+  for (const n of window.app.graph._nodes.filter(n => n.type === "Note")) {
+    const w = (n.widgets || [])[0];
+    const el = w && (w.element || w.inputEl);
+    const box = el && (el.tagName === "TEXTAREA" ? el : el.querySelector("textarea"));
+    // The frontend shows a text box once the canvas has drawn its node in view at a readable scale (a few frames);
+    // 1.27 fits the view to a loaded graph a moment later, so the view is set again until the box shows.
+    // The box is read once it has kept one height over three reads (it grows to its node over a few frames).
+    const heights = [];
+    for (let i = 0; i < 60; i++) {
+      c.ds.scale = 1; c.ds.offset[0] = 20 - n.pos[0]; c.ds.offset[1] = 60 - n.pos[1]; c.setDirty(true, true);
+      await new Promise(r => setTimeout(r, 200));
+      heights.push(box ? box.clientHeight : 0);
+      const last = heights.slice(-3);
+      if (i >= 3 && last[0] > 4 && last.every(h => h === last[0])) break;
+    }
+    notes.push({id: n.id, client: box ? box.clientHeight : null, scroll: box ? box.scrollHeight : null,
+                font: box ? getComputedStyle(box).font : null});
+  }
+  return JSON.stringify({nodes, groups, titles, notes, output: prompt.output});
 })()
 """
 
@@ -42,7 +79,7 @@ async def main(url: str, template: str, chromium: str) -> None:
     port = 9300 + int(time.time()) % 500
     profile = tempfile.mkdtemp()
     browser = subprocess.Popen([
-        chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--window-size=1920,1080",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
         f"--user-data-dir={profile}", f"--remote-debugging-port={port}", "about:blank",
     ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

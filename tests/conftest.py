@@ -31,6 +31,25 @@ import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The example workflows by what they are for. Their file names are their titles in ComfyUI's template browser
+# (tools/build_workflows.py writes them; tests/test_workflows.py checks this table against it).
+WORKFLOW_STEMS = {
+    "first_run": "1 First run - learn a star on a CPU",
+    "main": "2 Qwen-Image LoRA - your images",
+    "edit": "3 Qwen-Image-Edit LoRA - image pairs",
+    "qwen21": "4 Qwen-Image 2.1 LoRA - your images",
+    "layered": "5 Qwen-Image-Layered LoRA - RGBA",
+    "regularized": "6 First run with a regularisation set",
+}
+
+
+def ui_workflow(role: str) -> Path:
+    return REPO / "workflows" / f"{WORKFLOW_STEMS[role]}.json"
+
+
+def api_workflow(role: str) -> Path:
+    return REPO / "workflows" / "api" / f"{WORKFLOW_STEMS[role]}.api.json"
+
 logging.getLogger("diffusers").setLevel(logging.ERROR)
 logging.getLogger("transformers").setLevel(logging.ERROR)
 

@@ -1,7 +1,7 @@
 """Executes an API-format workflow the way ComfyUI does, for tests without ComfyUI: nodes run in
 dependency order under torch.inference_mode(), outputs are cached by an input signature over the node
 and its ancestors (with IS_CHANGED folded in; NaN never equals itself), and core output nodes the
-workflow uses (SaveImage, PreviewImage) record what they receive."""
+workflow uses (SaveImage, PreviewImage) record what they receive; Upscale Image By scales as ComfyUI's does."""
 
 from __future__ import annotations
 
@@ -31,7 +31,20 @@ class RecordText:
         return {"ui": {"text": (str(source),)}, "result": ()}
 
 
-CORE = {"SaveImage": RecordImages, "PreviewImage": RecordImages, "PreviewAny": RecordText}
+class ImageScaleBy:
+    """ComfyUI's "Upscale Image By" (nodes.py, 0.3.64 and 0.33.0): comfy.utils.common_upscale, which for these
+    methods is torch's interpolate (the first-run workflow uses nearest-exact)."""
+
+    FUNCTION = "upscale"
+
+    def upscale(self, image, upscale_method, scale_by):
+        samples = image.movedim(-1, 1)  # (B, C, H, W)
+        size = (round(samples.shape[2] * scale_by), round(samples.shape[3] * scale_by))
+        mode = {"bilinear": "bilinear", "bicubic": "bicubic", "area": "area"}.get(upscale_method, "nearest-exact")
+        return (torch.nn.functional.interpolate(samples, size=size, mode=mode).movedim(1, -1),)
+
+
+CORE = {"SaveImage": RecordImages, "PreviewImage": RecordImages, "PreviewAny": RecordText, "ImageScaleBy": ImageScaleBy}
 
 
 class GraphRunner:

@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-from conftest import REPO
+from conftest import api_workflow
 from trainer_core.families.comfyui_files import (
     EDIT,
     LAYERED,
@@ -101,10 +101,9 @@ def test_every_file_of_comfyuis_qwen_image_templates_is_known_with_its_family_an
 
 
 def test_the_pack_workflows_name_comfyuis_files_of_their_family():
-    want = {"qwen_image_lora_training.json": QWEN_IMAGE, "qwen_image_edit_lora_training.json": EDIT,
-            "qwen_image_layered_lora_training.json": LAYERED, "qwen_image21_lora_training.json": QWEN_IMAGE21}
+    want = {"main": QWEN_IMAGE, "edit": EDIT, "layered": LAYERED, "qwen21": QWEN_IMAGE21}
     for name, family in want.items():
-        workflow = json.loads((REPO / "workflows" / "api" / name.replace(".json", ".api.json")).read_text())
+        workflow = json.loads(api_workflow(name).read_text())
         load = next(node["inputs"] for node in workflow.values() if node["class_type"].startswith("QwenLoRALoad"))
         for part in ("transformer", "text_encoder", "vae"):
             entry = known_file(load[part])

@@ -11,11 +11,11 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import REPO, pack_module
+from conftest import api_workflow, pack_module, ui_workflow
 from graph_runner import GraphRunner, RecordImages
 from trainer_core.families.qwen_image_edit.demo import CONTROL_RESOLUTION, make_edit_demo_dataset
 
-EDIT_WORKFLOW = REPO / "workflows" / "api" / "qwen_image_edit_lora_training.api.json"
+EDIT_WORKFLOW = api_workflow("edit")
 SETTINGS = dict(prompt="", width=64, height=64, steps=2, cfg=4.0, preview_seed=3)
 
 
@@ -31,10 +31,9 @@ def test_text_to_image_preview_has_no_control_sockets_and_the_edit_preview_has_t
     assert edit["required"] == preview["required"]  # the same trainer socket and widgets
     assert {n: s[0] for n, s in edit["optional"].items()} == {f"control_image_{i}": "IMAGE" for i in (1, 2, 3)}
     assert pack.NODE_DISPLAY_NAME_MAPPINGS["QwenLoRAEditPreview"] == "Qwen LoRA Preview (Edit)"
-    for stem, node_type in (("qwen_image_lora_training", "QwenLoRAPreview"),
-                            ("qwen_image_lora_tiny_first_run", "QwenLoRAPreview"),
-                            ("qwen_image_edit_lora_training", "QwenLoRAEditPreview")):
-        (node,) = [n for n in json.loads((REPO / "workflows" / f"{stem}.json").read_text())["nodes"] if n["id"] == 8]
+    for stem, node_type in (("main", "QwenLoRAPreview"), ("first_run", "QwenLoRAPreview"),
+                            ("edit", "QwenLoRAEditPreview")):
+        (node,) = [n for n in json.loads(ui_workflow(stem).read_text())["nodes"] if n["id"] == 8]
         assert node["type"] == node_type, stem
         assert [i["name"] for i in node["inputs"]] == ["trainer", *([f"control_image_{i}" for i in (1, 2, 3)]
                                                                     if node_type == "QwenLoRAEditPreview" else [])]

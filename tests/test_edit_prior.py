@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import ImageOps
 
-from conftest import REPO, pack_module
+from conftest import api_workflow, pack_module
 from graph_runner import GraphRunner
 from test_edit_pipelines import control_images, small_pipeline_sizes  # noqa: F401 (fixture)
 from test_edit_training import PipelineInputs, cfg, write_sample
@@ -25,7 +25,7 @@ from trainer_core.training import Trainer
 from trainer_core.training.preservation import base_prediction, preserved_rows
 
 TRIGGER, CLASS = "sks circle", "circle"
-EDIT_WORKFLOW = REPO / "workflows" / "api" / "qwen_image_edit_lora_training.api.json"
+EDIT_WORKFLOW = api_workflow("edit")
 
 
 # -- differential output preservation, against the pipelines' own pieces ------------------------------------------

@@ -133,7 +133,7 @@ def edit21_run_file(tmp_path: Path, files21, **edit) -> Path:
 
 def test_a_21_edit_run_file_trains_the_lora_the_canvas_trains_bit_for_bit(files21, tmp_path, capsys):
     """A headless 2.1 edit run of 2 steps writes the LoRA, bit for bit, that the canvas's engine calls give with the
-    same settings: Load Edit's 2.1 load (`load_recognised`), the Edit Dataset's folder reading, the Cache node's
+    same settings: Load Edit's 2.1 load (`families.loading.load_model_set`), the Edit Dataset's folder reading, the Cache node's
     build (which finds every entry the run cached: the same entries) and the Trainer."""
     from trainer_core.core.config import DatasetConfig
     from trainer_core.data.cache import build_cache

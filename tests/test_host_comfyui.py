@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, WORKFLOW_STEMS, api_workflow
 from test_nodes import tiny_prompt
 
 COMFYUI = os.environ.get("COMFYUI_PATH")
@@ -204,7 +204,8 @@ def test_cancel_and_restart_continue_the_run_in_real_comfyui(comfy_base, tmp_pat
 def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy, stem):
     """The canvas (ComfyUI's own frontend, headless Chromium) loads each UI workflow from the template
     route with every node known, keeps the stored node sizes (none smaller than the canvas computes for
-    its sockets and widgets), and converts it into exactly the API-format twin (the Note left out)."""
+    its sockets and widgets), draws every title uncut and every line of the Note in its box, and converts it into
+    exactly the API-format twin (the Note left out)."""
     server, _ = comfy
     python = os.environ.get("COMFYUI_PYTHON", sys.executable)
     template = f"/api/workflow_templates/qwen_image_lora_trainer/{stem}.json"
@@ -220,6 +221,10 @@ def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy, stem):
                if n["size"] != stored[str(n["id"])]["size"] or n["pos"] != stored[str(n["id"])]["pos"]
                or n["size"][0] < n["least"][0] - 1 or n["size"][1] < n["least"][1] - 1]
     assert not changed, f"(id, type, stored size, canvas size, least size): {changed}"
+    cut = [(t["id"], t["title"], round(t["room"])) for t in result["titles"] if t["room"] < 0]
+    assert not cut, f"titles the canvas cuts (id, title, px short): {cut}"
+    assert result["notes"] and all(0 < n["client"] and n["scroll"] <= n["client"] for n in result["notes"]), \
+        f"a Note that hides lines (its box, the height its lines need): {result['notes']}"
     held = [str(i) for g in result["groups"] for i in g["nodes"]]
     assert len(result["groups"]) == 5 and len(held) == len(set(held))  # no node in two groups
     assert set(held) == {str(n["id"]) for n in result["nodes"] if n["type"] != "Note"}, result["groups"]
@@ -280,10 +285,10 @@ def test_live_previews_arrive_while_train_steps_runs_and_compare_steps_after_in_
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result.get("status") == "execution_success", json.dumps(result)[:3000] + server.log()[-3000:]
 
-    # Train Steps (node 7) showed an image after every step: the newest preview (64 px: the untrained model's
-    # at step 1) beside the loss plot.
+    # Train Steps (node 7) showed an image after every step: the newest preview (64 px, shown enlarged 8x to 512: the
+    # untrained model's at step 1) beside the loss plot.
     frames = [f for f in result["frames"] if f["node"] == "7"]
-    composite = 64 + 8 + 512
+    composite = 8 * 64 + 8 + 512
     assert [f["value"] for f in frames] == [1, 2, 3, 4, 5, 6], frames
     assert [f["width"] for f in frames] == [composite] * 6, frames
     print(f"\npreview frames of Train Steps: {len(frames)}, each with a sampled preview (steps 0, 2, 4, 6)")
@@ -301,9 +306,12 @@ def test_live_previews_arrive_while_train_steps_runs_and_compare_steps_after_in_
 def test_the_tiny_first_run_workflow_runs_as_shipped_in_real_comfyui(comfy, tmp_path):
     """The first-run workflow, unchanged but for its run name, validates and trains in a real ComfyUI: the
     shapes model shipped in the pack's pretrained/ folder, the example stars, the '(not used)' file choices; its
-    previews at step 0 (the untrained model) and every 50 steps."""
+    previews at step 0 (the untrained model) and every 50 steps. ComfyUI lists it first among the pack's templates
+    (the pack puts its list in the names' order: ComfyUI's is the folder's)."""
     server, base = comfy
-    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_first_run.api.json").read_text())
+    listed = server.get("/api/workflow_templates")["qwen_image_lora_trainer"]
+    assert listed == [WORKFLOW_STEMS[k] for k in ("first_run", "main", "edit", "qwen21", "layered", "regularized")]
+    prompt = json.loads((api_workflow("first_run")).read_text())
     prompt["6"]["inputs"]["run_name"] = f"tiny_{tmp_path.name}"[:60]
     assert "(not used)" in server.get("/object_info/QwenLoRALoadModels")["QwenLoRALoadModels"]["input"][
         "required"]["transformer"][0]
@@ -345,7 +353,7 @@ def test_edit_workflow_trains_previews_a_canvas_image_and_its_lora_loads_on_the_
     from comfy_probe import run_probe
 
     server, base, files = comfy_edit
-    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_edit_lora_training.api.json").read_text())
+    prompt = json.loads((api_workflow("edit")).read_text())
     prompt["1"]["inputs"].update(transformer=files["transformer_fp8_e4m3fn_scaled"].name,
                                  text_encoder=files["text_encoder_fp8_scaled"].name, vae=files["vae"].name,
                                  compute_dtype="float32", storage="float32")

@@ -48,13 +48,20 @@ def test_previews_arrive_while_train_steps_runs_and_the_report_has_their_seconds
     # step with an image: the newest preview (from step 1 on the untrained one) beside the loss plot.
     frames = [(value, image) for value, total, (kind, image, max_size) in state["previews"] if total == 5]
     assert [value for value, _ in frames] == [1, 2, 3, 4, 5]
-    composite = 64 + 8 + train_nodes.LIVE_PLOT_WIDTH
-    assert [image.width for _, image in frames] == [composite] * 5
+    # The 64 px preview is shown enlarged 8x (to LIVE_PREVIEW_SIDE, nearest neighbour), the plot as tall beside it.
+    side = train_nodes.LIVE_PREVIEW_SIDE
+    assert side == 8 * 64
+    composite = side + 8 + train_nodes.LIVE_PLOT_WIDTH
+    assert [image.size for _, image in frames] == [(composite, side)] * 5
     # Shown at its own size: ComfyUI scales a preview to fit max_size, up as well as down.
     assert all(max_size == max(image.size) for _, _, (_, image, max_size) in state["previews"])
 
     def left_tile(image):
-        return np.asarray(image.crop((0, 0, 64, 64)).convert("RGB"))
+        """The preview as sampled: every 8x8 block of the shown one is one pixel of it."""
+        shown = np.asarray(image.crop((0, 0, side, side)).convert("RGB"))
+        pixels = shown[::8, ::8]
+        assert np.array_equal(shown, pixels.repeat(8, axis=0).repeat(8, axis=1))
+        return pixels
 
     shown = [left_tile(image) for value, image in frames if value in (1, 2, 4)]
     for tile, kept in zip(shown, trainer.step_previews):
@@ -136,6 +143,20 @@ def test_step_labels_are_drawn_from_the_step_numbers():
     assert np.array_equal(a[:64], b[:64]) and not np.array_equal(a[64:], b[64:])
     empty = step_grid([], tile=64)
     assert empty.width >= 64  # a message instead of an error when there are no previews yet
+
+
+def test_small_previews_are_enlarged_for_display_pixel_for_pixel():
+    """A small model's 64 px preview in a 256 px tile (and in the live image) is enlarged 4x by nearest neighbour:
+    each pixel a 4x4 block, no colour that was not sampled; a larger preview is scaled down to fit as before."""
+    from trainer_core.training.live import StepPreview, for_display, step_grid
+
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    grid = np.asarray(step_grid([StepPreview(10, image, 0.0)], tile=256))
+    assert np.array_equal(grid[:256, :256], pixels.repeat(4, axis=0).repeat(4, axis=1))
+    assert for_display(image, 100).size == (64, 64)  # under 2x: as sampled
+    assert for_display(Image.new("RGB", (1024, 512)), 512).size == (512, 256)
 
 
 def test_previews_leave_training_bit_identical(pack, tmp_path, demo_folder, monkeypatch):

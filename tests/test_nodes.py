@@ -8,14 +8,14 @@ import torch
 from safetensors.torch import load_file
 
 from comfy_lora_rules import comfy_key_map, unmatched_keys
-from conftest import REPO
+from conftest import api_workflow
 from graph_runner import GraphRunner, RecordImages
 
 # Node ids of ComfyUI core that a custom node with the same id would silently replace or lose to.
 CORE_IDS = {"TrainLoraNode", "SaveLoRA", "SaveLoRANode", "LoraModelLoader", "LossGraphNode", "LoraLoader",
             "LoraLoaderModelOnly", "KSampler", "SaveImage", "PreviewImage", "LoadImage"}
 
-API_WORKFLOW = REPO / "workflows" / "api" / "qwen_image_lora_training.api.json"
+API_WORKFLOW = api_workflow("main")
 
 
 def test_pack_imports_like_comfyui_and_exposes_prefixed_nodes(pack):
@@ -100,7 +100,7 @@ def test_the_tiny_first_run_workflow_runs_as_shipped_and_its_loss_falls(pack, tm
     and the example images shipped with the pack. Its first queue (here cut to 20 of its steps) lowers the
     loss and changes the preview from the untrained model's."""
     monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path / "no_models"))
-    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_first_run.api.json").read_text())
+    prompt = json.loads((api_workflow("first_run")).read_text())
     prompt["6"]["inputs"]["run_name"] = f"tiny_{tmp_path.name}"[:60]
     prompt["7"]["inputs"]["steps"] = 20
     prompt["8"]["inputs"]["steps"] = 4
@@ -115,10 +115,14 @@ def test_the_tiny_first_run_workflow_runs_as_shipped_and_its_loss_falls(pack, tm
     assert trainer.step == 20 and len(losses) == 20
     # measured: the last 5 average 0.61 x the first 5; the preview moved 0.054 on average
     assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5, losses
-    preview = RecordImages.received[0]
+    preview = outputs["8"][0]
     assert preview.shape == untrained.shape == (1, 64, 64, 3)
     assert (preview - untrained).abs().mean() > 0.005
     assert Path(outputs["10"][0]).is_file()
+    # Shown and saved enlarged 4x for the eye (Upscale Image By, nearest-exact): each sampled pixel a 4x4 block.
+    assert prompt["20"]["class_type"] == "ImageScaleBy" and prompt["11"]["inputs"]["images"] == ["20", 0]
+    shown = outputs["20"][0]
+    assert torch.equal(shown, preview.repeat_interleave(4, dim=1).repeat_interleave(4, dim=2))
 
 
 def test_the_regularized_first_run_workflow_mixes_both_example_sets_and_reports_each(pack, tmp_path, loras_dir,
@@ -127,7 +131,7 @@ def test_the_regularized_first_run_workflow_mixes_both_example_sets_and_reports_
     6 of its steps) it needs no model file, caches the 8 stars (3 repeats) and the 24 known-shape pictures as one
     dataset, and the loss report keeps each set's mean, the regularisation set's weighted as its node says."""
     monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path / "no_models"))
-    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_regularized.api.json").read_text())
+    prompt = json.loads((api_workflow("regularized")).read_text())
     assert prompt["3"]["inputs"]["dataset"] == ["18", 0] and prompt["18"]["class_type"] == "QwenLoRADatasetMix"
     regularization = prompt["17"]["inputs"]
     assert regularization["is_regularization"] and regularization["loss_weight"] < 1.0

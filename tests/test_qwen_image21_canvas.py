@@ -10,14 +10,14 @@ import tomllib
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, api_workflow
 from trainer_core.core.errors import UserInputError
 from trainer_core.families.loading import LoadRequest, load_model_set
 from trainer_core.families.qwen_image21.recognise import is_qwen_image21_file
 from trainer_core.models.source import DIFFUSERS, FILES
 
 FAMILY = "qwen-image-2.1"
-API_WORKFLOW = REPO / "workflows" / "api" / "qwen_image21_lora_training.api.json"
+API_WORKFLOW = api_workflow("qwen21")
 RUN_FILE = REPO / "run_files" / "qwen_image21.toml"
 CPU = torch.device("cpu")
 
@@ -79,7 +79,7 @@ def int8_files21(files21, folder) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("files", ["bf16, encoder from the folder", "bf16", "int8"])
 def test_the_shipped_21_workflow_trains_on_the_tiny_files(pack, files21, demo_folder, tmp_path, monkeypatch, files):
-    """workflows/api/qwen_image21_lora_training.api.json as shipped, its model pointed at the tiny export (the
+    """The 2.1 workflow's API twin as shipped, its model pointed at the tiny export (the
     transformer found in the models folder by the name the workflow gives, as ComfyUI lists it; the text encoder from
     the folder, or its ComfyUI-layout file picked in models/text_encoders) and the demo images. "int8": both files
     as ComfyUI's 2.1 templates download them (int8 ConvRot, written by comfy-kitchen), the blocks kept in int8."""

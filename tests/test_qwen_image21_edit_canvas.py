@@ -10,9 +10,9 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from conftest import REPO, pack_module
+from conftest import api_workflow, pack_module
 
-EDIT_WORKFLOW = REPO / "workflows" / "api" / "qwen_image_edit_lora_training.api.json"
+EDIT_WORKFLOW = api_workflow("edit")
 RESOLUTION = 288  # as tests/test_qwen_image21_edit.py: small references Qwen3-VL's processor keeps as they are
 
 

@@ -1,10 +1,11 @@
 """The example workflows match the node definitions: types exist, values fit, links connect like types."""
 
 import json
+import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, WORKFLOW_STEMS, api_workflow, ui_workflow
 
 UI_WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
 API_WORKFLOWS = sorted((REPO / "workflows" / "api").glob("*.api.json"))
@@ -14,8 +15,11 @@ CORE = {
     "SaveImage": {"required": {"images": ("IMAGE",), "filename_prefix": ("STRING", {"default": "ComfyUI"})}},
     "PreviewImage": {"required": {"images": ("IMAGE",)}},
     "PreviewAny": {"required": {"source": ("*", {})}},  # ComfyUI's IO.ANY: takes any type
+    "ImageScaleBy": {"required": {"image": ("IMAGE",),  # "Upscale Image By" (0.3.64 and 0.33.0 alike)
+                                  "upscale_method": (["nearest-exact", "bilinear", "area", "bicubic", "lanczos"],),
+                                  "scale_by": ("FLOAT", {"default": 1.0, "min": 0.01, "max": 8.0, "step": 0.01})}},
 }
-CORE_OUTPUTS = {"SaveImage": (), "PreviewImage": (), "PreviewAny": ()}
+CORE_OUTPUTS = {"SaveImage": (), "PreviewImage": (), "PreviewAny": (), "ImageScaleBy": ("IMAGE",)}
 WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
 # Frontend-only (virtual) nodes: the canvas keeps them in the UI workflow and leaves them out of the prompt.
 FRONTEND_ONLY = {"Note", "MarkdownNote"}
@@ -225,10 +229,13 @@ def test_the_workflow_files_are_what_the_build_script_writes(pack):
 
     spec = importlib.util.spec_from_file_location("build_workflows", REPO / "tools" / "build_workflows.py")
     build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+    sys.modules.setdefault("build_workflows", build)  # its dataclass looks its module up there
+    spec.loader.exec_module(sys.modules["build_workflows"])
+    build = sys.modules["build_workflows"]
     assert {f"{stem}.json" for stem in build.WORKFLOWS} == {p.name for p in UI_WORKFLOWS}
-    for stem, (overrides, note, *graph) in build.WORKFLOWS.items():
-        ui, api = build.build(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, overrides, note, *graph)
+    assert set(WORKFLOW_STEMS.values()) == set(build.WORKFLOWS)  # the tests' names for them (conftest.py)
+    for stem, workflow in build.WORKFLOWS.items():
+        ui, api = build.build(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, workflow)
         assert json.loads((REPO / "workflows" / f"{stem}.json").read_text()) == ui, stem
         assert json.loads((REPO / "workflows" / "api" / f"{stem}.api.json").read_text()) == api, stem
 
@@ -238,7 +245,7 @@ def test_the_tiny_workflow_validates_without_any_model_file(pack, tmp_path, monk
     folders are empty, its model is the shapes model in the pack's own pretrained/ folder, and its dataset is
     the example shipped with the pack (the 8 stars that model never saw)."""
     monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path / "empty"))
-    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_first_run.api.json").read_text())
+    prompt = json.loads((api_workflow("first_run")).read_text())
     defs = definitions(pack)
     for node_id, node in prompt.items():
         inputs, _ = defs[node["class_type"]]
@@ -260,3 +267,91 @@ def test_no_folder_hides_the_workflows_from_comfyuis_template_browser():
     for name in ("example_workflows", "example", "examples", "workflow"):
         assert not (REPO / name).exists(), name
     assert (REPO / "workflows").is_dir()
+
+
+@pytest.mark.parametrize("path", UI_WORKFLOWS, ids=lambda p: p.name)
+def test_the_note_has_no_hard_wraps_and_its_box_shows_every_line(path):
+    """One line per paragraph (the canvas wraps them to the box; hard-wrapped lines were wrapped again), and a box
+    tall enough for every line as a 10 px monospace text box wraps them (6.1 px a character, 12 px a line, the
+    frontends' text box 20 px narrower and 22 px lower than the node: measured in the browser, README's Screenshots)."""
+    import textwrap
+
+    (note,) = [n for n in json.loads(path.read_text())["nodes"] if n["type"] == "Note"]
+    (text,) = note["widgets_values"]
+    paragraphs = text.split("\n")
+    assert all(p and not p.startswith(" ") for p in paragraphs), paragraphs  # no continuation lines
+    width, height = note["size"]
+    columns = int((width - 20 - 4 - 15) // 6.1)
+    lines = sum(len(textwrap.wrap(p, columns)) for p in paragraphs)
+    assert height - 22 - 4 >= (lines + 1) * 12, (path.name, lines, note["size"])
+
+
+@pytest.mark.parametrize("path", UI_WORKFLOWS, ids=lambda p: p.name)
+def test_every_node_says_what_it_does_here_and_its_title_fits(pack, path):
+    """ComfyUI's general nodes (Preview as Text, Preview Image, Save Image, Upscale Image By) are titled by their role
+    in this workflow; every title fits its node at the canvas' 14 px title font (~8 px a character, within the
+    node's width less two title-bar heights) and every group's title at 24 px within its group."""
+    wf = json.loads(path.read_text())
+    for node in wf["nodes"]:
+        title = node.get("title") or pack.NODE_DISPLAY_NAME_MAPPINGS.get(node["type"], node["type"])
+        if node["type"] in CORE:
+            assert node.get("title"), f"node {node['id']} ({node['type']}) has no title saying its role"
+        assert len(title) * 8.6 <= node["size"][0] - 60, (node["id"], title, node["size"])
+    for group in wf["groups"]:
+        assert len(group["title"]) * 14 <= group["bounding"][2], group
+
+
+@pytest.mark.parametrize("path", UI_WORKFLOWS, ids=lambda p: p.name)
+def test_the_first_node_of_each_group_leaves_room_for_the_source_badge_under_the_group_title(path):
+    """The frontend draws each custom node's source badge in a row just above its title bar (about 22 px): below the
+    group's 40 px title bar, not over the title."""
+    wf = json.loads(path.read_text())
+    for group in wf["groups"]:
+        x, y, w, h = group["bounding"]
+        members = [n for n in wf["nodes"] if x <= n["pos"][0] < x + w and y <= n["pos"][1] < y + h]
+        assert members and min(n["pos"][1] - TITLE_H for n in members) >= y + 40 + 24, group["title"]
+
+
+def test_the_real_workflows_loaders_carry_comfyuis_download_addresses(pack):
+    """Each real-model workflow's Load node carries `properties.models` as ComfyUI's own templates write them on
+    their loaders ({name, url, directory}), one for each file it names, each the catalogue's entry
+    (families/comfyui_files.py: the official file names, Comfy-Org's addresses, the models folders): the frontend
+    offers the missing ones for download when the workflow loads. The first runs name no file and carry none."""
+    from trainer_core.families.comfyui_files import known_file
+
+    for role in ("main", "edit", "qwen21", "layered"):
+        wf = json.loads(ui_workflow(role).read_text())
+        (load,) = [n for n in wf["nodes"] if n["type"].startswith("QwenLoRALoad")]
+        spec = pack.NODE_CLASS_MAPPINGS[load["type"]].INPUT_TYPES()["required"]
+        values = dict(zip([name for name, s in spec.items() if is_widget(s)], load["widgets_values"]))
+        files = [values[part] for part in ("transformer", "text_encoder", "vae")]
+        models = load["properties"]["models"]
+        assert [m["name"] for m in models] == files, role
+        for model in models:
+            entry = known_file(model["name"])
+            assert model == {"name": entry.name, "url": entry.url, "directory": entry.folder}, (role, model)
+            assert model["url"].startswith("https://huggingface.co/Comfy-Org/") and model["url"].endswith(model["name"])
+    for role in ("first_run", "regularized"):
+        assert not any(n["properties"].get("models") for n in json.loads(ui_workflow(role).read_text())["nodes"])
+
+
+def test_the_first_run_comes_first_and_every_name_says_what_it_trains():
+    """ComfyUI's template browser shows a pack's workflows by file name (its title there) in the order ComfyUI lists
+    them, which nodes/host.py makes the names' order: the first run first, then the real Qwen-Image one; each name
+    says what it trains on, short enough for one line of a template card."""
+    names = sorted(p.stem for p in UI_WORKFLOWS)
+    assert names[0] == WORKFLOW_STEMS["first_run"] and names[1] == WORKFLOW_STEMS["main"]
+    assert [n.split(" ", 1)[0] for n in names] == [str(i) for i in range(1, len(names) + 1)]
+    assert all(len(n) <= 37 for n in names), names  # what a 1.49 card showed uncut (README, Screenshots)
+
+
+def test_every_workflow_has_its_template_picture():
+    """The template browser shows `<name>.jpg` beside `<name>.json` as the workflow's picture (a screenshot of it after
+    a run: tools/screenshots.py --thumbnail); without one it shows a generic picture."""
+    from PIL import Image
+
+    for path in UI_WORKFLOWS:
+        picture = path.with_suffix(".jpg")
+        assert picture.is_file(), picture.name
+        with Image.open(picture) as image:
+            assert image.format == "JPEG" and image.size == (512, 512), picture.name

@@ -6,10 +6,12 @@ its nodes.
 
 The workflows come from one graph (NODES, LINKS): the real one (Qwen-Image files, settings a real
 run wants), the Edit, Layered and 2.1 variants, a first-run one (the small pretrained shapes model and the star
-pictures shipped with the pack) that trains and previews in about a minute on a CPU, and that one with a
+pictures shipped with the pack) that trains and previews in a minute or two on a CPU, and that one with a
 regularisation set mixed in by a Dataset Mix node (REG_NODES, REG_LINKS). Node sizes and positions are computed
-here, not stored: a node's size follows its sockets and widgets (see `node_size`), nodes are stacked in columns
-inside their stage's group, so a widget added to a node moves the nodes below it instead of hiding them.
+here, not stored: a node's size follows its title, sockets and widgets (see `node_size`), the Note's its text (see
+`note_size`), nodes are stacked in columns inside their stage's group below a row left for the frontend's
+node-source badges, so a widget added to a node moves the nodes below it instead of hiding them. The file names are
+the template browser's titles (WORKFLOWS); the pictures beside them come from tools/screenshots.py --thumbnail.
 """
 
 from __future__ import annotations
@@ -17,10 +19,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "workflows"
+sys.path.insert(0, str(REPO))
+
+from trainer_core.families.comfyui_files import known_file  # noqa: E402
+from trainer_core.runs.demo import SHAPES_LEARNING_RATE, SHAPES_MICRO_BATCH  # noqa: E402
 
 # Stages: group key -> (title, canvas column, colour). Groups in one column are stacked top to bottom.
 GROUPS = {
@@ -93,23 +101,27 @@ LINKS = [
 
 NOTE_ID = 100
 
+# The Notes: one line per paragraph (the canvas wraps them to the box; `note_size` makes the box tall enough to show
+# every line).
 MAIN_NOTE = """How to train a Qwen-Image LoRA
-1. Models: put ComfyUI's Qwen-Image files in models/diffusion_models, text_encoders and vae.
-   Qwen-Image-2512 works the same: choose qwen_image_2512_fp8_e4m3fn as transformer.
+1. Models: put ComfyUI's Qwen-Image files in models/diffusion_models, text_encoders and vae (missing ones: loading this workflow offers their downloads). Qwen-Image-2512 works the same: choose qwen_image_2512_fp8_e4m3fn as transformer.
 2. Data: a folder of images with same-name .txt captions; set its path in Dataset.
-3. Queue: Train Steps trains 250 steps per queue and shows the loss live.
-   Queue again to continue; a stopped run resumes from its last checkpoint.
+3. Queue: Train Steps trains 250 steps per queue and shows the loss and a preview live. Queue again to continue; a stopped run resumes from its last checkpoint.
 4. Preview shows the LoRA as it is now; Save writes it to models/loras.
-No model files yet? Open the tiny example workflow: it runs on a CPU in about a minute."""
+No model files yet? Open the first-run workflow (1 First run ...): it trains on a CPU in a minute or two."""
 
-TINY_NOTE = """First run: the shapes model that ships with the pack, and 8 pictures of stars.
-The model (a small Qwen-Image, 64x64 px) draws circles, squares and triangles;
-it has never seen a star. Queue it: 200 steps train in about a minute on a CPU.
-Compare Steps shows the preview before training (step 0) beside the later ones:
-the red blob becomes a red star. Queue again to continue. Nothing to download.
-For a real LoRA open qwen_image_lora_training and point it at your files."""
+TINY_NOTE = """First run: nothing to download. The shapes model that ships with the pack (a small Qwen-Image, 64x64 px) draws circles, squares and triangles; it has never seen a star. The 8 pictures of stars teach it one.
+Queue it: 200 steps train in a minute or two on a CPU. Train Steps shows a preview every 50 steps beside the loss; Previews by step lays them side by side from step 0 (before training): the blob the model draws for "a red star" becomes a red star.
+Queue again to continue; Save writes the LoRA to models/loras.
+For a real LoRA open "2 Qwen-Image LoRA" and point it at your files."""
 
-# The tiny workflow: the same graph with these values changed.
+# The first-run workflow: the same graph with these values changed, and the Preview's 64 px picture enlarged 4x
+# (nearest neighbour: each pixel a 4x4 block, nothing sampled differently) before it is shown and saved.
+ENLARGE_ID = 20
+ENLARGE = (ENLARGE_ID, "ImageScaleBy", {"upscale_method": "nearest-exact", "scale_by": 4.0}, ("look", 0))
+TINY_NODES = [n for node in NODES for n in ((node, ENLARGE) if node[0] == 8 else (node,))]
+TINY_LINKS = [*[link for link in LINKS if link != (8, 0, 11, "images")], (8, 0, ENLARGE_ID, "image"),
+              (ENLARGE_ID, 0, 11, "images")]
 TINY = {
     1: {"source": "shapes model (small, pretrained, ships with the pack)", "transformer": "(not used)", "text_encoder": "(not used)",
         "vae": "(not used)", "compute_dtype": "float32"},
@@ -117,11 +129,12 @@ TINY = {
     3: {"preview_prompts": "a red star in the centre on a white background",
         "cache_folder": "qwen_lora_training/tiny_cache"},
     4: {"rank": 8, "alpha": 8.0},  # attention+mlp: on every layer the stars cost more of what the model knew
-    5: {"learning_rate": 1e-3, "warmup_steps": 10, "weight_decay": 0.0},
-    6: {"run_name": "tiny_first_run", "micro_batch_size": 2, "gradient_checkpointing": False,
+    # make demo's settings (runs/demo.py): all 8 pictures in every step, 2e-3
+    5: {"learning_rate": SHAPES_LEARNING_RATE, "warmup_steps": 10, "weight_decay": 0.0},
+    6: {"run_name": "tiny_first_run", "micro_batch_size": SHAPES_MICRO_BATCH, "gradient_checkpointing": False,
         "blocks_to_swap": 0, "checkpoint_every": 200},
     7: {"steps": 200, "preview_every": 50, "preview_size": 64, "preview_sampling_steps": 20},
-    15: {"tile_size": 128},
+    15: {"columns": 5, "tile_size": 256},  # steps 0, 50, ..., 200 in one row, each preview 4x (nearest)
     8: {"width": 64, "height": 64},
     9: {"width": 512, "height": 256},
     11: {"filename_prefix": "qwen_lora/tiny_preview"},
@@ -131,12 +144,9 @@ TINY = {
 # the same links). Edit Preview edits the first training sample's controls; wire a Load Image into its
 # control_image_1 to edit another picture from the canvas.
 EDIT_NOTE = """How to train a Qwen-Image-Edit LoRA (Edit, Edit-2509, Edit-2511)
-1. Models: an Edit transformer in models/diffusion_models (the variant is read from
-   the file), qwen_2.5_vl_7b_fp8_scaled (it has the vision tower), qwen_image_vae.
-2. Data: per sample name.png + name.txt (the instruction) + name_control.png
-   (name_control_2.png, name_control_3.png for 2509/2511), or control/name.png.
-3. Queue; queue again to continue. Preview (Edit) edits the first sample's controls,
-   or a Load Image wired into its control_image_1; Save writes to models/loras."""
+1. Models: an Edit transformer in models/diffusion_models (the variant is read from the file), qwen_2.5_vl_7b_fp8_scaled (it has the vision tower), qwen_image_vae. Missing ones: loading this workflow offers their downloads.
+2. Data: per sample name.png + name.txt (the instruction) + name_control.png (name_control_2.png, name_control_3.png for 2509/2511), or control/name.png.
+3. Queue; queue again to continue. Preview (Edit) edits the first sample's controls, or a Load Image wired into its control_image_1; Save writes to models/loras."""
 
 EDIT_CLASSES = {"QwenLoRAPreview": "QwenLoRAEditPreview"}  # same widgets, plus the control image sockets
 EDIT_NODES = [
@@ -155,12 +165,9 @@ EDIT = {3: {"preview_prompts": "turn the sky into a sunset"}, 6: {"run_name": "m
 # Qwen-Image-Layered: the text-to-image graph with the Layered dataset; the Load node reads the family from
 # the transformer file. Preview decomposes the first training sample's composite.
 LAYERED_NOTE = """How to train a Qwen-Image-Layered LoRA (RGBA layers)
-1. Models: qwen_image_layered_bf16 in models/diffusion_models (the Load node
-   reads Layered from the file), qwen_2.5_vl_7b_fp8_scaled, qwen_image_layered_vae.
-2. Data: per sample name.png (the composite) + name.txt + name_layer_1.png,
-   name_layer_2.png, ... (RGBA, the composite's size), numbered from 1.
-3. Queue; queue again to continue. Preview decomposes the first composite and
-   shows its layers side by side; Save writes to models/loras."""
+1. Models: qwen_image_layered_bf16 in models/diffusion_models (the Load node reads Layered from the file), qwen_2.5_vl_7b_fp8_scaled, qwen_image_layered_vae. Missing ones: loading this workflow offers their downloads.
+2. Data: per sample name.png (the composite) + name.txt + name_layer_1.png, name_layer_2.png, ... (RGBA, the composite's size), numbered from 1.
+3. Queue; queue again to continue. Preview decomposes the first composite and shows its layers side by side; Save writes to models/loras."""
 
 LAYERED_NODES = [
     (1, NODES[0][1], {**dict(NODES[0][2]), "transformer": "qwen_image_layered_bf16.safetensors",
@@ -175,15 +182,10 @@ LAYERED = {3: {"preview_prompts": "a poster: a title over a photo"}, 6: {"run_na
 # ComfyUI's own 2.1 templates download (int8 ConvRot transformer and text encoder, the bf16 VAE); the processor (and
 # any part set to (not used)) comes from a diffusers 2.1 folder.
 QWEN21_NOTE = """How to train a Qwen-Image 2.1 LoRA (text-to-image)
-1. Models: the files ComfyUI's 2.1 template downloads: qwen_image_2.1_int8_convrot
-   (models/diffusion_models; the Load node reads 2.1 from it), qwen3vl_8b_int8_convrot
-   (text_encoders), qwen_image_2.1_vae_bf16 (vae), and in diffusers_folder the
-   diffusers Qwen-Image 2.1 folder, whose processor/ is read.
+1. Models: the files ComfyUI's 2.1 template downloads (loading this workflow offers the missing ones): qwen_image_2.1_int8_convrot (models/diffusion_models; the Load node reads 2.1 from it), qwen3vl_8b_int8_convrot (text_encoders), qwen_image_2.1_vae_bf16 (vae); and in diffusers_folder the diffusers Qwen-Image 2.1 folder, whose processor/ is read.
 2. Data: per sample name.png + name.txt (its caption), as for Qwen-Image.
-3. Queue; queue again to continue. Preview samples with the 2.1 pipeline;
-   Save writes to models/loras (ComfyUI's 2.1 layout, the MLP pair fused).
-To edit with 2.1: the Edit workflow, these files in its Load Edit node, an
-Edit Dataset (its controls are the reference images), Preview (Edit)."""
+3. Queue; queue again to continue. Preview samples with the 2.1 pipeline; Save writes to models/loras (ComfyUI's 2.1 layout, the MLP pair fused).
+To edit with 2.1: the Edit workflow, these files in its Load Edit node, an Edit Dataset (its controls are the reference images), Preview (Edit)."""
 
 QWEN21_NODES = [
     (1, NODES[0][1], {**dict(NODES[0][2]), "transformer": "qwen_image_2.1_int8_convrot.safetensors",
@@ -196,23 +198,20 @@ QWEN21 = {3: {"preview_prompts": "a lighthouse on a cliff at dusk"}, 6: {"run_na
 # The first-run workflow with a regularisation set mixed in (run_files/shapes_stars_regularized.toml in the canvas):
 # a second Dataset node with the 24 known-shape pictures shipped with the pack, marked is_regularization at a lower
 # loss_weight, and a Dataset Mix that hands both to the Cache node; the stars come up 3 times a round.
-REG_NOTE = """First run with a regularisation set: the shapes model learns stars while
-24 pictures of the shapes it already draws (circles, squares, triangles)
-train beside them, so it forgets less of them (benchmarks/README.md).
-Dataset Mix joins the two Dataset nodes for the Cache node; each keeps its own
-repeats and loss_weight, and the loss report shows each set's mean.
+REG_NOTE = """First run with a regularisation set: the shapes model learns stars while 24 pictures of the shapes it already draws (circles, squares, triangles) train beside them, so it forgets less of them (benchmarks/README.md).
+Dataset Mix joins the two Dataset nodes for the Cache node; each keeps its own repeats and loss_weight, and the loss report shows each set's mean.
 Queue it: 200 steps train in a few minutes on a CPU; queue again to continue."""
 
 REG_WEIGHT = 0.5  # the regularisation set's loss_weight: it keeps the prior without outweighing the stars
 
 REG_NODES = [
-    *NODES,
+    *TINY_NODES,
     (17, "QwenLoRADataset", dict(NODES[1][2]), ("data", 1)),  # the regularisation set
     (18, "QwenLoRADatasetMix", {}, ("data", 1)),
     (19, "PreviewAny", {}, ("data", 1)),  # Dataset Mix's summary: each set's images, buckets and weight
 ]
 REG_LINKS = [
-    *[(src, slot, dst, name) for src, slot, dst, name in LINKS if (dst, name) != (3, "dataset")],
+    *[(src, slot, dst, name) for src, slot, dst, name in TINY_LINKS if (dst, name) != (3, "dataset")],
     (2, 0, 18, "dataset_1"), (17, 0, 18, "dataset_2"), (18, 0, 3, "dataset"), (18, 1, 19, "source"),
 ]
 REG = {
@@ -223,21 +222,71 @@ REG = {
     11: {"filename_prefix": "qwen_lora/tiny_regularized_preview"},
 }
 
-WORKFLOWS = {  # file stem -> (value overrides by node id, note text[, nodes[, links]])
-    "qwen_image_lora_training": ({}, MAIN_NOTE),
-    "qwen_image_lora_tiny_first_run": (TINY, TINY_NOTE),
-    "qwen_image_edit_lora_training": (EDIT, EDIT_NOTE, EDIT_NODES),
-    "qwen_image_layered_lora_training": (LAYERED, LAYERED_NOTE, LAYERED_NODES),
-    "qwen_image21_lora_training": (QWEN21, QWEN21_NOTE, QWEN21_NODES),
-    "qwen_image_lora_tiny_regularized": (REG, REG_NOTE, REG_NODES, REG_LINKS),
+# The nodes' titles where the type's name does not say what the node does here (by node id, for every workflow that
+# has the node; a workflow's own titles go on top).
+TITLES = {
+    13: "Init Trainer's status",  # PreviewAny: started or resumed, blocks_to_swap, memory plan
+    14: "Train Steps' report",  # PreviewAny: steps, losses, speed
+    11: "Preview image (saved to output)",
+    12: "Loss curve",
+    16: "Previews by step",
+    19: "Dataset Mix summary",  # PreviewAny: each set's images, buckets and weight
+    ENLARGE_ID: "Enlarge 4x for display (nearest)",
+}
+TINY_TITLES = {1: "Load the shapes model (ships with the pack)", 2: "Dataset: 8 pictures of stars"}
+REG_TITLES = {**TINY_TITLES, 2: "Dataset: the stars (to learn)", 17: "Dataset: known shapes (regularisation)"}
+
+# The box an image-showing node gives its image (width, height of the area below its sockets and widgets), by
+# class, and by node id where a workflow shows a larger image there. The canvas scales an image down to fit its
+# box, never up.
+IMAGE_BOX = {"QwenLoRATrain": (560, 290),  # the live image: the newest preview (512 px) beside the loss plot
+             "SaveImage": (360, 300), "PreviewImage": (360, 260)}
+MAIN_IMAGE_BOXES = {16: (520, 440)}  # Compare Steps: 11 previews of 256 px, 4 a row
+TINY_IMAGE_BOXES = {16: (720, 230), 11: (300, 300)}  # 5 previews in one row; the enlarged 256 px preview
+
+
+@dataclass
+class Workflow:
+    """One example workflow: the graph's widget values changed by node id, its Note, nodes, links, titles, image
+    boxes, and what the template browser shows of it (the file name is its title there)."""
+
+    overrides: dict
+    note: str
+    nodes: list = field(default_factory=lambda: NODES)
+    links: list = field(default_factory=lambda: LINKS)
+    titles: dict = field(default_factory=dict)
+    image_boxes: dict = field(default_factory=lambda: MAIN_IMAGE_BOXES)
+
+
+# File stem -> workflow. ComfyUI's template browser (frontends 1.27 and 1.49) reads nothing but the file names of a
+# pack's workflows (and a same-name .jpg as the picture): the stem is the title, the number in front the order
+# (nodes/host.py sorts the pack's list by name, which ComfyUI leaves in the folder's order; the browser's
+# Alphabetical sort and Windows' folder order agree), so the first run comes first.
+FIRST_RUN = "1 First run - learn a star on a CPU"
+MAIN = "2 Qwen-Image LoRA - your images"
+EDIT_STEM = "3 Qwen-Image-Edit LoRA - image pairs"
+QWEN21_STEM = "4 Qwen-Image 2.1 LoRA - your images"
+LAYERED_STEM = "5 Qwen-Image-Layered LoRA - RGBA"
+REGULARIZED = "6 First run with a regularisation set"
+WORKFLOWS = {
+    FIRST_RUN: Workflow(TINY, TINY_NOTE, TINY_NODES, TINY_LINKS, TINY_TITLES, TINY_IMAGE_BOXES),
+    MAIN: Workflow({}, MAIN_NOTE, titles={2: "Dataset: your images"}),
+    EDIT_STEM: Workflow(EDIT, EDIT_NOTE, EDIT_NODES),
+    QWEN21_STEM: Workflow(QWEN21, QWEN21_NOTE, QWEN21_NODES, titles={2: "Dataset: your images"}),
+    LAYERED_STEM: Workflow(LAYERED, LAYERED_NOTE, LAYERED_NODES),
+    REGULARIZED: Workflow(REG, REG_NOTE, REG_NODES, REG_LINKS, REG_TITLES, TINY_IMAGE_BOXES),
 }
 
-# Core nodes the workflow uses, as ComfyUI declares them (name, type) for inputs; outputs none.
+# Core nodes the workflows use, as ComfyUI declares them: inputs, and outputs as (type, name).
 CORE_INPUTS = {
     "SaveImage": {"required": {"images": ("IMAGE",), "filename_prefix": ("STRING", {"default": "ComfyUI"})}},
     "PreviewImage": {"required": {"images": ("IMAGE",)}},
     "PreviewAny": {"required": {"source": ("*", {})}},
+    "ImageScaleBy": {"required": {"image": ("IMAGE",),
+                                  "upscale_method": (["nearest-exact", "bilinear", "area", "bicubic", "lanczos"],),
+                                  "scale_by": ("FLOAT", {"default": 1.0, "min": 0.01, "max": 8.0, "step": 0.01})}},
 }
+CORE_OUTPUTS = {"ImageScaleBy": [("IMAGE", "IMAGE")]}
 
 # --- Sizes, the way the LiteGraph canvas (ComfyUI frontend 1.49) computes a node's size: the title bar
 # (30 px) sits above `pos`; the body has one 20 px row per socket row (inputs and outputs side by side),
@@ -248,16 +297,34 @@ SLOT_H = 20
 WIDGET_H = 20
 TEXTBOX_H = 80  # a multiline text box (the canvas' minimum is 50)
 CHAR_W = 7.0  # widget text (the canvas measures its ~12 px font; 7 px a character covers it)
-IMAGE_H = 260  # room for an image shown on the node (the canvas' image preview wants at least 220)
-IMAGE_W = 360
+# The title: 14 px Inter (measured 7.97 px a character on "Qwen LoRA Compare Steps"), drawn within the node's width
+# less two title-bar heights; 8.6 px a character covers wider letters.
+TITLE_CHAR_W = 8.6
 # Nodes that show an image while or after they run (Train Steps' live loss plot is a progress preview).
 SHOWS_IMAGE = {"SaveImage", "PreviewImage", "QwenLoRATrain"}
 DISPLAY_TEXTBOX = {"PreviewAny"}  # the canvas adds a text box that shows the value, and a markdown toggle
 REPORT_H = 120
-NOTE_SIZE = (430, 170)
 GAP = 30  # between stacked nodes (below a node's body, above the next one's title bar)
 GROUP_PAD = 12
 GROUP_TITLE_H = 40  # a group's title bar (font 24)
+GROUP_TITLE_CHAR_W = 14.0  # its title at 24 px (Inter / Arial: 12-13.5 px a character)
+# The frontend draws each custom node's source badge (the pack's name) in a row just above the node's title bar:
+# the first node of a group starts this much lower, so the badge sits below the group's title, not over it.
+BADGE_ROW = 26
+# The Note: a text box of 10 px monospace (frontends 1.27 and 1.49: 6.02 px a character, 11 px a line with DejaVu
+# Sans Mono; Consolas and Menlo are narrower or no wider, and up to 12 px a line), 20 px narrower and 22 px lower than
+# the node, 2 px padding. Sized for 6.1 px a character, 12 px a line, a scroll bar's width and one spare line.
+NOTE_W = 460
+NOTE_CHAR_W = 6.1
+NOTE_LINE_H = 12
+NOTE_SCROLLBAR_W = 15
+
+
+def note_size(text: str, width: int = NOTE_W) -> tuple[int, int]:
+    """(width, height) of a Note that shows every line of `text` as the canvas wraps it (at spaces and hyphens)."""
+    columns = int((width - 20 - 4 - NOTE_SCROLLBAR_W) // NOTE_CHAR_W)
+    lines = sum(max(1, len(textwrap.wrap(paragraph, columns))) for paragraph in text.split("\n"))
+    return width, int(round((lines + 1) * NOTE_LINE_H + 4 + 22 + 5, -1))
 
 
 def load_pack():
@@ -277,6 +344,14 @@ def input_types(cls_name: str, mappings) -> dict:
     return {**spec.get("required", {}), **spec.get("optional", {})}
 
 
+def output_types(cls_name: str, mappings) -> list[tuple[str, str]]:
+    """(type, name) of each output."""
+    if cls_name in mappings:
+        cls = mappings[cls_name]
+        return list(zip(cls.RETURN_TYPES, getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)))
+    return CORE_OUTPUTS.get(cls_name, [])
+
+
 def is_widget(spec: tuple) -> bool:
     kind = spec[0]
     return isinstance(kind, list) or kind in ("INT", "FLOAT", "STRING", "BOOLEAN")
@@ -286,7 +361,8 @@ def is_textbox(spec: tuple) -> bool:
     return spec[0] == "STRING" and len(spec) > 1 and bool(spec[1].get("multiline"))
 
 
-def node_size(cls_name: str, title: str, inputs: dict, values: dict, out_names: list[str]) -> tuple[int, int]:
+def node_size(cls_name: str, title: str, inputs: dict, values: dict, out_names: list[str],
+              image_box: tuple[int, int] | None = None) -> tuple[int, int]:
     """(width, height) of a node's body (the title bar is above it)."""
     sockets = [n for n, s in inputs.items() if not is_widget(s)]
     widgets = [(n, s) for n, s in inputs.items() if is_widget(s)]
@@ -298,12 +374,13 @@ def node_size(cls_name: str, title: str, inputs: dict, values: dict, out_names: 
     if widget_heights:
         height += sum(h + 4 for h in widget_heights) + 8
     height += 6
-    if cls_name in SHOWS_IMAGE:
-        height += IMAGE_H
     width = 1.5 * 140 if widget_heights else 140
-    if cls_name in SHOWS_IMAGE or cls_name in DISPLAY_TEXTBOX:
-        width = IMAGE_W
-    width = max(width, len(title) * 8.4 + TITLE_H * 1.33,  # the title, at the canvas' 14 px font
+    if image_box is not None:
+        height += image_box[1]
+        width = image_box[0]
+    elif cls_name in DISPLAY_TEXTBOX:
+        width = IMAGE_BOX["PreviewImage"][0]
+    width = max(width, len(title) * TITLE_CHAR_W + 2 * TITLE_H,  # the title, at the canvas' 14 px font
                 (max(map(len, sockets), default=0) + max(map(len, out_names), default=0)) * CHAR_W + 2 * SLOT_H + 5)
     for name, spec in widgets:
         shown = "" if is_textbox(spec) else str(values.get(name, ""))
@@ -312,22 +389,22 @@ def node_size(cls_name: str, title: str, inputs: dict, values: dict, out_names: 
     return int(round(width / 10 + 0.49)) * 10, int(round(height / 10 + 0.49)) * 10
 
 
-def layout(sizes: dict[int, tuple[int, int]], places: dict[int, tuple[str, int]]):
-    """Positions of the nodes (top-left of the body) and the groups' bounding boxes [x, y, w, h]."""
+def layout(sizes: dict[int, tuple[int, int]], places: dict[int, tuple[str, int]], note: tuple[int, int]):
+    """Positions of the nodes (top-left of the body) and the groups' bounding boxes [x, y, w, h]; the Note (its
+    size given) sits above the first column."""
     positions, groups = {}, {}
     column_x = 40
-    note_h = NOTE_SIZE[1] + TITLE_H + GAP
     for column in sorted({c for _, c, _ in GROUPS.values()}):
-        y = 40 + (note_h if column == 0 else 0)  # the Note sits above the first column
-        column_w = 0
-        for key, (_title, col, _colour) in GROUPS.items():
+        y = 40 + (note[1] + TITLE_H + GAP if column == 0 else 0)  # the Note sits above the first column
+        column_w = note[0] + 2 * GROUP_PAD if column == 0 else 0
+        for key, (title, col, _colour) in GROUPS.items():
             if col != column:
                 continue
             members = [i for i, (g, _) in places.items() if g == key]
             if not members:
                 continue
             x = column_x + GROUP_PAD
-            top = y + GROUP_TITLE_H + TITLE_H
+            top = y + GROUP_TITLE_H + BADGE_ROW + TITLE_H
             bottom = top
             for sub in sorted({places[i][1] for i in members}):
                 sub_y, sub_w = top, 0
@@ -337,7 +414,7 @@ def layout(sizes: dict[int, tuple[int, int]], places: dict[int, tuple[str, int]]
                     sub_w = max(sub_w, sizes[i][0])
                 bottom = max(bottom, sub_y - GAP - TITLE_H)
                 x += sub_w + GAP
-            width = x - GAP + GROUP_PAD - column_x
+            width = max(x - GAP + GROUP_PAD - column_x, int(len(title) * GROUP_TITLE_CHAR_W) + 2 * GROUP_PAD)
             groups[key] = [column_x, y, width, bottom + GROUP_PAD - y]
             column_w = max(column_w, width)
             y = bottom + GROUP_PAD + GAP
@@ -345,27 +422,37 @@ def layout(sizes: dict[int, tuple[int, int]], places: dict[int, tuple[str, int]]
     return positions, groups
 
 
-def build(mappings, titles: dict[str, str], overrides: dict | None = None, note: str = "",
-          graph_nodes: list | None = None, graph_links: list | None = None) -> tuple[dict, dict]:
-    overrides = overrides or {}
-    links = graph_links or LINKS
-    nodes = [(i, c, {**v, **overrides.get(i, {})}, place) for i, c, v, place in (graph_nodes or NODES)]
+def loader_models(cls_name: str, values: dict) -> list[dict]:
+    """`properties.models` of a Load node, as ComfyUI's own templates write them on their loaders: for each model file
+    it names that ComfyUI's templates download (families/comfyui_files.py), the file name, Comfy-Org's download
+    address and the models folder. The frontend lists the ones the user lacks when the workflow is loaded and offers
+    their downloads."""
+    if not cls_name.startswith("QwenLoRALoad"):
+        return []
+    entries = [known_file(values.get(part, "")) for part in ("transformer", "text_encoder", "vae")]
+    return [{"name": e.name, "url": e.url, "directory": e.folder} for e in entries if e is not None and e.url]
+
+
+def build(mappings, display_names: dict[str, str], workflow: Workflow) -> tuple[dict, dict]:
+    links = workflow.links
+    nodes = [(i, c, {**v, **workflow.overrides.get(i, {})}, place) for i, c, v, place in workflow.nodes]
+    titles = {**TITLES, **workflow.titles}
+    title_of = {i: titles.get(i, display_names.get(c, c)) for i, c, _v, _p in nodes}
     api, ui_nodes, ui_links = {}, [], []
     link_ids = {}
     for link_id, (src, slot, dst, name) in enumerate(links, start=1):
         link_ids[(dst, name)] = link_id
-        src_cls = next(c for i, c, *_ in nodes if i == src)
-        out_type = mappings[src_cls].RETURN_TYPES[slot]
+        out_type = output_types(next(c for i, c, *_ in nodes if i == src), mappings)[slot][0]
         dst_index = [n for n, s in input_types(next(c for i, c, *_ in nodes if i == dst), mappings).items()
                      if not is_widget(s)].index(name)
         ui_links.append([link_id, src, slot, dst, dst_index, out_type])
     sizes = {}
     for node_id, cls_name, values, _place in nodes:
-        cls = mappings.get(cls_name)
-        out_names = list(getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)) if cls else []
-        sizes[node_id] = node_size(cls_name, titles.get(cls_name, cls_name), input_types(cls_name, mappings),
-                                   values, out_names)
-    positions, group_boxes = layout(sizes, {i: place for i, _c, _v, place in nodes})
+        box = workflow.image_boxes.get(node_id, IMAGE_BOX.get(cls_name))
+        sizes[node_id] = node_size(cls_name, title_of[node_id], input_types(cls_name, mappings), values,
+                                   [name for _, name in output_types(cls_name, mappings)], box)
+    note_box = note_size(workflow.note) if workflow.note else (0, -TITLE_H - GAP)
+    positions, group_boxes = layout(sizes, {i: place for i, _c, _v, place in nodes}, note_box)
     for order, (node_id, cls_name, values, _place) in enumerate(nodes):
         inputs = input_types(cls_name, mappings)
         api_inputs = {}
@@ -381,26 +468,30 @@ def build(mappings, titles: dict[str, str], overrides: dict | None = None, note:
                     continue
                 api_inputs[name] = [str(link[0]), link[1]]
                 ui_inputs.append({"name": name, "type": spec[0], "link": link_ids[(node_id, name)]})
-        api[str(node_id)] = {"class_type": cls_name, "inputs": api_inputs, "_meta": {"title": titles.get(cls_name, cls_name)}}
+        api[str(node_id)] = {"class_type": cls_name, "inputs": api_inputs, "_meta": {"title": title_of[node_id]}}
         outputs = []
-        if cls_name in mappings:
-            cls = mappings[cls_name]
-            names = getattr(cls, "RETURN_NAMES", cls.RETURN_TYPES)
-            for slot, (out_type, out_name) in enumerate(zip(cls.RETURN_TYPES, names)):
-                out_links = [lid for lid, (s, sl, *_r) in enumerate(links, start=1) if s == node_id and sl == slot]
-                outputs.append({"name": out_name, "type": out_type, "links": out_links, "slot_index": slot})
-        ui_nodes.append({
+        for slot, (out_type, out_name) in enumerate(output_types(cls_name, mappings)):
+            out_links = [lid for lid, (s, sl, *_r) in enumerate(links, start=1) if s == node_id and sl == slot]
+            outputs.append({"name": out_name, "type": out_type, "links": out_links, "slot_index": slot})
+        properties = {"Node name for S&R": cls_name}
+        models = loader_models(cls_name, values)
+        if models:
+            properties["models"] = models
+        ui_node = {
             "id": node_id, "type": cls_name, "pos": list(positions[node_id]), "size": list(sizes[node_id]),
             "flags": {}, "order": order, "mode": 0, "inputs": ui_inputs, "outputs": outputs,
-            "properties": {"Node name for S&R": cls_name}, "widgets_values": widgets_values,
-        })
-    if note:
+            "properties": properties, "widgets_values": widgets_values,
+        }
+        if node_id in titles:
+            ui_node["title"] = titles[node_id]
+        ui_nodes.append(ui_node)
+    if workflow.note:
         # ComfyUI's core Note: a frontend-only (virtual) node holding one text box; the canvas leaves it out
         # of the prompt it queues, so the API twin has no entry for it.
         ui_nodes.append({
-            "id": NOTE_ID, "type": "Note", "pos": [40 + GROUP_PAD, 40 + TITLE_H], "size": list(NOTE_SIZE),
+            "id": NOTE_ID, "type": "Note", "pos": [40 + GROUP_PAD, 40 + TITLE_H], "size": list(note_box),
             "flags": {}, "order": len(nodes), "mode": 0, "inputs": [], "outputs": [],
-            "properties": {"text": ""}, "widgets_values": [note], "color": "#432", "bgcolor": "#653",
+            "properties": {"text": ""}, "widgets_values": [workflow.note], "color": "#432", "bgcolor": "#653",
         })
     groups = [{"id": n, "title": GROUPS[key][0], "bounding": box, "color": GROUPS[key][2], "font_size": 24,
                "flags": {}} for n, (key, box) in enumerate(group_boxes.items(), start=1)]
@@ -415,8 +506,8 @@ def main() -> None:
     pack = load_pack()
     OUT.mkdir(exist_ok=True)
     (OUT / "api").mkdir(exist_ok=True)
-    for stem, (overrides, note, *graph) in WORKFLOWS.items():
-        ui, api = build(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, overrides, note, *graph)
+    for stem, workflow in WORKFLOWS.items():
+        ui, api = build(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, workflow)
         (OUT / f"{stem}.json").write_text(json.dumps(ui, indent=2) + "\n")
         (OUT / "api" / f"{stem}.api.json").write_text(json.dumps(api, indent=2) + "\n")
         print("wrote", OUT / f"{stem}.json", "and its API twin")

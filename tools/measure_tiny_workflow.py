@@ -28,7 +28,8 @@ def main() -> None:
     from graph_runner import GraphRunner, RecordImages
 
     pack = load_pack()
-    prompt = json.loads((REPO / "workflows" / "api" / "qwen_image_lora_tiny_first_run.api.json").read_text())
+    from build_workflows import FIRST_RUN
+    prompt = json.loads((REPO / "workflows" / "api" / f"{FIRST_RUN}.api.json").read_text())
     runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
     # The untrained model's preview (the adapter starts at zero): the nodes up to Init Trainer and a Preview.
     before = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6"}}
@@ -43,7 +44,7 @@ def main() -> None:
         seconds = time.perf_counter() - start
         trainer = outputs["7"][0]
         chunk = [loss for step, loss in trainer.progress.loss_history][-prompt["7"]["inputs"]["steps"]:]
-        moved = (RecordImages.received[0].float() - untrained).abs().mean().item()
+        moved = (outputs["8"][0].float() - untrained).abs().mean().item()  # the Preview as sampled (64 px)
         print(f"queue {queue}: {seconds:.1f} s, step {trainer.step}, loss {chunk[0]:.4f} -> {chunk[-1]:.4f}, "
               f"preview moved {moved:.4f} from the untrained one")
 

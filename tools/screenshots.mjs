@@ -34,6 +34,18 @@ try {
   await sleep(2000); // the frontend finishes its extensions and first draw
   await page.keyboard.press("Escape"); // any first-start dialog
 
+  const closeDialogs = async () => {
+    for (let i = 0; i < 3; i++) {
+      const closed = await page.evaluate(() => {
+        const buttons = [...document.querySelectorAll(".p-dialog-close-button, .p-dialog-header-close")];
+        for (const b of buttons) b.click();
+        return buttons.length;
+      });
+      if (!closed) break;
+      await sleep(500);
+    }
+  };
+
   // Load the workflow and apply the overrides; fail on a widget that is not there.
   const missing = await page.evaluate(async ({ workflow, overrides, title }) => {
     await window.app.loadGraphData(workflow, true, true, title);
@@ -59,11 +71,15 @@ try {
     return missing;
   }, { workflow: job.workflow, overrides: job.overrides, title: job.title });
   if (missing.length) console.error("widgets not in this workflow (left as they are):", missing.join(", "));
+  // The first load offers the real model files the workflow names (its loader's properties.models) where they are
+  // not in the model folders: a dialog over the canvas. The second load names the tiny files; close the dialog.
+  await closeDialogs();
   await page.mouse.click(5, job.height - 5); // drop any widget focus without touching a node
 
-  // Fit the view to all nodes and groups, inside the part of the canvas no menu or side bar covers.
-  const fit = async () => {
-    await page.evaluate(() => {
+  // Fit the view to all nodes and groups (or to the boxes `frame` picks: [x, y, w, h] in graph units), inside the
+  // part of the canvas no menu or side bar covers (or inside `area`: {left, top, right, bottom} in page pixels).
+  const fit = async (frame = null, area = null) => {
+    await page.evaluate(({ frame, area }) => {
       const c = window.app.canvas;
       const el = c.canvas;
       const rect = el.getBoundingClientRect();
@@ -78,13 +94,18 @@ try {
           else if (r.height > rect.height * 0.5 && r.left <= left + 5) left = Math.max(left, r.right);
         }
       }
+      if (area) ({ left, top, right, bottom } = area);
       let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
       const add = (x, y, w, h) => { x0 = Math.min(x0, x); y0 = Math.min(y0, y); x1 = Math.max(x1, x + w); y1 = Math.max(y1, y + h); };
       const titleH = window.LiteGraph.NODE_TITLE_HEIGHT || 30;
-      for (const n of window.app.graph._nodes) add(n.pos[0], n.pos[1] - titleH, n.size[0], n.size[1] + titleH);
-      for (const g of window.app.graph._groups || []) {
-        const b = g._bounding || g.bounding || [g.pos[0], g.pos[1], g.size[0], g.size[1]];
-        add(b[0], b[1], b[2], b[3]);
+      if (frame) {
+        for (const b of frame) add(b[0], b[1], b[2], b[3]);
+      } else {
+        for (const n of window.app.graph._nodes) add(n.pos[0], n.pos[1] - titleH, n.size[0], n.size[1] + titleH);
+        for (const g of window.app.graph._groups || []) {
+          const b = g._bounding || g.bounding || [g.pos[0], g.pos[1], g.size[0], g.size[1]];
+          add(b[0], b[1], b[2], b[3]);
+        }
       }
       const pad = 24;
       const W = right - left - 2 * pad, H = bottom - top - 2 * pad;
@@ -95,7 +116,7 @@ try {
       ds.offset[0] = (left - rect.left + pad + (W - (x1 - x0) * scale) / 2) / scale - x0;
       ds.offset[1] = (top - rect.top + pad + (H - (y1 - y0) * scale) / 2) / scale - y0;
       c.setDirty(true, true);
-    });
+    }, { frame, area });
     await sleep(800);
   };
   // Toasts (messages of the host) are printed here and closed: they would cover the graph.
@@ -145,6 +166,32 @@ try {
   await toasts();
   await page.screenshot({ path: job.after });
   console.log("saved", job.after);
+  if (job.thumbnail) {
+    // The template browser's picture: Train Steps (its live preview and loss) and the Looking group, square.
+    const frame = await page.evaluate(() => {
+      const titleH = window.LiteGraph.NODE_TITLE_HEIGHT || 30;
+      const boxes = window.app.graph._nodes.filter((n) => n.type === "QwenLoRATrain")
+        .map((n) => [n.pos[0], n.pos[1] - titleH, n.size[0], n.size[1] + titleH]);
+      for (const g of window.app.graph._groups || []) {
+        if (!/^5\./.test(g.title)) continue;
+        const b = g._bounding || g.bounding || [g.pos[0], g.pos[1], g.size[0], g.size[1]];
+        boxes.push([b[0], b[1], b[2], b[3]]);
+      }
+      return boxes;
+    });
+    const rect = await page.evaluate(() => {
+      const r = window.app.canvas.canvas.getBoundingClientRect();
+      return { left: r.left, top: r.top, right: r.right, bottom: r.bottom };
+    });
+    // A square in the middle of the page: clear of the menus, side bars and the canvas' corner controls.
+    const side = Math.round(Math.min(rect.right - rect.left, rect.bottom - rect.top) - 160);
+    const cx = (rect.left + rect.right) / 2, cy = (rect.top + rect.bottom) / 2;
+    const area = { left: Math.round(cx - side / 2), top: Math.round(cy - side / 2) };
+    area.right = area.left + side; area.bottom = area.top + side;
+    await fit(frame, area);
+    await page.screenshot({ path: job.thumbnail, clip: { x: area.left, y: area.top, width: side, height: side } });
+    console.log("saved", job.thumbnail);
+  }
 } catch (e) {
   // What the page showed when it went wrong (validation errors, dialogs), for the one who reruns it.
   const shot = job.after.replace(/\.png$/, "_failed.png");

@@ -1,16 +1,17 @@
 """Screenshots of a workflow on ComfyUI's canvas, before and after a run, made in a real browser.
 
     COMFYUI_PATH=/path/to/ComfyUI COMFYUI_PYTHON=/path/to/comfy/python \\
-        python tools/screenshots.py [workflows/qwen_image_lora_training.json] [--out docs] [--steps 40]
+        python tools/screenshots.py ["workflows/2 Qwen-Image LoRA - your images.json"] [--out docs] [--steps 40]
 
 Starts ComfyUI on the CPU on a loopback port with a temporary --base-directory (the checkout is not
 written to), with this pack linked into its custom_nodes, the tiny test model exported into its model
 folders and the generated demo dataset in its input folder. Then tools/screenshots.mjs opens the
 workflow in headless Chromium (the system's `chromium`, driven by playwright-core from npm, installed
-into tools/.node/ on first use, no browser download), points it at the tiny model and the demo dataset
+into tools/.node/ on first use, no browser download), points it at the tiny model and demo dataset of its family
 (widgets set by node type and name, so re-laid-out workflows keep working), fits the view to the graph,
 saves `<out>/<name>_before.png`, queues it from the page, waits until it has run and saves
-`<out>/<name>_after.png`. PNGs are reduced to a 256-colour palette (UI screenshots lose nothing visible).
+`<out>/<name>_after.png` (and with --thumbnail, the template browser's picture: Train Steps and the Looking group
+after the run, square). PNGs are reduced to a 256-colour palette (UI screenshots lose nothing visible).
 
 Run it with a Python that has this pack's requirements (torch, safetensors, Pillow), e.g. `.venv/bin/python`;
 ComfyUI itself runs under COMFYUI_PYTHON. Needs node and npm (once, for playwright-core) and chromium.
@@ -34,25 +35,52 @@ sys.path.insert(0, str(REPO))
 
 PLAYWRIGHT_VERSION = "1.65.1"
 NODE_DIR = REPO / "tools" / ".node"  # ignored by git
-MAIN_WORKFLOW = REPO / "workflows" / "qwen_image_lora_training.json"
+MAIN_WORKFLOW = REPO / "workflows" / "2 Qwen-Image LoRA - your images.json"
 
 
-def overrides(dataset: str, files: dict[str, Path], steps: int | None, as_is: bool) -> dict:
-    """Widget values by node type and widget name: the tiny model, the demo dataset, CPU-sized settings."""
-    out = {"QwenLoRADataset": {"folder": dataset}}
-    if as_is:
-        return out
+def tiny_setup(workflow: dict, base: Path, steps: int | None) -> dict:
+    """Puts the tiny model of the workflow's family (read from its Load node: Qwen-Image, Edit-2511, Layered or 2.1)
+    into ComfyUI's model folders and that family's demo dataset into its input folder, and returns the widget values
+    that point the workflow at them, by node type and widget name, with CPU-sized settings."""
+    from trainer_core.families import get_family
+    from trainer_core.runs.demo import make_demo_dataset
+
+    load = next(n for n in workflow["nodes"] if n["type"].startswith("QwenLoRALoad"))
+    transformer = load["widgets_values"][1]
+    models, data = base / "models", base / "input"
+    prompts = "a red circle on a white background\na blue square"
+    dataset_type, extra = "QwenLoRADataset", {}
+    if load["type"] == "QwenLoRALoadEditModels":
+        from trainer_core.families.qwen_image_edit.demo import make_edit_demo_dataset
+
+        files, dataset = get_family("edit-2511").export_tiny(models), make_edit_demo_dataset(data / "edit_dataset")
+        dataset_type, prompts = "QwenLoRAEditDataset", "paint the circle red"
+        extra = {"control_resolution": 96}  # the controls near the targets' size (0: Edit-2511's ~1024 px area)
+    elif transformer.startswith("qwen_image_layered"):
+        from trainer_core.families.qwen_image_layered.demo import make_layered_demo_dataset
+
+        files, dataset = get_family("qwen-image-layered").export_tiny(models), make_layered_demo_dataset(data / "layered_dataset")
+        dataset_type, prompts = "QwenLoRALayeredDataset", "a red circle on a grey card"
+    elif transformer.startswith("qwen_image_2.1"):
+        files, dataset = get_family("qwen-image-2.1").export_tiny(models), make_demo_dataset(data / "demo_dataset")
+        files = {"transformer_fp8_e4m3fn": files["transformer_bf16"], "text_encoder_fp8_scaled": files["text_encoder"],
+                 "vae": files["vae"], "diffusers_folder": files["diffusers_folder"]}
+    else:
+        files, dataset = get_family("qwen-image").export_tiny(models, layout="comfyui"), make_demo_dataset(data / "demo_dataset")
     # The exported tiny files through the same path as real model files (their names say "tiny").
-    out["QwenLoRALoadModels"] = {"source": "ComfyUI model files", "storage": "float8",
-                                 "transformer": files["transformer_fp8_e4m3fn"].name,
-                                 "text_encoder": files["text_encoder_fp8_scaled"].name, "vae": files["vae"].name}
-    out["QwenLoRADataset"].update(resolution=64, min_bucket_side=32, max_bucket_side=128)
-    out["QwenLoRACache"] = {"preview_prompts": "a red circle on a white background\na blue square"}
-    out["QwenLoRAOptimizer"] = {"learning_rate": 2e-3, "warmup_steps": 5}
-    out["QwenLoRAInitTrainer"] = {"run_name": "screenshot_demo", "checkpoint_every": 0}
-    out["QwenLoRAPreview"] = {"width": 128, "height": 128, "steps": 8}
-    if steps is not None:
-        out["QwenLoRATrain"] = {"steps": steps}
+    out = {load["type"]: {"source": "ComfyUI model files", "storage": "float8", "compute_dtype": "float32",
+                          "transformer": files["transformer_fp8_e4m3fn"].name,
+                          "text_encoder": files["text_encoder_fp8_scaled"].name, "vae": files["vae"].name,
+                          **({"diffusers_folder": str(files["diffusers_folder"])} if "diffusers_folder" in files else {})},
+           dataset_type: {"folder": dataset.name, "resolution": 64, "min_bucket_side": 32, "max_bucket_side": 128,
+                          **extra},
+           "QwenLoRACache": {"preview_prompts": prompts},
+           "QwenLoRAOptimizer": {"learning_rate": 2e-3, "warmup_steps": 5},
+           "QwenLoRAInitTrainer": {"run_name": "screenshot_demo", "checkpoint_every": 0}}
+    for preview in ("QwenLoRAPreview", "QwenLoRAEditPreview"):
+        out[preview] = {"width": 128, "height": 128, "steps": 8}
+    # Train Steps' previews at 128 px in 8 sampling steps (a tiny model's 512 px previews cost minutes on a CPU).
+    out["QwenLoRATrain"] = {"preview_size": 128, "preview_sampling_steps": 8, **({"steps": steps} if steps else {})}
     return out
 
 
@@ -96,6 +124,15 @@ def shrink_png(path: Path) -> None:
     img.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(path, optimize=True)
 
 
+def save_thumbnail(shot: Path, path: Path, side: int = 512) -> None:
+    """The square screenshot as the template browser's picture: a JPEG of side x side (it shows it square)."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.open(shot).convert("RGB").resize((side, side), Image.Resampling.LANCZOS).save(path, quality=85,
+                                                                                           optimize=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("workflow", nargs="?", default=str(MAIN_WORKFLOW), help="UI-format workflow (default: %(default)s)")
@@ -103,7 +140,9 @@ def main(argv=None) -> int:
     p.add_argument("--name", help="file name stem (default: the workflow's)")
     p.add_argument("--steps", type=int, default=40, help="Train Steps' steps for the run (default: %(default)s)")
     p.add_argument("--as-is", action="store_true",
-                   help="change only the dataset folder (for a workflow already set up for the tiny model)")
+                   help="run the workflow as shipped (the first-run workflows: the shapes model and example pictures)")
+    p.add_argument("--thumbnail", help="also save the workflow's template-browser picture here after the run (.jpg): "
+                   "Train Steps and the Looking group in view, 512x512")
     p.add_argument("--width", type=int, default=1920)
     p.add_argument("--height", type=int, default=1080)
     p.add_argument("--timeout", type=int, default=900, help="seconds the run may take (default: %(default)s)")
@@ -125,22 +164,18 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     modules = ensure_playwright()
 
-    from trainer_core.runs.demo import make_demo_dataset
-    from trainer_core.families import get_family
-
     tmp = Path(tempfile.mkdtemp(prefix="qwen_lora_screens_"))
     base = tmp / "comfy_base"
     (base / "custom_nodes").mkdir(parents=True)
     (base / "custom_nodes" / "qwen_image_lora_trainer").symlink_to(REPO, target_is_directory=True)
-    files = get_family("qwen-image").export_tiny(base / "models", layout="comfyui")
-    dataset = make_demo_dataset(base / "input" / "demo_dataset")
+    values = {} if args.as_is else tiny_setup(workflow, base, args.steps)
     # A fresh user without the first-start template browser, the host's template-package version warning,
-    # the minimap, the canvas statistics and the pack badge over every node: nothing covers the graph.
+    # the minimap and the canvas statistics: nothing covers the graph. The node-source badges stay as a new user
+    # has them (the pack's name over each of its nodes: the layout leaves them room below the group titles).
     settings = base / "user" / "default" / "comfy.settings.json"
     settings.parent.mkdir(parents=True)
     settings.write_text(json.dumps({"Comfy.TutorialCompleted": True, "Comfy.VersionCompatibility.DisableWarnings": True,
-                                    "Comfy.Minimap.Visible": False, "Comfy.Graph.CanvasInfo": False,
-                                    "Comfy.NodeBadge.NodeSourceBadgeMode": "None"}))
+                                    "Comfy.Minimap.Visible": False, "Comfy.Graph.CanvasInfo": False}))
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -150,14 +185,11 @@ def main(argv=None) -> int:
                               cwd=comfyui, stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:
         wait_ready(url, server, log)
-        # Where the Dataset node resolves relative folders against ComfyUI's input folder (and offers its
-        # subfolders), the short name reads better on the canvas; elsewhere the absolute path.
-        with urllib.request.urlopen(url + "/object_info/QwenLoRADataset", timeout=30) as r:
-            folder = dataset.name if dataset.name in r.read().decode() else str(dataset)
         job = {"url": url, "title": Path(args.workflow).name, "chromium": chromium, "profile": str(tmp / "chromium_profile"), "workflow": workflow,
-               "overrides": overrides(folder, files, args.steps, args.as_is),
+               "overrides": values,
                "before": str(out / f"{name}_before.png"), "after": str(out / f"{name}_after.png"),
-               "width": args.width, "height": args.height, "timeout_s": args.timeout}
+               "width": args.width, "height": args.height, "timeout_s": args.timeout,
+               "thumbnail": str(tmp / "thumbnail.png") if args.thumbnail else None}
         (tmp / "job.json").write_text(json.dumps(job))
         rc = subprocess.run(["node", str(REPO / "tools" / "screenshots.mjs"), str(tmp / "job.json")],
                             env={**os.environ, "PLAYWRIGHT_CORE_DIR": str(modules)}).returncode
@@ -165,6 +197,9 @@ def main(argv=None) -> int:
             if Path(png).exists():
                 shrink_png(Path(png))
                 print(f"{png}: {Path(png).stat().st_size // 1024} KiB")
+        if args.thumbnail and Path(job["thumbnail"]).exists():
+            save_thumbnail(Path(job["thumbnail"]), Path(args.thumbnail))
+            print(f"{args.thumbnail}: {Path(args.thumbnail).stat().st_size // 1024} KiB")
         if rc:
             print(f"the browser script failed (exit {rc}); ComfyUI's log ends:\n"
                   f"{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 Two rates, each over a fixed list of prompts, one picture per prompt and seed:
 - concept rate: how often a star prompt ("a red star in the centre on a black background", every colour and
-  background, at the demo's place: 10 prompts) gives a star;
+  background, at the demo's place: 10 prompts) gives a star (`shapes.measure`: concave and fitting a five-point
+  star; the share that is merely concave, what counted as a star before, is reported beside it);
 - prior kept: how often a prompt of a trained shape (30 prompts: every shape and colour, two places and
   backgrounds each) gives exactly what it names (shape, colour and place).
 Measured without and with the LoRA, the pictures made by diffusers' own `QwenImagePipeline` with the LoRA
@@ -44,6 +45,7 @@ def prior_scenes() -> list[shapes.Scene]:
 class ConceptRates:
     concept: float  # share of star prompts that gave a star
     concept_colour: float  # ... a star of the named colour
+    concept_concave: float  # ... anything concave (solidity alone: the measure before a star had to fit a star)
     prior: float  # share of trained-shape prompts that gave exactly what they named
     pictures: int
 
@@ -93,8 +95,10 @@ class ShapePictures:
         prior = [(scene, shapes.measure(self.picture(scene.caption, s), scene.background))
                  for scene in prior_scenes() for s in seeds]
         stars = [m.shape == shapes.NEW_SHAPE for m in star]
+        concave = [m.shape is not None and m.solidity < shapes.SOLIDITY_CONCAVE for m in star]
         coloured = [m.shape == shapes.NEW_SHAPE and m.colour == c
                     for m, c in zip(star, [c for c in shapes.COLOURS for _b in shapes.BACKGROUNDS for _ in seeds])]
         kept = [(m.shape, m.colour, m.place) == (sc.shape, sc.colour, sc.place) for sc, m in prior]
         return ConceptRates(concept=sum(stars) / len(stars), concept_colour=sum(coloured) / len(coloured),
-                            prior=sum(kept) / len(kept), pictures=len(star) + len(prior))
+                            concept_concave=sum(concave) / len(concave), prior=sum(kept) / len(kept),
+                            pictures=len(star) + len(prior))

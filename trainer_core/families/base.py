@@ -102,6 +102,8 @@ class DemoSpec:
     # loss will do); the pretrained shapes model keeps more of what it knew with the blocks' layers only.
     lora_targets: str = "all"
     learning_rate: float = 2e-3
+    micro_batch_size: int = 2
+    schedule: str = "cosine"  # down to a tenth over demo.SCHEDULE_STEPS, or "constant"
 
 
 class ModelFamily:

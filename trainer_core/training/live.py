@@ -54,6 +54,16 @@ def contain(image: Image.Image, side: int) -> Image.Image:
     return image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.BILINEAR)
 
 
+def for_display(image: Image.Image, side: int) -> Image.Image:
+    """`image` made to fit a side x side square for a person to look at: a larger one scaled down (`contain`), a
+    small one (a small model's 64 px preview) enlarged by the largest whole factor that fits, nearest neighbour:
+    each pixel a square block, nothing blurred or made up. Only what is shown changes; what was sampled is kept."""
+    factor = side // max(image.size)
+    if factor < 2:
+        return contain(image, side)
+    return image.resize((image.width * factor, image.height * factor), Image.Resampling.NEAREST)
+
+
 def side_by_side(left: Image.Image, right: Image.Image, gap: int = 8) -> Image.Image:
     """Two images in a row on white, top-aligned."""
     out = Image.new("RGB", (left.width + gap + right.width, max(left.height, right.height)), "white")
@@ -75,7 +85,8 @@ def no_previews_text(preview_every: int, step: int) -> str:
 
 def step_grid(previews: list[StepPreview], columns: int = 0, tile: int = 256, title: str = "",
               preview_every: int = 0, step: int = 0) -> Image.Image:
-    """The previews as tiles of `tile` pixels (longest side), each with a 'step N' label under it, in rows of
+    """The previews as tiles of `tile` pixels (longest side; a small preview enlarged by a whole factor, nearest
+    neighbour, and centred), each with a 'step N' label under it, in rows of
     `columns` (0: about square). With none, an image that says how to get some: `preview_every` (as Train Steps
     last asked, 0 = off) and the run's `step` tell whether that is a setting or steps still to train."""
     if not previews:
@@ -91,9 +102,7 @@ def step_grid(previews: list[StepPreview], columns: int = 0, tile: int = 256, ti
     draw = ImageDraw.Draw(out)
     for i, preview in enumerate(previews):
         x, y = (i % columns) * tile, (i // columns) * cell_h
-        image = preview.image.convert("RGB")
-        scale = tile / max(image.size)
-        image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.BILINEAR)
+        image = for_display(preview.image.convert("RGB"), tile)  # a small model's preview enlarged, pixels kept
         out.paste(image, (x + (tile - image.width) // 2, y + (tile - image.height) // 2))
         draw.text((x + 4, y + tile + 4), f"step {preview.step}", fill="black")
     return out

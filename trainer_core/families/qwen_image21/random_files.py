@@ -74,7 +74,7 @@ def write_random_transformer21(path: str | Path, num_layers: int | None = None, 
 
 
 def write_random_qwen3_vl(path: str | Path, seed: int = 0, config: dict | None = None, fmt: str = "fp8_scaled") -> Path:
-    """Qwen3-VL-8B (models/qwen21_arch.QWEN3_VL_8B_CONFIG; or `config`, with its JSON beside the file) as
+    """Qwen3-VL-8B (arch.QWEN3_VL_8B_CONFIG; or `config`, with its JSON beside the file) as
     ComfyUI's scaled-fp8 text encoder file, or (`fmt` "int8_convrot") as its int8 ConvRot one
     (`qwen3vl_8b_int8_convrot`, what ComfyUI's 2.1 templates download)."""
     from .text_file import comfyui_name, empty_qwen3_vl

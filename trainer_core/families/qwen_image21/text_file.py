@@ -17,7 +17,7 @@ float8/storage.py's frozen path; embedding tables are dequantized either way.
 
 What is loaded: language model and vision tower (a reference image will need it); `lm_head` is replaced by an
 identity, as the pipeline reads hidden states, never logits. Config: the JSON beside the file (a test model), else
-`qwen21_arch.QWEN3_VL_8B_CONFIG` when the shapes are that model's; anything else is refused.
+`arch.QWEN3_VL_8B_CONFIG` when the shapes are that model's; anything else is refused.
 """
 
 from __future__ import annotations
