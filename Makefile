@@ -24,8 +24,8 @@ install: $(STAMP)
 FLOOR_VENV ?= .venv-floor
 FLOOR_PY := $(FLOOR_VENV)/bin/python
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
-FLOOR_TESTS := tests/test_models.py tests/test_single_file.py tests/test_cache.py tests/test_trainer.py \
-	tests/test_lora_files.py tests/test_nodes.py tests/test_device_check.py
+FLOOR_TESTS := tests/engine/test_models.py tests/engine/test_single_file.py tests/engine/test_cache.py tests/engine/test_trainer.py \
+	tests/engine/test_lora_files.py tests/canvas/test_nodes.py tests/runs/test_device_check.py
 
 $(FLOOR_STAMP): requirements.txt requirements-test.txt
 	$(PYTHON) -m venv $(FLOOR_VENV)

@@ -8,31 +8,35 @@ import os
 import sys
 from pathlib import Path
 
-# Tiny models gain nothing from several CPU threads, and on a busy 2-core machine OpenMP's waiting
-# threads make them several times slower (measured: test_loss_falls_on_the_demo_dataset took 218 s with 2
-# threads and 55 s with 1, on 2 cores at a load average of ~8.5). Set before torch is imported; a caller's own
-# setting wins; new processes (test_resume, torchrun) inherit it, and each of `make test`'s two pytest-xdist
-# workers loads this file before torch too, so the two use one core each.
+# The suite's settings for its time on a busy 2-core machine (what each saved, measured: benchmarks/README.md, "The
+# test suite's time"). Set before torch is imported; a caller's own setting wins; new processes inherit them.
+# One OpenMP thread per process: tiny models gain nothing from more, and on a busy machine OpenMP's waiting threads
+# make them several times slower; each of `make test`'s two pytest-xdist workers loads this file, so the two use one
+# core each.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# The tests that run the compiled float8 path on the CPU (Inductor's C++ backend) check our expressions
-# (upcast, scale, bias, dynamic rows, what backward saves, when graphs recompile), not the toolchain. Inductor's
-# first compile in a process picks its SIMD ISA by building and loading a test program for each ISA that
-# /proc/cpuinfo lists (10 builds: 16.7 s of the 38 s test_float8_compiled.py took on a cold cache, as on CI);
-# this takes the cpuinfo list as it is. A compiler that cannot build for such an ISA still fails, loudly, in
-# the kernel's own build. Read when torch._inductor.config is imported; inherited by the tests' new processes.
+# Inductor (the compiled float8 path on the CPU) takes /proc/cpuinfo's SIMD list as it is instead of building a test
+# program per ISA: the tests check our expressions, not the toolchain (a compiler that cannot build for an ISA still
+# fails, loudly, in the kernel's own build).
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
-# Inductor compiles these few small kernels in the test's own process, not in a pool of compile workers (new
-# processes that each import torch): with the other test worker busy, test_float8_compiled.py on a cold cache
-# took 29.0 s instead of 34.4 s, 38.9 s of CPU instead of 46.3 s (one run each, one core kept busy meanwhile).
+# Inductor compiles these few small kernels in the test's own process, not in a pool of new processes.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+# The tests live in rooms by what they test (house rules, engine, planner, families, canvas, runs, robustness, host);
+# this folder holds what they share (this file, graph_runner.py, host_standin.py, int8_files.py, data/). A test may
+# import another room's test module for its helpers and fixtures (`from test_headless import tiny_run_file`), and a
+# family defined in the test tree registers by module name (house/toy_family): every room is on the import path.
+ROOMS = ("house", "engine", "planner", "families", "canvas", "runs", "robustness", "host")
+for _room in ROOMS:
+    if str(TESTS / _room) not in sys.path:
+        sys.path.insert(0, str(TESTS / _room))
 
 # The example workflows by what they are for. Their file names are their titles in ComfyUI's template browser
-# (tools/build_workflows.py writes them; tests/test_workflows.py checks this table against it).
+# (tools/build_workflows.py writes them; tests/canvas/test_workflows.py checks this table against it).
 WORKFLOW_STEMS = {
     "first_run": "1 First run - learn a star on a CPU",
     "main": "2 Qwen-Image LoRA - your images",
@@ -75,28 +79,28 @@ def pytest_configure(config):
     load_engine()
 
 
-# The longest test files (seconds each took in `make test` on a busy 2-core machine, 2026-12-03), run first.
-# pytest-xdist's --dist loadfile gives each worker whole files and, by default, hands out the files with the
-# most tests first: the few long files of one or two tests (a torchrun launch, a new process, Inductor's
-# compiles) came last, and one worker ran the last of them while the other had nothing left. Longest first, the
-# short files fill the end. A file not listed keeps its place in the collection order, after these.
+# The longest test files, run first: pytest-xdist's --dist loadfile gives each worker whole files and by default hands
+# out the files with the most tests first, so the few long files of one or two tests (a torchrun launch, a new
+# process, Inductor's compiles) came last while the other worker had nothing left. Longest first, the short files fill
+# the end (each file's seconds: benchmarks/README.md, "The test suite's time"). A file not listed keeps its place in
+# the collection order, after these.
 LONGEST_FILES = (
-    "test_float8_compiled.py",  # 36-38 s in the suite with Inductor's disk cache cold (CI), 22 s alone; ~7 s warm
-    "test_shapes_model.py",  # 33 s: the training script, the shipped model's pictures, run files
-    "test_distributed.py",  # 30 s alone: two torchrun launches (the second loses a machine)
-    "test_distributed_kill.py",  # 14 s alone: a torchrun launch that loses a process
-    "test_device_check.py",  # 27-31 s: a new process with the whole stack
-    "test_resume.py",  # 21 s: a new process
-    "test_bad_disk.py",  # 21-29 s: a new process, killed writers
-    "test_trainer.py",  # 18 s
-    "test_nodes.py",  # 13 s
-    "test_bad_inputs.py",  # 12 s
-    "test_memory.py",  # 11 s
-    "test_headless.py",  # 11 s
-    "test_optimizers.py",  # 10 s
-    "test_modulation_ahead.py",  # 10 s
-    "test_runs.py",  # 9 s
-    "test_phases.py",  # 8 s
+    "test_float8_compiled.py",
+    "test_shapes_model.py",
+    "test_distributed.py",
+    "test_distributed_kill.py",
+    "test_device_check.py",
+    "test_resume.py",
+    "test_bad_disk.py",
+    "test_trainer.py",
+    "test_nodes.py",
+    "test_bad_inputs.py",
+    "test_memory.py",
+    "test_headless.py",
+    "test_optimizers.py",
+    "test_modulation_ahead.py",
+    "test_runs.py",
+    "test_phases.py",
 )
 
 

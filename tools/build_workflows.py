@@ -1,6 +1,6 @@
 """Writes workflows/*.json (UI format for the canvas, API format for POST /prompt) from one graph.
 
-Run after changing a node's inputs: `python tools/build_workflows.py`. tests/test_workflows.py checks
+Run after changing a node's inputs: `python tools/build_workflows.py`. tests/canvas/test_workflows.py checks
 every file against the node definitions, that no two nodes overlap and that each stage's group holds
 its nodes.
 

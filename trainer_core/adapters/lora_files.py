@@ -25,7 +25,7 @@ no prefix), the MLP's gate and up LoRAs kept on their own names. ComfyUI's 2.1 m
 as `img_mlp.gate_up` when its file does (and split when its file is split), and its LoRA key map (comfy/lora.py,
 the QwenImage branch) maps the bare `gate_layer` / `proj` names onto the fused weight's row halves, and onto the
 split weights themselves; a `diffusion_model.` name only reaches the weights the model actually holds. So the bare
-split names are the one set every ComfyUI 2.1 model matches (tests/test_qwen_image21_comfy_keys.py), and diffusers'
+split names are the one set every ComfyUI 2.1 model matches (tests/families/test_qwen_image21_comfy_keys.py), and diffusers'
 Qwen loader reads them too (bare keys with `.alpha`).
 
 Read (`read_lora_file`): those three, bare `<module>.lora_A/B` (peft), `transformer.` with `.alpha`, and

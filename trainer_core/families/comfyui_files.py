@@ -2,7 +2,7 @@
 `comfyui-workflow-templates-json` 0.1.123, `templates/*.json`: the loader nodes' file names and their
 `properties.models` download addresses), plus the other formats of the same models Comfy-Org publishes.
 
-`tests/test_comfyui_files.py` reads the templates package itself: a Qwen-Image file a new template names and this
+`tests/families/test_comfyui_files.py` reads the templates package itself: a Qwen-Image file a new template names and this
 table does not know fails it, so the table follows ComfyUI. Pure data (no torch): the workflow builder, the Load
 nodes' help and the planner's advice read it.
 """

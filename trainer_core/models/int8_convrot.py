@@ -20,7 +20,7 @@ q to their dtype, exact for |q| <= 128, multiply, scale the output rows; backwar
 Why ours and not comfy-kitchen's at run time: the compute is our own autograd function (comfy-kitchen's
 `int8_linear` is forward-only, and quantises the activations too), loading needs only the dequantisation's three
 lines, and importing comfy-kitchen costs seconds and a 56 MB wheel for a headless user. The tests hold every function
-here against comfy-kitchen's eager backend, bit for bit, on files its own quantiser wrote (tests/test_int8_files.py).
+here against comfy-kitchen's eager backend, bit for bit, on files its own quantiser wrote (tests/engine/test_int8_files.py).
 """
 
 from __future__ import annotations

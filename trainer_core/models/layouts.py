@@ -18,7 +18,7 @@ Facts from ComfyUI 0.3.64 (read, not copied):
   ("int8_tensorwise", ConvRot-rotated or not: int8_convrot.py, whose `weight_scale` is one scale per row) are
   read here; the others (nvfp4, mxfp8, the 4-bit w4a8 and w4a4 formats, block-scaled float8) are refused by name,
   naming the file of the same model to choose instead.
-- What ComfyUI's own save nodes write (tests/test_host_files.py, 0.3.64 and 0.33.0): ModelSave and
+- What ComfyUI's own save nodes write (tests/host/test_host_files.py, 0.3.64 and 0.33.0): ModelSave and
   CheckpointSave put the transformer under `model.diffusion_model.`; a checkpoint holds the encoder
   under `text_encoders.qwen25_7b.transformer.` and the VAE under `vae.`; CLIPSave writes the encoder
   under `qwen25_7b.transformer.`, VAESave the VAE bare. With `weight_dtype fp8_e4m3fn` every transformer

@@ -11,7 +11,7 @@ The expressions below are the transformer's own for `temb` (its forward: `timest
 Qwen-Image-Edit-2511 (`zero_cond_t`) the timesteps followed by zeros for the control tokens, then
 `time_text_embed`; the text stream takes the first half), run with the same shapes, so the values are the
 forward's bit for bit; the runner compares them with the forward's own inputs on the CPU, and
-`tests/test_modulation_ahead.py` checks both kinds of model.
+`tests/engine/test_modulation_ahead.py` checks both kinds of model.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the memory planner; a second spelling can drift from the first silently (a kohya
 maps, a planner term for a module the trainer does not adapt). Everything else imports them from here.
 
 Pure data: no torch, no diffusers. `config.py` (the bottom of the engine) takes its preset choices from
-here, and importing it must stay cheap. `tests/test_qwen_arch.py` checks the names and constants against
+here, and importing it must stay cheap. `tests/engine/test_qwen_arch.py` checks the names and constants against
 diffusers' `QwenImageTransformer2DModel` and `AutoencoderKLQwenImage`, so a diffusers release that
 renames a module fails a test instead of training the wrong layers.
 

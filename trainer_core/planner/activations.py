@@ -3,7 +3,7 @@
 `block_saved_bytes` lists, tensor by tensor, what autograd keeps for the backward of one
 `QwenImageTransformerBlock` (diffusers 0.42) with a peft LoRA (0.21) on some of its Linears and the frozen
 Linears computed by `FrozenLinearFunction` (which saves nothing) or, for a weight already in the activations'
-dtype, by plain `F.linear` (which saves a reference to the weight: no bytes of its own). It is exact: `tests/test_memory.py`
+dtype, by plain `F.linear` (which saves a reference to the weight: no bytes of its own). It is exact: `tests/planner/test_memory.py`
 compares it with `devtools.memprobe.SavedTensors` on real blocks, byte for byte. It assumes the block's
 inputs require grad (true for every block but the first, whose inputs come from frozen embedders), so it
 is an upper bound for block 0 by one LayerNorm input per stream.

@@ -194,7 +194,7 @@ def vae_tiled_decode_bytes(parts: PartSizes, width: int, height: int, element_by
                            stride: int = VAE_TILE_STRIDE) -> int:
     """The tiled decode's peak: one tile's decode, every decoded tile kept until the blend, the blended rows and the
     image (`vae_image_channels` each). Measured against `LiveBytes` on the real VAE's structure: 1-7% over the peak
-    (tests/test_previews_fit.py)."""
+    (tests/planner/test_previews_fit.py)."""
     if width <= tile and height <= tile:
         return vae_decode_bytes(parts, width, height, element_bytes)
     one = vae_decode_bytes(parts, min(width, tile), min(height, tile), element_bytes)

@@ -1,7 +1,7 @@
 """Bytes of optimizer state for the LoRA's tensors, per optimizer, as each library allocates it.
 
 Each figure is held exactly to the bytes measured on the built optimizer (`optim.optimizer_state_bytes`)
-by tests/test_optimizers.py and tests/test_memory.py. `shapes` are the LoRA tensors' (rows, columns): A is
+by tests/engine/test_optimizers.py and tests/planner/test_memory.py. `shapes` are the LoRA tensors' (rows, columns): A is
 (rank, in), B (out, rank); `param_bytes` the LoRA dtype's bytes per value.
 """
 

@@ -276,7 +276,7 @@ def _outside_activation_bytes(arch: QwenImageArch, p: PlanInputs, n_img: int, ac
     at the block (image + text, B x N x D) and the image tokens' RoPE factors (complex64).
 
     The final layer's and the loss's own activations are freed before the first block's backward starts,
-    so they never add to the block peak (measured: the whole-model check in tests/test_memory.py).
+    so they never add to the block peak (measured: the whole-model check in tests/planner/test_memory.py).
     """
     grads_in = p.batch * (n_img + p.text_tokens) * arch.dim * act
     # 2.1's RoPE factors cover the joint sequence once (its samples share a layout)

@@ -13,7 +13,7 @@ those stay alive through the language model's forward after it (the model's loca
 copy of the merged outputs each (`torch.cat(...).to(...)`); the pixels' cast is freed by then. The tower's own
 peak is in its last block: what is kept by then + that block's transients, measured
 (VISION_BLOCK_WORKING_PER_PATCH_CHANNEL); its attention runs per image, no N x N matrix (SDPA), so every term is
-linear in N. The prompt's embeddings exist already while it runs (caching.py adds them). tests/test_qwen_image21_plan.py checks the tower's peak and
+linear in N. The prompt's embeddings exist already while it runs (caching.py adds them). tests/families/test_qwen_image21_plan.py checks the tower's peak and
 the whole prompt encoding with a reference against `memprobe.LiveBytes` on real-width layers.
 
     with_references(inputs, count, resolution)   the CLI's inputs with `count` square references (rows, sizes)
@@ -33,7 +33,7 @@ VISION_BLOCK_WORKING_PER_PATCH_CHANNEL = 36.556
 # The same for Qwen-Image-Edit's Qwen2.5-VL-7B tower (1280 wide, 16 heads of 80, MLP 3420, patch 14; window
 # attention, full in blocks 7/15/23/31), on the control images the text encoder sees: 41618.1 B per patch with
 # `LiveBytes` at the real width, the same at 392² to 784² px and with a window or a full-attention block (per-window /
-# per-image SDPA: nothing quadratic). Its hidden states are recorded as Qwen3-VL's are (tests/test_qwen_image_edit_plan.py).
+# per-image SDPA: nothing quadratic). Its hidden states are recorded as Qwen3-VL's are (tests/families/test_qwen_image_edit_plan.py).
 QWEN25_VISION_BLOCK_WORKING_PER_PATCH_CHANNEL = 32.514
 # Template tokens a reference adds around its vision tokens ("<imageN><|vision_start|>...<|vision_end|>"): assumed,
 # rounded up (the published tokenizer is not here).

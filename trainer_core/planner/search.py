@@ -54,7 +54,7 @@ def _fewest_swapped(inputs: PlanInputs, budget: int, arch: QwenImageArch,
     The peak need not fall with the swap count while the GPU ring grows with it (k = 1 .. ring depth: each new
     slot takes a block's whole blob, about what the block swapped out freed, and can take a little more), so
     those counts are tried one by one; past the ring depth a further swapped block only leaves the GPU, so the
-    peak falls with k and a bisection finds the smallest count that fits (tests/test_memory.py checks it against
+    peak falls with k and a bisection finds the smallest count that fits (tests/planner/test_memory.py checks it against
     trying every count)."""
     def plan_at(k: int) -> tuple[bool, MemoryPlan]:
         plan = plan_memory(dataclasses.replace(inputs, blocks_to_swap=k), arch)

@@ -15,7 +15,7 @@ the blocks is frozen and gets no LoRA), so autograd saves only what the gradient
     the prompt segment's causal mask                      L^2 a (torch's SDPA turns the boolean mask additive)
     SwiGLU: the gate's output, its SiLU, the up output    3 rows F a
     LoRA: q/k/v on one input, out, gate/up on one input, down on the F-wide product
-Exact against `devtools.memprobe.probe_block21` (SavedTensors) on real 2.1 blocks: tests/test_qwen_image21_plan.py.
+Exact against `devtools.memprobe.probe_block21` (SavedTensors) on real 2.1 blocks: tests/families/test_qwen_image21_plan.py.
 
 Working memory (the recompute's transients and the backward's gradients on top of what is saved) and the
 preview forward's are measured, per joint row and unit of F, by `tools/calibrate_qwen21.py`.

@@ -5,7 +5,7 @@
 
 Three parts, each checkable on its own:
 - `schedule`: the order of copies, waits and block computes a step issues, from the ring policy the swapper
-  runs (`streaming.placement.Ring`). `tests/test_timeline.py` records a real step of a tiny model through
+  runs (`streaming.placement.Ring`). `tests/planner/test_timeline.py` records a real step of a tiny model through
   `streaming.runner.BlockRunner` and finds the same events, byte for byte.
 - `block_work`: what one block costs in each pass, from the architecture: matmul FLOPs (tensor cores in the
   compute dtype, or fp32 for a LoRA computed in fp32, or float8 tensor cores for the frozen Linears with

@@ -10,7 +10,7 @@ from ..models.qwen_arch import IMG_STREAM, MODULATION_LINEARS
 
 # Weight-sized transients of one frozen Linear call per storage, in weights of the compute dtype: the upcast copy, and
 # for float8_scaled the scaled product (models/float8/storage.py `FrozenLinearFunction`). int8 ConvRot: the upcast
-# copy; its rotated input is not alive at the training step's peak (tests/test_int8_files.py measures the whole step:
+# copy; its rotated input is not alive at the training step's peak (tests/engine/test_int8_files.py measures the whole step:
 # within 2% of float8's), so only a preview's forward counts it (phases.py, `rotation_input_bytes`).
 UPCAST_COPIES = {"float8": 1, "float8_scaled": 2, "int8": 1, "bfloat16": 0}
 

@@ -14,7 +14,7 @@ from .cli_args import blocks_to_swap_arg, check_writable_folder, config_arg, exi
 # The demo's models: the shipped shapes model (the default: it learns a visible star), or a registered family's tiny
 # model (with --transformer: its files), by name or alias (edit-auto: the Load Edit node's model read from the files,
 # its Edit variant from the transformer file). The shipped small pretrained model: models/pretrained.NAME, spelled out
-# here because this module imports no torch (tests/test_shapes_model.py checks the two agree).
+# here because this module imports no torch (tests/runs/test_shapes_model.py checks the two agree).
 SHAPES_MODEL = "qwen-image-shapes"
 
 

@@ -11,7 +11,7 @@ The stacks are the ones transformers' Qwen2.5-VL and Qwen3-VL share: `model.lang
 depth (`placement.default_placement`), so the resident layers between them hide the copies on a GPU. Everything else
 (embeddings, norms, biases, the rotary tables, the vision tower's patch embedding and merger, every resident layer) is
 moved to the device. The values are the same wherever a weight comes from: an encoder streamed on the CPU encodes,
-bit for bit, what it encodes resident (tests/test_encoder_streaming.py).
+bit for bit, what it encodes resident (tests/engine/test_encoder_streaming.py).
 
 Host memory: a streamed Linear's weight is read from the file into host memory (the loaders' `device_for`), then
 packed into the swapper's arena (pinned on CUDA) one tensor at a time, the original freed before the next: the host

@@ -14,7 +14,7 @@ model count both (planner/).
 
 Both predictions take the sample's own conditions (the family's `conditions` hook: Edit's control images, appended
 after the target's tokens), and its class caption was encoded beside them (the family's `text_key`), so a family
-with conditions needs nothing of its own here (tests/test_edit_prior.py checks Edit against its pipelines' pieces).
+with conditions needs nothing of its own here (tests/families/test_edit_prior.py checks Edit against its pipelines' pieces).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ ComfyUI's 2.1 text encoder (comfy/text_encoders/qwen_image21.py, Comfy-Org/Comfy
     input_layernorm,post_attention_layernorm}, model.norm, model.lm_head, visual.{patch_embed,pos_embed,
     blocks.<i>,merger,deepstack_merger_list.<i>}.*
 (recorded from ComfyUI 0.33.0's identical qwen3vl.py in tests/data/comfy_qwen3vl_8b_keys.json by
-tests/comfy_qwen3vl_probe.py). transformers' `Qwen3VLForConditionalGeneration` names the same tensors
+tests/host/comfy_qwen3vl_probe.py). transformers' `Qwen3VLForConditionalGeneration` names the same tensors
 `model.language_model.*`, `model.visual.*` and `lm_head`; ComfyUI reads files in either layout (it replaces those
 prefixes), and so do we. bf16/fp16/fp32 files, per-tensor float8 (ComfyUI's `scale_weight`, or 0.33+'s
 `weight_scale` layers: `layouts.split_scaled_fp8`) and ComfyUI's int8 layers (`qwen3vl_8b_int8_convrot`, the file

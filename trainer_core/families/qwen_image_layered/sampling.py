@@ -6,7 +6,7 @@ the preview size asked for (the composite's aspect ratio kept by the pipeline's 
 its resizing and preprocessing of the RGBA composite, `prepare_latents` (the noise for F = layers + 1
 frames and the composite's condition latents), `img_shapes`, sigmas and mu (`retrieve_timesteps`),
 `additional_t_cond`, true CFG, `scheduler.step`, `_unpack_latents` and the VAE decoding of every frame but the
-composite's. tests/test_layered_previews.py checks it equals the pipeline's `__call__` image for image.
+composite's. tests/families/test_layered_previews.py checks it equals the pipeline's `__call__` image for image.
 
 Prompts are the cached embeddings: Layered's prompts do not see the image, so a composite given on the
 canvas needs no text encoder. The number of layers is the preview sample's (the first training sample), or

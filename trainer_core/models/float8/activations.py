@@ -13,7 +13,7 @@ in bfloat16 and a stored weight W8 (N, K) float8_e4m3fn, with M = x.numel() / K 
 
 with q = round to float8_e4m3fn and sw the weight's scale: float8_scaled's per-output-row scales (1, N), or
 1 for plain float8. So y = (q(x / sx) sx) (W8 sw)^T + b, accumulated in fp32 and rounded once to bf16
-(`tests/test_float8_activations.py` checks exactly this). W8^T is a view of the row-major stored weight:
+(`tests/engine/test_float8_activations.py` checks exactly this). W8^T is a view of the row-major stored weight:
 the column-major second operand `_scaled_mm` wants, with no copy.
 
 Why rowwise where the device has it: a token with large activations sets only its own scale, so the other

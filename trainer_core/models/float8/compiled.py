@@ -17,7 +17,7 @@ What is compiled, and why not more (each found when this path first ran, on the 
   `torch.utils.checkpoint` refused it (a different number of saved tensors). Lost: the fusion of the block's
   elementwise work, which is not what this path is for.
 - Not the forward alone, differentiated by AOTAutograd: its partitioner saved the bf16 upcast of every weight
-  for backward (what `tests/test_float8_compiled.py` now checks against the eager path's saved bytes).
+  for backward (what `tests/engine/test_float8_compiled.py` now checks against the eager path's saved bytes).
 - Rows dynamic (`_as_rows`): with static shapes every new caption length compiled the text stream's Linears
   again, step after step.
 So a model compiles one forward graph per weight shape and one backward graph per weight shape that passes a
@@ -26,7 +26,7 @@ training step, whatever its depth, buckets and caption lengths; none after.
 
 Status: ran on the CPU only (Inductor's C++ backend, torch 2.13, opt-in: `available(device, allow_cpu=True)`).
 There, fp32 block outputs, losses and LoRA gradients equal the eager path's bit for bit, with and without
-streaming and checkpointing (`tests/test_float8_compiled.py`); two real-width blocks train a step in 0.76x
+streaming and checkpointing (`tests/engine/test_float8_compiled.py`); two real-width blocks train a step in 0.76x
 the eager time (Inductor's vectorised float8 conversion beats `Tensor.to`; the matmul is the same), after ~6 s
 of compiling per process with Inductor's disk cache warm, ~22 s cold (`benchmarks/compiled_float8_cpu.py`,
 figures in benchmarks/README.md). NOT run on CUDA (the
