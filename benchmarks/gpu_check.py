@@ -154,7 +154,7 @@ def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, se
     from trainer_core.core.config import DatasetConfig, LoraConfig, OptimizerConfig, TrainConfig
     from trainer_core.data.images import discover
     from trainer_core.devtools.memprobe import LiveBytes
-    from trainer_core.adapters.lora_files import read_lora_file
+    from trainer_core.adapters.lora_reading import read_lora_file
     from trainer_core.planner import (arch_for_components, auto_blocks_to_swap, inputs_for_run, plan_memory, plan_phases,
                                       resolve_text_encoder_fp8)
     from trainer_core.planner.inference import parts_for_components

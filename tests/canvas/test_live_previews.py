@@ -191,13 +191,13 @@ def test_lora_snapshots_every_n_steps_into_the_loras_folder_load(pack, tmp_path,
                      f"{run_name}_000005.safetensors"]
     assert f"LoRA snapshots (2): {run_name}_000002.safetensors, {run_name}_000004.safetensors" in report
 
-    lora_files = pack_module(pack, "trainer_core.adapters.lora_files")
+    lora_reading = pack_module(pack, "trainer_core.adapters.lora_reading")
     base_keys = {k.replace(".base_layer", "") for k in trainer.components.transformer.state_dict() if ".lora_" not in k}
     for step in (2, 4):
         path = loras / f"{run_name}_{step:06d}.safetensors"
         # ComfyUI's LoRA loaders match every key; our reader loads it; its metadata says the step.
         assert unmatched_keys(load_file(str(path)).keys(), comfy_key_map(base_keys)) == []
-        read = lora_files.read_lora_file(path)
+        read = lora_reading.read_lora_file(path)
         assert read.steps == step and read.rank == trainer.lora_cfg.rank
         with safe_open(str(path), "pt") as f:
             assert f.metadata()["qwen_lora.run_name"] == run_name

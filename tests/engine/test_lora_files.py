@@ -10,7 +10,8 @@ from test_lora_format import forward_inputs
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import UserInputError
 from trainer_core.adapters.lora import adapter_weights
-from trainer_core.adapters.lora_files import LORA_LAYOUTS, read_lora_file
+from trainer_core.adapters.lora_files import LORA_LAYOUTS
+from trainer_core.adapters.lora_reading import read_lora_file
 from trainer_core.families.qwen_image import build_tiny_components
 from trainer_core.training import Trainer
 

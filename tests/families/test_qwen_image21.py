@@ -238,7 +238,8 @@ def test_comfyui_layout_reads_back_and_a_fused_gate_up_file_reads_as_the_two_hal
     from safetensors.torch import save_file
 
     from trainer_core.adapters.lora import adapter_weights
-    from trainer_core.adapters.lora_files import lora_file_tensors, read_lora_file
+    from trainer_core.adapters.lora_files import lora_file_tensors
+    from trainer_core.adapters.lora_reading import read_lora_file
 
     trained = adapter_weights(with_lora.transformer)
     tensors = lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout="comfyui")

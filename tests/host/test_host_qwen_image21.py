@@ -148,7 +148,7 @@ def our_forward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torc
 def with_lora(model: torch.nn.Module, path: Path) -> torch.nn.Module:
     """`model` with the LoRA file read back by our reader and put into a freshly injected adapter."""
     from trainer_core.adapters.lora import inject_lora
-    from trainer_core.adapters.lora_files import load_into_adapter, read_lora_file
+    from trainer_core.adapters.lora_reading import load_into_adapter, read_lora_file
     from trainer_core.core.config import LoraConfig
 
     lora = read_lora_file(path, model=model)

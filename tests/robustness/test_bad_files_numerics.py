@@ -19,7 +19,7 @@ from trainer_core.training import checkpoint as ckpt
 from trainer_core.runs import registry as runs
 from trainer_core.core.config import LoraConfig, OptimizerConfig, TrainConfig
 from trainer_core.core.errors import TrainingStopped, UserInputError
-from trainer_core.adapters.lora_files import read_lora_file
+from trainer_core.adapters.lora_reading import read_lora_file
 from trainer_core.families.qwen_image import build_tiny_components, load_diffusers_dir, load_single_files
 from trainer_core.models import save_diffusers_dir
 from trainer_core.training import Trainer

@@ -20,7 +20,8 @@ import torch
 
 from ..adapters.lora import (compute_in_input_dtype, inject_lora, matching_preset, remove_lora,
                              target_module_names)
-from ..adapters.lora_files import LoraFile, check_targets, load_into_adapter, read_lora_file
+from ..adapters.lora_files import LoraFile
+from ..adapters.lora_reading import check_targets, load_into_adapter, read_lora_file
 from ..core.config import NO_LORA, LoraConfig, OptimizerConfig, TrainConfig
 from ..core.errors import UserInputError
 from ..core.finite import all_finite
