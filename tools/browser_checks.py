@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
-from screenshots import ensure_playwright, free_port, shrink_png, wait_ready  # noqa: E402
+from screenshots import ensure_playwright, free_port, shrink_png, stop, wait_ready  # noqa: E402
 
 PACK = "qwen_image_lora_trainer"
 
@@ -102,15 +102,7 @@ def main(argv=None) -> int:
             print("FAILED:", f, file=sys.stderr)
         return 1 if failed else 0
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        if args.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        stop(server, tmp, args.keep)
 
 
 if __name__ == "__main__":

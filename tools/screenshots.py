@@ -205,15 +205,20 @@ def main(argv=None) -> int:
                   f"{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)
         return rc
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        if args.keep:
-            print(f"kept {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        stop(server, tmp, args.keep)
+
+
+def stop(server: subprocess.Popen, tmp: Path, keep: bool) -> None:
+    """Stop the ComfyUI server and remove its temporary base directory (unless `keep`)."""
+    server.terminate()
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    if keep:
+        print(f"kept {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

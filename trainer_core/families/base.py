@@ -34,6 +34,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
 from ..core.errors import UserInputError
 from ..data.cache import latent_key
 from ..data.images import IMAGES, load_dataset
@@ -42,6 +44,7 @@ from ..models.scheduler import resolution_mu
 from ..planner.arch import QwenImageArch, real_arch
 from ..planner.inference import PartSizes, real_parts
 from .registry import family_names, get_family
+from .sampling import prompt_embedding
 
 # write(tensors, kind, key, what): the shared cache builder's atomic write of one entry
 # (kind "latents" or "text"; `what` names the input in an error).
@@ -246,13 +249,20 @@ class ModelFamily:
     def preview_inputs(self, components, dataset, prompts: list[str], condition_images: list | None
                        ) -> tuple[Any, dict[str, Any]]:
         """(the conditions a preview samples with, {prompt: (L, D) embedding} for each of `prompts`).
-        `condition_images`: PIL images given now (the canvas), or None for the family's default."""
-        raise NotImplementedError
+        `condition_images`: PIL images given now (the canvas), or None for the family's default. Text-to-image: no
+        conditions, the cached embeddings; images given are refused."""
+        if condition_images:
+            raise UserInputError(f"control images were connected to Preview, but the model is {self.display_name}, "
+                                 "a text-to-image model: disconnect them, or train a Qwen-Image-Edit model.")
+        return None, {p: prompt_embedding(dataset, p) for p in dict.fromkeys(prompts)}
 
     def preview_pipeline(self, components, conditions: Any):
         """The pinned diffusers pipeline that samples a preview around our transformer and VAE, taking
-        prompt embeddings (no text encoder) and `conditions` from `preview_inputs`."""
-        raise NotImplementedError
+        prompt embeddings (no text encoder) and `conditions` from `preview_inputs`. Text-to-image: diffusers'
+        `QwenImagePipeline`."""
+        return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_config(components.scheduler_config),
+                                 vae=components.vae, text_encoder=None, tokenizer=None,
+                                 transformer=components.transformer)
 
     def preview_image(self, pipe, conditions: Any, call: dict[str, Any]):
         """One PIL image from `pipe` (`preview_pipeline`'s) called with the shared sampler's arguments `call`

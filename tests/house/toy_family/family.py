@@ -1,6 +1,7 @@
 """The toy family's hooks (families/base.py): a text-to-image member with its own data convention, cache keys,
-tiny model and demo. Everything else (the training step, the memory plan's transformer terms, LoRA files) the engine
-takes from the defaults and from its transformer's architecture (Qwen-Image's MMDiT, declared by models/qwen_arch)."""
+tiny model, real size for the plan and demo. Everything else (the training step, the previews' text-to-image
+pipeline, the memory plan's transformer terms, LoRA files) the engine takes from the defaults and from its
+transformer's architecture (Qwen-Image's MMDiT, declared by models/qwen_arch)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ import json
 from pathlib import Path
 
 import torch
-from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel
+from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
 from PIL import Image
 
 from trainer_core.core.config import DatasetConfig
 from trainer_core.data.cache import CACHE_VERSION
 from trainer_core.families.base import CacheConditioning, DemoSpec, ModelFamily
-from trainer_core.families.sampling import prompt_embedding
 from trainer_core.models.components import QwenImageComponents
 from trainer_core.models.float8 import store_block_linears
 from trainer_core.models.scheduler import QWEN_IMAGE_SCHEDULER_CONFIG
@@ -68,14 +68,6 @@ class ToyCaptions(ModelFamily):
     def cache_conditioning(self, components, samples, settings):
         self.check_samples(samples)
         return ToyConditioning(components)
-
-    def preview_inputs(self, components, dataset, prompts, condition_images):
-        return None, {p: prompt_embedding(dataset, p) for p in dict.fromkeys(prompts)}
-
-    def preview_pipeline(self, components, conditions):
-        return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_config(components.scheduler_config),
-                                 vae=components.vae, text_encoder=None, tokenizer=None,
-                                 transformer=components.transformer)
 
     def tiny_components(self, seed=0, storage="float32", compute_dtype=None, device="cpu"):
         dtype = compute_dtype or torch.float32

@@ -12,9 +12,7 @@ from __future__ import annotations
 import hashlib
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
-from ...core.errors import UserInputError
 from ...data import cache
 from ...data.demo_shapes import PREVIEW_PROMPT, demo_samples
 from ...models.diffusers_dir import save_diffusers_dir
@@ -22,7 +20,6 @@ from ...models.part_files import check_layout, export_comfyui_files
 from ...models.text import encode_prompts, pipeline_prompt_constants
 from ...models.tiny import build_tiny_components
 from ..base import IMAGES, CacheConditioning, DemoSpec, ModelFamily
-from ..sampling import prompt_embedding
 
 # What export-tiny names the tiny model's files by (qwen_image_<stem>_bf16.safetensors): Qwen-Image-2512 has Qwen-Image's
 # architecture and tensor names, new weights only, so its files differ by their names (ComfyUI's 0.33.0 template's).
@@ -64,17 +61,6 @@ class QwenImage(ModelFamily):
     def cache_conditioning(self, components, samples, settings) -> CacheConditioning:
         self.check_samples(samples)
         return PromptsOnly(components)
-
-    def preview_inputs(self, components, dataset, prompts, condition_images):
-        if condition_images:
-            raise UserInputError("control images were connected to Preview, but the model is a text-to-image "
-                                 "Qwen-Image: disconnect them, or train a Qwen-Image-Edit model.")
-        return None, {p: prompt_embedding(dataset, p) for p in dict.fromkeys(prompts)}
-
-    def preview_pipeline(self, components, conditions):
-        return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_config(components.scheduler_config),
-                                 vae=components.vae, text_encoder=None, tokenizer=None,
-                                 transformer=components.transformer)
 
     def tiny_components(self, seed=0, storage="float32", compute_dtype=None, device="cpu"):
         return build_tiny_components(seed, storage, compute_dtype or torch.float32, device, family=self)
