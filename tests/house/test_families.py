@@ -6,6 +6,8 @@ Read from the source with `ast` (as test_layout.py), so nothing is imported or b
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import REPO
@@ -211,3 +213,49 @@ def test_no_node_decides_what_a_family_decides():
                     and "Family" in ast.unparse(node.args[1]) + ast.unparse(node.args[0])):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno} {ast.unparse(node)}")
     assert not found, found
+
+
+def test_where_diffusers_predates_qwen_image_21_the_others_load_and_21_is_refused_by_name(tiny_files, tmp_path):
+    """The registry imports every family package; requirements.txt's floor (diffusers 0.37) has no 2.1 classes, so the
+    2.1 package names them only where it uses them, and a 2.1 file is refused saying which diffusers it needs. Checked
+    in a fresh process whose diffusers hides every 2.1 name."""
+    from trainer_core.families import get_family
+
+    files21 = get_family("qwen-image-2.1").export_tiny(tmp_path / "tiny21", layout="comfyui")
+    script = f"""
+import diffusers
+lazy = type(diffusers)
+found = lazy.__getattr__
+def hidden(module, name):
+    if "QwenImage21" in name or "qwenimage21" in name:
+        raise AttributeError(name)
+    return found(module, name)
+lazy.__getattr__ = hidden
+
+from trainer_core.core.errors import UserInputError
+from trainer_core.families.loading import LoadRequest, load_model_set
+from trainer_core.families.registry import family_names, get_family, packages
+from trainer_core.models.source import FILES
+
+packages()
+print(sorted(get_family(n).name for n in family_names()))
+get_family("qwen-image").planned_arch()
+components = load_model_set(LoadRequest(source=FILES, device="cpu", storage="bfloat16",
+                                        transformer={str(tiny_files["transformer_bf16"])!r},
+                                        text_encoder={str(tiny_files["text_encoder_bf16"])!r},
+                                        vae={str(tiny_files["vae"])!r}, tokenizer={str(tiny_files["tokenizer"])!r}))
+print("loaded", components.family.name)
+try:
+    load_model_set(LoadRequest(source=FILES, device="cpu", transformer={str(files21["transformer_bf16"])!r},
+                               text_encoder={str(files21["text_encoder"])!r}, vae={str(files21["vae"])!r},
+                               diffusers_folder={str(files21["diffusers_folder"])!r}))
+except UserInputError as e:
+    print("refused:", e)
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "qwen-image-2.1" in done.stdout
+    assert "loaded qwen-image\n" in done.stdout
+    refusal = done.stdout.split("refused: ", 1)[1]
+    assert "is Qwen-Image 2.1, which needs diffusers 0.42.1 or newer" in refusal
+    assert str(files21["transformer_bf16"]) in refusal

@@ -26,9 +26,10 @@ from ..base import CacheConditioning, DemoSpec, ModelFamily, conditioned_image_s
 from .conditioning import NAME, Conditioning21
 from .export import export_tiny_qwen_image21
 from .objective import transformer_kwargs
-from .plan import real_arch21, real_parts21
 from .sampling import preview_inputs, preview_pipeline
-from .tiny import build_tiny_qwen_image21_set
+
+# plan.py and tiny.py name diffusers' 2.1 classes (0.42 and later), imported where they are used: the registry imports
+# every family package, and the pack's other families run on diffusers 0.37 (requirements.txt's floor).
 
 
 class QwenImage21(ModelFamily):
@@ -86,9 +87,11 @@ class QwenImage21(ModelFamily):
         return conditioned_image_size(dataset)  # reference tokens lengthen the image sequence as target tokens do
 
     def planned_arch(self):
+        from .plan import real_arch21
         return real_arch21()
 
     def planned_parts(self, text_encoder_file=True):
+        from .plan import real_parts21
         return real_parts21(lm_head=not text_encoder_file)  # ComfyUI's file drops the head (text_file.py)
 
     # previews
@@ -107,6 +110,7 @@ class QwenImage21(ModelFamily):
     # built-ins
 
     def tiny_components(self, seed=0, storage="float32", compute_dtype=None, device="cpu"):
+        from .tiny import build_tiny_qwen_image21_set
         return build_tiny_qwen_image21_set(self, seed=seed, storage=storage,
                                            compute_dtype=compute_dtype or torch.float32, device=device)
 

@@ -42,6 +42,17 @@ def is_qwen_image21_folder(folder) -> bool:
             or _class_name(root / "model_index.json") == PIPELINE_CLASS)
 
 
+def _require_diffusers_with_21(model) -> None:
+    """Qwen-Image 2.1's classes came with diffusers 0.42; the pack's other families run on older ones."""
+    import diffusers
+
+    if not hasattr(diffusers, TRANSFORMER_CLASS):
+        raise UserInputError(
+            f"{model} is Qwen-Image 2.1, which needs diffusers 0.42.1 or newer; this Python has diffusers "
+            f"{diffusers.__version__}. Run pip install -U \"diffusers>=0.42.1\" in ComfyUI's Python and restart "
+            f"ComfyUI (or choose a Qwen-Image model).")
+
+
 def load(request):
     """The 2.1 model set a Load request names (its transformer file, or its diffusers folder), or None when it names
     another model. With a 2.1 transformer file, `request.text_encoder` (or None: the folder's) is ComfyUI's Qwen3-VL
@@ -50,13 +61,16 @@ def load(request):
     with 2.1's parts (`planner.resolve_text_encoder_fp8`). A Load Edit request loads the same model set (it edits when
     its dataset has reference images) and must leave the Edit variant on auto: 2.1 has none."""
     from ...models.source import DIFFUSERS, FILES
-    from ...planner.device import resolve_text_encoder_fp8
-    from .folder import load_qwen_image21_folder
-    from .plan import real_parts21
 
     files = request.source == FILES and is_qwen_image21_file(request.transformer)
     if not files and not (request.source == DIFFUSERS and is_qwen_image21_folder(request.diffusers_folder)):
         return None
+    _require_diffusers_with_21(request.transformer if files else request.diffusers_folder)
+    # Only now: these modules name diffusers' 2.1 classes, which requirements.txt's floor (0.37) lacks.
+    from ...planner.device import resolve_text_encoder_fp8
+    from .folder import load_qwen_image21_folder
+    from .plan import real_parts21
+
     if request.edit and request.edit_variant not in (AUTO, "edit-auto"):
         raise UserInputError(f"edit_variant is {request.edit_variant!r}, but the model is Qwen-Image 2.1, which has no "
                              "Edit variants (it edits when its dataset has reference images): set it to auto (in a "
