@@ -184,11 +184,11 @@ def test_more_swapping_means_less_gpu_and_more_host_ram():
     for k in (1, 2):
         assert plans[k].term("frozen block Linears") + plans[k].term("swap slots") == plans[0].term("frozen block Linears")
     assert all(a > b for a, b in zip(gpu[2:], gpu[3:]))
-    # Host RAM grows by whole power-of-two chunks of the pinned arena, each holding whole block blobs of 324 MiB
-    # (streaming.arena.blob_chunks), so neighbouring counts may need the same; the chunks' unused room stays under 1 GiB
-    # (pinning tensor by tensor would round 29 blocks up by 5.3 GiB).
+    # Host RAM grows by whole power-of-two chunks of the pinned arena, each holding up to three block blobs of 324 MiB
+    # (streaming.arena.blob_chunks), so neighbouring counts may need the same; the chunks' unused room stays within
+    # 6% of the masters and one 512 MiB chunk (pinning tensor by tensor would round 29 blocks up by 5.3 GiB).
     assert all(a <= b for a, b in zip(host, host[1:])) and host[0] < host[3] < host[6] < host[-1]
-    assert all(p.term("pinned arena slack") < GIB for p in plans)
+    assert all(p.term("pinned arena slack") <= 0.06 * p.term("CPU master of swapped blocks") + GIB // 2 for p in plans)
     assert "saves nothing" in plans[1].notes[0]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..streaming.arena import blob_chunks
 from ..streaming.placement import ring_for
 from .arch import QwenImageArch
 from .inference import (
@@ -51,8 +52,16 @@ def cache_host_terms(p: PlanInputs, parts: PartSizes) -> list[Term]:
     decoder, vision = streamed_counts(p, parts)
     if not decoder and not vision:
         return []
-    return [Term("text encoder: streamed layers' masters", decoder * layer + vision * block,
-                 f"{decoder} decoder layers, {vision} vision blocks, {'pinned' if p.device == 'cuda' else 'pageable'}")]
+    pinned = p.device == "cuda" and p.pin_masters
+    terms = [Term("text encoder: streamed layers' masters", decoder * layer + vision * block,
+                  f"{decoder} decoder layers, {vision} vision blocks, {'pinned' if pinned else 'pageable'}")]
+    if pinned:  # each stack's swapper packs its masters into power-of-two chunks, one chunk filled at a time
+        chunks = [blob_chunks(size, count) for size, count in ((layer, decoder), (block, vision)) if count]
+        terms += [Term("text encoder: pinned arena slack", sum(sum(c) for c in chunks) - decoder * layer - vision * block,
+                       "unused room in the masters' power-of-two chunks"),
+                  Term("text encoder: pinned chunk being filled", max(max(c) for c in chunks),
+                       "page-locked whole before the weights it receives are freed (streaming.arena)")]
+    return terms
 
 
 def cache_steps(p: PlanInputs, parts: PartSizes) -> tuple[list[Term], list[Term]]:

@@ -20,7 +20,7 @@ from .phases import AFTER_CACHING, HOST_RESERVE_BYTES, PhasePlan
 from .plan import GIB, Term
 
 SHARED_TERMS = ("CPU master of swapped blocks",)
-GONE_WHEN_SHARED = ("pinned arena slack",)  # the shared copy holds the exact bytes, not power-of-two chunks
+GONE_WHEN_SHARED = ("pinned arena slack", "pinned chunk being filled")  # the shared copy: exact bytes, no chunks
 WRITER_TERMS = ("VAE, kept on the CPU for previews", "checkpoint copy", "LoRA file tensors")
 EVERY_PROCESS_TERMS = ("process baseline",)
 

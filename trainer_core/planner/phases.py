@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..streaming.arena import blob_arena_layout
 from .arch import QwenImageArch, real_arch
 from .caching import (  # noqa: F401 (re-exported: what caching chooses)
     cache_phase,
@@ -51,6 +52,7 @@ from .caching import (  # noqa: F401 (re-exported: what caching chooses)
 )
 from .inference import (
     PartSizes,
+    device_decode_bytes,
     preview_block_working_bytes,
     real_parts,
     vae_decode_bytes,
@@ -58,7 +60,7 @@ from .inference import (
     vae_tiled_decode_bytes,
 )
 from .phase import HOST_RESERVE_BYTES, Phase, baseline, on_device
-from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, plan_memory
+from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, block_blob, plan_memory
 from .references import prefix_kv_bytes, reference_latent_tokens, smaller_references
 from .transients import UPCAST_COPIES, fp8_input_bytes, rotation_input_bytes
 
@@ -137,6 +139,15 @@ def _host_state(plan: MemoryPlan, parts: PartSizes) -> list[Term]:
     ]
 
 
+def _chunk_being_filled(p: PlanInputs, arch: QwenImageArch) -> Term:
+    """A pinned chunk of the masters' arena is page-locked whole before the weights it receives leave ordinary memory
+    (streaming.arena): at most the largest chunk held twice while the swapper fills it."""
+    k = p.blocks_to_swap
+    pinned = p.pin_masters and p.device == "cuda" and k > 0
+    caps = blob_arena_layout(block_blob(arch, p.storage), [], k)[0] if pinned else []
+    return Term("pinned chunk being filled", max(caps, default=0), "page-locked whole, filled blob by blob")
+
+
 def _state(plan: MemoryPlan, names: tuple[str, ...] = STATE_TERMS) -> list[Term]:
     return [t for t in plan.gpu if t.name in names]
 
@@ -168,7 +179,7 @@ def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes, tiled
     vae_b = vae_element_bytes(p)
     # On the CPU a half-precision VAE is cast to float32 for the decode: its weights grow by the difference.
     decode_bytes = vae_tiled_decode_bytes if tiled else vae_decode_bytes
-    decode = (decode_bytes(parts, p.preview_width, p.preview_height, vae_b) + latents
+    decode = (device_decode_bytes(decode_bytes(parts, p.preview_width, p.preview_height, vae_b), p.device) + latents
               + parts.vae_params * (vae_b - act) + kv)  # the pipeline decodes with its KV caches still alive
     size = f"{p.preview_width}x{p.preview_height}"
     detail = (f"denoising step {denoise / GIB:.2f} GiB (batch 1{', CFG: one more prediction' if p.preview_cfg else ''}"
@@ -193,8 +204,8 @@ def training_phases(plan: MemoryPlan, arch: QwenImageArch, parts: PartSizes,
 
     init = on_device(p, _state(plan, STATE_TERMS[:-1]) + [
         Term("tensor in flight", largest * (4 + act), "largest tensor, converted via fp32 to its storage"),
-    ], host + [Term("tensor in flight", largest * 2, "one tensor read from the file (bf16 at most)")], "init",
-        "the optimizer state is allocated at the first step")
+    ], host + [Term("tensor in flight", largest * 2, "one tensor read from the file (bf16 at most)"),
+               _chunk_being_filled(p, arch)], "init", "the optimizer state is allocated at the first step")
 
     allocated = [t for t in plan.gpu if t.name not in NOT_ALLOCATED]
     ema_bytes = plan.term("EMA of the LoRA weights")
