@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import math
 import re
 import shutil
@@ -51,7 +52,10 @@ MEMORY_COLUMNS = ["setting", "blocks_to_swap", "phase", "gpu_measured", "gpu_pla
                   "allocated_planned", "host_measured", "host_planned", "seconds"]
 # Streamed against all-resident after one step: the same kernels on the same values, so equal up to the
 # nondeterminism of some CUDA backward kernels (atomics): the first loss within this share, the LoRA's B
-# matrices within this share of their norm.
+# matrices within this share of their norm, or within twice what a second all-resident step differs from the first
+# by, where that is more. (The first device check, an H100, measured 2.0e-2 for both streamed settings with identical
+# first losses; Adam's first update moves an element by +-lr whatever its gradient's size, so a near-zero gradient
+# whose sign a nondeterministic kernel flips counts fully. The second resident step measures that floor.)
 STREAMING_TOLERANCE = 1e-3
 
 
@@ -124,9 +128,29 @@ def streamed_caching(env: Env, report: Report, components, samples, workdir: Pat
                  same, f"{len(streamed)} prompt entries")
 
 
+@contextlib.contextmanager
+def card_of(env: Env, budget: int | None):
+    """On a GPU, torch's allocator held to a card of `budget` bytes (the CUDA context outside it): past it the allocator
+    frees its cache and retries, then raises out of memory, as on that card, and the sampler's choice of a tiled decode
+    (`planner.device.detect_budget`) reads the same cap. (The first device check ran its 16 and 24 GiB settings on an
+    80 GB H100 uncapped: the preview decoded whole and the cache kept 21.5 GiB reserved for 14.7 allocated.)"""
+    if not env.cuda or budget is None:
+        yield
+        return
+    total = torch.cuda.get_device_properties(env.device).total_memory
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (budget - env.context_bytes) / total), env.device)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, env.device)
+
+
 def probe_lora(trainer, blocks: set[int]) -> dict[str, torch.Tensor]:
     """CPU copies of the LoRA tensors of `blocks` (resident in some settings, streamed in others)."""
-    return {n: p.detach().float().cpu() for n, p in trainer.built.transformer.named_parameters()
+    # (a copy: on the CPU a float32 parameter's .float().cpu() is the parameter itself, which trains on)
+    return {n: p.detach().float().cpu().clone() for n, p in trainer.built.transformer.named_parameters()
             if p.requires_grad and _block_of(n) in blocks}
 
 
@@ -186,12 +210,14 @@ def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, se
     lora = LoraConfig(rank=4 if env.tiny else 32, alpha=4.0 if env.tiny else 32.0, targets="attention+mlp")
     optimizer = OptimizerConfig(optimizer="adamw8bit", learning_rate=1e-4)
 
-    def planned(k: int):
+    def planned(k: int, budget: int | None = None):
         train = TrainConfig(seed=0, gradient_checkpointing=True, blocks_to_swap=k, run_name=f"gpu-check-{k}")
         inputs = inputs_for_run(components, cached, lora, optimizer, train, k)
         inputs = dataclasses.replace(inputs, cuda_context_bytes=env.context_bytes, preview_width=side,
                                      preview_height=side, text_encoder_storage="float8" if te_mode == "keep" else "bfloat16")
-        return train, inputs, plan_phases(inputs, arch, parts=parts, suggest=False)
+        # with a card's budget (a GPU's capped settings) the preview decodes in tiles where the card needs it
+        return train, inputs, plan_phases(inputs, arch, parts=parts, suggest=False,
+                                          gpu_budget_bytes=budget if cuda else None)
 
     def row(setting: str, k: int | None, name: str, m: harness.Measured, plan) -> None:
         p = plan.phases[name]
@@ -242,14 +268,10 @@ def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, se
         warm = Trainer(components, cached, lora, optimizer, planned(settings[0][1])[0])
         warm.train(1)
         warm.close()
-    per_setting = None
-    for i, (label, k, budget) in enumerate(settings):
-        started = clock.elapsed()
-        if per_setting is not None and left() < per_setting:
-            report.cut_phase(f"memory: {label}", f"{left():.0f} s left of the memory slice, a setting took "
-                             f"{per_setting:.0f} s")
-            continue
-        train_cfg, _, plan = planned(k)
+
+    def one_setting(label: str, k: int, budget: int | None) -> None:
+        """init, train, preview and save at `k` swapped blocks, each phase a row; the LoRA probes into `results`."""
+        train_cfg, _, plan = planned(k, budget)
         with harness.phase(env) as m:
             # With a run folder each train() ends with a checkpoint (on the GPU: its CPU copy is host RAM). On
             # the CPU the steps' device bytes are measured tensor by tensor: a checkpoint there is not training.
@@ -283,14 +305,37 @@ def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, se
                      f"{rest.step_seconds:.2f} s/step over steps 2..{env.steps}")
         trainer.close()
         del trainer
+
+    per_setting = None
+    for i, (label, k, budget) in enumerate(settings):
+        started = clock.elapsed()
+        if per_setting is not None and left() < per_setting:
+            report.cut_phase(f"memory: {label}", f"{left():.0f} s left of the memory slice, a setting took "
+                             f"{per_setting:.0f} s")
+            continue
+        try:
+            with card_of(env, budget):
+                one_setting(label, k, budget)
+        except torch.cuda.OutOfMemoryError as e:
+            report.check(f"{label}: runs within its budget", False, f"out of memory: {str(e).splitlines()[0][:200]}")
+            gc.collect()
+            torch.cuda.empty_cache()
         if budget is not None and cuda:
-            peak = max(r["_raw"][0].gpu_total for r in rows if r["setting"] == label)
+            peak = max((r["_raw"][0].gpu_total for r in rows if r["setting"] == label), default=0)
             report.check(f"{label} within its budget", peak <= budget,
                          f"{peak / GIB:.2f} of {budget / GIB:.2f} GiB at its largest phase")
         per_setting = clock.elapsed() - started
 
+    again = None
+    if "all resident" in results and left() > (per_setting or 0) / 4:
+        # The run-to-run floor: the all-resident step once more, from the same seed and batches.
+        trainer = Trainer(components, cached, lora, optimizer, planned(0)[0])
+        trainer.train(1)
+        again = probe_lora(trainer, probe_blocks)
+        trainer.close()
+        del trainer
     memory_checks(env, report, rows)
-    streaming_checks(report, results)
+    streaming_checks(report, results, again)
     for r in rows:
         r.pop("_raw")
 
@@ -313,14 +358,20 @@ def memory_checks(env: Env, report: Report, rows: list[dict]) -> None:
                          f"planned / measured = {ratio:.3f}")
 
 
-def streaming_checks(report: Report, results: dict) -> None:
-    """Every streamed setting against the all-resident one: the first loss, and the LoRA after one step."""
+def streaming_checks(report: Report, results: dict, again: dict[str, torch.Tensor] | None = None) -> None:
+    """Every streamed setting against the all-resident one: the first loss, and the LoRA after one step (`again`: the
+    LoRA after a second all-resident step, the run-to-run floor)."""
     rows = report.table("streaming correctness", ["setting", "first_loss", "resident_first_loss",
                                                   "lora_after_one_step_relative_difference", "bit_for_bit"])
     if "all resident" not in results or len(results) < 2:
         report.cut_phase("streaming correctness", "the all-resident setting or every streamed one was cut for time")
         return
     losses0, one0, end0, _ = results["all resident"]
+    floor, floor_exact = relative_difference(again, one0) if again is not None else (0.0, True)
+    if again is not None:
+        rows.append(dict(setting="all resident, a second time", first_loss=None, resident_first_loss=None,
+                         lora_after_one_step_relative_difference=f"{floor:.2e}", bit_for_bit=floor_exact))
+    tolerance = max(STREAMING_TOLERANCE, 2 * floor)
     for label, (losses, one, end, _) in results.items():
         if label == "all resident":
             continue
@@ -328,10 +379,11 @@ def streaming_checks(report: Report, results: dict) -> None:
         rows.append(dict(setting=label, first_loss=round(losses[0], 6), resident_first_loss=round(losses0[0], 6),
                          lora_after_one_step_relative_difference=f"{diff:.2e}", bit_for_bit=exact))
         same_loss = math.isfinite(losses[0]) and abs(losses[0] - losses0[0]) <= STREAMING_TOLERANCE * abs(losses0[0])
-        report.check(f"{label}: one streamed step equals the all-resident step", same_loss and diff <= STREAMING_TOLERANCE,
+        report.check(f"{label}: one streamed step equals the all-resident step", same_loss and diff <= tolerance,
                      f"first loss {losses[0]:.6f} vs {losses0[0]:.6f}; LoRA B after the step: difference "
                      f"{diff:.2e} of its norm ({'bit for bit' if exact else 'not bit for bit'}; tolerance "
-                     f"{STREAMING_TOLERANCE:g})")
+                     f"{tolerance:.2g}" + (f", twice a second resident step's {floor:.2e})" if again is not None
+                                           else ")"))
         end_diff, _ = relative_difference(end, end0)
         report.note(f"{label}: LoRA B after all steps differs from all-resident by {end_diff:.2e} of its norm")
 

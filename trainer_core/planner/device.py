@@ -36,8 +36,14 @@ def detect_budget(device=None, reserve_bytes: int = 512 * MIB) -> Budget:
     device = torch.device(device or "cuda")
     free, total = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device)
-    return Budget(free + cached - reserve_bytes, f"{device}: {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB, "
-                  f"{cached / GIB:.1f} GiB cached by torch, {reserve_bytes / GIB:.1f} GiB kept back", True)
+    usable, capped = free + cached, ""
+    # A process held to a share of the card (torch.cuda.set_per_process_memory_fraction: by whoever shares the card,
+    # or the device check playing a smaller card) allocates no more than that share, free memory or not.
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _device: 1.0)(device)
+    if fraction < 1.0 and int(total * fraction) < usable:
+        usable, capped = int(total * fraction), f", this process held to {total * fraction / GIB:.1f} GiB"
+    return Budget(usable - reserve_bytes, f"{device}: {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB, "
+                  f"{cached / GIB:.1f} GiB cached by torch{capped}, {reserve_bytes / GIB:.1f} GiB kept back", True)
 
 
 def auto_for_device(inputs: PlanInputs, device=None, reserve_bytes: int = 512 * MIB,
@@ -150,11 +156,11 @@ def preview_decode_in_tiles(components, width: int, height: int, free_bytes: int
     `phases.training_phases`); never on the CPU (host RAM: the plan checks the whole decode)."""
     import torch
 
-    from .inference import parts_for_components, vae_decode_bytes
+    from .inference import device_decode_bytes, parts_for_components, vae_decode_bytes
 
     if components.device.type != "cuda":
         return False
     parts = parts_for_components(components)
     act = {torch.bfloat16: 2, torch.float16: 2}.get(components.compute_dtype, 4)
-    needed = vae_decode_bytes(parts, width, height, act) + parts.vae_params * act
+    needed = device_decode_bytes(vae_decode_bytes(parts, width, height, act), "cuda") + parts.vae_params * act
     return needed > (free_bytes if free_bytes is not None else detect_budget(components.device).bytes)
