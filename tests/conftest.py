@@ -247,6 +247,28 @@ TRAINING_STEP_TERMS = ("LoRA gradients", "block inputs", "saved activations", "o
                        "largest weight", "activations outside")
 
 
+def measured_step_peak(model, grid: int, text: int, checkpointing: bool, blocks_to_swap: int = 3) -> int:
+    """`LiveBytes`' peak of one training forward + backward of `model` (a narrow Qwen-Image transformer with a LoRA)
+    through `BlockRunner` on the CPU: one bf16 sample of `grid` x `grid` packed latent tokens and `text` prompt tokens,
+    seeded; what `planned_step_peak` predicts."""
+    from trainer_core.devtools.memprobe import LiveBytes
+    from trainer_core.streaming.runner import BlockRunner
+    from trainer_core.training.objective import flow_loss
+
+    runner = BlockRunner(model, torch.device("cpu"), blocks_to_swap=blocks_to_swap, checkpointing=checkpointing)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, grid * grid, 64, generator=g).bfloat16()  # (B, packed latent tokens, 4 x 16 channels)
+    prompt = torch.randn(1, text, 3584, generator=g).bfloat16()  # (B, text tokens, joint dim)
+    target = torch.randn(1, grid * grid, 64, generator=g)
+    with LiveBytes() as live:
+        prediction = model(hidden_states=x, encoder_hidden_states=prompt, timestep=torch.tensor([0.5]).bfloat16(),
+                           img_shapes=[[(1, grid, grid)]], return_dict=False)[0]
+        flow_loss(prediction, target).backward()
+        del prediction
+    runner.uninstall()
+    return live.peak
+
+
 def planned_step_peak(model, grid: int, text: int, checkpointing: bool, blocks_to_swap: int = 3,
                       storage: str = "float8") -> int:
     """The plan's peak of one step of peft's own fp32 LoRA compute (no Trainer) on `model`, a latent grid of
