@@ -313,11 +313,14 @@ def run_memory(env: Env, report: Report, clock: harness.Clock, workdir: Path, se
             report.cut_phase(f"memory: {label}", f"{left():.0f} s left of the memory slice, a setting took "
                              f"{per_setting:.0f} s")
             continue
+        out_of_memory = None
         try:
             with card_of(env, budget):
                 one_setting(label, k, budget)
         except torch.cuda.OutOfMemoryError as e:
-            report.check(f"{label}: runs within its budget", False, f"out of memory: {str(e).splitlines()[0][:200]}")
+            out_of_memory = str(e).splitlines()[0][:200]
+        if out_of_memory is not None:  # (here, where the error's frames, the half-built trainer's, are gone)
+            report.check(f"{label}: runs within its budget", False, f"out of memory: {out_of_memory}")
             gc.collect()
             torch.cuda.empty_cache()
         if budget is not None and cuda:
