@@ -115,6 +115,9 @@ class ModelFamily:
 
     name: str = ""  # what the CLI's --model and a model set's family are called ("qwen-image", "edit-2511")
     display_name: str = ""  # what messages call it ("Qwen-Image-Edit-2511")
+    # The licence its published weights are under: a LoRA trained on them derives from them, so the run's status, the
+    # LoRA file's metadata and the README's member table say it (Qwen-Image 1.x: Apache-2.0; 2.1: non-commercial).
+    weights_licence: str = "Apache-2.0"
     dataset_kinds: tuple[str, ...] = (IMAGES,)  # the dataset conventions it trains on (`data.images.Sample.kind`)
     patch_size: int = 2  # latent cells per token side (Qwen-Image packs 2 x 2; Qwen-Image 2.1 takes 1)
     # Whether a preview samples with condition images (the Edit Preview node's control image sockets): Edit's

@@ -122,13 +122,13 @@ class TrainerBase:
 
     def lora_metadata(self, layout: str = "comfyui") -> dict[str, str]:
         return outputs.lora_metadata(self.built, self.decided, self.train_cfg.run_name, self.step,
-                                     self.components.name, layout)
+                                     self.components.name, layout, base_licence=self.components.family.weights_licence)
 
     @holds("Save LoRA")
     def save_lora(self, path, dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> Path:
         self._require_usable()
         return outputs.save_lora(self.built, self.decided, self.train_cfg.run_name, self.step, self.components.name,
-                                 path, dtype, layout)
+                                 path, dtype, layout, self.components.family.weights_licence)
 
     @holds("Preview")
     def sample_preview(self, prompt: str, negative_prompt: str = "", width: int = 1024, height: int = 1024,

@@ -39,13 +39,15 @@ def lora_state_dict(built: Built, lora: LoraConfig, run_name: str, dtype: torch.
 
 
 def lora_metadata(built: Built, decided: Decided, run_name: str, step: int, base_model: str,
-                  layout: str = "comfyui", weights: str = "raw") -> dict[str, str]:
+                  layout: str = "comfyui", weights: str = "raw", base_licence: str = "") -> dict[str, str]:
     """Rank, alpha, targets, steps (all the weights have seen, a continued file's included: the run is at `step`),
-    base model."""
+    base model and the licence of its weights (`ModelFamily.weights_licence`: the LoRA derives from them)."""
     init, lora = decided.init_lora, decided.lora
     init_steps = (init.steps or 0) if init is not None else 0
     extra = {"qwen_lora.run_name": run_name, "qwen_lora.base_fingerprint": built.base_fingerprint,
              "qwen_lora.run_steps": str(step)}
+    if base_licence:  # modelspec's key for a model's licence, which tools that read modelspec show
+        extra |= {"qwen_lora.base_licence": base_licence, "modelspec.license": base_licence}
     if init is not None:
         extra["qwen_lora.init_lora"] = init.path.name
         extra["qwen_lora.init_lora_steps"] = str(init.steps) if init.steps is not None else "unknown"
@@ -60,21 +62,22 @@ def lora_metadata(built: Built, decided: Decided, run_name: str, step: int, base
 
 
 def save_lora(built: Built, decided: Decided, run_name: str, step: int, base_model: str, path,
-              dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui") -> Path:
+              dtype: torch.dtype = torch.bfloat16, layout: str = "comfyui", base_licence: str = "") -> Path:
     """Write the adapter in `layout` (lora_files.LORA_LAYOUTS; default ComfyUI's), atomically; return the path.
     With EMA on, its file `ema.ema_path(path)` is written too (after the raw one)."""
     remove_leftovers(Path(path).parent, names=r".+\.safetensors")  # of killed saves (theirs, never a user's)
-    written = _write_lora(built, decided, run_name, step, base_model, path, dtype, layout, "raw")
+    written = _write_lora(built, decided, run_name, step, base_model, path, dtype, layout, "raw", base_licence)
     if built.ema is not None:
-        _write_lora(built, decided, run_name, step, base_model, ema_path(path), dtype, layout, "ema")
+        _write_lora(built, decided, run_name, step, base_model, ema_path(path), dtype, layout, "ema", base_licence)
     return written
 
 
 def _write_lora(built: Built, decided: Decided, run_name: str, step: int, base_model: str, path,
-                dtype: torch.dtype, layout: str, weights: str) -> Path:
+                dtype: torch.dtype, layout: str, weights: str, base_licence: str) -> Path:
     try:
         return write_safetensors_atomic(lora_state_dict(built, decided.lora, run_name, dtype, layout, weights), path,
-                                        lora_metadata(built, decided, run_name, step, base_model, layout, weights))
+                                        lora_metadata(built, decided, run_name, step, base_model, layout, weights,
+                                                      base_licence))
     except OSError as e:
         raise write_error(e, "LoRA file", Path(path),
                           f"Any earlier {Path(path).name} is intact and the trainer still holds step "

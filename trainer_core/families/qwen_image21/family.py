@@ -35,6 +35,7 @@ from .sampling import preview_inputs, preview_pipeline
 class QwenImage21(ModelFamily):
     name = NAME
     display_name = "Qwen-Image 2.1"
+    weights_licence = "Qwen Research License (non-commercial)"
     dataset_kinds = (IMAGES, EDIT)  # text-to-image, or editing with the controls as its references
     patch_size = 1  # the transformer takes latent cells unpacked (its config's patch_size 1)
 
