@@ -462,3 +462,28 @@ def test_the_readme_lists_every_message_of_this_catalogue():
                   "could not be loaded", "not as floating-point numbers", "too large for LoRA dtype",
                   "has .alpha keys for", "but the weights'", "weight scales", "axes_dims_rope", "latents_mean"):
         assert topic in section, topic
+
+
+def test_blocks_stored_differently_are_refused_by_name_when_streamed():
+    """A transformer file that quantises some blocks and not others loads (each Linear as its file has it), but its
+    streamed blocks would share one ring of slots: Init is refused naming blocks_to_swap and what to do, before
+    anything trains."""
+    from trainer_core.core.errors import UserInputError
+    from trainer_core.models.float8.storage import quantize_weight
+    from trainer_core.models.streaming import assign_frozen_linear_weight
+    from trainer_core.families import get_family
+    from trainer_core.models.float8 import frozen_linears
+    from trainer_core.streaming.runner import BlockRunner, swapped_blocks
+
+    components = get_family("qwen-image").tiny_components(seed=0, storage="float32")
+    blocks = components.transformer.transformer_blocks
+    first, *_ = swapped = swapped_blocks(len(blocks), 2)
+    for _, linear in frozen_linears(blocks[first]):  # one streamed block in float8, the other left in float32
+        stored, scale = quantize_weight(linear.weight.data.float(), "float8")
+        assign_frozen_linear_weight(linear, stored, scale)
+    with pytest.raises(UserInputError) as error:
+        BlockRunner(components.transformer, torch.device("cpu"), blocks_to_swap=2)
+    message = str(error.value)
+    assert message.startswith("blocks_to_swap: the transformer's blocks are stored differently")
+    assert f"block {first}'s Linears in float8_e4m3fn" in message and f"block {swapped[1]}'s in float32" in message
+    assert "Set blocks_to_swap to 0" in message

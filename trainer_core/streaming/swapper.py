@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..core.errors import UserInputError
 from ..models.float8 import frozen_linears, mark_weight_moves
 from ..models.modulation import is_modulation_linear
 from .arena import PinnedArena, blob_arena_layout
@@ -81,8 +82,14 @@ class BlockSwapper:
         for i in self.swapped:
             got = [(tuple(lin.weight.shape), lin.weight.dtype) for lin in self.linears[i]]
             if got != want:
-                raise ValueError(f"streamed block {i}'s frozen weights {got} differ from block {first}'s {want}: blocks "
-                                 "stored differently cannot share one ring of slots")
+                def stored(layout):
+                    return " and ".join(sorted({str(dtype).removeprefix("torch.") for _, dtype in layout}))
+                raise UserInputError(
+                    f"blocks_to_swap: the transformer's blocks are stored differently (block {first}'s Linears in "
+                    f"{stored(want)}, block {i}'s in {stored(got)}{'' if stored(want) != stored(got) else ', other shapes'}), "
+                    "as a file that quantises some blocks and not others holds them; streamed blocks share one ring of "
+                    "GPU slots, so they must be stored alike. Set blocks_to_swap to 0 where the model fits, or load a "
+                    "transformer file quantised throughout (ComfyUI's fp8_e4m3fn file, say). Nothing was trained yet.")
 
     def _fill_arena(self, flat: list[nn.Linear], sizes: list[int]) -> None:
         """The masters into this process's own (pinned) arena; each block's blob one byte range of a chunk."""
