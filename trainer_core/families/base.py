@@ -267,6 +267,15 @@ class ModelFamily:
                                  vae=components.vae, text_encoder=None, tokenizer=None,
                                  transformer=components.transformer)
 
+    def describe(self, components) -> str:
+        """The loaded member for a run's status: its display name (2.1's Turbo says so, and how it previews)."""
+        return self.display_name
+
+    def preview_schedule(self, components, steps: int, cfg_scale: float) -> tuple[int, float, tuple[float, ...] | None]:
+        """(steps, cfg_scale, sigmas) a preview samples with: the preview settings' own, the scheduler spacing the
+        steps (sigmas None). A distilled model samples on its own fixed schedule (2.1's Turbo: turbo.py)."""
+        return steps, cfg_scale, None
+
     def preview_image(self, pipe, conditions: Any, call: dict[str, Any]):
         """One PIL image from `pipe` (`preview_pipeline`'s) called with the shared sampler's arguments `call`
         (prompt embeddings and masks, true_cfg_scale, width, height, num_inference_steps, generator,

@@ -82,6 +82,7 @@ def sample_image(
     for a family with conditions (Edit: 1 to 3 control images to edit), else its default (Edit: the cached
     preview sample's controls)."""
     family = components.family
+    steps, cfg_scale, sigmas = family.preview_schedule(components, steps, cfg_scale)
     use_cfg = cfg_scale > 1.0
     conditions, embeds = family.preview_inputs(components, dataset, [prompt, negative_prompt] if use_cfg else [prompt],
                                                condition_images)
@@ -111,7 +112,7 @@ def sample_image(
             negative_prompt_embeds_mask=None if negative is None else _all_valid(negative, device),
             true_cfg_scale=cfg_scale, width=width, height=height, num_inference_steps=steps,
             generator=torch.Generator("cpu").manual_seed(seed), output_type="pil",
-            callback_on_step_end=on_step_end,
+            callback_on_step_end=on_step_end, **({"sigmas": list(sigmas)} if sigmas is not None else {}),
         ))
     finally:
         components.park_vae()

@@ -27,6 +27,7 @@ from .conditioning import NAME, Conditioning21
 from .export import export_tiny_qwen_image21
 from .objective import transformer_kwargs
 from .sampling import preview_inputs, preview_pipeline
+from .turbo import TURBO_CFG, TURBO_SIGMAS, is_turbo
 
 # plan.py and tiny.py name diffusers' 2.1 classes (0.42 and later), imported where they are used: the registry imports
 # every family package, and the pack's other families run on diffusers 0.37 (requirements.txt's floor).
@@ -107,6 +108,17 @@ class QwenImage21(ModelFamily):
 
     def preview_pipeline(self, components, conditions):
         return preview_pipeline(components, conditions)
+
+    def describe(self, components):
+        if is_turbo(components):
+            return (f"{self.display_name} Turbo (previews sample on its {len(TURBO_SIGMAS)} sigmas at CFG {TURBO_CFG:g}, "
+                    "whatever the preview settings' steps and CFG)")
+        return self.display_name
+
+    def preview_schedule(self, components, steps, cfg_scale):
+        if is_turbo(components):  # its template's 8 sigmas at CFG 1, whatever the preview settings say (turbo.py)
+            return len(TURBO_SIGMAS), TURBO_CFG, TURBO_SIGMAS
+        return steps, cfg_scale, None
 
     # built-ins
 

@@ -22,6 +22,7 @@ from PIL import Image
 from ...core.errors import UserInputError
 from ..sampling import WrappedTransformer, prompt_embedding
 from .objective import padded_slots
+from .turbo import TURBO_SCHEDULER, is_turbo
 from .references import (
     check_reference_size,
     encode_reference_latents,
@@ -119,5 +120,8 @@ def preview_pipeline(components, references: References | None):
         device, dtype = components.device, components.compute_dtype
         transformer = ReferencedTransformer(transformer, References([r.to(device, dtype) for r in references.latents],
                                                                     references.slots))
-    return QwenImage21Pipeline(scheduler=FlowMatchEulerDiscreteScheduler.from_config(components.scheduler_config),
-                               vae=components.vae, text_encoder=None, processor=processor, transformer=transformer)
+    # Turbo's sigmas are final: the scheduler neither shifts nor stretches them (turbo.py)
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(components.scheduler_config,
+                                                           **(TURBO_SCHEDULER if is_turbo(components) else {}))
+    return QwenImage21Pipeline(scheduler=scheduler, vae=components.vae, text_encoder=None, processor=processor,
+                               transformer=transformer)
