@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..trainer_core.core.config import CUSTOM_FOLDER, DatasetConfig, EditDataConfig, EditLoadConfig
 from ..trainer_core.core.errors import UserInputError
-from ..trainer_core.data.edit_dataset import load_edit_dataset
+from ..trainer_core.data.edit_dataset import MAX_CONTROLS, load_edit_dataset
 from ..trainer_core.families.loading import load_model_set
 from .common import CATEGORY, DATASET, MODELS, engine_mode
 from .data_nodes import QwenLoRADataset, dataset_folder
@@ -90,17 +90,18 @@ class QwenLoRAEditPreview:
         return {"required": QwenLoRAPreview.INPUT_TYPES()["required"], "optional": {
             f"control_image_{i}": ("IMAGE", {"tooltip": f"Control image {i} (Picture {i}) to edit, e.g. from a Load "
                                             "Image. Unconnected: the first training sample's controls. A prompt with "
-                                            "canvas images is encoded now (the text encoder is loaded for it)."})
-            for i in (1, 2, 3)
+                                            "canvas images is encoded now (the text encoder is loaded for it). "
+                                            "Edit-2509/2511 take 3, Edit 1, Qwen-Image 2.1 up to 10."})
+            for i in range(1, MAX_CONTROLS + 1)
         }}
 
-    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed, weights="raw", control_image_1=None,
-                control_image_2=None, control_image_3=None):
+    def preview(self, trainer, prompt, width, height, steps, cfg, preview_seed, weights="raw", **control_images):
         trainer.require_live()
         if not takes_control_images(trainer):
             raise UserInputError(f"{EDIT_PREVIEW} edits control images, but this trainer trains "
                                  f"{trainer.components.family.name}, a text-to-image model: use {PREVIEW} "
                                  "(QwenLoRAPreview) instead (Qwen-Image 2.1 edits when it trains on an Edit "
                                  "Dataset).")
-        controls = [c for c in (control_image_1, control_image_2, control_image_3) if c is not None]
+        controls = [control_images[f"control_image_{i}"] for i in range(1, MAX_CONTROLS + 1)
+                    if control_images.get(f"control_image_{i}") is not None]
         return preview_image(trainer, prompt, width, height, steps, cfg, preview_seed, controls, weights)

@@ -24,18 +24,19 @@ def as_image(picture: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.asarray(picture.convert("RGB"), dtype=np.float32) / 255.0).unsqueeze(0)
 
 
-def test_text_to_image_preview_has_no_control_sockets_and_the_edit_preview_has_three(pack):
+def test_text_to_image_preview_has_no_control_sockets_and_the_edit_preview_has_ten(pack):
+    """Ten control sockets: Qwen-Image 2.1 edits with up to ten references (Edit-2509/2511 take three, Edit one)."""
     preview = pack.NODE_CLASS_MAPPINGS["QwenLoRAPreview"].INPUT_TYPES()
     edit = pack.NODE_CLASS_MAPPINGS["QwenLoRAEditPreview"].INPUT_TYPES()
     assert set(preview) == {"required"} and not [n for n, s in preview["required"].items() if s[0] == "IMAGE"]
     assert edit["required"] == preview["required"]  # the same trainer socket and widgets
-    assert {n: s[0] for n, s in edit["optional"].items()} == {f"control_image_{i}": "IMAGE" for i in (1, 2, 3)}
+    assert {n: s[0] for n, s in edit["optional"].items()} == {f"control_image_{i}": "IMAGE" for i in range(1, 11)}
     assert pack.NODE_DISPLAY_NAME_MAPPINGS["QwenLoRAEditPreview"] == "Qwen LoRA Preview (Edit)"
     for stem, node_type in (("main", "QwenLoRAPreview"), ("first_run", "QwenLoRAPreview"),
                             ("edit", "QwenLoRAEditPreview")):
         (node,) = [n for n in json.loads(ui_workflow(stem).read_text())["nodes"] if n["id"] == 8]
         assert node["type"] == node_type, stem
-        assert [i["name"] for i in node["inputs"]] == ["trainer", *([f"control_image_{i}" for i in (1, 2, 3)]
+        assert [i["name"] for i in node["inputs"]] == ["trainer", *([f"control_image_{i}" for i in range(1, 11)]
                                                                     if node_type == "QwenLoRAEditPreview" else [])]
 
 

@@ -58,7 +58,7 @@ def test_folder_convention_finds_controls_in_order_in_either_form(tmp_path):
 @pytest.mark.parametrize("break_it, message", [
     (lambda d: [p.unlink() for p in d.glob("a_control*")], "a.png has no control image"),
     (lambda d: control_images()[0].save(d / "zz_control.png"), "belongs to no training image"),
-    (lambda d: control_images()[0].save(d / "a_control_4.png"), "has number 4"),
+    (lambda d: control_images()[0].save(d / "a_control_11.png"), "has number 11"),
     (lambda d: (d / "a_control_2.png").rename(d / "a_control_3.png"), "has control 3 but not control 2"),
     (lambda d: ((d / "control").mkdir(), control_images()[0].save(d / "control" / "a.png")), "use one form per sample"),
 ])

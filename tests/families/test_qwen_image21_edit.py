@@ -253,3 +253,45 @@ def test_a_micro_batch_of_two_edits_lays_out_its_prompts_slots_as_the_pipeline_b
     finally:
         trainer.close()
     assert len(losses) == 2 and all(np.isfinite(losses))
+
+
+def ten_references() -> list[Image.Image]:
+    """Ten references of different sizes and colours (2.1 edits with up to ten)."""
+    sizes = [(320, 200), (300, 300), (256, 384), (400, 256), (288, 288), (352, 224), (224, 352), (300, 260),
+             (260, 300), (384, 256)]
+    return [reference_picture(size, (25 * i, 200 - 15 * i, 60 + 17 * i)) for i, size in enumerate(sizes)]
+
+
+def test_ten_references_train_as_the_pipelines_pieces_do_and_preview_as_the_pipeline_does(tiny21, with_lora,
+                                                                                           tmp_path):
+    """An edit dataset sample with ten references (name_control.png ... name_control_10.png): its first training step
+    equals the one rebuilt from the pipeline's pieces with all ten, bit for bit, and a preview of a LoRA trained on
+    such data (the cached references, or the ten given now) equals `QwenImage21Pipeline` given the ten images."""
+    from trainer_core.data.cache import build_cache
+    from trainer_core.families.sampling import sample_image
+
+    references = ten_references()
+    dataset = edit_dataset(tmp_path / "d", references[0], more=references[1:])
+    (sample,) = dataset.samples
+    assert len(sample.controls) == 10
+    tiny21.ensure_text_encoder()  # an earlier cache build released it
+    expected, inputs, _, _ = reference_loss(tiny21, sample, references, seed=7)
+    cached = build_cache(tiny21, list(dataset.samples), tmp_path / "cache", settings=dataset.edit)
+    (entry,) = cached.samples
+    assert len(entry.condition_keys) == 10
+    loss, ours = first_call(tiny21.transformer, lambda: one_step_loss(tiny21, cached, "q21ten"))
+    for name in ("hidden_states", "encoder_hidden_states", "img_mask", "timestep"):
+        assert torch.equal(ours[name], inputs[name]), name
+    assert len(ours["img_shapes"][0]) == 11 and ours["img_shapes"] == inputs["img_shapes"]  # ten references + target
+    assert loss == expected
+
+    prompt, settings = "paint the circles green", dict(width=64, height=96, steps=2, cfg_scale=1.0, seed=3)
+    cached = build_cache(with_lora, list(dataset.samples), tmp_path / "cache_lora", preview_prompts=[prompt],
+                         settings=dataset.edit)
+    from_cache = sample_image(with_lora, cached, prompt, **settings)
+    given = sample_image(with_lora, cached, prompt, **settings, condition_images=references)
+    with_lora.ensure_text_encoder()
+    theirs = pipeline(with_lora)(prompt=prompt, image=references, width=64, height=96, num_inference_steps=2,
+                                 output_resolution=RESOLUTION, generator=torch.Generator("cpu").manual_seed(3)).images[0]
+    assert np.array_equal(np.asarray(from_cache), np.asarray(theirs))
+    assert np.array_equal(np.asarray(given), np.asarray(theirs))

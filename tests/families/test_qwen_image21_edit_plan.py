@@ -115,6 +115,11 @@ def test_plan_command_with_references(capsys):
     assert main(["plan", "--model", "qwen-image-2.1", "--references", "1", "--control-resolution", "512",
                  "--budget-gb", "24"]) == 0
     assert "Memory plan: 1024x1280" in capsys.readouterr().out  # 512² px of reference rows
+    assert main(["plan", "--model", "qwen-image-2.1", "--references", "10", "--control-resolution", "512",
+                 "--budget-gb", "24"]) == 0  # 2.1 edits with up to ten
+    assert "Memory plan: 1024x3584 (the target and 10 reference image(s)" in capsys.readouterr().out  # 10 x 512² px
+    assert main(["plan", "--model", "qwen-image-2.1", "--references", "11"]) == 2
+    assert "--references: 11 must be from 0 to 10" in capsys.readouterr().err
     assert main(["plan", "--references", "1"]) == 2
     assert "qwen-image-2.1 only" in capsys.readouterr().err
     assert main(["plan", "--model", "qwen-image-2.1", "--references", "1", "--control-resolution", "128"]) == 2

@@ -270,7 +270,7 @@ class PlanConfig:
     references: int = _f(
         0, "Qwen-Image 2.1 editing: reference images per sample (square, sized by control_resolution). Their tokens "
         "lengthen the training and preview sequences; caching adds the vision tower's forward and their encodes.",
-        min=0, max=3,
+        min=0, max=10,
     )
 
 

@@ -1,21 +1,22 @@
-"""An edit dataset: per sample a target image, its caption (the edit instruction) and 1 to 3 control images.
+"""An edit dataset: per sample a target image, its caption (the edit instruction) and 1 to 10 control images.
 
 A convention two families train on: Qwen-Image-Edit (the controls it edits) and Qwen-Image 2.1 (its reference
-images); each family decides how its controls are sized and encoded.
+images); each family decides how its controls are sized and encoded, and how many it takes: Qwen-Image 2.1 up to ten
+references, Qwen-Image-Edit-2509 and 2511 three controls, Edit one (refused by name when the dataset is cached).
 
 Folder convention (either form; one per sample, never both):
 
     name.png + name.txt                     target and caption, as for text-to-image
     name_control.png                        control image 1 in the same folder   (or name_control_1.png)
-    name_control_2.png, name_control_3.png  controls 2 and 3 (Edit-2509 / Edit-2511)
+    name_control_2.png ... _control_10.png  controls 2 to 10 (Edit-2509 / Edit-2511: up to 3; 2.1: up to 10)
   or
     control/name.png                        control image 1 in a `control` subfolder
-    control/name_2.png, control/name_3.png  controls 2 and 3
+    control/name_2.png ... control/name_10.png  controls 2 to 10
 
 Any image extension works for a control. The target decides the bucket (as in text-to-image); each control
 keeps its own aspect ratio and is sized by the edit model's rule when cached (pipelines.py), as the
 pipelines do at inference. Errors name the file: a target without a control, a control without a target,
-a control number beyond 3 or after a gap, both forms for one target.
+a control number beyond 10 or after a gap, both forms for one target.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ..core.errors import UserInputError
 from .images import IMAGE_EXTENSIONS, Dataset, Sample, decode_image, discover, read_file, split_validation
 
 EDIT = "edit"  # an edit dataset (the Edit Dataset node's): `Sample.kind`
-MAX_CONTROLS = 3
+MAX_CONTROLS = 10  # Qwen-Image 2.1's references (its pipeline takes ten); each family refuses more than it takes
 CONTROL_FOLDER = "control"
 _SAME_FOLDER = re.compile(r"^(?P<stem>.+)_control(?:_(?P<n>\d+))?$")  # name_control, name_control_2
 _SUBFOLDER = re.compile(r"^(?P<stem>.+?)(?:_(?P<n>\d+))?$")  # control/name, control/name_2
@@ -49,7 +50,7 @@ class ControlImage:
 
 @dataclass(frozen=True)
 class EditSample(Sample):
-    """A target `Sample` with its control images, in order (Picture 1, 2, 3)."""
+    """A target `Sample` with its control images, in order (Picture 1, 2, ...)."""
 
     kind: ClassVar[str] = EDIT
     controls: tuple[ControlImage, ...] = ()

@@ -33,7 +33,7 @@ from .references import (
     reference_tokens,
 )
 
-MAX_REFERENCES = 3  # as the edit dataset convention (data/edit_dataset.py)
+MAX_REFERENCES = 10  # 2.1 edits with up to ten (ComfyUI's 2.1 encode node takes sixteen); the edit datasets read ten
 
 
 @dataclass
