@@ -99,6 +99,20 @@ def test_edit_preview_edits_the_wired_control_images_as_the_shared_sampler_does(
     assert not torch.equal(wired, outputs["8"][0])  # another picture than the first sample's control
 
 
+def test_edit_preview_takes_the_tenth_socket_and_refuses_more_images_than_the_variant_takes(pack, edit_run):
+    """The sockets go to ten (Qwen-Image 2.1's references); an Edit-2511 trainer takes three, said by name."""
+    errors = pack_module(pack, "trainer_core.core.errors")
+    outputs, _, control = edit_run
+    trainer = outputs["7"][0]
+    node = pack.NODE_CLASS_MAPPINGS["QwenLoRAEditPreview"]()
+    with torch.inference_mode():
+        (tenth,) = node.preview(trainer, **SETTINGS, control_image_10=as_image(control))
+    assert torch.equal(tenth, shared_sampler(trainer, SETTINGS, [control]))  # a lone socket is Picture 1
+    four = {f"control_image_{i}": as_image(control) for i in (1, 2, 3, 4)}
+    with pytest.raises(errors.UserInputError, match="4 control images were given, but edit-2511 takes at most 3"):
+        node.preview(trainer, **SETTINGS, **four)
+
+
 def test_text_to_image_preview_refuses_an_edit_trainer_naming_the_edit_preview(pack, edit_run):
     """What an older Edit workflow meets: the canvas drops the control_image links it no longer declares, and
     an API-format prompt still holds them (ComfyUI passes every link, declared or not)."""
