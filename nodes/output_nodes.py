@@ -102,7 +102,8 @@ class QwenLoRALossPlot:
     def plot(self, trainer, width, height):
         return (pil_to_image(loss_plot(trainer.progress.loss_history, width, height, title=trainer.train_cfg.run_name,
                                        validation=trainer.progress.validation_history,
-                                       datasets=trainer.progress.dataset_loss_history)),)
+                                       datasets=trainer.progress.dataset_loss_history,
+                                       previews=trainer.progress.preview_history)),)
 
 
 class QwenLoRACompareSteps:

@@ -178,8 +178,9 @@ class QwenLoRATrain:
 
         with engine_mode():
             report = trainer.train(steps, work=[*extras.work(), every(1, on_step)])
-        return (trainer, report.mean_loss, report_text(report, trainer.last_loss(), trainer.progress.validation_history,
-                                                        trainer.progress.dataset_loss_history))
+        run = trainer.progress  # (`progress` is ComfyUI's progress bar here)
+        return (trainer, report.mean_loss, report_text(report, trainer.last_loss(), run.validation_history,
+                                                        run.dataset_loss_history, run.preview_history))
 
 
 # The live image: the newest preview (fit to this many pixels a side: a larger one scaled down, a small model's 64 px
@@ -212,15 +213,17 @@ SNAPSHOT_NAME = "{run_name}_{step}"  # the Save node's default name: snapshots s
 def live_image(trainer: Trainer, preview):
     """The loss plot, with the newest preview beside it when there is one."""
     height = max(256, preview.height) if preview is not None else 256
-    plot = loss_plot(trainer.progress.loss_history, LIVE_PLOT_WIDTH, height, title=trainer.train_cfg.run_name,
-                     validation=trainer.progress.validation_history, datasets=trainer.progress.dataset_loss_history)
+    progress = trainer.progress
+    plot = loss_plot(progress.loss_history, LIVE_PLOT_WIDTH, height, title=trainer.train_cfg.run_name,
+                     validation=progress.validation_history, datasets=progress.dataset_loss_history,
+                     previews=progress.preview_history)
     return side_by_side(preview, plot) if preview is not None else plot
 
 
 REPORT_LIST_MAX = 8  # previews or snapshots listed one by one in the report; more are summed up
 
 
-def report_text(report, last_loss: float, validation_history=(), dataset_history=()) -> str:
+def report_text(report, last_loss: float, validation_history=(), dataset_history=(), preview_history=()) -> str:
     text = (f"steps {report.first_step}-{report.last_step}: mean loss {report.mean_loss:.4f}, "
             f"last {last_loss:.4f}, {report.step_seconds:.2f} s/step")
     means = dataset_means(dataset_history, report.first_step)  # several or weighted datasets: each one's mean
@@ -238,8 +241,17 @@ def report_text(report, last_loss: float, validation_history=(), dataset_history
         else:
             text += (f"\n{len(steps)} previews, steps {steps[0]} to {steps[-1]}: {sum(seconds) / len(seconds):.2f} s "
                      f"each ({min(seconds):.2f} to {max(seconds):.2f} s)")
+    moved = [h for h in preview_history if report.first_step <= h[0] <= report.last_step and h[0] > 0]
+    if moved:  # the newest preview's movement (live.PreviewMovement): a collapse moves far from both at once
+        step, from_untrained, from_previous = moved[-1]
+        text += (f"\npreview at step {step} moved {_share(from_untrained)} from the untrained one and "
+                 f"{_share(from_previous)} from the one before (mean absolute difference, 0-1)")
     if report.snapshots:
         names = [p.name for p in report.snapshots]
         shown = names if len(names) <= REPORT_LIST_MAX else [names[0], "...", names[-1]]
         text += f"\nLoRA snapshots ({len(names)}): {', '.join(shown)}"
     return text
+
+
+def _share(value) -> str:
+    return "(unknown)" if value is None else f"{value:.3f}"

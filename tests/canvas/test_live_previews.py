@@ -2,6 +2,7 @@
 stand-in host (tests/host_standin.py) recording what the node shows through ComfyUI's progress preview."""
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 from safetensors import safe_open
@@ -44,6 +45,23 @@ def test_previews_arrive_while_train_steps_runs_and_the_report_has_their_seconds
     lines = report.splitlines()
     assert lines[1].startswith("previews at steps 2, 4: ") and " s each (" in lines[1], report
 
+    # How far each preview moved (issue 41: a collapsing run moves far while its loss says little): the mean absolute
+    # difference of its pixels (0-1) from the untrained preview's and from the previous one's; 0 at step 0.
+    def moved(a, b):
+        a, b = (np.asarray(p.image.convert("RGB"), dtype=np.float64) for p in (a, b))
+        return float(np.abs(a - b).mean() / 255.0)
+
+    p0, p2, p4 = trainer.step_previews
+    history = trainer.progress.preview_history
+    assert [h[0] for h in history] == [0, 2, 4] and history[0] == (0, 0.0, None)
+    expected = [(moved(p2, p0), moved(p2, p0)), (moved(p4, p0), moved(p4, p2))]
+    for (_, from_untrained, from_previous), (want_untrained, want_previous) in zip(history[1:], expected):
+        assert from_untrained == pytest.approx(want_untrained, rel=1e-12, abs=1e-15)
+        assert from_previous == pytest.approx(want_previous, rel=1e-12, abs=1e-15)
+    assert expected[1][0] > 0  # the LoRA moved the picture
+    assert lines[2] == (f"preview at step 4 moved {history[2][1]:.3f} from the untrained one and {history[2][2]:.3f} "
+                        "from the one before (mean absolute difference, 0-1)"), report
+
     # What the node showed through ComfyUI's progress preview: Train Steps' bar (total 5) updated after each
     # step with an image: the newest preview (from step 1 on the untrained one) beside the loss plot.
     frames = [(value, image) for value, total, (kind, image, max_size) in state["previews"] if total == 5]
@@ -66,6 +84,11 @@ def test_previews_arrive_while_train_steps_runs_and_the_report_has_their_seconds
     shown = [left_tile(image) for value, image in frames if value in (1, 2, 4)]
     for tile, kept in zip(shown, trainer.step_previews):
         assert np.array_equal(tile, np.asarray(kept.image.convert("RGB")))
+    # The loss plot beside them draws the movement on its second axis once a preview after step 0 exists.
+    plot_colours = [set(map(tuple, np.asarray(image.crop((side + 8, 0, composite, side)).convert("RGB")).reshape(-1, 3)))
+                    for _, image in frames]
+    untrained_colour = pack_module(pack, "trainer_core.training.plot").FROM_UNTRAINED
+    assert [untrained_colour in colours for colours in plot_colours] == [False, True, True, True, True]
     # Frames between samples keep showing the newest one (step 3 shows step 2's).
     assert np.array_equal(left_tile(frames[2][1]), shown[1])
     # Compare Steps: one tile per preview (64 px, 2 columns: 3 tiles about square), each labelled under it.

@@ -319,11 +319,13 @@ class Outputs:
         """The last step's LoRA, the loss plot, the losses and (with previews) the grid of previews by step."""
         path = self.lora()
         progress = self.trainer.progress
-        plot = loss_plot(progress.loss_history, title=self.run.train.run_name,
-                         validation=progress.validation_history, datasets=progress.dataset_loss_history)
+        plot = loss_plot(progress.loss_history, title=self.run.train.run_name, validation=progress.validation_history,
+                         datasets=progress.dataset_loss_history, previews=progress.preview_history)
         self.write(_png(plot), self.run_dir / "loss.png", "loss plot")
         history = {"loss": progress.loss_history, "validation_loss": progress.validation_history,
-                   **({"dataset_loss": progress.dataset_loss_history} if progress.dataset_loss_history else {})}
+                   **({"dataset_loss": progress.dataset_loss_history} if progress.dataset_loss_history else {}),
+                   # (step, moved from the untrained preview, from the previous one): live.PreviewMovement
+                   **({"preview_movement": progress.preview_history} if progress.preview_history else {})}
         self.write(json.dumps(history).encode(), self.run_dir / "losses.json", "loss history")
         if self.kept:
             self.write(_png(step_grid(self.kept, title=self.run.train.run_name)), self.run_dir / "previews" /

@@ -30,7 +30,7 @@ from . import evaluation, lifecycle, outputs, setup, state
 from .busy import Busy, holds, run_description
 from .comparison import Comparison
 from .distributed import Replicas
-from .live import PreviewSettings, StepPreview
+from .live import PreviewMovement, PreviewSettings, StepPreview
 from .periodic import StepExtras
 
 
@@ -57,6 +57,7 @@ class TrainerBase:
         # copies of the previews made while training (live.py caps them).
         self.preview_every = 0
         self.step_previews: list[StepPreview] = []
+        self.preview_movement = PreviewMovement()  # the pictures the next preview is measured against
         # Its life.
         self.lock: RunLock | None = None  # the run folder's (lifecycle.lock_run_folder), where checkpoints are written
         self.retired_reason: str | None = None  # why this trainer may no longer be used (`retire`)
@@ -145,6 +146,13 @@ class TrainerBase:
         self.require_live()
         return outputs.preview_step(self.components, self.dataset, self.built, self.train_cfg.run_name, self.step,
                                     self.step_previews, settings, progress)
+
+    def measure_preview(self, preview: StepPreview) -> None:
+        """How far the live preview of this step (full size) moved from the untrained one and the previous one, into
+        `progress.preview_history` (the report's and the loss plot's; live.PreviewMovement)."""
+        from_untrained, from_previous = self.preview_movement.measure(preview)
+        history = [h for h in self.progress.preview_history if h[0] != preview.step]
+        self.progress.preview_history = [*history, (preview.step, from_untrained, from_previous)]
 
     def schedule_previews(self, extras: StepExtras) -> None:
         """The live preview schedule its host follows from now on (Train Steps: its widgets): `preview_every` says

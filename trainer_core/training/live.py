@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from PIL import Image, ImageDraw
+from PIL import Image, ImageChops, ImageDraw, ImageStat
 
 # The trainer keeps this many previews for comparing steps (the oldest go first), each at most
 # KEPT_PREVIEW_SIDE pixels on its longest side.
@@ -34,6 +34,37 @@ class StepPreview:
     step: int
     image: Image.Image
     seconds: float  # what sampling it cost
+
+
+def image_difference(a: Image.Image, b: Image.Image) -> float | None:
+    """The mean absolute difference of two pictures' RGB values on a 0-1 scale (0: the same picture; 1: white against
+    black everywhere); None for pictures of different sizes (the preview size changed between them)."""
+    if a.size != b.size:
+        return None
+    means = ImageStat.Stat(ImageChops.difference(a.convert("RGB"), b.convert("RGB"))).mean  # per band, 0-255
+    return sum(means) / (len(means) * 255.0)
+
+
+@dataclass
+class PreviewMovement:
+    """How far each live preview has moved, from the untrained model's (the step-0 preview) and from the one before
+    (`image_difference` of the full-size pictures). A LoRA that collapses into noise or texture moves far from both at
+    once while its loss says little (a known failure of 2.1 LoRAs); a healthy one moves from the untrained picture
+    steadily and less and less from the one before. Kept for the process: the pictures are not in checkpoints, so
+    after a resume from disk the measure starts again at the next preview."""
+
+    untrained: Image.Image | None = None
+    previous: Image.Image | None = None
+
+    def measure(self, preview: StepPreview) -> tuple[float | None, float | None]:
+        """(moved from the untrained preview, moved from the previous one) for `preview`, which becomes the previous
+        one (and, at step 0, the untrained one)."""
+        if preview.step == 0:
+            self.untrained = preview.image
+        moved = tuple(None if ref is None else image_difference(preview.image, ref)
+                      for ref in (self.untrained, self.previous))
+        self.previous = preview.image
+        return moved
 
 
 def keep_preview(kept: list[StepPreview], preview: StepPreview) -> None:

@@ -133,9 +133,15 @@ class StepExtras:
         return None
 
     def _sample(self, trainer: "Trainer") -> StepPreview | None:
+        """This step's preview (the host's own, else `preview` sampled), measured against the untrained and the
+        previous one (`Trainer.measure_preview`)."""
         if self.make_preview is not None:
-            return self.make_preview(trainer)
-        return trainer.preview_step(self.preview, progress=self.on_sampling_step)
+            preview = self.make_preview(trainer)
+        else:
+            preview = trainer.preview_step(self.preview, progress=self.on_sampling_step)
+        if preview is not None:
+            trainer.measure_preview(preview)
+        return preview
 
     def _preview(self, trainer: "Trainer", step: StepReport, report: TrainReport) -> None:
         step.preview = self._sample(trainer)

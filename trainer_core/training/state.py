@@ -38,6 +38,8 @@ class Progress:
     # (step, {dataset label: its samples' mean loss}) when the report lists datasets (weighting.py)
     dataset_loss_history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     validation_history: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss)
+    # (step, moved from the untrained preview, moved from the previous one): live.PreviewMovement, None where unknown
+    preview_history: list[tuple[int, float | None, float | None]] = field(default_factory=list)
 
 
 def training_state(progress: Progress, built: Built, decided: Decided, optimizer: OptimizerConfig,
@@ -54,6 +56,7 @@ def training_state(progress: Progress, built: Built, decided: Decided, optimizer
         "loss_history": progress.loss_history,
         "dataset_loss_history": progress.dataset_loss_history,
         "validation_history": progress.validation_history,
+        "preview_history": progress.preview_history,
         "optimizer_state": optim_rest,
         # The settings the run trained with: the adapter's as decided, and the swap count it streamed (as checkpoints
         # wrote them before 'auto' was a value of its own).
@@ -128,7 +131,8 @@ def resume(run_dir: Path, notes: list[str], built: Built, decided: Decided, opti
         step=meta["step"], micro_batches=meta["micro_batches"],
         loss_history=[tuple(x) for x in meta["loss_history"]],
         dataset_loss_history=[tuple(x) for x in meta.get("dataset_loss_history", [])],  # (older: none)
-        validation_history=[tuple(x) for x in meta.get("validation_history", [])])
+        validation_history=[tuple(x) for x in meta.get("validation_history", [])],
+        preview_history=[tuple(x) for x in meta.get("preview_history", [])])  # (older: none)
     return progress, folder
 
 
