@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file
 
 from conftest import REPO, TESTS
@@ -137,6 +138,13 @@ def test_a_run_file_on_model_files_trains_and_previews(tmp_path, demo_folder, ti
     assert sorted(p.name for p in (run / "previews").glob("step_*")) == [
         "step_000000_0.png", "step_000000_1.png", "step_000002_0.png", "step_000002_1.png"]
     assert len(load_file(str(run / "t_000002.safetensors"))) == 3 * (2 * 12 - 4)  # attention+mlp: 12 a block
+    # The first prompt's previews, measured against the untrained one and the previous one (live.PreviewMovement)
+    from trainer_core.training.live import image_difference
+
+    moved = json.loads((run / "losses.json").read_text())["preview_movement"]
+    first, last = (Image.open(run / "previews" / f"step_00000{s}_0.png") for s in (0, 2))
+    assert moved[0] == [0, 0.0, None]
+    assert moved[1] == [2, image_difference(last, first), image_difference(last, first)]
 
 
 def test_several_dataset_folders_each_with_its_repeats_and_an_epoch_length(tmp_path, demo_folder, capsys):
