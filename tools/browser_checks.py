@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
-from screenshots import ensure_playwright, free_port, shrink_png, stop, wait_ready  # noqa: E402
+from screenshots import ensure_playwright, free_port, host_tools, shrink_png, stop, wait_ready  # noqa: E402
 
 PACK = "qwen_image_lora_trainer"
 
@@ -40,13 +39,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(REPO / "docs"))
     p.add_argument("--keep", action="store_true", help="keep the temporary ComfyUI folder (its log)")
     args = p.parse_args(argv)
-    comfyui = os.environ.get("COMFYUI_PATH")
-    if not comfyui or not (Path(comfyui) / "main.py").exists():
-        raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout (and COMFYUI_PYTHON to a Python with its requirements)")
-    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    chromium = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium or not shutil.which("node"):
-        raise SystemExit("needs chromium and node (apt-get install chromium nodejs npm)")
+    comfyui, python, chromium = host_tools(need_node=True)
     modules = ensure_playwright()
 
     sys.path.insert(0, str(REPO))

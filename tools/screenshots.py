@@ -84,6 +84,20 @@ def tiny_setup(workflow: dict, base: Path, steps: int | None) -> dict:
     return out
 
 
+def host_tools(need_node: bool = False) -> tuple[str, str, str]:
+    """(ComfyUI's checkout, the Python that runs it, chromium) from COMFYUI_PATH, COMFYUI_PYTHON and CHROMIUM (or the
+    PATH), or exit saying what is missing; `need_node`: node.js too (the browser checks' script)."""
+    comfyui = os.environ.get("COMFYUI_PATH")
+    if not comfyui or not (Path(comfyui) / "main.py").exists():
+        raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout (and COMFYUI_PYTHON to a Python with its requirements)")
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    chromium = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium or (need_node and not shutil.which("node")):
+        raise SystemExit("needs chromium" + (" and node" if need_node else "") + " (apt-get install chromium"
+                         + (" nodejs npm" if need_node else "") + ", or set CHROMIUM)")
+    return comfyui, python, chromium
+
+
 def ensure_playwright() -> Path:
     pkg = NODE_DIR / "node_modules" / "playwright-core"
     if not (pkg / "package.json").exists():
@@ -149,13 +163,7 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the temporary ComfyUI folder (its log, outputs)")
     args = p.parse_args(argv)
 
-    comfyui = os.environ.get("COMFYUI_PATH")
-    if not comfyui or not (Path(comfyui) / "main.py").exists():
-        raise SystemExit("set COMFYUI_PATH to a ComfyUI checkout (and COMFYUI_PYTHON to a Python with its requirements)")
-    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
-    chromium = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        raise SystemExit("chromium not found (apt-get install chromium, or set CHROMIUM)")
+    comfyui, python, chromium = host_tools()
     if not shutil.which("node"):
         raise SystemExit("node not found (apt-get install nodejs npm)")
     workflow = json.loads(Path(args.workflow).read_text())
