@@ -212,21 +212,25 @@ def forward_output(transformer):
                            return_dict=False)[0]
 
 
-def test_diffusers_layout_lora_loads_into_the_pipeline_with_every_key_used_and_the_same_output(with_lora, tmp_path):
+@pytest.mark.parametrize("layout", ["diffusers", "comfyui"])
+def test_a_lora_file_loads_into_the_pipeline_with_every_key_used_and_the_same_output(with_lora, tmp_path, layout):
+    """diffusers' own Qwen loader reads both layouts Save writes for 2.1 (diffusers': `transformer.` names, alpha
+    folded; comfyui: bare names with `.alpha`): every module loaded, the transformer's output that of our adapter."""
     from diffusers import QwenImage21Pipeline
     from peft.tuners.lora import LoraLayer
     from safetensors.torch import save_file
 
+    from test_qwen_image21_comfy_keys import modules_of
     from trainer_core.adapters.lora_files import lora_file_tensors
 
-    tensors = lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout="diffusers")
+    tensors = lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout=layout)
     save_file(tensors, str(tmp_path / "lora.safetensors"))
     fresh = get_family(FAMILY).tiny_components(storage="float32")
     pipe = QwenImage21Pipeline(scheduler=None, vae=fresh.vae, text_encoder=None, processor=fresh.tokenizer,
                                transformer=fresh.transformer)
     pipe.load_lora_weights(str(tmp_path / "lora.safetensors"))
     loaded = {n for n, m in fresh.transformer.named_modules() if isinstance(m, LoraLayer)}
-    assert {f"transformer.{n}" for n in loaded} == {k.rsplit(".", 2)[0] for k in tensors}  # every key used
+    assert loaded == modules_of(k.removeprefix("transformer.") for k in tensors)  # every key used
     torch.testing.assert_close(forward_output(fresh.transformer), forward_output(with_lora.transformer),
                                rtol=1e-5, atol=1e-6)
 

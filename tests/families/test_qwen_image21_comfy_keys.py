@@ -22,7 +22,7 @@ import torch
 from trainer_core.core.errors import UserInputError
 
 from comfy_lora_rules import comfy_key_map_newer, unmatched_keys
-from test_qwen_image21 import FAMILY, forward_output, with_lora  # noqa: F401  (with_lora: a fixture)
+from test_qwen_image21 import FAMILY, with_lora  # noqa: F401  (with_lora: a fixture)
 
 # ComfyUI's 2.1 module names with their parameters' shapes (model.py at b8067976), in terms of the config:
 # D = heads x head size (inner_dim), H = head size, C = context_in_dim, I / O = in / out channels, M = D x mlp_ratio.
@@ -169,25 +169,3 @@ def test_the_rejected_spellings_match_only_one_of_comfyuis_21_models(with_lora):
     assert unmatched_keys(kohya, maps["split"]) == [] and len(unmatched_keys(kohya, maps["fused"])) == mlp_keys
     assert unmatched_keys(fused_names, maps["fused"]) == []
     assert len(unmatched_keys(fused_names, maps["split"])) == 3 * blocks
-
-
-def test_comfyui_layout_lora_loads_into_the_pipeline_with_every_key_used_and_the_same_output(with_lora, tmp_path):
-    """diffusers' own Qwen loader reads the comfyui-layout 2.1 file (bare names with `.alpha`): every module
-    loaded, the transformer's output that of our adapter."""
-    from diffusers import QwenImage21Pipeline
-    from peft.tuners.lora import LoraLayer
-    from safetensors.torch import save_file
-
-    from trainer_core.adapters.lora_files import lora_file_tensors
-    from trainer_core.families import get_family
-
-    tensors = lora_file_tensors(with_lora.transformer, rank=2, alpha=3.0, dtype=torch.float32, layout="comfyui")
-    save_file(tensors, str(tmp_path / "lora.safetensors"))
-    fresh = get_family(FAMILY).tiny_components(storage="float32")
-    pipe = QwenImage21Pipeline(scheduler=None, vae=fresh.vae, text_encoder=None, processor=fresh.tokenizer,
-                               transformer=fresh.transformer)
-    pipe.load_lora_weights(str(tmp_path / "lora.safetensors"))
-    loaded = {n for n, m in fresh.transformer.named_modules() if isinstance(m, LoraLayer)}
-    assert loaded == modules_of(tensors)
-    torch.testing.assert_close(forward_output(fresh.transformer), forward_output(with_lora.transformer),
-                               rtol=1e-5, atol=1e-6)
