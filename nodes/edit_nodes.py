@@ -47,10 +47,10 @@ class QwenLoRALoadEditModels:
 class QwenLoRAEditDataset:
     DESCRIPTION = (
         "An edit dataset: per sample a target image, its .txt caption (the edit instruction) and 1 to 3 control "
-        "images: name_control.png, name_control_2.png, name_control_3.png beside it, or control/name.png, "
-        "control/name_2.png, ... Buckets come from the target; controls keep their aspect ratio and are sized by "
-        "the edit model's rule. Qwen-Image 2.1 (from either Load node) trains reference-image editing on it: the "
-        "controls are its reference images. Errors name the file to fix."
+        "images (Qwen-Image 2.1: up to 10): name_control.png, name_control_2.png, name_control_3.png, ... beside it, "
+        "or control/name.png, control/name_2.png, ... Buckets come from the target; controls keep their aspect ratio "
+        "and are sized by the edit model's rule. Qwen-Image 2.1 (from either Load node) trains reference-image "
+        "editing on it: the controls are its reference images. Errors name the file to fix."
     )
     CATEGORY = CATEGORY
     FUNCTION = "discover"

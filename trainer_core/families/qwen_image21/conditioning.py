@@ -2,7 +2,7 @@
 
 A sample of a text-to-image dataset has its prompts encoded alone (`text.encode_prompt`, keyed by
 `text_key`, as before). A sample of an edit dataset (data/edit_dataset.py's convention: a target, its
-caption and 1 to 3 control images, here the references) has each prompt encoded *with* its references as the
+caption and 1 to 10 control images, here the references) has each prompt encoded *with* its references as the
 pipeline does (references.py), cached as {"embedding": (L, D), "image_slots": (L,) bool}, and each reference's
 latents (C, h_i, w_i). Caption dropout keeps the references (the empty caption is encoded with them), as for Edit.
 

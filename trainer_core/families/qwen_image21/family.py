@@ -1,6 +1,6 @@
 """Qwen-Image 2.1 as a model family: what differs from Qwen-Image, behind the seam's hooks.
 
-A sample is a target image and its caption (a text-to-image dataset), or a target, its caption and 1 to 3
+A sample is a target image and its caption (a text-to-image dataset), or a target, its caption and 1 to 10
 reference images (an edit dataset, data/edit_dataset.py's convention: the controls are the references).
 One model set trains either: it trains reference-image editing when its dataset has reference images. What
 the pinned `QwenImage21Pipeline` feeds its transformer, and so what training feeds it (objective.py):
