@@ -44,8 +44,8 @@ def test_the_runs_status_and_its_lora_file_say_the_licence(name, tmp_path):
                    TrainConfig(run_name=f"licence-{name}"), run_dir=None)
     try:
         licence = LICENCES[name]
-        assert (f"model: {components.family.display_name}, whose weights are under the {licence}; a LoRA trained "
-                "on them derives from them") in run.status
+        assert (f"model: {components.family.display_name}; its weights' licence: {licence} (a LoRA trained on them "
+                "derives from them)") in run.status
         run.trainer.train(1)
         path = run.trainer.save_lora(tmp_path / "lora.safetensors")
         with safe_open(str(path), "pt") as f:

@@ -132,8 +132,8 @@ def open_run(
     for note in idle_settings(dataset, lora, optimizer, train):  # settings that change nothing here, said
         head += f"\nwarning: {note}"
     family = components.family
-    head += (f"\nmodel: {family.describe(components)}, whose weights are under the {family.weights_licence}; a LoRA "
-             "trained on them derives from them")
+    head += (f"\nmodel: {family.describe(components)}; its weights' licence: {family.weights_licence} (a LoRA trained "
+             "on them derives from them)")
     status = f"{head}\nblocks_to_swap: {trainer.decided.swap.label}\n\n{trainer.memory_plan}"
     return OpenedRun(trainer, "resumed" if resumed else "started", status)
 
