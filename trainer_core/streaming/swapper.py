@@ -24,6 +24,11 @@ from .placement import BACKWARD_PART, Load, Placement, Ring, blob_layout
 from .trace import Trace
 
 
+def _stored(layout: list[tuple[tuple[int, ...], torch.dtype]]) -> str:
+    """The dtypes of a block's frozen weights, for a person ("float8_e4m3fn", "bfloat16 and float8_e4m3fn")."""
+    return " and ".join(sorted({str(dtype).removeprefix("torch.") for _, dtype in layout}))
+
+
 class BlockSwapper:
     """The streamed blocks' weights (module docstring). `before(pass_, i)` at every block; `release()` points
     every streamed Linear back at its master (the runner's uninstall), `unpin()` then moves the masters to
@@ -82,11 +87,10 @@ class BlockSwapper:
         for i in self.swapped:
             got = [(tuple(lin.weight.shape), lin.weight.dtype) for lin in self.linears[i]]
             if got != want:
-                def stored(layout):
-                    return " and ".join(sorted({str(dtype).removeprefix("torch.") for _, dtype in layout}))
+                kinds = _stored(want), _stored(got)
                 raise UserInputError(
                     f"blocks_to_swap: the transformer's blocks are stored differently (block {first}'s Linears in "
-                    f"{stored(want)}, block {i}'s in {stored(got)}{'' if stored(want) != stored(got) else ', other shapes'}), "
+                    f"{kinds[0]}, block {i}'s in {kinds[1]}{'' if kinds[0] != kinds[1] else ', other shapes'}), "
                     "as a file that quantises some blocks and not others holds them; streamed blocks share one ring of "
                     "GPU slots, so they must be stored alike. Set blocks_to_swap to 0 where the model fits, or load a "
                     "transformer file quantised throughout (ComfyUI's fp8_e4m3fn file, say). Nothing was trained yet.")

@@ -22,7 +22,6 @@ from PIL import Image
 from ...core.errors import UserInputError
 from ..sampling import WrappedTransformer, prompt_embedding
 from .objective import padded_slots
-from .turbo import TURBO_SCHEDULER, is_turbo
 from .references import (
     check_reference_size,
     encode_reference_latents,
@@ -32,6 +31,7 @@ from .references import (
     reference_shapes,
     reference_tokens,
 )
+from .turbo import TURBO_SCHEDULER, is_turbo
 
 MAX_REFERENCES = 10  # 2.1 edits with up to ten (ComfyUI's 2.1 encode node takes sixteen); the edit datasets read ten
 
