@@ -47,7 +47,7 @@ class QwenLoRADataset:
             "repeats", "caption_extension", "missing_caption", "upscale_small_images", "background",
             "allow_large_images",
         ), "optional": widgets(DatasetConfig, "validation_images", "input_folder", "mask_background_weight",
-                               "loss_weight", "is_regularization")}
+                               "loss_weight", "is_regularization", "transparency")}
 
     @classmethod
     def IS_CHANGED(cls, folder, input_folder=CUSTOM_FOLDER, **_):

@@ -83,7 +83,7 @@ class QwenLoRAEditPreview:
     FUNCTION = "preview"
     RETURN_TYPES = QwenLoRAPreview.RETURN_TYPES
     RETURN_NAMES = QwenLoRAPreview.RETURN_NAMES
-    OUTPUT_TOOLTIPS = ("The edited image.",)
+    OUTPUT_TOOLTIPS = ("The edited image.", QwenLoRAPreview.OUTPUT_TOOLTIPS[1])
 
     @classmethod
     def INPUT_TYPES(cls):

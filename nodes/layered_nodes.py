@@ -30,7 +30,10 @@ class QwenLoRALayeredDataset:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return QwenLoRADataset.INPUT_TYPES()
+        spec = QwenLoRADataset.INPUT_TYPES()
+        # A Layered sample keeps its alpha always (its layers are what the model learns): no transparency choice.
+        return {"required": spec["required"], "optional": {k: v for k, v in spec["optional"].items()
+                                                           if k != "transparency"}}
 
     IS_CHANGED = QwenLoRADataset.IS_CHANGED  # the folder's state (a layer file counts too)
 

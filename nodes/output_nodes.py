@@ -10,7 +10,7 @@ from ..trainer_core.core.errors import UserInputError
 from ..trainer_core.training.live import step_grid
 from ..trainer_core.training.plot import loss_plot
 from . import host
-from .common import CATEGORY, TRAINER, engine_mode, image_to_pil, pil_to_image
+from .common import CATEGORY, TRAINER, engine_mode, image_to_pil, pil_to_image, pil_to_image_and_mask
 from .widgets import widgets
 
 
@@ -29,9 +29,12 @@ class QwenLoRAPreview:
     )
     CATEGORY = CATEGORY
     FUNCTION = "preview"
-    RETURN_TYPES = ("IMAGE",)
-    RETURN_NAMES = ("image",)
-    OUTPUT_TOOLTIPS = ("The sampled image.",)
+    RETURN_TYPES = ("IMAGE", "MASK")
+    RETURN_NAMES = ("image", "mask")
+    OUTPUT_TOOLTIPS = ("The sampled image (its colours; a Qwen-Image 2.1 preview's transparency is in the mask).",
+                       "Where the image is transparent, as Load Image's mask (1 - alpha; Join Image with Alpha "
+                       "makes the RGBA picture): Qwen-Image 2.1 previews transparency; other models' previews are "
+                       "opaque (all 0).")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -60,10 +63,12 @@ def takes_control_images(trainer) -> bool:
 
 
 def preview_image(trainer, prompt: str, width: int, height: int, steps: int, cfg: float, seed: int,
-                  control_images: list[torch.Tensor] | None = None, weights: str = "raw") -> tuple[torch.Tensor]:
+                  control_images: list[torch.Tensor] | None = None, weights: str = "raw"
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both Preview nodes: sample `prompt` (empty: the first preview prompt) against the cached negative prompt
     with ComfyUI's progress bar; `control_images` (ComfyUI IMAGEs, Edit only) are edited, else the family's
-    default controls. `weights`: the adapter's raw weights or their EMA (PreviewConfig.weights)."""
+    default controls. `weights`: the adapter's raw weights or their EMA (PreviewConfig.weights). Returns the IMAGE and
+    its MASK (transparency: `pil_to_image_and_mask`)."""
     trainer.require_live()
     prompt = prompt.strip() or first_preview_prompt(trainer)
     negative = trainer.dataset.negative_prompt
@@ -73,7 +78,7 @@ def preview_image(trainer, prompt: str, width: int, height: int, steps: int, cfg
         image = trainer.sample_preview(prompt, negative, width, height, steps, cfg, seed,
                                        progress=lambda i, n: progress.update(i, total=n),
                                        control_images=controls or None, weights=weights)
-    return (pil_to_image(image),)
+    return pil_to_image_and_mask(image)
 
 
 def first_preview_prompt(trainer) -> str:

@@ -57,7 +57,7 @@ NODES = [
                             "upscale_small_images": False, "background": "white",
                             "allow_large_images": False, "validation_images": 0,
                             "input_folder": "(custom path)", "mask_background_weight": 0.1, "loss_weight": 1.0,
-                            "is_regularization": False}, ("data", 0)),
+                            "is_regularization": False, "transparency": "auto"}, ("data", 0)),
     (3, "QwenLoRACache", {"preview_prompts": "a photo of sks dog on a beach", "negative_prompt": "",
                           "caching_batch_size": 4, "cache_folder": "", "preservation_trigger": "",
                           "preservation_class": ""}, ("data", 0)),

@@ -182,6 +182,55 @@ def test_small_previews_are_enlarged_for_display_pixel_for_pixel():
     assert for_display(Image.new("RGB", (1024, 512)), 512).size == (512, 256)
 
 
+def transparent_preview() -> Image.Image:
+    """A 16 x 16 RGBA picture: a red opaque left half, a fully transparent right half (its colour black), a
+    half-transparent blue top row."""
+    rgba = np.zeros((16, 16, 4), np.uint8)
+    rgba[:, :8] = (255, 0, 0, 255)
+    rgba[0] = (0, 0, 255, 128)
+    return Image.fromarray(rgba, "RGBA")
+
+
+def test_a_transparent_preview_gives_comfyuis_image_and_mask_and_shows_on_a_checkerboard(pack):
+    """A Qwen-Image 2.1 preview (RGBA) reaches the canvas as Load Image gives a PNG with alpha: IMAGE the colours as
+    they are, MASK = 1 - alpha; Compare Steps and the live image show transparent pixels as a checkerboard (white and
+    light grey squares), opaque ones as they are; an opaque preview's mask is all 0."""
+    from trainer_core.data.pixels import CHECKER
+    from trainer_core.training.live import StepPreview, step_grid
+
+    common = pack_module(pack, "nodes.common")
+    picture = transparent_preview()
+    image, mask = common.pil_to_image_and_mask(picture)
+    rgba = np.asarray(picture, dtype=np.float32) / 255.0
+    assert image.shape == (1, 16, 16, 3) and mask.shape == (1, 16, 16)
+    assert np.array_equal(image[0].numpy(), rgba[..., :3]) and np.array_equal(mask[0].numpy(), 1.0 - rgba[..., 3])
+    _, opaque_mask = common.pil_to_image_and_mask(picture.convert("RGB"))
+    assert not opaque_mask.any()
+
+    tile = 16 * 8  # enlarged 8x: each sampled pixel an 8 x 8 block, the board's squares 8 px
+    grid = np.asarray(step_grid([StepPreview(10, picture, 0.0)], tile=tile)).astype(int)  # (H, W, 3)
+    right = grid[8:tile, tile // 2:tile]  # the transparent half, under the top row
+    squares = {tuple(right[y, x]) for y in range(0, right.shape[0], CHECKER) for x in range(0, right.shape[1], CHECKER)}
+    assert squares == {(255, 255, 255), (204, 204, 204)}
+    assert {tuple(p) for p in grid[8:tile, :tile // 2].reshape(-1, 3)} == {(255, 0, 0)}
+    top = {tuple(p) for p in grid[:8, :tile].reshape(-1, 3)}  # half blue over white or grey
+    assert top <= {(127, 127, 255), (128, 128, 255), (102, 102, 229), (102, 102, 230)}, top
+
+
+def test_preview_movement_counts_alpha_when_a_preview_has_it():
+    """The movement of RGBA previews is the mean absolute difference over R, G, B and alpha (an opaque picture's
+    alpha is 255): a preview whose background turns transparent has moved, even where its colours did not."""
+    from trainer_core.training.live import image_difference
+
+    picture = transparent_preview()
+    opaque = picture.copy()
+    opaque.putalpha(255)
+    a, b = np.asarray(picture, dtype=np.float64), np.asarray(opaque, dtype=np.float64)
+    assert image_difference(picture, opaque) == pytest.approx(np.abs(a - b).mean() / 255.0, abs=1e-12)
+    assert image_difference(picture, opaque.convert("RGB")) == image_difference(picture, opaque)
+    assert image_difference(picture, picture) == 0.0
+
+
 def test_previews_leave_training_bit_identical(pack, tmp_path, demo_folder, monkeypatch):
     monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
     monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))

@@ -94,7 +94,7 @@ def test_edit_preview_edits_the_wired_control_images_as_the_shared_sampler_does(
     trainer = outputs["7"][0]
     node = pack.NODE_CLASS_MAPPINGS["QwenLoRAEditPreview"]()
     with torch.inference_mode():  # as ComfyUI runs a node
-        (wired,) = node.preview(trainer, **SETTINGS, control_image_1=as_image(control))
+        (wired, _mask) = node.preview(trainer, **SETTINGS, control_image_1=as_image(control))
     assert torch.equal(wired, shared_sampler(trainer, SETTINGS, [control]))
     assert not torch.equal(wired, outputs["8"][0])  # another picture than the first sample's control
 
@@ -106,7 +106,7 @@ def test_edit_preview_takes_the_tenth_socket_and_refuses_more_images_than_the_va
     trainer = outputs["7"][0]
     node = pack.NODE_CLASS_MAPPINGS["QwenLoRAEditPreview"]()
     with torch.inference_mode():
-        (tenth,) = node.preview(trainer, **SETTINGS, control_image_10=as_image(control))
+        (tenth, _mask) = node.preview(trainer, **SETTINGS, control_image_10=as_image(control))
     assert torch.equal(tenth, shared_sampler(trainer, SETTINGS, [control]))  # a lone socket is Picture 1
     four = {f"control_image_{i}": as_image(control) for i in (1, 2, 3, 4)}
     with pytest.raises(errors.UserInputError, match="4 control images were given, but edit-2511 takes at most 3"):

@@ -350,3 +350,4 @@ def test_preview_equals_the_pipelines_own_sampling_from_its_prompt(tiny21, tmp_p
     theirs = pipeline(tiny21)(prompt=prompt, width=64, height=96, num_inference_steps=2,
                               generator=torch.Generator("cpu").manual_seed(3)).images[0]
     assert ours.size == (64, 96) and np.array_equal(np.asarray(ours), np.asarray(theirs))
+    assert ours.mode == theirs.mode == "RGBA"  # the RGBA VAE's decode, alpha kept (a headless preview's PNG holds it)

@@ -121,6 +121,8 @@ def test_the_shipped_21_workflow_trains_on_the_tiny_files(pack, files21, demo_fo
     outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
     trainer = outputs["7"][0]
     assert trainer.step == 2 and trainer.components.family.name == FAMILY
+    image, mask = outputs["8"]  # the Preview node: the RGBA VAE's alpha as the mask (1 - alpha), not thrown away
+    assert image.shape == (1, 64, 64, 3) and mask.shape == (1, 64, 64) and float(mask.max()) > 0
     from trainer_core.models.float8 import FLOAT8, frozen_block_linears
 
     stored = {lin.weight.dtype for _, lin in frozen_block_linears(trainer.built.transformer)}

@@ -38,24 +38,26 @@ def reference_picture(size=(320, 200), colour=(40, 70, 220)) -> Image.Image:
     return img
 
 
-def edit_dataset(folder, reference: Image.Image | None = None, resolution: int = RESOLUTION, more=()):
-    """One not-square target with its caption and one reference beside it (name_control.png), and `more`
-    references after it (name_control_2.png, ...)."""
+def edit_dataset(folder, reference: Image.Image | None = None, resolution: int = RESOLUTION, more=(),
+                 target: Image.Image | None = None, **settings):
+    """One not-square target (`target`, or a red 192 x 64 picture) with its caption and one reference beside it
+    (name_control.png), and `more` references after it (name_control_2.png, ...); `settings`: DatasetConfig's."""
     from conftest import tiny_dataset_config
     from trainer_core.core.config import EditDataConfig
     from trainer_core.data.edit_dataset import load_edit_dataset
 
     folder.mkdir(parents=True, exist_ok=True)
-    Image.new("RGB", (192, 64), (200, 60, 40)).save(folder / "a.png")
+    (target or Image.new("RGB", (192, 64), (200, 60, 40))).save(folder / "a.png")
     (folder / "a.txt").write_text("paint the circle red")
     (reference or reference_picture()).save(folder / "a_control.png")
     for n, picture in enumerate(more, start=2):
         picture.save(folder / f"a_control_{n}.png")
-    return load_edit_dataset(tiny_dataset_config(folder), EditDataConfig(control_resolution=resolution))
+    return load_edit_dataset(tiny_dataset_config(folder, **settings), EditDataConfig(control_resolution=resolution))
 
 
-def reference_loss(components, sample, references: list[Image.Image], seed):
-    """(loss, the transformer's inputs, the level before its shift, x_t) from the pipeline's pieces."""
+def reference_loss(components, sample, references: list[Image.Image], seed, target: Image.Image | None = None):
+    """(loss, the transformer's inputs, the level before its shift, x_t) from the pipeline's pieces. `target`: the
+    target picture as it is (RGBA kept), of the bucket's aspect, for the pipeline's own resize; None: the RGB crop."""
     from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_dimensions
 
     from trainer_core.data.images import load_cropped
@@ -75,9 +77,10 @@ def reference_loss(components, sample, references: list[Image.Image], seed):
         vae_images.append(pipe.image_processor.preprocess(rgba, width=rw, height=rh).unsqueeze(2))  # (1, 4, 1, rh, rw)
     prompt, mask, slots = pipe.encode_prompt(sample.caption, image=encoder_images, device=cpu)
     assert int(slots.sum()) == sum((rw // 32) * (rh // 32) for rw, rh in sizes)  # one per 2 x 2 latent cells
-    rgb = load_cropped(sample.image_path, sample.bucket)  # the target as the text-to-image oracle takes it
-    crop = Image.fromarray(((rgb.permute(1, 2, 0) + 1) * 127.5).round().to(torch.uint8).numpy())
-    target = pipe.image_processor.preprocess(crop.convert("RGBA"), width=w, height=h)
+    if target is None:
+        rgb = load_cropped(sample.image_path, sample.bucket)  # the target as the text-to-image oracle takes it
+        target = Image.fromarray(((rgb.permute(1, 2, 0) + 1) * 127.5).round().to(torch.uint8).numpy())
+    target = pipe.image_processor.preprocess(target.convert("RGBA"), width=w, height=h)  # (1, 4, H, W)
     with torch.no_grad():
         x0 = pipe._pack_latents(pipe._encode_vae_image(target.unsqueeze(2), None), 1, c, h // f, w // f)  # (1, N, C)
         noise, ref_tokens = pipe.prepare_latents(vae_images, 1, c, h, w, torch.float32, cpu,
@@ -130,6 +133,65 @@ def test_one_training_step_with_reference_images_equals_the_reference_from_the_p
         assert torch.equal(ours[name], inputs[name]), name
     assert ours["img_shapes"] == inputs["img_shapes"] and ours["encoder_hidden_states_mask"] is None
     assert loss == expected  # the same operations on the same numbers (the adapter starts as a no-op)
+
+
+def transparent(picture: Image.Image) -> Image.Image:
+    """`picture` with its white pixels fully transparent and a half-transparent band across its middle (RGBA)."""
+    rgba = np.asarray(picture.convert("RGBA")).copy()  # (H, W, 4)
+    rgba[(rgba[..., :3] == 255).all(-1), 3] = 0
+    rgba[rgba.shape[0] // 2 - 4: rgba.shape[0] // 2 + 4, :, 3] //= 2
+    return Image.fromarray(rgba, "RGBA")
+
+
+def test_transparent_target_and_reference_train_as_the_pipelines_pieces_take_them(tiny21, tmp_path):
+    """Transparency kept (the default for 2.1): the target is encoded from its RGBA picture as the pipeline's image
+    processor and VAE encode it, the reference's alpha reaches the VAE and its picture over white the text encoder (the
+    pipeline's own `__call__` with the RGBA reference is the oracle); one training step's loss is the pipeline pieces'.
+    With transparency "flatten" the images are composited onto the background first, as for the other models, and
+    cached under other keys."""
+    from pathlib import Path
+
+    from trainer_core.data.cache import build_cache
+    from trainer_core.data.images import open_image
+
+    components = tiny21
+    components.ensure_text_encoder()  # an earlier cache build released it
+    target = transparent(Image.new("RGB", (192, 64), "white"))
+    ImageDraw.Draw(target).ellipse((60, 8, 132, 56), fill=(200, 60, 40, 255))
+    reference = transparent(reference_picture())
+    dataset = edit_dataset(tmp_path / "d", reference, target=target)
+    (sample,) = dataset.samples
+    assert sample.decode.startswith("alpha") and sample.controls[0].decode.startswith("alpha")
+    expected, inputs, unshifted, x_t = reference_loss(components, sample, [reference], seed=7, target=target)
+
+    pipe = pipeline(components, {**components.scheduler_config, "shift_terminal": None})
+    alpha = pipe.image_processor.preprocess(target, width=96, height=32)[0, 3]  # (H, W) in [-1, 1]
+    assert float(alpha.min()) == -1.0 and float(alpha.max()) == 1.0  # the oracle's target is transparent in places
+    _, called = first_call(components.transformer, lambda: pipe(
+        prompt=sample.caption, image=[reference], width=96, height=32, sigmas=[float(unshifted)], latents=x_t,
+        output_type="latent", use_kv_cache=False, output_resolution=RESOLUTION))
+    for name in ("hidden_states", "encoder_hidden_states", "img_mask"):
+        assert torch.equal(called[name], inputs[name]), name
+
+    family = components.family
+    cached = build_cache(components, list(dataset.samples), tmp_path / "cache", settings=family.data_settings(dataset))
+    loss, ours = first_call(components.transformer, lambda: one_step_loss(components, cached, "q21alpha"))
+    for name in ("hidden_states", "encoder_hidden_states", "img_mask", "timestep"):
+        assert torch.equal(ours[name], inputs[name]), name
+    assert loss == expected
+
+    components.ensure_text_encoder()
+    flat = edit_dataset(tmp_path / "d", reference, target=target, transparency="flatten")
+    flat_cache = build_cache(components, list(flat.samples), tmp_path / "cache", settings=family.data_settings(flat))
+    (kept_entry,), (flat_entry,) = cached.samples, flat_cache.samples
+    assert flat_entry.latent_key != kept_entry.latent_key and flat_entry.text_key != kept_entry.text_key
+    assert flat_entry.condition_keys[0] != kept_entry.condition_keys[0]
+    # the oracle of a flattened run: the pictures composited onto white as the other models' datasets decode them
+    components.ensure_text_encoder()
+    flat_expected, flat_inputs, _u, _x = reference_loss(
+        components, flat.samples[0], [open_image(Path(flat.samples[0].controls[0].path))], seed=7)
+    assert not torch.equal(flat_inputs["hidden_states"], inputs["hidden_states"])
+    assert one_step_loss(components, flat_cache, "q21flat") == flat_expected
 
 
 def test_cache_keys_follow_the_reference_images_bytes(tiny21, tmp_path):

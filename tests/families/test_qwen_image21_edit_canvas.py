@@ -62,7 +62,7 @@ def test_the_edit_workflow_trains_and_previews_a_21_edit_from_its_transformer_fi
         given = Image.new("RGB", (288, 288), (250, 250, 40))  # a picture wired in: encoded now, with the prompt
         as_image = torch.from_numpy(np.asarray(given, dtype=np.float32) / 255.0).unsqueeze(0)
         with torch.inference_mode():  # as ComfyUI runs a node
-            (wired,) = pack.NODE_CLASS_MAPPINGS["QwenLoRAEditPreview"]().preview(trainer, **settings,
+            (wired, _mask) = pack.NODE_CLASS_MAPPINGS["QwenLoRAEditPreview"]().preview(trainer, **settings,
                                                                                  control_image_1=as_image)
         theirs = trainer.sample_preview("paint the circle green", trainer.dataset.negative_prompt, 64, 64, 2, 4.0, 3,
                                         control_images=[given])

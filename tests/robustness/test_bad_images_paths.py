@@ -113,9 +113,9 @@ def test_background_is_a_dataset_setting_said_in_the_summary(pack, tmp_path):
                     max_bucket_side=128, repeats=1, caption_extension=".txt", missing_caption="error",
                     upscale_small_images=False, allow_large_images=False)
     _, summary = node().discover(background="white", **settings)
-    assert "1 with transparency composited onto white" in summary
-    _, summary = node().discover(background="#102030", **settings)
-    assert "onto #102030" in summary
+    assert "1 with transparency kept by Qwen-Image 2.1, composited onto white for the other models" in summary
+    _, summary = node().discover(background="#102030", transparency="flatten", **settings)
+    assert summary.endswith("1 with transparency composited onto #102030")
     with pytest.raises(pack_module(pack, "trainer_core.core.errors").UserInputError,
                        match=r"background='nope' is not a colour.*white.*#RRGGBB"):
         node().discover(background="nope", **settings)
@@ -524,3 +524,50 @@ def test_the_catalogue_rows_are_in_the_readme():
                   "is a link to", "Use only {run_name} and {step}", "reserved", "differs only by case",
                   "through the link", "is too long"):
         assert topic in section, topic
+
+
+def test_kept_transparency_decodes_every_kind_to_rgba_as_it_is(tmp_path):
+    """transparency kept (Qwen-Image 2.1's RGBA VAE): every kind of transparency (alpha channel, grey with alpha,
+    palette transparency, a colour key) decodes to RGBA with its colours as they are, not blended with a background;
+    an opaque image stays RGB (2.1's pipeline makes it opaque RGBA)."""
+    from trainer_core.data.images import cropped_image
+
+    clear = visible_corner(Image.new("RGBA", (64, 64), (0, 0, 0, 0)), (0, 0, 0, 255))
+    clear.save(tmp_path / "rgba.png")
+    clear.convert("LA").save(tmp_path / "la.png")
+    visible_corner(Image.new("P", (64, 64), 0), 1).save(tmp_path / "palette.png", transparency=0)
+    visible_corner(Image.new("RGB", (64, 64), (10, 20, 30)), (1, 2, 3)).save(tmp_path / "keyed.png",
+                                                                            transparency=(10, 20, 30))
+    Image.new("RGBA", (64, 64), (255, 0, 0, 128)).save(tmp_path / "half.png")
+    Image.new("RGB", (64, 64), "red").save(tmp_path / "opaque.png")
+    for name in ("rgba.png", "la.png", "palette.png", "keyed.png"):
+        image = cropped_image(tmp_path / name, (64, 64), background=(0, 255, 0), keep_alpha=True)
+        alpha = np.asarray(image.getchannel("A"))
+        assert image.mode == "RGBA" and alpha[0, 0] == 255 and (alpha.ravel()[1:] == 0).all(), name
+    half = cropped_image(tmp_path / "half.png", (64, 64), background=(0, 255, 0), keep_alpha=True)
+    assert half.getpixel((5, 5)) == (255, 0, 0, 128)  # the colour as it is: no background blended in
+    assert cropped_image(tmp_path / "opaque.png", (64, 64), keep_alpha=True).mode == "RGB"
+    # resized as premultiplied colour: a transparent pixel's black does not darken its opaque neighbour
+    edge = Image.new("RGBA", (128, 128), (0, 0, 0, 0))
+    edge.paste((255, 255, 255, 255), (0, 0, 64, 128))
+    edge.save(tmp_path / "edge.png")
+    small = np.asarray(cropped_image(tmp_path / "edge.png", (64, 64), keep_alpha=True))  # (H, W, 4)
+    visible = small[..., 3] > 0
+    assert (small[visible][:, :3] >= 254).all()
+
+
+def test_keep_transparency_is_refused_by_models_whose_vae_is_rgb_and_auto_flattens_for_them(tiny, tmp_path):
+    """Qwen-Image's VAE encodes RGB: "keep" with a transparent image is refused by name at caching (nothing encoded);
+    "auto" caches what "flatten" caches (the composite on the background, under the same key)."""
+    from trainer_core.data.cache import build_cache
+
+    visible_corner(Image.new("RGBA", (64, 64), (0, 0, 0, 0)), (0, 0, 0, 255)).save(tmp_path / "clear.png")
+    caption(tmp_path, "clear")
+    kept = discover(tiny_dataset_config(tmp_path, transparency="keep"))
+    with pytest.raises(UserInputError, match=r"image clear.png is transparent and its dataset's transparency is "
+                                             r"'keep', but Qwen-Image's VAE encodes RGB only.*'flatten'"):
+        build_cache(tiny, kept, tmp_path / "cache")
+    assert not (tmp_path / "cache" / "latents").exists() or not any((tmp_path / "cache" / "latents").iterdir())
+    auto = build_cache(tiny, discover(tiny_dataset_config(tmp_path)), tmp_path / "cache")
+    flat = build_cache(tiny, discover(tiny_dataset_config(tmp_path, transparency="flatten")), tmp_path / "cache")
+    assert auto.samples[0].latent_key == flat.samples[0].latent_key

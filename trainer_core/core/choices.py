@@ -17,6 +17,9 @@ MODEL_SOURCES = ("ComfyUI model files", "diffusers folder", "tiny test model (ra
                  "shapes model (small, pretrained, ships with the pack)")
 NO_LORA = "(none: start from zero)"  # the continue_from_lora choice that starts a new adapter
 CUSTOM_FOLDER = "(custom path)"  # the dataset input_folder choice that uses the typed folder path
+# What a dataset does with transparent images (DatasetConfig.transparency): keep them as RGBA (a family whose VAE
+# encodes alpha: ModelFamily.keeps_transparency), composite them onto the background, or keep where the model can.
+TRANSPARENCY_CHOICES = ("auto", "keep", "flatten")
 # The memory planner models these block storages (float32 blocks are a CPU/test mode it does not cover), and "int8": an
 # int8 ConvRot file's weights kept as they are (what a float8 mode does with ComfyUI's int8 files, models/float8/).
 PLAN_STORAGE_MODES = (*(m for m in STORAGE_MODES if m != "float32"), "int8")

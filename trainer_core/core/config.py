@@ -29,6 +29,7 @@ from .choices import (  # noqa: F401 (re-exported)
     SAVE_DTYPES,
     STORAGE_MODES,
     TEXT_ENCODER_FP8_MODES,
+    TRANSPARENCY_CHOICES,
 )
 from .errors import UserInputError
 from .fields import (  # noqa: F401 (re-exported: the settings' users import them from here)
@@ -105,6 +106,12 @@ class DatasetConfig:
         "ignore the background, 1 = no masking, 0.1 (the default, as OneTrainer's unmasked_weight and ai-toolkit's "
         "mask_min_value in its UI) keeps a little of it. Images without a mask train everywhere.",
         min=0.0, max=1.0, step=0.01,
+    )
+    transparency: str = _f(
+        "auto", "Transparent images: keep their transparency (the LoRA learns it: Qwen-Image 2.1 only, whose VAE "
+        "encodes RGBA; a transparent reference keeps its alpha for the VAE, and its text encoder sees it over white, "
+        "as 2.1's pipeline does), flatten them onto the background colour, or auto: keep for 2.1, flatten for the "
+        "other models (their VAEs are RGB).", choices=TRANSPARENCY_CHOICES,
     )
 
     def __post_init__(self) -> None:

@@ -215,6 +215,7 @@ def build_cache(
     everything = training + validation
     vae_fp = components.fingerprint("vae")
     conditioning = family.cache_conditioning(components, everything, settings)  # refuses what it cannot take
+    family.check_transparency(everything)
     for kind in ("latents", "text", "masks"):  # what killed runs left (only we write these folders)
         remove_leftovers(cache_dir / kind, names=ENTRY_NAME, library_temps_older_than=LIBRARY_TEMP_AGE)
 

@@ -71,6 +71,9 @@ class Sample:
     decode: str = ""
     background: tuple[int, int, int] = WHITE  # what transparent pixels are composited onto
     allow_large_images: bool = False
+    # DatasetConfig.transparency: "keep" or "auto" let a family whose VAE encodes alpha keep a transparent image's
+    # alpha (`keeps_alpha`); otherwise it is composited onto `background`
+    transparency: str = "auto"
     mask: SampleMask | None = None  # its loss mask (masks.py), or None: trained everywhere
     # The dataset it came from (prior preservation's regularisation sets, the loss report per dataset).
     dataset: str = ""  # its label: the folder's name (runs/headless.py makes labels of several datasets distinct)
@@ -97,7 +100,17 @@ class Dataset:
         from .masks import masks_clause  # (masks.py reads images with this module's functions)
         masks = masks_clause(self.samples, self.config)
         return (f"{len(self.samples)} images x {self.config.repeats} repeats; buckets {listing}; "
-                f"{transparent} with transparency composited onto {self.config.background.strip()}{masks}{held_out}")
+                f"{transparent} with transparency {transparency_clause(self.config)}{masks}{held_out}")
+
+
+def transparency_clause(cfg: DatasetConfig) -> str:
+    """What becomes of transparent images under `cfg.transparency` (the dataset does not know the model yet)."""
+    onto = f"composited onto {cfg.background.strip()}"
+    if cfg.transparency == "flatten":
+        return onto
+    if cfg.transparency == "keep":
+        return "kept (Qwen-Image 2.1 learns it; the other models refuse it)"
+    return f"kept by Qwen-Image 2.1, {onto} for the other models"
 
 
 def folder_state(folder: str | Path) -> str:
@@ -230,10 +243,10 @@ def _too_large(path: Path, size: tuple[int, int], limit: int) -> UserInputError:
 
 
 def decode_image(data: bytes, path: Path, background: tuple[int, int, int] = WHITE,
-                 allow_large_images: bool = False) -> tuple[Image.Image, str]:
+                 allow_large_images: bool = False, keep_alpha: bool = False) -> tuple[Image.Image, str]:
     """Decode an image file's bytes to RGB (the first frame of an animation; EXIF rotation applied;
-    transparency composited onto `background`; 16/32-bit and float grey scaled). Returns the image and its
-    `Sample.decode` tag. Errors name the file."""
+    transparency composited onto `background`, or kept as RGBA with `keep_alpha`; 16/32-bit and float grey
+    scaled). Returns the image and its `Sample.decode` tag. Errors name the file."""
     limit = Image.MAX_IMAGE_PIXELS
     try:
         if allow_large_images:
@@ -257,6 +270,8 @@ def decode_image(data: bytes, path: Path, background: tuple[int, int, int] = WHI
                 raise UserInputError(
                     f"image {path} is fully transparent: composited onto the background it is one flat colour, with "
                     "nothing to learn from. Re-export it with its visible pixels, or remove it from the folder.")
+            if keep_alpha and has_transparency(img):
+                return to_rgba(img, rawmode), tag
             return to_rgb(img, background, rawmode), tag
     except UserInputError:
         raise
@@ -271,9 +286,11 @@ def decode_image(data: bytes, path: Path, background: tuple[int, int, int] = WHI
         ) from None
 
 
-def open_image(path: Path, background: tuple[int, int, int] = WHITE, allow_large_images: bool = False) -> Image.Image:
-    """Read and decode one image file to RGB (see `decode_image`); errors name the file."""
-    return decode_image(read_file(path), path, background, allow_large_images)[0]
+def open_image(path: Path, background: tuple[int, int, int] = WHITE, allow_large_images: bool = False,
+               keep_alpha: bool = False) -> Image.Image:
+    """Read and decode one image file to RGB, or RGBA when `keep_alpha` and it has transparency (see
+    `decode_image`); errors name the file."""
+    return decode_image(read_file(path), path, background, allow_large_images, keep_alpha)[0]
 
 
 def _rawmode(img: Image.Image) -> str | None:
@@ -318,16 +335,30 @@ def to_rgb(img: Image.Image, background: tuple[int, int, int] = WHITE, rawmode: 
             rgb[raw == key] = background
         return Image.fromarray(np.ascontiguousarray(rgb))
     if has_transparency(img):
-        if img.mode == "La":  # premultiplied: Pillow converts it to nothing else
-            arr = np.asarray(img).astype(np.float64)
-            alpha = arr[..., 1]
-            lum = np.where(alpha > 0, np.clip(np.round(arr[..., 0] * 255 / np.maximum(alpha, 1)), 0, 255), 0)
-            img = Image.fromarray(np.stack([lum, alpha], axis=-1).astype(np.uint8), "LA")
-        rgba = img.convert("RGBA")
+        rgba = to_rgba(img)
         out = Image.new("RGB", img.size, tuple(background))
         out.paste(rgba.convert("RGB"), mask=rgba.getchannel("A"))
         return out
     return img.convert("RGB")
+
+
+def to_rgba(img: Image.Image, rawmode: str | None = None) -> Image.Image:
+    """Any Pillow mode as 8-bit RGBA, transparency kept (alpha, palette or colour key; premultiplied grey
+    unmultiplied; grey of more than 8 bits scaled as `to_rgb` scales it): what an RGBA VAE encodes."""
+    if img.mode in GREY_HIGH_MODES:
+        raw = np.asarray(img)
+        grey = _grey_to_8bit(raw, img.mode, rawmode)
+        key = img.info.get("transparency")
+        alpha = np.full(grey.shape, 255, np.uint8)
+        if isinstance(key, (int, float)) and not isinstance(key, bool):
+            alpha[raw == key] = 0
+        return Image.fromarray(np.ascontiguousarray(np.stack([grey, grey, grey, alpha], axis=-1)), "RGBA")
+    if img.mode == "La":  # premultiplied: Pillow converts it to nothing else
+        arr = np.asarray(img).astype(np.float64)
+        alpha = arr[..., 1]
+        lum = np.where(alpha > 0, np.clip(np.round(arr[..., 0] * 255 / np.maximum(alpha, 1)), 0, 255), 0)
+        img = Image.fromarray(np.stack([lum, alpha], axis=-1).astype(np.uint8), "LA")
+    return img.convert("RGBA")  # (Pillow applies a palette's or a colour key's transparency here)
 
 
 def _grey_to_8bit(raw: np.ndarray, mode: str, rawmode: str | None) -> np.ndarray:
@@ -351,7 +382,16 @@ def _grey_to_8bit(raw: np.ndarray, mode: str, rawmode: str | None) -> np.ndarray
 def dataset_fields(cfg: DatasetConfig) -> dict:
     """What a sample carries of its dataset: its label (the folder's name), loss weight and whether it regularises."""
     label = Path(cfg.folder).expanduser().name or str(cfg.folder)
-    return {"dataset": label, "loss_weight": float(cfg.loss_weight), "regularization": bool(cfg.is_regularization)}
+    return {"dataset": label, "loss_weight": float(cfg.loss_weight), "regularization": bool(cfg.is_regularization),
+            "transparency": cfg.transparency}
+
+
+def keeps_alpha(sample, family_keeps_transparency: bool) -> bool:
+    """Whether `sample` (or a control image of it) is encoded with its alpha: it has transparency, its dataset does
+    not flatten it, and the model's VAE encodes alpha (`ModelFamily.keeps_transparency`). An opaque image is the
+    same either way (an RGBA VAE's pipeline makes it opaque RGBA)."""
+    return (family_keeps_transparency and sample.decode.startswith("alpha")
+            and getattr(sample, "transparency", "auto") != "flatten")
 
 
 def discover(cfg: DatasetConfig, exclude=None) -> list[Sample]:
@@ -425,11 +465,18 @@ def check_size(name: str, width: int, height: int, bucket: tuple[int, int], cfg:
 def load_cropped(path: str | Path, bucket: tuple[int, int], background: tuple[int, int, int] = WHITE,
                  allow_large_images: bool = False) -> torch.Tensor:
     """Resize to cover the bucket, centre-crop to it, return (3, H, W) in [-1, 1], fp32."""
-    img = open_image(Path(path), background, allow_large_images)
+    return pil_to_tensor(cropped_image(path, bucket, background, allow_large_images))
+
+
+def cropped_image(path: str | Path, bucket: tuple[int, int], background: tuple[int, int, int] = WHITE,
+                  allow_large_images: bool = False, keep_alpha: bool = False) -> Image.Image:
+    """The image resized to cover the bucket and centre-cropped to it: RGB, or RGBA with `keep_alpha` when it has
+    transparency (Pillow resizes RGBA premultiplied, so a transparent pixel's colour does not bleed into its
+    neighbours)."""
+    img = open_image(Path(path), background, allow_large_images, keep_alpha)
     bw, bh = bucket
     scale = max(bw / img.width, bh / img.height)
     size = (max(bw, round(img.width * scale)), max(bh, round(img.height * scale)))
     img = img.resize(size, Image.Resampling.LANCZOS)
     left, top = (size[0] - bw) // 2, (size[1] - bh) // 2
-    img = img.crop((left, top, left + bw, top + bh))
-    return pil_to_tensor(img)
+    return img.crop((left, top, left + bw, top + bh))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
@@ -123,6 +124,9 @@ class ModelFamily:
     # Whether a preview samples with condition images (the Edit Preview node's control image sockets): Edit's
     # controls; Qwen-Image 2.1's references when its dataset has them (`takes_condition_images`).
     previews_take_condition_images: bool = False
+    # Whether its VAE encodes alpha, so that a dataset may keep transparent images as they are (DatasetConfig's
+    # transparency: "auto" keeps them for such a family); the others composite them onto the background colour.
+    keeps_transparency: bool = False
 
     # ----------------------------------------------------------------------------------------------
     # data and cache
@@ -141,6 +145,24 @@ class ModelFamily:
             raise UserInputError(f"the loaded model is {self.display_name}, but this dataset is {_a(other.kind)} "
                                  f"{other.kind} dataset: load a model that trains on {other.kind} datasets "
                                  f"({', '.join(takers) or 'none is registered'}).")
+
+    def check_transparency(self, samples: list) -> None:
+        """Refuse a dataset set to keep transparency (`transparency = "keep"`) that holds a transparent image (or
+        control image) when this family's VAE encodes RGB only: the user asked for what the model cannot learn."""
+        if self.keeps_transparency:
+            return
+        for s in samples:
+            if getattr(s, "transparency", "auto") != "keep":
+                continue
+            kept = [s, *getattr(s, "controls", ())]
+            found = next((c for c in kept if c.decode.startswith("alpha")), None)
+            if found is not None:
+                name = Path(getattr(found, "image_path", None) or found.path).name
+                raise UserInputError(
+                    f"image {name} is transparent and its dataset's transparency is 'keep', but {self.display_name}'s "
+                    "VAE encodes RGB only, so the LoRA cannot learn transparency. Set transparency to 'auto' or "
+                    "'flatten' (transparent pixels composited onto the background colour), or train Qwen-Image 2.1, "
+                    "whose VAE encodes alpha.")
 
     def takes_condition_images(self, dataset) -> bool:
         """Whether a preview of a run on `dataset` (a cache.CachedDataset) samples with condition images."""

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageChops, ImageDraw, ImageStat
 
+from ..data.pixels import has_alpha, on_checkerboard
+
 # The trainer keeps this many previews for comparing steps (the oldest go first), each at most
 # KEPT_PREVIEW_SIDE pixels on its longest side.
 MAX_KEPT_PREVIEWS = 32
@@ -37,11 +39,13 @@ class StepPreview:
 
 
 def image_difference(a: Image.Image, b: Image.Image) -> float | None:
-    """The mean absolute difference of two pictures' RGB values on a 0-1 scale (0: the same picture; 1: white against
+    """The mean absolute difference of two pictures' RGB values, and alpha values when either has transparency (a
+    2.1 LoRA's RGBA previews; an opaque picture's alpha is 1), on a 0-1 scale (0: the same picture; 1: white against
     black everywhere); None for pictures of different sizes (the preview size changed between them)."""
     if a.size != b.size:
         return None
-    means = ImageStat.Stat(ImageChops.difference(a.convert("RGB"), b.convert("RGB"))).mean  # per band, 0-255
+    mode = "RGBA" if has_alpha(a) or has_alpha(b) else "RGB"
+    means = ImageStat.Stat(ImageChops.difference(a.convert(mode), b.convert(mode))).mean  # per band, 0-255
     return sum(means) / (len(means) * 255.0)
 
 
@@ -86,13 +90,14 @@ def contain(image: Image.Image, side: int) -> Image.Image:
 
 
 def for_display(image: Image.Image, side: int) -> Image.Image:
-    """`image` made to fit a side x side square for a person to look at: a larger one scaled down (`contain`), a
+    """`image` made to fit a side x side square for a person to look at, RGB: a larger one scaled down (`contain`), a
     small one (a small model's 64 px preview) enlarged by the largest whole factor that fits, nearest neighbour:
-    each pixel a square block, nothing blurred or made up. Only what is shown changes; what was sampled is kept."""
+    each pixel a square block, nothing blurred or made up; one with transparency (a 2.1 LoRA's preview) over a
+    checkerboard. Only what is shown changes; what was sampled is kept."""
     factor = side // max(image.size)
     if factor < 2:
-        return contain(image, side)
-    return image.resize((image.width * factor, image.height * factor), Image.Resampling.NEAREST)
+        return on_checkerboard(contain(image, side))
+    return on_checkerboard(image.resize((image.width * factor, image.height * factor), Image.Resampling.NEAREST))
 
 
 def side_by_side(left: Image.Image, right: Image.Image, gap: int = 8) -> Image.Image:
@@ -133,7 +138,7 @@ def step_grid(previews: list[StepPreview], columns: int = 0, tile: int = 256, ti
     draw = ImageDraw.Draw(out)
     for i, preview in enumerate(previews):
         x, y = (i % columns) * tile, (i // columns) * cell_h
-        image = for_display(preview.image.convert("RGB"), tile)  # a small model's preview enlarged, pixels kept
+        image = for_display(preview.image, tile)  # a small model's preview enlarged, pixels kept; alpha on a checkerboard
         out.paste(image, (x + (tile - image.width) // 2, y + (tile - image.height) // 2))
         draw.text((x + 4, y + tile + 4), f"step {preview.step}", fill="black")
     return out

@@ -12,6 +12,12 @@ Keys, by content:
   identity (tokenizer and vision tower included).
 The reference size follows `control_resolution` (the Edit Dataset's setting; 0: the pipeline's 1024).
 
+Transparency (DatasetConfig.transparency, "auto" or "keep": `images.keeps_alpha`): a transparent target or reference
+is encoded as RGBA, as the pipeline encodes an RGBA image (its image processor's `preprocess` of the RGBA picture; an
+RGB one it makes opaque), and the text encoder sees a transparent reference composited over white, as the pipeline's
+`_get_qwen_prompt_embeds` does (whatever the dataset's background colour). With "flatten" every image is composited
+onto the background first, as for the other families. Kept alpha is part of every key it changes (`decoding`).
+
 Targets are encoded through the pipeline's own image processor too (the crop as a PIL image, its RGBA copy,
 `image_processor.preprocess`): its tensor is laid out channels-last, and the CPU's convolutions round a
 channels-last input differently from a contiguous one (by an ulp), so a target encoded so is bit-equal to what the
@@ -25,8 +31,7 @@ from pathlib import Path
 
 from ...data.cache import CACHE_VERSION, latent_key
 from ...data.edit_dataset import EditSample
-from ...data.images import load_cropped, open_image
-from ...data.pixels import tensor_to_pil
+from ...data.images import cropped_image, keeps_alpha, open_image
 from ...models.latents import encode_images
 from ..base import CacheConditioning
 from .references import (
@@ -44,6 +49,14 @@ NAME = "qwen-image-2.1"  # the family's name: part of its cache keys
 REFERENCE_CACHE_VERSION = "1"
 # Added to the shared target key: targets encoded through the pipeline's image processor (module docstring).
 TARGET_RECIPE = "qwen-image-2.1-pipeline-preprocess-1"
+ALPHA_KEPT = "alpha kept"  # in the key of an image encoded with its transparency (module docstring)
+
+
+def decoding(image, sample) -> str:
+    """How `image` (a sample, or one of its controls) decodes for 2.1: its decode tag, and whether its alpha is
+    kept (its sample's dataset setting decides for its controls too)."""
+    kept = keeps_alpha(image, True) and getattr(sample, "transparency", "auto") != "flatten"
+    return f"{image.decode}; {ALPHA_KEPT}" if kept else image.decode
 
 
 def text_key(prompt: str, text_fingerprint: str) -> str:
@@ -52,14 +65,14 @@ def text_key(prompt: str, text_fingerprint: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
-def reference_key(control, size: tuple[int, int], vae_fingerprint: str) -> str:
-    parts = (CACHE_VERSION, REFERENCE_CACHE_VERSION, NAME, "reference", control.sha256, control.decode,
+def reference_key(control, size: tuple[int, int], vae_fingerprint: str, sample) -> str:
+    parts = (CACHE_VERSION, REFERENCE_CACHE_VERSION, NAME, "reference", control.sha256, decoding(control, sample),
              f"{size[0]}x{size[1]}", vae_fingerprint)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
-def referenced_text_key(prompt: str, controls, sizes: list[tuple[int, int]], text_fingerprint: str) -> str:
-    images = [f"{c.sha256}:{c.decode}:{w}x{h}" for c, (w, h) in zip(controls, sizes)]
+def referenced_text_key(prompt: str, controls, sizes: list[tuple[int, int]], text_fingerprint: str, sample) -> str:
+    images = [f"{c.sha256}:{decoding(c, sample)}:{w}x{h}" for c, (w, h) in zip(controls, sizes)]
     parts = (CACHE_VERSION, REFERENCE_CACHE_VERSION, NAME, "prompt", text_fingerprint, *images, prompt)
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
@@ -86,11 +99,12 @@ class Conditioning21(CacheConditioning):
         return self.sizes[sample.image_path]
 
     def target_key(self, sample, vae_fingerprint: str) -> str:
-        return hashlib.sha256(f"{latent_key(sample, vae_fingerprint)}|{TARGET_RECIPE}".encode()).hexdigest()[:32]
+        kept = f"|{ALPHA_KEPT}" if decoding(sample, sample) != sample.decode else ""
+        return hashlib.sha256(f"{latent_key(sample, vae_fingerprint)}|{TARGET_RECIPE}{kept}".encode()).hexdigest()[:32]
 
     def encode_target(self, sample):
-        crop = tensor_to_pil(load_cropped(sample.image_path, sample.bucket, sample.background,
-                                          sample.allow_large_images))  # exact: the crop's 8-bit values
+        crop = cropped_image(sample.image_path, sample.bucket, sample.background, sample.allow_large_images,
+                             keep_alpha=decoding(sample, sample) != sample.decode)  # RGB, or RGBA with its alpha kept
         w, h = sample.bucket
         pixels = self._vae_pipe().image_processor.preprocess(crop.convert("RGBA"), width=w, height=h)  # (1, 4, H, W)
         return encode_images(self.components.vae, pixels)[0]  # (C, h, w); fp32 on a CPU whatever the VAE's dtype
@@ -104,10 +118,10 @@ class Conditioning21(CacheConditioning):
         controls = references_of(sample)
         if not controls:
             return text_key(prompt, self.text_fingerprint)
-        return referenced_text_key(prompt, controls, self._sizes(sample), self.text_fingerprint)
+        return referenced_text_key(prompt, controls, self._sizes(sample), self.text_fingerprint, sample)
 
     def condition_jobs(self, sample) -> dict:
-        return {reference_key(c, z, self.vae_fingerprint): (c, z, sample)
+        return {reference_key(c, z, self.vae_fingerprint, sample): (c, z, sample)
                 for c, z in zip(references_of(sample), self._sizes(sample))}
 
     def entry_fields(self, sample) -> dict:
@@ -115,12 +129,13 @@ class Conditioning21(CacheConditioning):
         if not controls:
             return {}
         sizes = self._sizes(sample)
-        return {"condition_keys": tuple(reference_key(c, z, self.vae_fingerprint) for c, z in zip(controls, sizes)),
+        return {"condition_keys": tuple(reference_key(c, z, self.vae_fingerprint, sample) for c, z in zip(controls, sizes)),
                 "condition_sizes": tuple(sizes), "condition_paths": tuple(c.path for c in controls)}
 
     def _prepared(self, pipe, control, size, sample):
-        return prepare_reference(pipe, open_image(Path(control.path), sample.background, sample.allow_large_images),
-                                 size)
+        image = open_image(Path(control.path), sample.background, sample.allow_large_images,
+                           keep_alpha=decoding(control, sample) != control.decode)  # RGB, or RGBA with alpha kept
+        return prepare_reference(pipe, image, size)
 
     def encode_conditions(self, jobs: dict, write) -> None:
         if not jobs:

@@ -39,6 +39,7 @@ class QwenImage21(ModelFamily):
     weights_licence = "Qwen Research License (non-commercial)"
     dataset_kinds = (IMAGES, EDIT)  # text-to-image, or editing with the controls as its references
     patch_size = 1  # the transformer takes latent cells unpacked (its config's patch_size 1)
+    keeps_transparency = True  # its VAE encodes RGBA: transparent images train as they are (conditioning.py)
 
     # data and cache
 

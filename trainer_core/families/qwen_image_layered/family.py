@@ -33,6 +33,7 @@ class QwenImageLayered(ModelFamily):
     name = NAME
     display_name = "Qwen-Image-Layered"
     dataset_kinds = (LAYERED,)
+    keeps_transparency = True  # its VAE is RGBA and its samples keep their alpha always (data.py)
 
     # data and cache
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ...data.pixels import on_checkerboard
 from ..sampling import prompt_embedding
 from .cache import layer_count
 from .data import open_rgba
@@ -113,20 +114,10 @@ def preview_image(pipe, conditions, call: dict) -> Image.Image:
     return layer_sheet([composite, *layers])
 
 
-def checkerboard(size: tuple[int, int]) -> Image.Image:
-    w, h = size
-    board = Image.new("RGBA", size, (255, 255, 255, 255))
-    grey = Image.new("RGBA", (CHECKER, CHECKER), (204, 204, 204, 255))
-    for y in range(0, h, CHECKER):
-        for x in range((y // CHECKER) % 2 * CHECKER, w, 2 * CHECKER):
-            board.paste(grey, (x, y))
-    return board
-
-
 def layer_sheet(images: list[Image.Image]) -> Image.Image:
     """RGBA images of one size side by side, each over a checkerboard: one RGB image."""
     w, h = images[0].size
     sheet = Image.new("RGB", (w * len(images), h), "white")
     for i, image in enumerate(images):
-        sheet.paste(Image.alpha_composite(checkerboard((w, h)), image.convert("RGBA")).convert("RGB"), (i * w, 0))
+        sheet.paste(on_checkerboard(image.convert("RGBA"), CHECKER), (i * w, 0))
     return sheet
