@@ -28,7 +28,8 @@ EXAMPLE_DATASETS = {"(example: stars)": EXAMPLES / "stars", "(example: coloured 
 class QwenLoRADataset:
     DESCRIPTION = (
         "A folder of training images (png/jpg/webp) with same-name .txt captions, grouped into aspect-ratio "
-        "buckets. Transparent pixels are composited onto the background colour; 16-bit grey is scaled. A loss mask "
+        "buckets. Transparent images keep their alpha for Qwen-Image 2.1 (transparency), else are composited onto the "
+        "background colour; 16-bit grey is scaled. A loss mask "
         "per image (name_mask.png beside it, or masks/name.png: white trains, black weighs mask_background_weight) "
         "is optional. Errors name the file to fix."
     )
