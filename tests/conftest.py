@@ -26,11 +26,12 @@ import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-# The tests live in rooms by what they test (house rules, engine, planner, families, canvas, runs, robustness, host);
-# this folder holds what they share (this file, graph_runner.py, host_standin.py, int8_files.py, data/). A test may
-# import another room's test module for its helpers and fixtures (`from test_headless import tiny_run_file`), and a
-# family defined in the test tree registers by module name (house/toy_family): every room is on the import path.
-ROOMS = ("house", "engine", "planner", "families", "canvas", "runs", "robustness", "host")
+# The tests live in rooms by what they test (house rules, engine, planner, families, captions, canvas, runs,
+# robustness, host); this folder holds what they share (this file, graph_runner.py, host_standin.py, int8_files.py,
+# data/). A test may import another room's test module for its helpers and fixtures (`from test_headless import
+# tiny_run_file`), and a family defined in the test tree registers by module name (house/toy_family): every room is
+# on the import path.
+ROOMS = ("house", "engine", "planner", "families", "captions", "canvas", "runs", "robustness", "host")
 for _room in ROOMS:
     if str(TESTS / _room) not in sys.path:
         sys.path.insert(0, str(TESTS / _room))

@@ -147,9 +147,11 @@ def test_streaming_imports_only_downward_and_its_placement_policy_no_torch():
 
 
 # The engine's layers, bottom first. A module imports its own layer and the layers below it, never above
-# (README, "Architecture"). devtools sits below runs: the CLI's export-tiny command reaches it, nothing ComfyUI
-# imports does (test_what_comfyui_imports_reaches_no_dev_tooling).
-LAYERS = ("core", "models", "adapters", "data", "streaming", "planner", "families", "training", "devtools", "runs")
+# (README, "Architecture"). captions sits on the families (it asks them for their vision-language encoder), beside
+# the recipe, which never uses it. devtools sits below runs: the CLI's export-tiny command reaches it, nothing
+# ComfyUI imports does (test_what_comfyui_imports_reaches_no_dev_tooling).
+LAYERS = ("core", "models", "adapters", "data", "streaming", "planner", "families", "captions", "training", "devtools",
+          "runs")
 ENTRY_POINTS = ("__init__.py", "__main__.py")
 
 
@@ -160,7 +162,7 @@ def _layer_of(path: Path) -> str | None:
 
 def test_the_engine_is_a_handful_of_layers_and_entry_points():
     entries = sorted(p.name for p in (REPO / "trainer_core").iterdir() if p.name != "__pycache__")
-    assert len(entries) <= 12, entries
+    assert len(entries) <= 13, entries
     assert set(entries) == set(LAYERS) | set(ENTRY_POINTS), entries
 
 

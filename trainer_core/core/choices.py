@@ -38,3 +38,7 @@ EDIT_VARIANT_CHOICES = ("auto", "edit", "edit-2509", "edit-2511")
 
 # How `export-tiny` writes a tiny model: ComfyUI's single files (models/part_files.py) or a diffusers folder.
 EXPORT_LAYOUTS = ("comfyui", "diffusers")
+
+# The Caption Dataset node's and `caption` command's styles: a one-line subject caption, a detailed description,
+# comma-separated tags (each style's instruction: trainer_core/captions/prompts.py).
+CAPTION_STYLES = ("short", "detailed", "tags")

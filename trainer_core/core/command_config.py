@@ -1,12 +1,13 @@
 """The settings of the nodes and commands around a training run (Init, Load, Cache, Train Steps, Preview, Compare
-Steps, Loss Plot, Save, plan, train --config), in the same form as config.py's run settings: a field with its
-help and range, checked once when made. config.py re-exports them: import them from there."""
+Steps, Loss Plot, Save, Caption Dataset, plan, train --config, caption), in the same form as config.py's run settings:
+a field with its help and range, checked once when made. config.py re-exports them: import them from there."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .choices import (
+    CAPTION_STYLES,
     COMPUTE_DTYPES,
     EDIT_VARIANT_CHOICES,
     LORA_LAYOUTS,
@@ -20,7 +21,7 @@ from .choices import (
     TEXT_ENCODER_FP8_MODES,
 )
 from .errors import UserInputError
-from .fields import _check_range, _f, choices
+from .fields import _check_choice, _check_range, _f, choices
 
 
 @dataclass
@@ -307,3 +308,62 @@ class HeadlessConfig:
         _check_range(self, "steps", "epochs", "snapshot_every_epochs")
         if not self.steps and not self.epochs:
             raise UserInputError("[train] steps and epochs are both 0: set how long to train (steps = 1000, say).")
+
+
+# Seed of the `caption` settings that decodes greedily: the same captions every time (a seed samples).
+GREEDY = -1
+
+
+@dataclass
+class CaptionConfig:
+    """Captions written by the text encoder file's own vision-language model (the Caption Dataset node, `python -m
+    trainer_core caption`; trainer_core/captions)."""
+
+    folder: str = _f(
+        "", "Dataset folder to caption: each image without a same-name .txt caption gets one written beside it (mask "
+        "images, masks/ and an edit dataset's _control images are left out).",
+    )
+    text_encoder: str = _f(
+        "qwen_2.5_vl_7b_fp8_scaled.safetensors", "Text encoder file from models/text_encoders whose vision-language "
+        "model writes the captions: Qwen2.5-VL 7B (qwen_2.5_vl_7b_fp8_scaled or qwen_2.5_vl_7b: Qwen-Image, Edit, "
+        "Layered) or Qwen-Image 2.1's Qwen3-VL-8B (qwen3vl_8b_*). ComfyUI's files carry the vision tower and the "
+        "output layer it needs; nothing is downloaded.", file_list="text_encoders",
+    )
+    style: str = _f(
+        CAPTION_STYLES[0], "short: one line naming the subject; detailed: a description of subject, setting, colours, "
+        "light and style; tags: comma-separated tags.", choices=CAPTION_STYLES,
+    )
+    instruction: str = _f(
+        "", "What the model is asked, instead of the style's own instruction (empty: the style's). {trigger} in it "
+        "becomes the trigger word.", multiline=True,
+    )
+    trigger: str = _f(
+        "", "Trigger word put in every caption: where the caption says {trigger}, else before it ('ohwx, a woman "
+        "reading'). Empty: none.",
+    )
+    avoid: str = _f(
+        "", "What the captions must not mention, usually what the trigger word stands for (e.g. 'the person's face "
+        "and hair'): the model is asked to leave it out, so the LoRA learns it from the trigger word.",
+    )
+    max_new_tokens: int = _f(
+        0, "Longest caption in tokens (a token is about 3/4 of a word). 0 = the style's own: 64 short, 320 detailed, "
+        "128 tags.", min=0, max=2048,
+    )
+    overwrite: bool = _f(
+        False, "Caption the images that already have a caption too. Each old caption is kept beside it as "
+        "name.txt.bak (name.txt.bak2, ... when that exists): nothing written by hand is lost.",
+    )
+    seed: int = _f(
+        GREEDY, "-1: greedy decoding, the same captions on every run. 0 or more: sample with this seed (varied "
+        "wording, repeatable with the same seed).", min=GREEDY, max=2**31 - 1,
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()  # settings are checked once, where they are made
+
+    def validate(self) -> None:
+        _check_range(self, "max_new_tokens", "seed")
+        _check_choice(self, "style")
+        for name in ("trigger", "avoid"):
+            if "\n" in getattr(self, name) or "\r" in getattr(self, name):
+                raise UserInputError(f"{name}={getattr(self, name)!r} has a line break: write it on one line.")

@@ -363,4 +363,5 @@ from .command_config import (  # noqa: E402, F401
     SaveConfig,
     PlanConfig,
     HeadlessConfig,
+    CaptionConfig,
 )

@@ -7,7 +7,13 @@ imports no family (and no torch). A family lives in one package (or module) of i
     load       (request: loading.LoadRequest) -> a model set of one of its families, or None when the request names
                files or a folder that are not its own (see `families.loading`)
 
-and imports what it needs there (torch, diffusers): nothing imports it before a family of it is asked for.
+and, where its text encoder file is a whole vision-language model it can generate words with (captioning,
+trainer_core/captions):
+
+    vision_language_model   (path, tokenizer_dir, compute_dtype, device, fp8) -> a models.vision_language
+               .VisionLanguageModel, or None when the file is not its encoder (the captioner asks each package in turn)
+
+It imports what it needs there (torch, diffusers): nothing imports it before a family of it is asked for.
 
 The pack's own packages are listed below in the order loading asks them: the first whose `load` takes a request
 wins, so the ones that recognise their own files come first, and the ones that take whatever is left (text-to-image

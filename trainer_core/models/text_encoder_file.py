@@ -12,6 +12,9 @@ What is loaded: the language model only. Qwen-Image encodes text, so the vision 
 (text-only forward never touches it) and `lm_head` is replaced by an identity: Qwen-Image reads the
 last hidden state, never logits, and the real head is a 1 GB (152064 x 3584) matmul per token.
 Nothing stays on the meta device, so `.to(device)` works.
+Captioning (trainer_core/captions) generates words with the same file: `vision=True, head=True` keep the vision tower
+and the real `lm_head` (or, in a file without one whose config ties it, the embedding table as the head); training's
+path (both False) is unchanged.
 
 fp8 and int8 files, two ways (`fp8`): "dequantize" multiplies each weight by its scale (and rotates a ConvRot int8
 weight back, models/int8_convrot.py) while loading, one tensor at a time, into `compute_dtype`; "keep" keeps the
@@ -52,11 +55,16 @@ TEXT_ENCODER_FILE_FORMATS = ("bf16", "fp8_scaled")
 ONE_BYTE_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)  # kept as stored under fp8 = "keep"
 
 _LM = "model.language_model."
+LM_HEAD = "lm_head."
+EMBEDDINGS = _LM + "embed_tokens.weight"
 
 
-def our_name(name: str, vision: bool = False) -> str | None:
+def our_name(name: str, vision: bool = False, head: bool = False) -> str | None:
     """transformers 5 name of a file tensor (names without file prefix); None for parts not loaded. `vision`:
-    the vision tower is loaded too (Qwen-Image-Edit sees its control images through it)."""
+    the vision tower is loaded too (Qwen-Image-Edit sees its control images through it); `head`: the real `lm_head`
+    too (captioning generates words)."""
+    if head and name.startswith(LM_HEAD):
+        return name
     if name.startswith(_LM):
         return name
     if vision and name.startswith("visual."):
@@ -105,9 +113,9 @@ def text_encoder_config(shapes: dict[str, tuple[int, ...]], sidecar: dict | None
     return QWEN25_VL_7B_CONFIG
 
 
-def empty_text_encoder(config: dict, vision: bool = False) -> nn.Module:
+def empty_text_encoder(config: dict, vision: bool = False, head: bool = False) -> nn.Module:
     """`Qwen2_5_VLForConditionalGeneration` on the meta device, without vision tower (unless `vision`), identity
-    lm_head."""
+    lm_head (unless `head`: the real one, for generating words)."""
     from accelerate import init_empty_weights
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
@@ -115,8 +123,35 @@ def empty_text_encoder(config: dict, vision: bool = False) -> nn.Module:
         model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig.from_dict(config))
     if not vision:
         model.model.visual = None  # only image/video inputs reach it
-    model.lm_head = nn.Identity()  # "logits" are then the last hidden state, at no cost
+    if not head:
+        model.lm_head = nn.Identity()  # "logits" are then the last hidden state, at no cost
     return model
+
+
+def ties_embeddings(config) -> bool:
+    """Whether a transformers VL config says its lm_head is its embedding table (the small Qwen-VL models do; the 7B
+    and 8B do not). transformers ties them when it loads a checkpoint; a model built on the meta device is not yet."""
+    return bool(getattr(config, "tie_word_embeddings", False)
+                or getattr(config.get_text_config(), "tie_word_embeddings", False))
+
+
+def head_tensors(names: dict[str, str], config, source: str, hint: str, head: str = LM_HEAD + "weight",
+                 embeddings: str = EMBEDDINGS) -> dict[str, str]:
+    """`names` (our name -> file key) with the generating head: the file's own, else the embedding table's key under
+    the head's name where `config` ties them (the model then shares one tensor, `tie_head`); a file without a head
+    whose config does not tie it is refused: generating words needs it."""
+    if head in names:
+        return names
+    if ties_embeddings(config) and embeddings in names:
+        return {**names, head: names[embeddings]}
+    raise UserInputError(f"text encoder file {source} has no lm_head (the language model's output layer, which turns "
+                         f"its hidden states into words), and its config does not tie it to the embeddings. {hint}")
+
+
+def tie_head(model: nn.Module) -> None:
+    """Share the embedding table as lm_head where the config ties them (one tensor, not a second copy)."""
+    if ties_embeddings(model.config):
+        model.lm_head.weight = model.get_input_embeddings().weight
 
 
 # Where a text encoder's tensors go as a loader reads them, decided above the model loaders (planner.device's caching
@@ -141,25 +176,28 @@ class TextEncoderFile:
     each call, see the module docstring)."""
 
     def __init__(self, path: str | Path, compute_dtype: torch.dtype = torch.bfloat16, fp8: str = "dequantize",
-                 vision: bool = False):
-        """`vision`: with the vision tower (`visual.*`), for Qwen-Image-Edit."""
+                 vision: bool = False, head: bool = False):
+        """`vision`: with the vision tower (`visual.*`), for Qwen-Image-Edit; `head`: with the real lm_head, for
+        generating words (captioning: `head_tensors`)."""
         check_fp8_mode(fp8)
-        self.compute_dtype, self.fp8, self.vision = compute_dtype, fp8, vision
+        self.compute_dtype, self.fp8, self.vision, self.head = compute_dtype, fp8, vision, head
         self.file = file = SafetensorsFile(path, "text encoder")
         _, prefix = detect_layout(file.path, "text encoder", file.keys)
         stripped = strip_prefix(file.keys, prefix)
         file_names, scale_keys = split_scaled_fp8(stripped, file)
-        self.names = {ours: key for name, key in file_names.items() if (ours := our_name(name, vision)) is not None}
+        self.names = {ours: key for name, key in file_names.items()
+                      if (ours := our_name(name, vision, head)) is not None}
         self.int8 = {ours: group for name, group in int8_weights(file, stripped).items()
-                     if (ours := our_name(name, vision)) is not None}  # weight -> ConvRot group (0: none)
+                     if (ours := our_name(name, vision, head)) is not None}  # weight -> ConvRot group (0: none)
         if vision and not any(n.startswith("model.visual.") for n in self.names):
             raise UserInputError(f"text encoder file {file.path} has no vision tower (visual.*), which Qwen-Image-Edit needs "
                                  "to see its control images. Choose qwen_2.5_vl_7b_fp8_scaled.safetensors (it has one).")
-        self.scale_keys = {ours: key for name, key in scale_keys.items() if (ours := our_name(name, vision)) is not None}
+        self.scale_keys = {ours: key for name, key in scale_keys.items()
+                           if (ours := our_name(name, vision, head)) is not None}
         file.require_floating([*self.names.values(), *self.scale_keys.values()],
                               int8_ok=[self.names[n] for n in self.int8 if n in self.names])
-        self.config = text_encoder_config({n: file.shapes[k] for n, k in self.names.items()}, file.sidecar_config(),
-                                          str(file.path))
+        shapes = {n: file.shapes[k] for n, k in self.names.items() if not n.startswith(LM_HEAD)}
+        self.config = text_encoder_config(shapes, file.sidecar_config(), str(file.path))
         # One fp32 scalar per Linear (a few KB): read and checked now, so damage shows when the file is chosen.
         self.scales = {ours: file.tensor(key) for ours, key in self.scale_keys.items()}
         refuse_nonfinite_scales(file, {self.scale_keys[n]: s for n, s in self.scales.items()})
@@ -167,7 +205,10 @@ class TextEncoderFile:
     def __call__(self, placement: Placement | None = None) -> nn.Module:
         """The text encoder, frozen, in eval mode: on the CPU, or placed by `placement` (see `Placement`)."""
         file, fp8, scales, int8 = self.file, self.fp8, self.scales, self.int8
-        model = empty_text_encoder(self.config, self.vision)
+        model = empty_text_encoder(self.config, self.vision, self.head)
+        names = self.names if not self.head else head_tensors(
+            self.names, model.config, str(file.path), "Choose ComfyUI's qwen_2.5_vl_7b_fp8_scaled.safetensors or "
+            "qwen_2.5_vl_7b.safetensors: they carry it.")
         device_for, finish = placement(model) if placement is not None else (None, None)
         linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
 
@@ -180,9 +221,11 @@ class TextEncoderFile:
             else:
                 assign_parameter(module, leaf, dequantize(tensor, scale, int8.get(name, 0)).to(home, self.compute_dtype))
 
-        fill_empty(model, ((n, file.tensor(k)) for n, k in self.names.items()), assign,
+        fill_empty(model, ((n, file.tensor(k)) for n, k in names.items()), assign,
                    source=f"text encoder file {file.path}",
                    hint="Choose qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors.", int8_ok=int8)
+        if self.head:
+            tie_head(model)
         if finish is not None:
             finish(model)
         return model.eval()

@@ -1,4 +1,4 @@
-"""Command line: `python -m trainer_core demo|train|export-tiny|plan`.
+"""Command line: `python -m trainer_core demo|train|export-tiny|plan|caption`.
 
 Flags that are settings take their help, default, choices and range from the config metadata
 (`config_arg`); a bad value of any flag ends in one line, `error: ...` naming the flag, and exit code 2.
@@ -18,6 +18,7 @@ from .cli_args import (
     config_arg,
     existing_path,
 )
+from .cli_caption import add_caption_parser
 from .cli_demo import SHAPES_MODEL, add_demo_parser, cmd_demo, demo_models  # noqa: F401 (re-exported)
 
 
@@ -320,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan.add_argument("--control-resolution", **config_arg(EditDataConfig, "control_resolution"))
     plan.set_defaults(func=cmd_plan)
+    add_caption_parser(sub)
     return parser
 
 

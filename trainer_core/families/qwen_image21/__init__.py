@@ -21,9 +21,11 @@ Modules, one concern each:
     folder.py     a diffusers folder (optionally with the transformer from files.py): loader and writer
     tiny.py       the tiny model set (random weights) for tests and the demo
     recognise.py  whether a Load request names 2.1 (its transformer file, its folder), and its model set from it
+    captioning.py its Qwen3-VL text encoder file as the vision-language model that writes captions
 
     FAMILIES   {"qwen-image-2.1": QWEN_IMAGE21}
     load       a Load (or Load Edit) request that names a 2.1 file or folder (families/loading.py)
+    vision_language_model   a Qwen3-VL text encoder file as a captioner (trainer_core/captions)
 """
 
 from __future__ import annotations
@@ -31,3 +33,4 @@ from __future__ import annotations
 from . import arch  # noqa: F401 (declares the architecture before any model of it exists)
 from .family import FAMILIES  # noqa: F401
 from .recognise import load  # noqa: F401
+from .captioning import vision_language_model  # noqa: F401

@@ -16,8 +16,9 @@ vision tower's one-byte Linear weights as stored (9.4 GB instead of 17.5 GB for 
 float8/storage.py's frozen path; embedding tables are dequantized either way.
 
 What is loaded: language model and vision tower (a reference image will need it); `lm_head` is replaced by an
-identity, as the pipeline reads hidden states, never logits. Config: the JSON beside the file (a test model), else
-`arch.QWEN3_VL_8B_CONFIG` when the shapes are that model's; anything else is refused.
+identity, as the pipeline reads hidden states, never logits (captioning, trainer_core/captions, asks for the real
+head with `head=True`: it generates words; training's path is unchanged). Config: the JSON beside the file (a test
+model), else `arch.QWEN3_VL_8B_CONFIG` when the shapes are that model's; anything else is refused.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ...models.layouts import int8_weights, refuse_nonfinite_scales, split_scale
 from .arch import QWEN3_VL_8B_CONFIG
 from ...models.safetensors_file import SafetensorsFile
 from ...models.streaming import assign_frozen_linear_weight, assign_parameter, dequantize, fill_empty
-from ...models.text_encoder_file import ONE_BYTE_DTYPES, Placement, check_fp8_mode
+from ...models.text_encoder_file import ONE_BYTE_DTYPES, Placement, check_fp8_mode, head_tensors, tie_head
 
 # ours -> ComfyUI's, by prefix (longest first when reading back)
 PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."), ("lm_head.", "model.lm_head."))
@@ -47,10 +48,12 @@ def comfyui_name(ours: str) -> str:
     raise ValueError(f"{ours} is not a Qwen3-VL tensor name")
 
 
-def our_name(name: str) -> str | None:
-    """transformers' name of a file tensor in either layout; None for lm_head (not loaded)."""
-    if name.startswith(("lm_head.", "model.lm_head.")):
-        return None
+def our_name(name: str, head: bool = False) -> str | None:
+    """transformers' name of a file tensor in either layout; None for lm_head (not loaded) unless `head` (generating
+    words: captioning)."""
+    for theirs in ("lm_head.", "model.lm_head."):
+        if name.startswith(theirs):
+            return "lm_head." + name[len(theirs):] if head else None
     if name.startswith(("model.language_model.", "model.visual.")):
         return name
     if name.startswith("visual."):
@@ -74,13 +77,15 @@ def _config(shapes: dict[str, tuple[int, ...]], sidecar: dict | None, source: st
     return QWEN3_VL_8B_CONFIG
 
 
-def empty_qwen3_vl(config: dict) -> nn.Module:
+def empty_qwen3_vl(config: dict, head: bool = False) -> nn.Module:
+    """`Qwen3VLForConditionalGeneration` on the meta device with an identity lm_head (unless `head`: the real one)."""
     from accelerate import init_empty_weights
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     with init_empty_weights(include_buffers=False):  # buffers (RoPE) real: nothing stays on the meta device
         model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(**config))
-    model.lm_head = nn.Identity()  # "logits" are then the last hidden state, at no cost
+    if not head:
+        model.lm_head = nn.Identity()  # "logits" are then the last hidden state, at no cost
     return model
 
 
@@ -93,22 +98,25 @@ def qwen3_vl_file_config(path: str | Path) -> dict:
 
 
 def load_qwen3_vl_file(path: str | Path, compute_dtype: torch.dtype = torch.bfloat16,
-                       fp8: str = "dequantize", placement: Placement | None = None) -> nn.Module:
+                       fp8: str = "dequantize", placement: Placement | None = None, head: bool = False) -> nn.Module:
     """The text encoder of the file, frozen, in eval mode: on the CPU, or where `placement` puts it
     (models.text_encoder_file.Placement); one-byte Linear weights kept when `fp8` is "keep" (see the module
-    docstring)."""
+    docstring); `head`: with the real lm_head (or the tied embeddings), for generating words."""
     check_fp8_mode(fp8)
     file = SafetensorsFile(path, "text encoder")
     everything = {k: k for k in file.keys}
     names, scale_keys = split_scaled_fp8(everything, file)
-    ours = {mine: key for key in names if (mine := our_name(key)) is not None}
-    scale_for = {our_name(n): key for n, key in scale_keys.items() if our_name(n) is not None}
-    int8 = {mine: group for n, group in int8_weights(file, everything).items() if (mine := our_name(n)) is not None}
+    ours = {mine: key for key in names if (mine := our_name(key, head)) is not None}
+    scale_for = {mine: key for n, key in scale_keys.items() if (mine := our_name(n, head)) is not None}
+    int8 = {mine: group for n, group in int8_weights(file, everything).items()
+            if (mine := our_name(n, head)) is not None}
     file.require_floating([*ours.values(), *scale_for.values()], int8_ok=[ours[n] for n in int8 if n in ours])
     scales = {name: file.tensor(key) for name, key in scale_for.items()}
     refuse_nonfinite_scales(file, {scale_for[n]: s for n, s in scales.items()})
     config = _config({n: file.shapes[k] for n, k in ours.items()}, file.sidecar_config(), str(file.path))
-    model = empty_qwen3_vl(config)
+    model = empty_qwen3_vl(config, head)
+    if head:
+        ours = head_tensors(ours, model.config, str(file.path), _HINT)
     linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     device_for, finish = placement(model) if placement is not None else (None, None)
 
@@ -122,6 +130,8 @@ def load_qwen3_vl_file(path: str | Path, compute_dtype: torch.dtype = torch.bflo
 
     fill_empty(model, ((n, file.tensor(k)) for n, k in ours.items()), assign, source=f"text encoder file {file.path}",
                hint=_HINT, int8_ok=int8)
+    if head:
+        tie_head(model)
     if finish is not None:
         finish(model)
     return model.requires_grad_(False).eval()

@@ -17,6 +17,7 @@ Modules, one concern each:
     sampling.py   its preview hooks: the shared sampler's transformer with the controls appended
     tiny.py       tiny Edit model sets (random weights) for tests and the demo
     demo.py       the built-in edit dataset (`python -m trainer_core demo --model edit-2511`)
+    captioning.py Qwen-Image 1.x's Qwen2.5-VL file (shared by the 1.x families) as the model that writes captions
 
 The dataset convention (target + caption + control images) is data/edit_dataset.py's, shared with Qwen-Image 2.1;
 the settings edit training adds (control_resolution, the Load Edit node's variant) are core.config's. The shared
@@ -27,3 +28,4 @@ from __future__ import annotations
 
 from .family import FAMILIES  # noqa: F401
 from .files import load  # noqa: F401
+from .captioning import vision_language_model  # noqa: F401

@@ -1,0 +1,136 @@
+"""Writing captions into a dataset folder with a tiny Qwen2.5-VL (random weights: gibberish captions, which is all
+these tests need): one caption per uncaptioned image, existing ones byte-identical, backups when overwriting, the
+trigger word, the same files from two runs, a stop between images, what is not a training image left alone."""
+
+from __future__ import annotations
+
+import pytest
+from caption_files import QWEN25_VL, picture, tiny_encoders  # noqa: F401 (a fixture)
+
+from trainer_core.core.config import CaptionConfig
+
+TOKENS = 6  # a short caption: the tests are about the files
+
+
+def dataset(folder):
+    """Three training images (one captioned by hand), a loss mask, an edit control image and a hidden file."""
+    folder.mkdir()
+    for name, colour in (("a.png", (200, 20, 20)), ("b.jpg", (20, 200, 20)), ("c.webp", (20, 20, 200)),
+                         ("a_mask.png", (0, 0, 0)), ("b_control.png", (90, 90, 90)), (".hidden.png", (1, 1, 1))):
+        picture(64, 48, colour).save(folder / name)
+    (folder / "b.txt").write_bytes("my own words, ünïcode\n".encode())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def vlm(tiny_encoders):
+    from trainer_core.captions.model import vision_language_model
+
+    with vision_language_model(tiny_encoders[QWEN25_VL]) as model:
+        yield model
+
+
+def run(vlm, folder, **settings):
+    from trainer_core.captions.folder import caption_folder
+
+    return caption_folder(vlm, CaptionConfig(folder=str(folder), max_new_tokens=TOKENS, **settings),
+                          min_new_tokens=TOKENS)
+
+
+def files(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix in (".txt", ".bak", ".bak2")}
+
+
+def test_one_caption_per_uncaptioned_image_and_the_rest_untouched(vlm, tmp_path):
+    folder = dataset(tmp_path / "set")
+    mine = (folder / "b.txt").read_bytes()
+    report = run(vlm, folder, trigger="ohwx")
+    assert sorted(files(folder)) == ["a.txt", "b.txt", "c.txt"]  # no caption for the mask or the control image
+    assert (folder / "b.txt").read_bytes() == mine
+    assert [(r.image.name, r.status) for r in report.results] == [("a.png", "written"), ("b.jpg", "kept"),
+                                                                    ("c.webp", "written")]
+    for name in ("a.txt", "c.txt"):
+        text = (folder / name).read_text(encoding="utf-8")
+        assert text.startswith("ohwx, ") and len(text) > len("ohwx, ")
+    assert "2 written" in report.summary() and "1 kept" in report.summary()
+
+    again = run(vlm, folder, trigger="ohwx")  # nothing left to caption: all kept
+    assert [r.status for r in again.results] == ["kept"] * 3
+
+
+def test_two_runs_write_identical_files(vlm, tmp_path):
+    first, second = dataset(tmp_path / "one"), dataset(tmp_path / "two")
+    run(vlm, first)
+    run(vlm, second)
+    assert files(first) == files(second)
+
+
+def test_overwriting_keeps_every_earlier_caption(vlm, tmp_path):
+    folder = dataset(tmp_path / "set")
+    mine = (folder / "b.txt").read_bytes()
+    report = run(vlm, folder, overwrite=True, style="tags")
+    assert (folder / "b.txt.bak").read_bytes() == mine
+    assert report.results[1].status == "replaced" and report.results[1].backup == folder / "b.txt.bak"
+    first_generated = (folder / "a.txt").read_bytes()
+    (folder / "b.txt").write_bytes(b"edited again by hand")
+    run(vlm, folder, overwrite=True, style="tags")
+    assert (folder / "b.txt.bak").read_bytes() == mine  # never clobbered
+    assert (folder / "b.txt.bak2").read_bytes() == b"edited again by hand"
+    assert (folder / "a.txt.bak").read_bytes() == first_generated
+
+
+def test_a_stop_between_images_keeps_what_was_written(vlm, tmp_path):
+    from trainer_core.captions.folder import caption_folder
+
+    folder = dataset(tmp_path / "set")
+    done = []
+    report = caption_folder(vlm, CaptionConfig(folder=str(folder), max_new_tokens=TOKENS), stop=lambda: len(done) >= 1,
+                            progress=lambda i, total, result: done.append((i, total, result.image.name)),
+                            min_new_tokens=TOKENS)
+    assert done == [(1, 3, "a.png")] and report.stopped
+    assert sorted(files(folder)) == ["a.txt", "b.txt"]
+
+
+def test_no_model_is_loaded_when_every_image_has_its_caption(tmp_path):
+    from trainer_core.captions.folder import caption_dataset
+
+    folder = tmp_path / "set"
+    folder.mkdir()
+    picture(32, 32, (5, 5, 5)).save(folder / "x.png")
+    (folder / "x.txt").write_text("done")
+    report = caption_dataset(CaptionConfig(folder=str(folder)), text_encoder=tmp_path / "absent.safetensors")
+    assert [r.status for r in report.results] == ["kept"]
+
+
+@pytest.mark.parametrize("settings, answer, caption", [
+    (dict(), "  A red\n circle. ", "A red circle."),
+    (dict(trigger="ohwx"), "a red circle", "ohwx, a red circle"),
+    (dict(trigger="ohwx"), "{trigger} on a red circle", "ohwx on a red circle"),
+    (dict(trigger="ohwx"), "ohwx on a red circle", "ohwx on a red circle"),
+    (dict(style="tags", trigger="ohwx"), "red,\ncircle, , blue.", "ohwx, red, circle, blue"),
+    (dict(), '"quoted answer"', "quoted answer"),
+    (dict(trigger="ohwx"), "   ", ""),
+])
+def test_answers_become_captions(settings, answer, caption):
+    from trainer_core.captions.prompts import finish_caption
+
+    assert finish_caption(answer, CaptionConfig(**settings)) == caption
+
+
+def test_the_instruction_folds_in_the_trigger_and_what_to_leave_out():
+    from trainer_core.captions.prompts import DEFAULT_INSTRUCTIONS, instruction_text
+
+    assert instruction_text(CaptionConfig(style="detailed")) == DEFAULT_INSTRUCTIONS["detailed"]
+    text = instruction_text(CaptionConfig(instruction="Caption {trigger}'s photo.", trigger="ohwx", avoid="her face."))
+    assert text == "Caption ohwx's photo. Do not mention her face."
+
+
+def test_bad_settings_are_refused_by_name():
+    from trainer_core.core.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="style"):
+        CaptionConfig(style="poem")
+    with pytest.raises(UserInputError, match="trigger"):
+        CaptionConfig(trigger="two\nlines")
+    with pytest.raises(UserInputError, match="max_new_tokens"):
+        CaptionConfig(max_new_tokens=-3)

@@ -1,0 +1,92 @@
+"""Captions are transformers' own generation: for a tiny Qwen2.5-VL and a tiny Qwen3-VL read from ComfyUI's file
+layout, the caption's tokens equal `generate` (greedy) of the same transformers class loaded by transformers itself
+(`from_pretrained`) from the same weights, token for token.
+
+The reference folder holds the file's tensors as the format defines them (a scaled float8 weight times its
+`scale_weight`: DESIGN §5), under the names the models' published checkpoints use. Qwen2.5-VL's published names are
+ComfyUI's own (`model.layers.*`, `visual.*`, `lm_head`: transformers maps them itself); Qwen3-VL's published
+checkpoint names the language model `model.language_model.*`, the tower `model.visual.*` and the head `lm_head`,
+where ComfyUI's file says `model.*`, `visual.*` and `model.lm_head` (tests/data/comfy_qwen3vl_8b_keys.json).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from caption_files import QWEN3_VL, QWEN25_VL, picture, tiny_encoders  # noqa: F401 (a fixture)
+
+NEW_TOKENS = 12
+INSTRUCTION = "Write a one-line caption for this image."
+
+# ComfyUI's Qwen3-VL names -> the published checkpoint's, first match wins.
+QWEN3_PUBLISHED = (("model.lm_head.", "lm_head."), ("visual.", "model.visual."), ("model.", "model.language_model."))
+
+
+def published_tensors(path, kind: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    stored = load_file(str(path))
+    tensors = {}
+    for key, value in stored.items():
+        if key == "scaled_fp8" or key.endswith(".scale_weight"):
+            continue
+        scale = stored.get(key[: -len(".weight")] + ".scale_weight") if key.endswith(".weight") else None
+        value = value.float() * scale.float() if scale is not None else value.float()
+        if kind == QWEN3_VL:
+            key = next(theirs + key[len(mine):] for mine, theirs in QWEN3_PUBLISHED if key.startswith(mine))
+        tensors[key] = value.contiguous()
+    return tensors
+
+
+def reference_model(path, kind: str, folder):
+    """transformers' class loaded by `from_pretrained` from a folder of the file's weights and config."""
+    from safetensors.torch import save_file
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen3VLConfig,
+                              Qwen3VLForConditionalGeneration)
+
+    config_class, model_class = ((Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration) if kind == QWEN25_VL
+                                 else (Qwen3VLConfig, Qwen3VLForConditionalGeneration))
+    config_class.from_dict(json.loads(path.with_suffix(".json").read_text())["config"]).save_pretrained(str(folder))
+    save_file(published_tensors(path, kind), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    model, info = model_class.from_pretrained(str(folder), dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind", [QWEN25_VL, QWEN3_VL])
+def test_caption_tokens_are_transformers_generate(kind, tiny_encoders, tmp_path):
+    from trainer_core.captions.generate import Decoding, answer
+    from trainer_core.captions.model import vision_language_model
+
+    image = picture(72, 56, (30, 90, 200))
+    reference = reference_model(tiny_encoders[kind], kind, tmp_path)
+    with vision_language_model(tiny_encoders[kind]) as vlm:
+        ours, text = answer(vlm, image, INSTRUCTION, Decoding(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS))
+        # The reference's inputs through the processor's own API (the same chat turn: image, then instruction).
+        messages = [{"role": "user", "content": [{"type": "image", "image": image},
+                                                 {"type": "text", "text": INSTRUCTION}]}]
+        inputs = vlm.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True, return_tensors="pt")
+        stops = list(vlm.stop_token_ids)
+    with torch.inference_mode():
+        theirs = reference.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                    eos_token_id=stops, pad_token_id=stops[0])
+    prompt = inputs["input_ids"].shape[1]
+    assert ours.tolist() == theirs[0, prompt:].tolist()
+    assert len(ours) == NEW_TOKENS and text  # random weights: gibberish, but words of the vocabulary
+
+
+@pytest.mark.parametrize("kind", [QWEN25_VL, QWEN3_VL])
+def test_the_chat_turn_is_the_published_template(kind, tiny_encoders):
+    """One user turn, the image's vision tokens then the instruction, the assistant's turn opened; Qwen2.5-VL's
+    published template adds its default system turn, Qwen3-VL's none."""
+    from trainer_core.captions.generate import chat_inputs
+    from trainer_core.captions.model import vision_language_model
+
+    with vision_language_model(tiny_encoders[kind]) as vlm:
+        text = vlm.processor.tokenizer.decode(chat_inputs(vlm, picture(64, 64, (0, 0, 0)), "Say it.")["input_ids"][0])
+    system = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n" if kind == QWEN25_VL else ""
+    assert text.startswith(system + "<|im_start|>user\n<|vision_start|><|image_pad|>")
+    assert text.endswith("<|image_pad|><|vision_end|>Say it.<|im_end|>\n<|im_start|>assistant\n")

@@ -1,0 +1,168 @@
+"""Captions written into a dataset folder: which images need one, and writing them so that nothing is lost.
+
+The images are the folder's own training images as the Dataset nodes find them (data/images.py's extensions, hidden
+files left out), less what is not a training target: loss masks (`name_mask.png` without a caption of its own; the
+`masks/` subfolder is not looked in) and an edit dataset's control images (`name_control.png`, `name_control_2.png`;
+its `control/` subfolder is not looked in). An image with a caption keeps it unless `overwrite` is on; then its old
+caption is first copied to `name.txt.bak` (`name.txt.bak2`, `.bak3`, ... when that exists: a backup is never
+overwritten either), so a caption a person wrote is always on disk somewhere. Every file is written atomically
+(core/files.py): an interrupt or a full disk leaves the old caption or the new one, never half of one.
+
+Images are captioned one at a time, in file-name order; `stop()` is asked before each (the node's raises ComfyUI's
+interrupt, the CLI's Ctrl+C raises KeyboardInterrupt): what was written stays. `progress(done, total, result)` after
+each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.config import CaptionConfig, DatasetConfig
+from ..core.errors import UserInputError
+from ..core.files import write_bytes_atomic
+from ..data.edit_dataset import is_control_file
+from ..data.images import IMAGE_EXTENSIONS, decode_caption, open_image, read_file
+from ..data.masks import is_mask_name
+from .generate import Decoding, answer
+from .prompts import finish_caption, instruction_text, max_new_tokens
+
+CAPTION_SUFFIX = ".txt"
+BACKUP_SUFFIX = ".bak"
+
+# What became of one image (CaptionResult.status).
+WRITTEN, REPLACED, KEPT, EMPTY = "written", "replaced", "kept", "empty"
+
+
+@dataclass(frozen=True)
+class CaptionResult:
+    image: Path
+    status: str  # WRITTEN (it had none), REPLACED (overwrite; `backup` holds the old one), KEPT, EMPTY (nothing usable)
+    caption: str  # the caption on disk now (KEPT: the existing one)
+    backup: Path | None = None
+
+
+@dataclass
+class CaptionReport:
+    folder: Path
+    results: list[CaptionResult] = field(default_factory=list)
+    total: int = 0  # images in the folder
+    stopped: bool = False  # stopped between images; the rest were not captioned
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.results)
+
+    def summary(self) -> str:
+        parts = [f"{self.count(WRITTEN)} written", f"{self.count(REPLACED)} replaced (old captions kept as .bak)",
+                 f"{self.count(KEPT)} kept"]
+        if self.count(EMPTY):
+            parts.append(f"{self.count(EMPTY)} left without a caption (the model wrote nothing usable)")
+        stopped = f"; stopped after {len(self.results) - self.count(KEPT)} images" if self.stopped else ""
+        return f"{self.total} images in {self.folder}: " + ", ".join(parts) + stopped + "."
+
+
+def caption_path(image: Path) -> Path:
+    return image.with_suffix(CAPTION_SUFFIX)
+
+
+def dataset_images(folder: str | Path) -> list[Path]:
+    """The training images of `folder` in file-name order (module docstring: masks and control images left out)."""
+    if not str(folder).strip():
+        raise UserInputError("folder is empty: enter the dataset folder whose images should get captions.")
+    root = Path(folder).expanduser().absolute()
+    if not root.is_dir():
+        raise UserInputError(f"dataset folder {root} does not exist: enter the folder whose images should get captions.")
+    settings = DatasetConfig(folder=str(root))
+    try:
+        entries = sorted(root.iterdir())
+    except OSError as e:
+        raise UserInputError(f"dataset folder {root} cannot be listed ({e.strerror or e}): let this user read it.") from None
+    images = [p for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".") and p.is_file()]
+    targets = [p for p in images if not is_mask_name(p, settings)
+               and not (is_control_file(p) and not caption_path(p).exists())]
+    if not targets:
+        raise UserInputError(f"dataset folder {root} has no images to caption ({', '.join(IMAGE_EXTENSIONS)}; mask and "
+                             "control images are not captioned): add the training images.")
+    return targets
+
+
+def needs_caption(image: Path, overwrite: bool) -> bool:
+    return overwrite or not (caption_path(image).exists() or caption_path(image).is_symlink())
+
+
+def backup_path(caption: Path) -> Path:
+    """The first free `name.txt.bak`, `name.txt.bak2`, ... beside `caption`."""
+    candidate, n = caption.with_name(caption.name + BACKUP_SUFFIX), 1
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = caption.with_name(f"{caption.name}{BACKUP_SUFFIX}{n}")
+    return candidate
+
+
+def write_caption(image: Path, text: str) -> tuple[str, Path | None]:
+    """Write `text` as `image`'s caption, an existing one backed up first: (status, the backup or None)."""
+    target = caption_path(image)
+    backup = None
+    if target.exists():
+        backup = write_bytes_atomic(read_file(target, "caption", "a text file"), backup_path(target))
+    write_bytes_atomic(text.encode("utf-8"), target)
+    return (REPLACED if backup is not None else WRITTEN), backup
+
+
+def existing_caption(image: Path) -> str:
+    """The caption kept, for the report (one the Dataset node could not read says so there, not here)."""
+    target = caption_path(image)
+    try:
+        return decode_caption(read_file(target, "caption", "a text file"), target)
+    except UserInputError as e:
+        return f"(kept, but not readable as text: {e})"
+
+
+def caption_folder(vlm, settings: CaptionConfig, stop: Callable[[], bool] | None = None,
+                   progress: Callable[[int, int, CaptionResult], None] | None = None,
+                   min_new_tokens: int = 0) -> CaptionReport:
+    """Caption `settings.folder`'s images with `vlm` (a models.vision_language.VisionLanguageModel) as the module
+    docstring says. `min_new_tokens`: see generate.Decoding (tests of random tiny models)."""
+    images = dataset_images(settings.folder)
+    report = CaptionReport(folder=Path(settings.folder).expanduser().absolute(), total=len(images))
+    instruction = instruction_text(settings)
+    decoding = Decoding(max_new_tokens=max_new_tokens(settings), seed=settings.seed, min_new_tokens=min_new_tokens)
+    for done, image in enumerate(images, 1):
+        if stop is not None and stop():
+            report.stopped = True
+            break
+        if needs_caption(image, settings.overwrite):
+            _, text = answer(vlm, open_image(image), instruction, decoding)
+            caption = finish_caption(text, settings)
+            if caption:
+                status, backup = write_caption(image, caption)
+                result = CaptionResult(image, status, caption, backup)
+            else:  # nothing written: the image still has no caption, the next run tries again
+                result = CaptionResult(image, EMPTY, "")
+        else:
+            result = CaptionResult(image, KEPT, existing_caption(image))
+        report.results.append(result)
+        if progress is not None:
+            progress(done, len(images), result)
+    return report
+
+
+def images_needing_captions(settings: CaptionConfig) -> list[Path]:
+    """The images `caption_folder` would caption now (none: the model need not even be loaded)."""
+    return [p for p in dataset_images(settings.folder) if needs_caption(p, settings.overwrite)]
+
+
+def caption_dataset(settings: CaptionConfig, text_encoder: str | Path, tokenizer_dir: str | Path | None = None,
+                    device="cpu", compute_dtype: str = "auto", stop: Callable[[], bool] | None = None,
+                    progress: Callable[[int, int, CaptionResult], None] | None = None,
+                    min_new_tokens: int = 0) -> CaptionReport:
+    """`caption_folder` with the model of `text_encoder` loaded for it and freed after (model.vision_language_model);
+    not loaded at all when every image keeps its caption."""
+    from .model import vision_language_model
+
+    if not images_needing_captions(settings):
+        return caption_folder(None, settings, stop, progress)
+    with vision_language_model(text_encoder, tokenizer_dir, device, compute_dtype) as vlm:
+        return caption_folder(vlm, settings, stop, progress, min_new_tokens)
+
