@@ -2,10 +2,13 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/transparency21.py [--vae-steps 1500] [--steps 300] [--out DIR]
 
-1. A small 2.1 model: the tiny 2.1 set (families/qwen_image21/tiny.py: diffusers' 2.1 classes) whose RGBA VAE is
-   first trained here as the shipped shapes model's VAE was (tools/train_shapes_model.py: pixel MSE with the shape's
-   pixels weighted up, gradients clipped), on shapes pictures of which half lie on a transparent background, over
-   all four channels; its latents' per-channel mean and std go into its config. Its transformer stays random.
+1. A small 2.1 model trained here as the shipped shapes model was (tools/train_shapes_model.py), diffusers' 2.1
+   classes throughout: the tiny 2.1 set's RGBA VAE (families/qwen_image21/tiny.py) trained on shapes pictures of which
+   half lie on a transparent background (pixel MSE over the four channels, the shape's pixels weighted up, gradients
+   clipped; its latents' per-channel mean and std into its config; `--vae-cache` keeps it for the next run); then a
+   transformer of 4 blocks at width 128 (the shapes model's size; the tiny Qwen3-VL as its text encoder) trained on
+   --base-images opaque pictures of circles, squares and triangles on white or black: with our Trainer as a rank-64
+   LoRA on every Linear, merged into its weights after (the Trainer trains adapters only).
 2. Eight star pictures on a transparent background (shapes.STAR_SCENES drawn in RGBA, 64 px) with their captions.
 3. Two LoRA runs on the same pictures with the same seed and settings (rank 16 on every Linear, AdamW 2e-3, 2 pictures
    a step), which differ only in the Dataset's transparency: "keep" (2.1's default now) and "flatten" (composited onto
@@ -130,11 +133,93 @@ def previews(trainer: Trainer, scenes, out: Path, name: str) -> dict:
             "star_core_alpha": round(float(np.mean([c for _, c in measured])), 3)}
 
 
+def small_components(seed: int, vae_cache: Path | None, vae_steps: int, vae_batch: int, log):
+    """The tiny 2.1 set with the VAE trained here (or read from `vae_cache`) and a transformer of the shapes model's
+    size (4 blocks, width 128), random."""
+    from diffusers import QwenImage21Transformer2DModel
+
+    components = get_family("qwen-image-2.1").tiny_components(seed=seed, storage="float32")
+    if vae_cache is not None and vae_cache.exists():
+        saved = torch.load(vae_cache)
+        components.vae.load_state_dict(saved["state"])
+        components.vae.register_to_config(latents_mean=saved["mean"], latents_std=saved["std"])
+        log(f"vae from {vae_cache}")
+        vae_loss = saved["loss"]
+    else:
+        vae_loss = train_vae(components.vae, vae_steps, vae_batch, random.Random(seed), log)
+        if vae_cache is not None:
+            torch.save({"state": components.vae.state_dict(), "mean": components.vae.config.latents_mean,
+                        "std": components.vae.config.latents_std, "loss": vae_loss}, vae_cache)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 10)
+        components.transformer = QwenImage21Transformer2DModel(
+            patch_size=1, in_channels=components.vae.config.z_dim, out_channels=components.vae.config.z_dim,
+            num_layers=4, attention_head_dim=32, num_attention_heads=4, context_in_dim=16, mlp_ratio=3,
+            axes_dims_rope=(8, 12, 12)).requires_grad_(False).eval()
+    return components, vae_loss
+
+
+@torch.no_grad()
+def vae_round_trip(vae, out: Path, seed: int) -> dict:
+    """Eight fresh transparent pictures through the VAE and back: a sheet, and the alpha the round trip gives their
+    background and their shape (the codec's own share of the measure below)."""
+    from trainer_core.models.latents import decode_latents, encode_images
+
+    scenes = [shapes.random_scene(random.Random(seed + 100 + i)) for i in range(8)]
+    pictures = [draw_rgba(s, transparent=True) for s in scenes]
+    decoded = decode_latents(vae, encode_images(vae, as_tensor(pictures)))  # (8, 4, H, W) in [-1, 1]
+    images = [Image.fromarray(((d.permute(1, 2, 0).numpy() + 1) * 127.5).round().clip(0, 255).astype(np.uint8), "RGBA")
+              for d in decoded]
+    sheet = Image.new("RGB", (SIZE * 8, SIZE * 2))
+    for i, (a, b) in enumerate(zip(pictures, images)):
+        sheet.paste(on_checkerboard(a), (i * SIZE, 0))
+        sheet.paste(on_checkerboard(b), (i * SIZE, SIZE))
+    sheet.resize((sheet.width * 2, sheet.height * 2), Image.Resampling.NEAREST).save(out / "vae_round_trip.png")
+    measured = [alpha_measure(i, s) for i, s in zip(images, scenes)]
+    return {"background_alpha": round(float(np.mean([b for b, _ in measured])), 3),
+            "shape_core_alpha": round(float(np.mean([c for _, c in measured])), 3)}
+
+
+def train_base(components, out: Path, images: int, steps: int, seed: int, log) -> dict:
+    """The transformer taught the opaque shapes (step 1 of the module docstring), the LoRA merged into it."""
+    from peft.tuners.lora import LoraLayer
+
+    from trainer_core.core.config import DatasetConfig
+
+    folder = out / "base_pictures"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed + 1)
+    for n in range(images):
+        scene = shapes.random_scene(rng)
+        draw_rgba(scene, transparent=False).convert("RGB").save(folder / f"{n:04d}.png")
+        (folder / f"{n:04d}.txt").write_text(scene.caption)
+    cfg = DatasetConfig(folder=str(folder), resolution=SIZE, min_bucket_side=32, max_bucket_side=128)
+    components.ensure_text_encoder()
+    cached = build_cache(components, discover(cfg), out / "cache")
+    trainer = Trainer(components, cached, LoraConfig(rank=64, alpha=64.0, targets="all"),
+                      OptimizerConfig(optimizer="adamw", learning_rate=1e-3, schedule="cosine"),
+                      TrainConfig(run_name="transparency-base", seed=seed, micro_batch_size=8, blocks_to_swap=0,
+                                  gradient_checkpointing=False, caption_dropout=0.1))
+    try:
+        report = trainer.train(steps)
+        for module in trainer.built.transformer.modules():
+            if isinstance(module, LoraLayer):
+                module.merge()  # into the base weights, which stay when the Trainer takes its adapter out
+    finally:
+        trainer.close()
+    log(f"base: {steps} steps, loss {np.mean(report.losses[:50]):.4f} -> {np.mean(report.losses[-50:]):.4f}")
+    return {"phase": "base", "images": images, "steps": steps, "loss_first50": round(float(np.mean(report.losses[:50])), 4),
+            "loss_last50": round(float(np.mean(report.losses[-50:])), 4)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vae-steps", type=int, default=1500)
     parser.add_argument("--vae-batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--base-images", type=int, default=400)
+    parser.add_argument("--base-steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--vae-cache", type=Path, default=None, help="a file the trained VAE is kept in (and read from)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="where the previews go (default: a temporary folder)")
     args = parser.parse_args()
@@ -148,9 +233,11 @@ def main() -> None:
 
     from trainer_core.core.config import DatasetConfig
 
-    components = get_family("qwen-image-2.1").tiny_components(seed=args.seed, storage="float32")
-    vae_loss = train_vae(components.vae, args.vae_steps, args.vae_batch, random.Random(args.seed), log)
+    components, vae_loss = small_components(args.seed, args.vae_cache, args.vae_steps, args.vae_batch, log)
     print(json.dumps({"phase": "vae", "steps": args.vae_steps, "loss_last50": round(vae_loss, 5),
+                      "round_trip": vae_round_trip(components.vae, out, args.seed),
+                      "seconds": round(time.perf_counter() - started, 1)}), flush=True)
+    print(json.dumps({**train_base(components, out, args.base_images, args.base_steps, args.seed, log),
                       "seconds": round(time.perf_counter() - started, 1)}), flush=True)
     scenes = star_pictures(out / "stars")
     results = {}

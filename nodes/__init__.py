@@ -4,6 +4,7 @@ from pathlib import Path
 
 from . import host
 
+from .caption_nodes import QwenLoRACaptionDataset
 from .config_nodes import QwenLoRAConfig, QwenLoRAOptimizer
 from .data_nodes import QwenLoRACache, QwenLoRADataset, QwenLoRADatasetMix
 from .edit_nodes import QwenLoRAEditDataset, QwenLoRAEditPreview, QwenLoRALoadEditModels
@@ -30,6 +31,7 @@ NODE_CLASS_MAPPINGS = {
     "QwenLoRAEditDataset": QwenLoRAEditDataset,
     "QwenLoRAEditPreview": QwenLoRAEditPreview,
     "QwenLoRALayeredDataset": QwenLoRALayeredDataset,
+    "QwenLoRACaptionDataset": QwenLoRACaptionDataset,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -50,6 +52,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "QwenLoRAEditDataset": "Qwen LoRA Edit Dataset",
     "QwenLoRAEditPreview": "Qwen LoRA Preview (Edit)",
     "QwenLoRALayeredDataset": "Qwen LoRA Layered Dataset",
+    "QwenLoRACaptionDataset": "Qwen LoRA Caption Dataset",
 }
 
 # The template browser lists the example workflows in their names' order, the first run first (host.py).

@@ -33,6 +33,7 @@ NODE_SETTINGS = {
     "QwenLoRAEditDataset": ("DatasetConfig", "EditDataConfig"),
     "QwenLoRAEditPreview": ("PreviewConfig",),
     "QwenLoRALayeredDataset": ("DatasetConfig",),
+    "QwenLoRACaptionDataset": ("CaptionConfig",),
 }
 # Settings a node leaves out on purpose: a Layered sample keeps its alpha always (no transparency choice).
 LEFT_OUT = {"QwenLoRALayeredDataset": {"DatasetConfig.transparency"}}

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from .choices import (
     CAPTION_STYLES,
     COMPUTE_DTYPES,
+    CUSTOM_FOLDER,
     EDIT_VARIANT_CHOICES,
     LORA_LAYOUTS,
     MODEL_SOURCES,
@@ -356,6 +357,10 @@ class CaptionConfig:
     seed: int = _f(
         GREEDY, "-1: greedy decoding, the same captions on every run. 0 or more: sample with this seed (varied "
         "wording, repeatable with the same seed).", min=GREEDY, max=2**31 - 1,
+    )
+    input_folder: str = _f(
+        CUSTOM_FOLDER, "A subfolder of ComfyUI's input folder to caption, or '(custom path)' to use the folder typed "
+        "above (as the Dataset node).", folder_list="input", extra_choices=(CUSTOM_FOLDER,),
     )
 
     def __post_init__(self) -> None:

@@ -39,6 +39,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
 from ..core.errors import UserInputError
 from ..data.cache import latent_key
+from ..data.edit_dataset import EditSample
 from ..data.images import IMAGES, load_dataset
 from ..models.latents import pack_latents
 from ..models.scheduler import resolution_mu
@@ -152,12 +153,13 @@ class ModelFamily:
         if self.keeps_transparency:
             return
         for s in samples:
-            if getattr(s, "transparency", "auto") != "keep":
+            if s.transparency != "keep":
                 continue
-            kept = [s, *getattr(s, "controls", ())]
-            found = next((c for c in kept if c.decode.startswith("alpha")), None)
+            kept = [(s.image_path, s.decode), *((c.path, c.decode) for c in
+                                                 (s.controls if isinstance(s, EditSample) else ()))]
+            found = next((path for path, decode in kept if decode.startswith("alpha")), None)
             if found is not None:
-                name = Path(getattr(found, "image_path", None) or found.path).name
+                name = Path(found).name
                 raise UserInputError(
                     f"image {name} is transparent and its dataset's transparency is 'keep', but {self.display_name}'s "
                     "VAE encodes RGB only, so the LoRA cannot learn transparency. Set transparency to 'auto' or "

@@ -55,7 +55,7 @@ ALPHA_KEPT = "alpha kept"  # in the key of an image encoded with its transparenc
 def decoding(image, sample) -> str:
     """How `image` (a sample, or one of its controls) decodes for 2.1: its decode tag, and whether its alpha is
     kept (its sample's dataset setting decides for its controls too)."""
-    kept = keeps_alpha(image, True) and getattr(sample, "transparency", "auto") != "flatten"
+    kept = keeps_alpha(image.decode, sample.transparency, True)
     return f"{image.decode}; {ALPHA_KEPT}" if kept else image.decode
 
 
