@@ -26,15 +26,17 @@ class QwenLoRACaptionDataset:
     CATEGORY = CATEGORY
     FUNCTION = "caption"
     OUTPUT_NODE = True  # queued alone, before the training graph is built
-    RETURN_TYPES = ("IMAGE", "STRING")
-    RETURN_NAMES = ("captions", "report")
+    RETURN_TYPES = ("IMAGE", "STRING", "STRING")
+    RETURN_NAMES = ("captions", "report", "folder")
     OUTPUT_TOOLTIPS = ("Each image with the caption it has now, to read before training.",
-                       "One line per image (name: caption) and a summary.")
+                       "One line per image (name: caption) and a summary.",
+                       "The folder captioned (its full path): wire it into the Dataset node's folder, so the Dataset "
+                       "reads the folder after its captions are written.")
 
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": widgets(CaptionConfig, "folder", "text_encoder", "style", "instruction", "trigger", "avoid",
-                                    "max_new_tokens", "overwrite", "seed"),
+                                    "max_new_tokens", "overwrite", "sampling_seed"),
                 "optional": widgets(CaptionConfig, "input_folder")}
 
     @classmethod
@@ -45,11 +47,11 @@ class QwenLoRACaptionDataset:
         except UserInputError as e:
             return str(e)
 
-    def caption(self, folder, text_encoder, style, instruction, trigger, avoid, max_new_tokens, overwrite, seed,
-                input_folder=CUSTOM_FOLDER):
+    def caption(self, folder, text_encoder, style, instruction, trigger, avoid, max_new_tokens, overwrite,
+                sampling_seed, input_folder=CUSTOM_FOLDER):
         settings = CaptionConfig(folder=dataset_folder(folder, input_folder), text_encoder=text_encoder, style=style,
                                  instruction=instruction, trigger=trigger, avoid=avoid, max_new_tokens=max_new_tokens,
-                                 overwrite=overwrite, seed=seed, input_folder=input_folder)
+                                 overwrite=overwrite, sampling_seed=sampling_seed, input_folder=input_folder)
         path = host.model_file_path("text_encoders", text_encoder)
         # the tokenizer as the Load node finds it: a tokenizer/ folder beside the file, else the one ComfyUI ships
         beside = any(c.is_dir() for c in tokenizer_candidates(None, path))
@@ -62,7 +64,7 @@ class QwenLoRACaptionDataset:
         with engine_mode():
             report = caption_dataset(settings, path, None if beside else host.bundled_qwen_tokenizer(),
                                      device=host.compute_device(), progress=advance)
-        return (pil_to_image(caption_sheet(report.results)), report_text(report))
+        return (pil_to_image(caption_sheet(report.results)), report_text(report), settings.folder)
 
 
 def report_text(report) -> str:

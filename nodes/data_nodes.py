@@ -51,8 +51,9 @@ class QwenLoRADataset:
                                "loss_weight", "is_regularization", "transparency")}
 
     @classmethod
-    def IS_CHANGED(cls, folder, input_folder=CUSTOM_FOLDER, **_):
-        # Widgets alone do not show that files in the folder changed: fold the folder's state in.
+    def IS_CHANGED(cls, folder="", input_folder=CUSTOM_FOLDER, **_):
+        # Widgets alone do not show that files in the folder changed: fold the folder's state in. A folder wired from
+        # another node (Caption Dataset's) is not given here: that node's own state says when the folder changed.
         try:
             found = dataset_folder(folder, input_folder)
             return folder_state(found) + "|" + folder_state(Path(found) / MASK_FOLDER)  # masks/ counts too

@@ -45,6 +45,7 @@ WORKFLOW_STEMS = {
     "qwen21": "4 Qwen-Image 2.1 LoRA - your images",
     "layered": "5 Qwen-Image-Layered LoRA - RGBA",
     "regularized": "6 First run with a regularisation set",
+    "captioned": "7 Qwen-Image LoRA - captions first",
 }
 
 

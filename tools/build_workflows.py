@@ -222,6 +222,29 @@ REG = {
     11: {"filename_prefix": "qwen_lora/tiny_regularized_preview"},
 }
 
+# Captions first: the text-to-image graph with a Caption Dataset node that writes the missing captions with the text
+# encoder file's own vision-language model, its folder wired into the Dataset node (so the Dataset reads the folder
+# after the captions are written), its review picture and report beside it.
+CAPTION_NOTE = """Caption your images, then train a Qwen-Image LoRA
+1. Models: as in "2 Qwen-Image LoRA": qwen_2.5_vl_7b_fp8_scaled in text_encoders writes the captions too (its vision tower; nothing else to download).
+2. Data: a folder of images; set its path in Caption Dataset. Images without a name.txt get one; your own captions are kept. Set a trigger word if the LoRA should have one.
+3. Queue once with Train Steps' steps at 0 (or bypass the training nodes: Ctrl+B) and read the captions in the picture; fix any in its .txt file. Queue again to train: the captions you kept or edited are used as they are."""
+
+CAPTION_ID, CAPTION_SHEET_ID, CAPTION_REPORT_ID = 21, 22, 23
+CAPTION_NODES = [
+    (CAPTION_ID, "QwenLoRACaptionDataset", {"folder": "my_lora_dataset",
+                                            "text_encoder": "qwen_2.5_vl_7b_fp8_scaled.safetensors", "style": "short",
+                                            "instruction": "", "trigger": "", "avoid": "", "max_new_tokens": 0,
+                                            "overwrite": False, "sampling_seed": -1, "input_folder": "(custom path)"},
+     ("data", 1)),
+    (CAPTION_SHEET_ID, "PreviewImage", {}, ("data", 1)),
+    (CAPTION_REPORT_ID, "PreviewAny", {}, ("data", 1)),
+    *NODES,
+]
+CAPTION_LINKS = [*LINKS, (CAPTION_ID, 2, 2, "folder"), (CAPTION_ID, 0, CAPTION_SHEET_ID, "images"),
+                 (CAPTION_ID, 1, CAPTION_REPORT_ID, "source")]
+CAPTION = {6: {"run_name": "my_captioned_lora"}}
+
 # The nodes' titles where the type's name does not say what the node does here (by node id, for every workflow that
 # has the node; a workflow's own titles go on top).
 TITLES = {
@@ -233,6 +256,8 @@ TITLES = {
     19: "Dataset Mix summary",  # PreviewAny: each set's images, buckets and weight
     ENLARGE_ID: "Enlarge 4x for display (nearest)",
 }
+CAPTION_TITLES = {2: "Dataset: the captioned folder", CAPTION_SHEET_ID: "The captions, to read before training",
+                  CAPTION_REPORT_ID: "Caption report"}
 TINY_TITLES = {1: "Load the shapes model (ships with the pack)", 2: "Dataset: 8 pictures of stars"}
 REG_TITLES = {**TINY_TITLES, 2: "Dataset: the stars (to learn)", 17: "Dataset: known shapes (regularisation)"}
 
@@ -268,6 +293,7 @@ EDIT_STEM = "3 Qwen-Image-Edit LoRA - image pairs"
 QWEN21_STEM = "4 Qwen-Image 2.1 LoRA - your images"
 LAYERED_STEM = "5 Qwen-Image-Layered LoRA - RGBA"
 REGULARIZED = "6 First run with a regularisation set"
+CAPTIONED = "7 Qwen-Image LoRA - captions first"
 WORKFLOWS = {
     FIRST_RUN: Workflow(TINY, TINY_NOTE, TINY_NODES, TINY_LINKS, TINY_TITLES, TINY_IMAGE_BOXES),
     MAIN: Workflow({}, MAIN_NOTE, titles={2: "Dataset: your images"}),
@@ -275,6 +301,8 @@ WORKFLOWS = {
     QWEN21_STEM: Workflow(QWEN21, QWEN21_NOTE, QWEN21_NODES, titles={2: "Dataset: your images"}),
     LAYERED_STEM: Workflow(LAYERED, LAYERED_NOTE, LAYERED_NODES),
     REGULARIZED: Workflow(REG, REG_NOTE, REG_NODES, REG_LINKS, REG_TITLES, TINY_IMAGE_BOXES),
+    CAPTIONED: Workflow(CAPTION, CAPTION_NOTE, CAPTION_NODES, CAPTION_LINKS, CAPTION_TITLES,
+                        {**MAIN_IMAGE_BOXES, CAPTION_SHEET_ID: (360, 420)}),
 }
 
 # Core nodes the workflows use, as ComfyUI declares them: inputs, and outputs as (type, name).
@@ -440,12 +468,19 @@ def build(mappings, display_names: dict[str, str], workflow: Workflow) -> tuple[
     title_of = {i: titles.get(i, display_names.get(c, c)) for i, c, _v, _p in nodes}
     api, ui_nodes, ui_links = {}, [], []
     link_ids = {}
+
+    def ui_input_names(node_id: int) -> list[str]:
+        """A node's UI inputs in order: its sockets, then the widgets a link feeds (the canvas adds a socket to a
+        widget that takes a link, e.g. the Dataset's folder wired from Caption Dataset)."""
+        spec = input_types(next(c for i, c, *_ in nodes if i == node_id), mappings)
+        wired = {n for _s, _sl, d, n in links if d == node_id}
+        return ([n for n, s in spec.items() if not is_widget(s)]
+                + [n for n, s in spec.items() if is_widget(s) and n in wired])
+
     for link_id, (src, slot, dst, name) in enumerate(links, start=1):
         link_ids[(dst, name)] = link_id
         out_type = output_types(next(c for i, c, *_ in nodes if i == src), mappings)[slot][0]
-        dst_index = [n for n, s in input_types(next(c for i, c, *_ in nodes if i == dst), mappings).items()
-                     if not is_widget(s)].index(name)
-        ui_links.append([link_id, src, slot, dst, dst_index, out_type])
+        ui_links.append([link_id, src, slot, dst, ui_input_names(dst).index(name), out_type])
     sizes = {}
     for node_id, cls_name, values, _place in nodes:
         box = workflow.image_boxes.get(node_id, IMAGE_BOX.get(cls_name))
@@ -456,11 +491,17 @@ def build(mappings, display_names: dict[str, str], workflow: Workflow) -> tuple[
     for order, (node_id, cls_name, values, _place) in enumerate(nodes):
         inputs = input_types(cls_name, mappings)
         api_inputs = {}
-        ui_inputs, widgets_values = [], []
+        ui_inputs, widgets_values, wired_widgets = [], [], []
         for name, spec in inputs.items():
             if is_widget(spec):
-                api_inputs[name] = values[name]
-                widgets_values.append(values[name])
+                widgets_values.append(values[name])  # kept by the canvas even where a link feeds the widget
+                link = next(((s, sl) for s, sl, d, n in links if d == node_id and n == name), None)
+                if link is None:
+                    api_inputs[name] = values[name]
+                    continue
+                api_inputs[name] = [str(link[0]), link[1]]
+                wired_widgets.append({"name": name, "type": spec[0] if isinstance(spec[0], str) else "COMBO",
+                                      "widget": {"name": name}, "link": link_ids[(node_id, name)]})
             else:
                 link = next(((s, sl) for s, sl, d, n in links if d == node_id and n == name), None)
                 if link is None:  # an optional socket left open (Edit Preview's control images): the canvas lists it
@@ -468,6 +509,7 @@ def build(mappings, display_names: dict[str, str], workflow: Workflow) -> tuple[
                     continue
                 api_inputs[name] = [str(link[0]), link[1]]
                 ui_inputs.append({"name": name, "type": spec[0], "link": link_ids[(node_id, name)]})
+        ui_inputs += wired_widgets
         api[str(node_id)] = {"class_type": cls_name, "inputs": api_inputs, "_meta": {"title": title_of[node_id]}}
         outputs = []
         for slot, (out_type, out_name) in enumerate(output_types(cls_name, mappings)):

@@ -77,6 +77,13 @@ def tiny_setup(workflow: dict, base: Path, steps: int | None) -> dict:
            "QwenLoRACache": {"preview_prompts": prompts},
            "QwenLoRAOptimizer": {"learning_rate": 2e-3, "warmup_steps": 5},
            "QwenLoRAInitTrainer": {"run_name": "screenshot_demo", "checkpoint_every": 0}}
+    if any(n["type"] == "QwenLoRACaptionDataset" for n in workflow["nodes"]):
+        # the caption-first workflow: three of the demo's captions removed, written again by the tiny text encoder file
+        # (random weights: its words are noise; the picture shows where they go)
+        for caption in sorted(dataset.glob("*.txt"))[:3]:
+            caption.unlink()
+        out["QwenLoRACaptionDataset"] = {"folder": dataset.name, "text_encoder": files["text_encoder_fp8_scaled"].name,
+                                         "max_new_tokens": 8}
     for preview in ("QwenLoRAPreview", "QwenLoRAEditPreview"):
         out[preview] = {"width": 128, "height": 128, "steps": 8}
     # Train Steps' previews at 128 px in 8 sampling steps (a tiny model's 512 px previews cost minutes on a CPU).

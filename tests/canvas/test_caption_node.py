@@ -36,9 +36,11 @@ def test_the_node_writes_what_the_engine_writes_keeps_hand_written_captions_and_
     assert source.name in node_cls.INPUT_TYPES()["required"]["text_encoder"][0]  # listed as ComfyUI lists the folder
 
     ours, theirs = folder_with_images(tmp_path / "node"), folder_with_images(tmp_path / "engine")
-    settings = dict(style="tags", instruction="", trigger="ohwx", avoid="", max_new_tokens=6, overwrite=False, seed=-1)
+    settings = dict(style="tags", instruction="", trigger="ohwx", avoid="", max_new_tokens=6, overwrite=False,
+                    sampling_seed=-1)
     before = node_cls.IS_CHANGED(folder=str(ours))
-    image, report = node_cls().caption(folder=str(ours), text_encoder=source.name, **settings)
+    image, report, captioned = node_cls().caption(folder=str(ours), text_encoder=source.name, **settings)
+    assert captioned == str(ours)  # for the Dataset node's folder, wired
     caption_dataset(CaptionConfig(folder=str(theirs), text_encoder=source.name, **settings), source)
 
     def captions(folder):
@@ -63,5 +65,42 @@ def test_the_node_writes_what_the_engine_writes_keeps_hand_written_captions_and_
     assert written != before  # the captions written changed the folder's state
     (ours / "b.txt").write_text("edited again by hand")
     assert node_cls.IS_CHANGED(folder=str(ours)) != written  # a caption edited on disk queues the node again
-    _, report = node_cls().caption(folder=str(ours), text_encoder=source.name, **settings)
+    _, report, _ = node_cls().caption(folder=str(ours), text_encoder=source.name, **settings)
     assert "b.png: (kept) edited again by hand" in report.splitlines()
+
+
+def captioned_prompt(tmp_path, folder, text_encoder: str, steps: int = 2) -> dict:
+    """The shipped caption-first workflow's API twin on the tiny files: its Caption Dataset node on `folder` with the
+    tiny text encoder `text_encoder` (its vision tower and head), the Dataset's folder wired from it as shipped."""
+    from conftest import api_workflow
+    from test_nodes import tiny_prompt
+
+    prompt = tiny_prompt(tmp_path, folder, steps=steps, from_files=True, workflow=api_workflow("captioned"))
+    prompt["2"]["inputs"]["folder"] = ["21", 2]  # (tiny_prompt points the Dataset at a folder: wired back as shipped)
+    prompt["21"]["inputs"].update(folder=str(folder), text_encoder=text_encoder, max_new_tokens=8)
+    return prompt
+
+
+def test_the_shipped_caption_workflow_captions_the_folder_then_trains_on_it(pack, tiny_files, demo_folder, tmp_path,
+                                                                           monkeypatch):
+    """Caption Dataset writes the captions the folder lacks before the Dataset node reads it (its folder wired from
+    the Caption node), the captions kept stay byte for byte, and the run trains on the captions on disk."""
+    from graph_runner import GraphRunner
+
+    folder = tmp_path / "images"
+    shutil.copytree(demo_folder, folder)
+    removed = sorted(folder.glob("*.txt"))[:3]
+    kept = {p.name: p.read_bytes() for p in sorted(folder.glob("*.txt"))[3:]}
+    for p in removed:
+        p.unlink()
+    monkeypatch.setenv("QWEN_LORA_MODELS", str(tiny_files["vae"].parents[1]))
+    monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
+    monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
+    prompt = captioned_prompt(tmp_path, folder, tiny_files["text_encoder_fp8_scaled"].name)
+    outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
+    assert all(p.exists() for p in removed)  # written before the Dataset node read the folder
+    assert {name: (folder / name).read_bytes() for name in kept} == kept
+    assert outputs["7"][0].step == 2
+    captions = {s.caption for s in outputs["2"][0].samples}
+    assert {p.read_text(encoding="utf-8").strip() for p in removed} <= captions  # trained on what was written
+    assert outputs["21"][1].splitlines()[-1].startswith(f"8 images in {folder}: 3 written, 0 replaced")

@@ -42,10 +42,10 @@ TINY_FILES = {"transformer": "qwen_image_tiny_fp8_e4m3fn.safetensors",
               "text_encoder": "qwen_2.5_vl_tiny_fp8_scaled.safetensors", "vae": "qwen_image_tiny_vae.safetensors"}
 
 
-def tiny_prompt(tmp_path, demo_folder, steps=3, from_files=False, **overrides):
-    """The example API workflow, pointed at the tiny model (built in, or the exported files when
-    `from_files`) and the demo dataset."""
-    prompt = json.loads(API_WORKFLOW.read_text())
+def tiny_prompt(tmp_path, demo_folder, steps=3, from_files=False, workflow=API_WORKFLOW, **overrides):
+    """The example API workflow (or `workflow`, another of the same graph), pointed at the tiny model (built in, or the
+    exported files when `from_files`) and the demo dataset."""
+    prompt = json.loads(workflow.read_text())
     if from_files:
         prompt["1"]["inputs"].update(source="ComfyUI model files", storage="float8", **TINY_FILES)
     else:

@@ -112,7 +112,10 @@ def test_ui_workflow_fits_the_node_definitions(pack, path):
                 values.pop(0)  # the canvas adds a control_after_generate value after these
         assert values == [], f"node {node['id']}: extra widget values {values}"
         sockets = [name for name, spec in inputs.items() if not is_widget(spec)]
-        assert [i["name"] for i in node["inputs"]] == sockets
+        assert [i["name"] for i in node["inputs"] if "widget" not in i] == sockets
+        # a widget fed by a link (the Dataset's folder from Caption Dataset) is an input naming its widget
+        wired = [i for i in node["inputs"] if "widget" in i]
+        assert all(i["widget"]["name"] == i["name"] and is_widget(inputs[i["name"]]) for i in wired), node["id"]
         assert [o["type"] for o in node["outputs"]] == list(outputs)
     for link_id, src, src_slot, dst, dst_slot, kind in wf["links"]:
         out = nodes[src]["outputs"][src_slot]
@@ -131,8 +134,13 @@ def test_ui_and_api_twins_agree(pack, ui_path):
     for node in executed:
         inputs, _ = defs[node["type"]]
         widget_names = [name for name, spec in inputs.items() if is_widget(spec)]
-        api_values = [api[str(node["id"])]["inputs"][name] for name in widget_names]
-        assert node["widgets_values"] == api_values, f"node {node['id']}"
+        wired = {i["name"]: i["link"] for i in node["inputs"] if "widget" in i}
+        api_inputs = api[str(node["id"])]["inputs"]
+        links = {link[0]: [str(link[1]), link[2]] for link in ui["links"]}
+        for name, link in wired.items():  # the API twin takes a wired widget's value from the link's source
+            assert api_inputs[name] == links[link], f"node {node['id']}.{name}"
+        values = [v for name, v in zip(widget_names, node["widgets_values"]) if name not in wired]
+        assert values == [api_inputs[name] for name in widget_names if name not in wired], f"node {node['id']}"
 
 
 def box(node):

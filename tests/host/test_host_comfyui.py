@@ -310,7 +310,8 @@ def test_the_tiny_first_run_workflow_runs_as_shipped_in_real_comfyui(comfy, tmp_
     (the pack puts its list in the names' order: ComfyUI's is the folder's)."""
     server, base = comfy
     listed = server.get("/api/workflow_templates")["qwen_image_lora_trainer"]
-    assert listed == [WORKFLOW_STEMS[k] for k in ("first_run", "main", "edit", "qwen21", "layered", "regularized")]
+    assert listed == [WORKFLOW_STEMS[k] for k in ("first_run", "main", "edit", "qwen21", "layered", "regularized",
+                                                  "captioned")]
     prompt = json.loads((api_workflow("first_run")).read_text())
     prompt["6"]["inputs"]["run_name"] = f"tiny_{tmp_path.name}"[:60]
     assert "(not used)" in server.get("/object_info/QwenLoRALoadModels")["QwenLoRALoadModels"]["input"][
@@ -320,6 +321,36 @@ def test_the_tiny_first_run_workflow_runs_as_shipped_in_real_comfyui(comfy, tmp_
     report = " ".join(done["outputs"]["14"]["text"])
     assert "steps 1-200" in report and "previews at steps 50, 100, 150, 200: " in report, report
     assert lora_steps(base)[-1] == 200
+
+
+def test_the_caption_workflow_captions_then_trains_in_real_comfyui(comfy, tmp_path, demo_folder):
+    """The caption-first workflow in a real ComfyUI: Caption Dataset writes the captions the folder lacks with the tiny
+    text encoder file's vision-language model (picked from models/text_encoders, its tokenizer beside it), before the
+    Dataset node (its folder wired from Caption Dataset) reads the folder; the captions kept stay byte for byte; the
+    run trains on the captions written, and a second queue with a caption edited on disk keeps the edit."""
+    from test_caption_node import captioned_prompt
+
+    server, base = comfy
+    folder = tmp_path / "images"
+    shutil.copytree(demo_folder, folder)
+    removed = sorted(folder.glob("*.txt"))[:3]
+    kept = {p.name: p.read_bytes() for p in sorted(folder.glob("*.txt"))[3:]}
+    for p in removed:
+        p.unlink()
+    encoder = next((base / "models" / "text_encoders").glob("*fp8_scaled.safetensors")).name
+    prompt = captioned_prompt(tmp_path, folder, encoder)
+    done = server.run(prompt)
+    assert done["status"]["status_str"] == "success", json.dumps(done["status"], indent=1)[-3000:]
+    assert all(p.exists() and p.read_bytes() for p in removed)
+    assert {name: (folder / name).read_bytes() for name in kept} == kept
+    report = " ".join(done["outputs"]["23"]["text"])
+    assert f"8 images in {folder}: 3 written, 0 replaced" in report, report
+    assert lora_steps(base)[-1] == 2
+    removed[0].write_text("edited by hand", encoding="utf-8")
+    again = server.run(prompt)
+    assert again["status"]["status_str"] == "success", json.dumps(again["status"], indent=1)[-3000:]
+    assert f"{removed[0].with_suffix('.png').name}: (kept) edited by hand" in " ".join(again["outputs"]["23"]["text"])
+    assert removed[0].read_text(encoding="utf-8") == "edited by hand"
 
 
 @pytest.fixture

@@ -127,7 +127,7 @@ def caption_folder(vlm, settings: CaptionConfig, stop: Callable[[], bool] | None
     images = dataset_images(settings.folder)
     report = CaptionReport(folder=Path(settings.folder).expanduser().absolute(), total=len(images))
     instruction = instruction_text(settings)
-    decoding = Decoding(max_new_tokens=max_new_tokens(settings), seed=settings.seed, min_new_tokens=min_new_tokens)
+    decoding = Decoding(max_new_tokens=max_new_tokens(settings), seed=settings.sampling_seed, min_new_tokens=min_new_tokens)
     for done, image in enumerate(images, 1):
         if stop is not None and stop():
             report.stopped = True

@@ -354,7 +354,7 @@ class CaptionConfig:
         False, "Caption the images that already have a caption too. Each old caption is kept beside it as "
         "name.txt.bak (name.txt.bak2, ... when that exists): nothing written by hand is lost.",
     )
-    seed: int = _f(
+    sampling_seed: int = _f(
         GREEDY, "-1: greedy decoding, the same captions on every run. 0 or more: sample with this seed (varied "
         "wording, repeatable with the same seed).", min=GREEDY, max=2**31 - 1,
     )
@@ -367,7 +367,7 @@ class CaptionConfig:
         self.validate()  # settings are checked once, where they are made
 
     def validate(self) -> None:
-        _check_range(self, "max_new_tokens", "seed")
+        _check_range(self, "max_new_tokens", "sampling_seed")
         _check_choice(self, "style")
         for name in ("trigger", "avoid"):
             if "\n" in getattr(self, name) or "\r" in getattr(self, name):
