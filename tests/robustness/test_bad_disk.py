@@ -513,9 +513,8 @@ def same_entry(a: Path, b: Path) -> bool:
                    for k in fa.keys())
 
 
-def test_every_write_message_is_in_the_readme():
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Troubleshooting"):readme.index("## Security")]
+def test_every_write_message_is_in_the_troubleshooting_page():
+    section = (REPO / "docs" / "troubleshooting.md").read_text()
     for message in ("the disk is full: the cache entry", "the disk quota is used up", "the file is too large",
                     "no permission to write", "the disk is read-only", "a file is in the way", ".step_N.tmp-PID",
                     "bit for bit", "the cache folder was changed or deleted"):

@@ -517,9 +517,8 @@ def test_a_lora_subfolder_that_links_outside_the_loras_folder_is_refused(pack, l
         lora_output_path(loras, "sub/x", "r", 1)
 
 
-def test_the_catalogue_rows_are_in_the_readme():
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Troubleshooting"):]
+def test_the_catalogue_rows_are_in_the_troubleshooting_page():
+    section = (REPO / "docs" / "troubleshooting.md").read_text()
     for topic in ("16-bit", "transparen", "allow_large_images", "permission denied", "is a folder, not an image",
                   "is a link to", "Use only {run_name} and {step}", "reserved", "differs only by case",
                   "through the link", "is too long"):
