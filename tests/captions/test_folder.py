@@ -134,3 +134,45 @@ def test_bad_settings_are_refused_by_name():
         CaptionConfig(trigger="two\nlines")
     with pytest.raises(UserInputError, match="max_new_tokens"):
         CaptionConfig(max_new_tokens=-3)
+
+
+def edit_folder(folder):
+    """An Edit Dataset's folder: a with one control beside it, c with two (name_control.png, name_control_2.png)."""
+    folder.mkdir()
+    picture(64, 48, (200, 20, 20)).save(folder / "a.png")
+    picture(64, 48, (90, 90, 90)).save(folder / "a_control.png")
+    picture(48, 64, (20, 20, 200)).save(folder / "c.png")
+    picture(48, 64, (60, 60, 60)).save(folder / "c_control.png")
+    picture(32, 32, (10, 200, 10)).save(folder / "c_control_2.png")
+    return folder
+
+
+def test_the_edit_style_writes_each_targets_instruction_from_its_controls_then_itself(vlm, tmp_path):
+    """An edit dataset's caption is its instruction: the model is shown the target's controls in order, then the
+    target, and asked what changed; what is written is exactly that answer (the same call made by hand), for the
+    targets only."""
+    from trainer_core.captions.generate import Decoding, answer
+    from trainer_core.captions.prompts import finish_caption, instruction_text
+    from trainer_core.data.images import open_image
+
+    folder = edit_folder(tmp_path / "edits")
+    report = run(vlm, folder, style="edit")
+    assert [r.image.name for r in report.results] == ["a.png", "c.png"]
+    settings = CaptionConfig(folder=str(folder), style="edit", max_new_tokens=TOKENS)
+    for target, controls in (("a", ["a_control"]), ("c", ["c_control", "c_control_2"])):
+        shown = [open_image(folder / f"{name}.png") for name in (*controls, target)]
+        _, text = answer(vlm, shown, instruction_text(settings), Decoding(max_new_tokens=TOKENS, min_new_tokens=TOKENS))
+        assert (folder / f"{target}.txt").read_text(encoding="utf-8") == finish_caption(text, settings)
+    assert sorted(files(folder)) == ["a.txt", "c.txt"]
+
+
+def test_the_edit_style_refuses_a_target_without_a_control_before_loading_the_model(tmp_path):
+    from trainer_core.captions.folder import caption_dataset
+    from trainer_core.core.errors import UserInputError
+
+    folder = edit_folder(tmp_path / "edits")
+    picture(40, 40, (1, 2, 3)).save(folder / "lonely.png")
+    with pytest.raises(UserInputError, match=r"image lonely.png has no control image: add lonely_control.png .* The "
+                                             r"'edit' style captions an Edit Dataset"):
+        caption_dataset(CaptionConfig(folder=str(folder), style="edit"), text_encoder=tmp_path / "absent.safetensors")
+    assert not list(folder.glob("*.txt"))

@@ -55,17 +55,18 @@ def reference_model(path, kind: str, folder):
     return model.eval()
 
 
+@pytest.mark.parametrize("images", [1, 2], ids=["one image", "an edit's control then its target"])
 @pytest.mark.parametrize("kind", [QWEN25_VL, QWEN3_VL])
-def test_caption_tokens_are_transformers_generate(kind, tiny_encoders, tmp_path):
+def test_caption_tokens_are_transformers_generate(kind, images, tiny_encoders, tmp_path):
     from trainer_core.captions.generate import Decoding, answer
     from trainer_core.captions.model import vision_language_model
 
-    image = picture(72, 56, (30, 90, 200))
+    pictures = [picture(72, 56, (30, 90, 200)), picture(64, 64, (200, 90, 30))][:images]
     reference = reference_model(tiny_encoders[kind], kind, tmp_path)
     with vision_language_model(tiny_encoders[kind]) as vlm:
-        ours, text = answer(vlm, image, INSTRUCTION, Decoding(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS))
-        # The reference's inputs through the processor's own API (the same chat turn: image, then instruction).
-        messages = [{"role": "user", "content": [{"type": "image", "image": image},
+        ours, text = answer(vlm, pictures, INSTRUCTION, Decoding(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS))
+        # The reference's inputs through the processor's own API (the same chat turn: the images, then instruction).
+        messages = [{"role": "user", "content": [*({"type": "image", "image": p} for p in pictures),
                                                  {"type": "text", "text": INSTRUCTION}]}]
         inputs = vlm.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                    return_dict=True, return_tensors="pt")
@@ -86,7 +87,7 @@ def test_the_chat_turn_is_the_published_template(kind, tiny_encoders):
     from trainer_core.captions.model import vision_language_model
 
     with vision_language_model(tiny_encoders[kind]) as vlm:
-        text = vlm.processor.tokenizer.decode(chat_inputs(vlm, picture(64, 64, (0, 0, 0)), "Say it.")["input_ids"][0])
+        text = vlm.processor.tokenizer.decode(chat_inputs(vlm, [picture(64, 64, (0, 0, 0))], "Say it.")["input_ids"][0])
     system = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n" if kind == QWEN25_VL else ""
     assert text.startswith(system + "<|im_start|>user\n<|vision_start|><|image_pad|>")
     assert text.endswith("<|image_pad|><|vision_end|>Say it.<|im_end|>\n<|im_start|>assistant\n")

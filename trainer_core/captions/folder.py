@@ -8,6 +8,10 @@ caption is first copied to `name.txt.bak` (`name.txt.bak2`, `.bak3`, ... when th
 overwritten either), so a caption a person wrote is always on disk somewhere. Every file is written atomically
 (core/files.py): an interrupt or a full disk leaves the old caption or the new one, never half of one.
 
+With the `edit` style the folder is an Edit Dataset's (data/edit_dataset.py's convention): each target is shown to the
+model after its control images (name_control.png, name_control_2.png, ... or control/name.png), and its caption is
+the edit instruction; a target without a control is refused by name before the model loads.
+
 Images are captioned one at a time, in file-name order; `stop()` is asked before each (the node's raises ComfyUI's
 interrupt, the CLI's Ctrl+C raises KeyboardInterrupt): what was written stays. `progress(done, total, result)` after
 each.
@@ -22,11 +26,11 @@ from pathlib import Path
 from ..core.config import CaptionConfig, DatasetConfig
 from ..core.errors import UserInputError
 from ..core.files import write_bytes_atomic
-from ..data.edit_dataset import is_control_file
+from ..data.edit_dataset import find_controls, is_control_file
 from ..data.images import IMAGE_EXTENSIONS, decode_caption, open_image, read_file
 from ..data.masks import is_mask_name
 from .generate import Decoding, answer
-from .prompts import finish_caption, instruction_text, max_new_tokens
+from .prompts import EDIT, finish_caption, instruction_text, max_new_tokens
 
 CAPTION_SUFFIX = ".txt"
 BACKUP_SUFFIX = ".bak"
@@ -119,12 +123,24 @@ def existing_caption(image: Path) -> str:
         return f"(kept, but not readable as text: {e})"
 
 
+def shown_with(settings: CaptionConfig, images: list[Path]) -> dict[Path, list[Path]]:
+    """Each image -> the images the model sees before it: its control images with the `edit` style, else none."""
+    if settings.style != EDIT:
+        return {image: [] for image in images}
+    try:  # (the Edit Dataset's own convention: a target without a control is refused there, by name)
+        return find_controls(Path(settings.folder).expanduser().absolute(), images)
+    except UserInputError as e:
+        raise UserInputError(f"{e} The 'edit' style captions an Edit Dataset: each target after its controls; for a "
+                             "folder of single images choose another style.") from None
+
+
 def caption_folder(vlm, settings: CaptionConfig, stop: Callable[[], bool] | None = None,
                    progress: Callable[[int, int, CaptionResult], None] | None = None,
                    min_new_tokens: int = 0) -> CaptionReport:
     """Caption `settings.folder`'s images with `vlm` (a models.vision_language.VisionLanguageModel) as the module
     docstring says. `min_new_tokens`: see generate.Decoding (tests of random tiny models)."""
     images = dataset_images(settings.folder)
+    before = shown_with(settings, images)
     report = CaptionReport(folder=Path(settings.folder).expanduser().absolute(), total=len(images))
     instruction = instruction_text(settings)
     decoding = Decoding(max_new_tokens=max_new_tokens(settings), seed=settings.sampling_seed, min_new_tokens=min_new_tokens)
@@ -133,7 +149,7 @@ def caption_folder(vlm, settings: CaptionConfig, stop: Callable[[], bool] | None
             report.stopped = True
             break
         if needs_caption(image, settings.overwrite):
-            _, text = answer(vlm, open_image(image), instruction, decoding)
+            _, text = answer(vlm, [*map(open_image, before[image]), open_image(image)], instruction, decoding)
             caption = finish_caption(text, settings)
             if caption:
                 status, backup = write_caption(image, caption)
@@ -161,6 +177,7 @@ def caption_dataset(settings: CaptionConfig, text_encoder: str | Path, tokenizer
     not loaded at all when every image keeps its caption."""
     from .model import vision_language_model
 
+    shown_with(settings, dataset_images(settings.folder))  # an edit target without its control: refused before loading
     if not images_needing_captions(settings):
         return caption_folder(None, settings, stop, progress)
     with vision_language_model(text_encoder, tokenizer_dir, device, compute_dtype) as vlm:

@@ -47,15 +47,16 @@ def shown_image(image: Image.Image, max_pixels: int = MAX_IMAGE_PIXELS) -> Image
     return image.resize(size, Image.Resampling.BICUBIC)
 
 
-def chat_messages(image: Image.Image, instruction: str) -> list[dict]:
-    """One user turn: the image, then the instruction."""
-    return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": instruction}]}]
+def chat_messages(images: list[Image.Image], instruction: str) -> list[dict]:
+    """One user turn: the images in order (one, or an edit's controls then its target), then the instruction."""
+    return [{"role": "user", "content": [*({"type": "image", "image": image} for image in images),
+                                         {"type": "text", "text": instruction}]}]
 
 
-def chat_inputs(vlm: VisionLanguageModel, image: Image.Image, instruction: str) -> dict[str, torch.Tensor]:
-    """The model's inputs for `image` and `instruction` (module docstring: shapes), on its device, the pixels in its
-    dtype."""
-    inputs = vlm.processor.apply_chat_template(chat_messages(image, instruction), add_generation_prompt=True,
+def chat_inputs(vlm: VisionLanguageModel, images: list[Image.Image], instruction: str) -> dict[str, torch.Tensor]:
+    """The model's inputs for `images` and `instruction` (module docstring: shapes; P counts every image's patches,
+    image_grid_thw has a row per image), on its device, the pixels in its dtype."""
+    inputs = vlm.processor.apply_chat_template(chat_messages(images, instruction), add_generation_prompt=True,
                                                tokenize=True, return_dict=True, return_tensors="pt")
     dtype = next(vlm.model.parameters()).dtype
     return {k: v.to(vlm.device, dtype if v.is_floating_point() else None) for k, v in inputs.items()}
@@ -82,7 +83,8 @@ def decode(vlm: VisionLanguageModel, ids: torch.Tensor) -> str:
     return vlm.processor.batch_decode(ids[None].cpu(), skip_special_tokens=True)[0]
 
 
-def answer(vlm: VisionLanguageModel, image: Image.Image, instruction: str, decoding: Decoding) -> tuple[torch.Tensor, str]:
-    """(token ids, text) of the model's answer to `instruction` about `image` (shown at most MAX_IMAGE_PIXELS)."""
-    ids = generate_ids(vlm, chat_inputs(vlm, shown_image(image), instruction), decoding)
+def answer(vlm: VisionLanguageModel, images: list[Image.Image], instruction: str, decoding: Decoding
+           ) -> tuple[torch.Tensor, str]:
+    """(token ids, text) of the model's answer to `instruction` about `images` (each shown at most MAX_IMAGE_PIXELS)."""
+    ids = generate_ids(vlm, chat_inputs(vlm, [shown_image(i) for i in images], instruction), decoding)
     return ids, decode(vlm, ids)

@@ -26,9 +26,16 @@ DEFAULT_INSTRUCTIONS = {
                 "only.",
     "tags": "List tags for this image, separated by commas: the subject, its features, objects, colours, setting, "
             "style and composition. Answer with the tags only, in lower case, without sentences.",
+    # An edit dataset's caption is the edit instruction (data/edit_dataset.py): the model sees the control images,
+    # then the target, as Qwen-Image-Edit's prompt lists its pictures.
+    "edit": "The last picture is the result of editing the picture before it (the pictures before it, when there are "
+            "several). Write the editing instruction that turns them into the last picture, as one short imperative "
+            "sentence, for example 'turn the sky into a sunset'. Name only what changed. Answer with the instruction "
+            "only.",
 }
+EDIT = "edit"  # the style that shows the model an edit dataset's controls before its target
 # Each style's longest caption in tokens (CaptionConfig.max_new_tokens = 0).
-DEFAULT_MAX_NEW_TOKENS = {"short": 64, "detailed": 320, "tags": 128}
+DEFAULT_MAX_NEW_TOKENS = {"short": 64, "detailed": 320, "tags": 128, "edit": 64}
 assert tuple(DEFAULT_INSTRUCTIONS) == tuple(DEFAULT_MAX_NEW_TOKENS) == CAPTION_STYLES
 
 

@@ -41,4 +41,4 @@ EXPORT_LAYOUTS = ("comfyui", "diffusers")
 
 # The Caption Dataset node's and `caption` command's styles: a one-line subject caption, a detailed description,
 # comma-separated tags (each style's instruction: trainer_core/captions/prompts.py).
-CAPTION_STYLES = ("short", "detailed", "tags")
+CAPTION_STYLES = ("short", "detailed", "tags", "edit")

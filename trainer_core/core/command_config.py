@@ -332,7 +332,9 @@ class CaptionConfig:
     )
     style: str = _f(
         CAPTION_STYLES[0], "short: one line naming the subject; detailed: a description of subject, setting, colours, "
-        "light and style; tags: comma-separated tags.", choices=CAPTION_STYLES,
+        "light and style; tags: comma-separated tags; edit (an Edit Dataset's folder): the instruction that turns "
+        "each image's control images (name_control.png, ...) into it, the model shown the controls, then the image.",
+        choices=CAPTION_STYLES,
     )
     instruction: str = _f(
         "", "What the model is asked, instead of the style's own instruction (empty: the style's). {trigger} in it "
