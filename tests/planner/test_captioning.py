@@ -1,7 +1,7 @@
 """The captioning phase (`plan --caption`, planner/captioning.py): its weights are the whole vision-language model's
 parameters (counted by transformers on the meta device, an oracle we did not write), its KV cache is the real
 configs' layers x 2 x KV heads x head dim x tokens x 2 bytes, its image is sized as transformers' own processor sizes
-it; it is planned only when asked and changes nothing else of a plan."""
+it; it is planned only when asked and changes nothing else of a plan; the command prints it."""
 
 import dataclasses
 
@@ -16,6 +16,7 @@ from transformers import (
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from trainer_core.core.config import PlanConfig, field_default
 from trainer_core.families import get_family
 from trainer_core.families.qwen_image21.arch import QWEN3_VL_8B_CONFIG
 from trainer_core.families.qwen_image_edit.processor import QWEN25_VL_MAX_PIXELS, QWEN25_VL_MIN_PIXELS
@@ -126,3 +127,16 @@ def test_a_caption_phase_that_does_not_fit_refuses_the_plan_and_names_the_one_by
     assert plan.suggestions[0].startswith("text encoder in one byte while captioning (its one-byte Linears kept, "
                                           "with the qwen_2.5_vl_7b_fp8_scaled file)")
 
+
+def test_plan_command_prints_the_caption_phase_and_its_terms(capsys):
+    from trainer_core.runs.cli import main
+
+    assert field_default(PlanConfig, "caption_tokens") == PlanInputs().caption_tokens
+    assert main(["plan", "--model", "qwen-image-2.1", "--budget-gb", "24", "--caption", "--caption-tokens", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "VL model bfloat16 while captioning" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("caption ")]
+    assert " fits " in row and "does NOT fit" not in row and "up to 64 new tokens" in row
+    assert "The caption phase, term by term" in out and "36 layers x 8 KV heads x 128" in out
+    assert main(["plan", "--model", "qwen-image-2.1", "--budget-gb", "24"]) == 0
+    assert "caption" not in capsys.readouterr().out
