@@ -126,6 +126,12 @@ def test_a_caption_phase_that_does_not_fit_refuses_the_plan_and_names_the_one_by
     assert [s.phase for s in plan.shortfalls()] == ["caption"]  # caching fits: it streams its layers
     assert plan.suggestions[0].startswith("text encoder in one byte while captioning (its one-byte Linears kept, "
                                           "with the qwen_2.5_vl_7b_fp8_scaled file)")
+    # Qwen-Image 2.1's one-byte Qwen3-VL-8B misses 12 GiB by its prefill: a smaller caption image fits.
+    family = get_family("qwen-image-2.1")
+    plan = plan_phases(PlanInputs(caption=True, blocks_to_swap=20, text_encoder_streamed=None), family.planned_arch(),
+                       32 * GIB, 12 * GIB, family.planned_parts(), caption_parts=family.planned_caption_parts())
+    assert [s.phase for s in plan.shortfalls()] == ["caption"] and plan.inputs.caption_storage == "float8"
+    assert any(line.startswith("caption images shown at most 768x768 px") for line in plan.suggestions)
 
 
 def test_plan_command_prints_the_caption_phase_and_its_terms(capsys):

@@ -327,6 +327,13 @@ def _candidates(p: PlanInputs, failing: set[str], parts: PartSizes) -> list[tupl
         if side < largest_reference:
             out.append((f"references at {side}x{side} px (Edit Dataset: control_resolution {side})",
                         smaller_references(p, side)))
+    if "caption" in failing:  # a smaller image has fewer vision tokens: a shorter prefill (captioning.py)
+        area = p.caption_image[0] * p.caption_image[1]
+        for side in (768, 512):
+            if side * side < area:
+                scale = side / area ** 0.5
+                size = (round(p.caption_image[0] * scale), round(p.caption_image[1] * scale))
+                out.append((f"caption images shown at most {side}x{side} px", dict(caption_image=size)))
     if "preview" in failing:
         for side in (768, 512):
             if side < max(p.preview_width, p.preview_height):
