@@ -112,7 +112,8 @@ def test_caption_phase_only_when_asked_and_the_rest_of_the_plan_unchanged():
     assert tuple(asked.phases) == ("load", "caption", *PHASES[1:])
     for name in PHASES:
         assert asked.phases[name] == plain.phases[name]
-    # At 16 GiB caching keeps bf16 while captioning keeps the fp8 file's Linears (its model is larger): each decides alone.
+    # At 16 GiB caching keeps bf16 while captioning keeps the fp8 file's Linears (its model is larger): each decides
+    # alone.
     assert plain.inputs.text_encoder_storage == asked.inputs.text_encoder_storage == "bfloat16"
     assert asked.inputs.caption_storage == "float8"
     assert dataclasses.replace(asked.inputs, caption=False, caption_storage="auto") == plain.inputs
@@ -120,7 +121,8 @@ def test_caption_phase_only_when_asked_and_the_rest_of_the_plan_unchanged():
 
 
 def test_a_caption_phase_that_does_not_fit_refuses_the_plan_and_names_the_one_byte_file():
-    inputs = PlanInputs(caption=True, blocks_to_swap=40, text_encoder_file_fp8=False, text_encoder_streamed=None)  # bf16 file
+    # The bf16 file; caching streams what it must.
+    inputs = PlanInputs(caption=True, blocks_to_swap=40, text_encoder_file_fp8=False, text_encoder_streamed=None)
     plan = plan_phases(inputs, ram_bytes=32 * GIB, gpu_budget_bytes=12 * GIB)
     assert plan.inputs.caption_storage == "bfloat16" and not plan.fits
     assert [s.phase for s in plan.shortfalls()] == ["caption"]  # caching fits: it streams its layers

@@ -74,7 +74,8 @@ def caption_view(parts: PartSizes, size: tuple[int, int]) -> tuple[int, int]:
 
 def caption_prompt_tokens(p: PlanInputs, parts: PartSizes) -> int:
     """Tokens of the prefill: the chat template, the image's markers and vision tokens, the instruction."""
-    seen = dataclasses.replace(p, text_tokens=CAPTION_INSTRUCTION_TOKENS, reference_sizes=(caption_view(parts, p.caption_image),))
+    view = caption_view(parts, p.caption_image)
+    seen = dataclasses.replace(p, text_tokens=CAPTION_INSTRUCTION_TOKENS, reference_sizes=(view,))
     return prompt_tokens(seen, parts) + TEMPLATE_TOKENS
 
 

@@ -71,7 +71,8 @@ def render_phases(plan: PhasePlan, terms: bool = False) -> str:
     streamed = f", {p.text_encoder_streamed} decoder layers streamed" if p.text_encoder_streamed else ""
     streamed += f", {p.vision_streamed} vision blocks streamed" if p.vision_streamed else ""
     captioning = f"; VL model {p.caption_storage} while captioning" if "caption" in plan.phases else ""
-    lines = [f"Per phase ({gpu_head}; {ram_head}{captioning}; text encoder {p.text_encoder_storage}{streamed} while caching; previews "
+    lines = [f"Per phase ({gpu_head}; {ram_head}{captioning}; text encoder {p.text_encoder_storage}{streamed} while "
+             f"caching; previews "
              f"{p.preview_width}x{p.preview_height}{' with CFG' if p.preview_cfg else ''}; device {p.device}):",
              f"{'phase':<9}{'GPU peak':>12}{'host RAM':>12}  verdict", "-" * 60]
     for name, phase in plan.phases.items():
