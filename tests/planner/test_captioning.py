@@ -148,3 +148,14 @@ def test_plan_command_prints_the_caption_phase_and_its_terms(capsys):
     assert "The caption phase, term by term" in out and "36 layers x 8 KV heads x 128" in out
     assert main(["plan", "--model", "qwen-image-2.1", "--budget-gb", "24"]) == 0
     assert "caption" not in capsys.readouterr().out
+
+
+def test_the_defaults_are_the_captioners():
+    """The planned image and caption length are what trainer_core/captions does by default: an image shown at most
+    MAX_IMAGE_PIXELS, and its longest style's default caption."""
+    from trainer_core.captions.generate import MAX_IMAGE_PIXELS
+    from trainer_core.captions.prompts import DEFAULT_MAX_NEW_TOKENS
+
+    p = PlanInputs()
+    assert p.caption_image[0] * p.caption_image[1] == MAX_IMAGE_PIXELS
+    assert p.caption_tokens == max(DEFAULT_MAX_NEW_TOKENS.values()) == field_default(PlanConfig, "caption_tokens")
