@@ -274,6 +274,10 @@ class PlanConfig:
         "lengthen the training and preview sequences; caching adds the vision tower's forward and their encodes.",
         min=0, max=10,
     )
+    caption_tokens: int = _f(
+        320, "With --caption: the longest caption the captioning phase plans, in new tokens (its KV cache grows by "
+        "each; the captioner's longest style default, detailed, is 320).", min=1, max=4096,
+    )
 
 
 @dataclass

@@ -12,7 +12,7 @@ the samples or the model set what they happen to carry:
     training step    patch_size, batch_group, dropped_text_key, conditions, token_grid, pack, resolution_mu,
                      transformer_inputs, extra_transformer_kwargs, transformer_kwargs, loss_tokens,
                      target_prediction
-    memory plan      planned_image_size, planned_vision_sizes, planned_arch, planned_parts
+    memory plan      planned_image_size, planned_vision_sizes, planned_arch, planned_parts, planned_caption_parts
     previews         preview_inputs, preview_pipeline, preview_image
     built-ins        tiny_components, demo, export_tiny
 
@@ -264,6 +264,14 @@ class ModelFamily:
         Qwen-Image's VAE unless the family's are others. `text_encoder_file`: the encoder as ComfyUI's single file
         loads it, else as a diffusers folder does."""
         return real_parts()
+
+    def planned_caption_parts(self) -> PartSizes:
+        """The whole vision-language model the captioner builds from the real model's text encoder file (language
+        model, vision tower, lm_head: the `plan --caption` phase, planner/captioning.py): Qwen2.5-VL-7B unless the
+        family's encoder is another."""
+        from ..planner.captioning import qwen25_vl_parts
+
+        return qwen25_vl_parts()
 
     def planned_vision_sizes(self, dataset) -> tuple[tuple[int, int], ...]:
         """(W, H) px of the images the text encoder's vision tower sees with the planned sample's prompt: none, or

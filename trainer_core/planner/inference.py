@@ -54,6 +54,10 @@ class PartSizes:
     text_intermediate: int
     vae_params: int
     vae_base_dim: int
+    # Its attention's keys and values per token and layer (a generation's KV cache: captioning.py), Qwen2.5-VL-7B's
+    # by default (4 KV heads of 128).
+    text_kv_heads: int = 4
+    text_head_dim: int = 128
     # The model's own measured constants (Qwen-Image's by default; another family's in its `planned_parts`).
     vae_encode_per_pixel_channel: float = VAE_ENCODE_BYTES_PER_PIXEL_CHANNEL
     vae_decode_per_pixel_channel: float = VAE_DECODE_BYTES_PER_PIXEL_CHANNEL
@@ -71,6 +75,10 @@ class PartSizes:
     vision_deepstack: tuple[int, ...] = ()  # blocks whose outputs are merged again (DeepStack features)
     vision_working_per_patch_channel: float = 0.0  # one block's transients (references.py), 2.1's or Edit's
     vision_block_linear_params: int = 0  # one vision block's Linear weights: what streaming one block moves
+    # Its processor's pixel bounds (`smart_resize`): Qwen2.5-VL-7B's preprocessor_config.json (3136, 12845056) by
+    # default, Qwen3-VL's in 2.1's parts (65536, 16777216). What the captioning plan sizes an image with.
+    vision_min_pixels: int = 3136
+    vision_max_pixels: int = 12845056
     vae_image_channels: int = 3  # channels of a decoded image: RGB, or RGBA (Layered's and 2.1's VAEs)
     # The text encoder file that keeps its Linears in one byte (what the plan suggests when caching does not fit), and
     # its kind among the files the planner knows (PLAN_TEXT_ENCODER_FILES: the `plan --text-encoder-file` default).
@@ -97,6 +105,7 @@ def real_parts() -> PartSizes:
         text_encoder_params=total, text_encoder_linear_params=linears,
         text_encoder_largest=text["vocab_size"] * text["hidden_size"], text_hidden=text["hidden_size"],
         text_layers=text["num_hidden_layers"], text_intermediate=text["intermediate_size"],
+        text_kv_heads=text["num_key_value_heads"], text_head_dim=text["hidden_size"] // text["num_attention_heads"],
         vae_params=vae_params(), vae_base_dim=base_dim)
 
 
@@ -151,6 +160,8 @@ def encoder_fields(encoder) -> dict:
         text_encoder_params=sum(p.numel() for p in params.values()), text_encoder_linear_params=linears,
         text_encoder_largest=max(p.numel() for p in params.values()), text_hidden=text.hidden_size,
         text_layers=text.num_hidden_layers, text_intermediate=text.intermediate_size,
+        text_kv_heads=text.num_key_value_heads,
+        text_head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
         # logits the forward computes: 2.1's folder encoder keeps its lm_head; the file loaders drop it
         text_logits_per_token=head.out_features if isinstance(head := getattr(encoder, "lm_head", None), nn.Linear) else 0)
     if getattr(getattr(encoder, "model", None), "visual", None) is not None:

@@ -8,6 +8,8 @@
 
 Phases (`PHASES`), as the lazy model set runs them (each part loaded when first needed, released after):
   load     the Load node reads file headers only: the process itself.
+  caption  only when asked (`PlanInputs.caption`: `plan --caption`): the text encoder file's whole vision-language model
+           alone on the device writing one image's caption (captioning.py), before caching; listed after load.
   cache    prompts, then latents, each part alone on the device (the transformer is not loaded yet): the
            text encoder (bf16, or its fp8 file's float8 Linears kept) and one prompt's forward; then the VAE
            and one image's encode at the largest bucket. The phase's peak is the larger step (caching.py; with
@@ -32,7 +34,7 @@ gives way). The GPU fits when `gpu_bytes` <= the budget (the whole card for the 
 
 For the loaders and nodes:
     plan_phases(inputs, arch=None, ram_bytes=None, gpu_budget_bytes=None, parts=None) -> PhasePlan
-    refuse_if_unfit(plan, phases=PHASES, where="") -> None          raises UserInputError
+    refuse_if_unfit(plan, phases=None, where="") -> None            raises UserInputError (None: every phase)
     choose_text_encoder_storage(inputs, gpu_budget_bytes=None, ram_bytes=None, arch=None, parts=None) -> str
     gpu_peak_after_caching(plan: MemoryPlan, arch, parts=None) -> int   what automatic swapping must fit
 """
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 
 from ..streaming.arena import blob_arena_layout
 from .arch import QwenImageArch, real_arch
+from .captioning import caption_phase, choose_caption_storage, qwen25_vl_parts
 from .caching import (  # noqa: F401 (re-exported: what caching chooses)
     cache_phase,
     choose_encoder_streaming,
@@ -94,9 +97,10 @@ class PhasePlan:
     def usable_ram_bytes(self) -> int | None:
         return None if self.ram_bytes is None else self.ram_bytes - HOST_RESERVE_BYTES
 
-    def shortfalls(self, phases: tuple[str, ...] = PHASES) -> list[Shortfall]:
+    def shortfalls(self, phases: tuple[str, ...] | None = None) -> list[Shortfall]:
+        """What does not fit among `phases` (None: every phase of the plan: PHASES, and caption when planned)."""
         out = []
-        for name in phases:
+        for name in self.phases if phases is None else phases:
             phase = self.phases[name]
             if self.gpu_budget_bytes is not None and phase.gpu_bytes > self.gpu_budget_bytes:
                 out.append(Shortfall(name, "GPU", phase.gpu_bytes, self.gpu_budget_bytes))
@@ -104,17 +108,17 @@ class PhasePlan:
                 out.append(Shortfall(name, "host RAM", phase.host_bytes, self.usable_ram_bytes))
         return out
 
-    def fits_phases(self, phases: tuple[str, ...] = PHASES) -> bool:
+    def fits_phases(self, phases: tuple[str, ...] | None = None) -> bool:
         return not self.shortfalls(phases)
 
     @property
     def fits(self) -> bool:
-        return self.fits_phases(PHASES)
+        return self.fits_phases()
 
-    def peak(self, resource: str, phases: tuple[str, ...] = PHASES) -> tuple[str, int]:
-        """(phase, bytes) of the largest GPU ('gpu') or host ('host') figure among `phases`."""
+    def peak(self, resource: str, phases: tuple[str, ...] | None = None) -> tuple[str, int]:
+        """(phase, bytes) of the largest GPU ('gpu') or host ('host') figure among `phases` (None: every phase)."""
         attr = "gpu_bytes" if resource == "gpu" else "host_bytes"
-        name = max(phases, key=lambda n: getattr(self.phases[n], attr))
+        name = max(self.phases if phases is None else phases, key=lambda n: getattr(self.phases[n], attr))
         return name, getattr(self.phases[name], attr)
 
 
@@ -239,21 +243,30 @@ def gpu_peak_after_caching(plan: MemoryPlan, arch: QwenImageArch | None = None, 
 
 
 def plan_phases(inputs: PlanInputs, arch: QwenImageArch | None = None, ram_bytes: int | None = None,
-                gpu_budget_bytes: int | None = None, parts: PartSizes | None = None, suggest: bool = True) -> PhasePlan:
+                gpu_budget_bytes: int | None = None, parts: PartSizes | None = None, suggest: bool = True,
+                caption_parts: PartSizes | None = None) -> PhasePlan:
     """Every phase's GPU and host bytes for `inputs` (at its blocks_to_swap), checked against the machine's RAM
     and the GPU budget when given (None: not checked). When something does not fit and `suggest`, the plan
-    lists changes that would (see `suggest_changes`)."""
+    lists changes that would (see `suggest_changes`). With `inputs.caption`, the caption phase too, for the whole
+    vision-language model `caption_parts` (a family's `planned_caption_parts`; default Qwen2.5-VL-7B's)."""
     arch, parts = arch or real_arch(), parts or real_parts()
+    if inputs.caption:  # decided before caching's choice replaces the text_encoder_storage it follows
+        caption_parts = caption_parts or qwen25_vl_parts()
+        inputs = dataclasses.replace(inputs, caption_storage=choose_caption_storage(
+            inputs, caption_parts, gpu_budget_bytes, ram_bytes))
     inputs = dataclasses.replace(inputs, text_encoder_storage=choose_text_encoder_storage(
         inputs, gpu_budget_bytes, ram_bytes, arch, parts))
     decoder, vision = choose_encoder_streaming(inputs, gpu_budget_bytes, parts)
     inputs = dataclasses.replace(inputs, text_encoder_streamed=decoder, vision_streamed=vision)
     training = plan_memory(inputs, arch)
-    phases = {"load": Phase("load", [], [baseline(inputs)], "file headers only"), "cache": cache_phase(inputs, parts)}
+    phases = {"load": Phase("load", [], [baseline(inputs)], "file headers only")}
+    if inputs.caption:
+        phases["caption"] = caption_phase(inputs, caption_parts)
+    phases["cache"] = cache_phase(inputs, parts)
     phases.update(training_phases(training, arch, parts, gpu_budget_bytes))
-    plan = PhasePlan(inputs, training, {name: phases[name] for name in PHASES}, gpu_budget_bytes, ram_bytes)
+    plan = PhasePlan(inputs, training, phases, gpu_budget_bytes, ram_bytes)
     if suggest and not plan.fits:
-        plan.suggestions = suggest_changes(plan, arch, parts)
+        plan.suggestions = suggest_changes(plan, arch, parts, caption_parts)
     return plan
 
 
@@ -262,7 +275,8 @@ def plan_phases(inputs: PlanInputs, arch: QwenImageArch | None = None, ram_bytes
 
 
 def fewest_swapped_fitting(inputs: PlanInputs, arch: QwenImageArch, parts: PartSizes, ram_bytes: int | None,
-                           gpu_budget_bytes: int | None) -> tuple[int | None, PhasePlan]:
+                           gpu_budget_bytes: int | None, caption_parts: PartSizes | None = None
+                           ) -> tuple[int | None, PhasePlan]:
     """(the fewest swapped blocks with which every phase fits, or None; the plan there or at the most swapping).
 
     More swapping never needs more GPU (1 and 2 swapped blocks cost what none does, see plan.py) and always
@@ -270,7 +284,7 @@ def fewest_swapped_fitting(inputs: PlanInputs, arch: QwenImageArch, parts: PartS
     bisection. Without a GPU budget (or on the CPU) the count stays what `inputs` says."""
     def at(k: int) -> PhasePlan:
         return plan_phases(dataclasses.replace(inputs, blocks_to_swap=k), arch, ram_bytes, gpu_budget_bytes, parts,
-                           suggest=False)
+                           suggest=False, caption_parts=caption_parts)
 
     if gpu_budget_bytes is None or inputs.device != "cuda":
         plan = at(inputs.blocks_to_swap)
@@ -297,11 +311,15 @@ def fewest_swapped_fitting(inputs: PlanInputs, arch: QwenImageArch, parts: PartS
 def _candidates(p: PlanInputs, failing: set[str], parts: PartSizes) -> list[tuple[str, dict]]:
     """Single changes worth trying, each as (label, PlanInputs fields)."""
     out: list[tuple[str, dict]] = []
-    if "cache" in failing and p.text_encoder_storage == "bfloat16":
+    cache = "cache" in failing and p.text_encoder_storage == "bfloat16"
+    caption = "caption" in failing and p.caption_storage == "bfloat16"
+    if cache or caption:
         one_byte = parts.one_byte_text_encoder_file
-        out.append(("text encoder in one byte while caching (Load node: text_encoder_fp8 = keep" +
+        while_ = " and ".join(w for asked, w in ((caption, "captioning"), (cache, "caching")) if asked)
+        how = "Load node: text_encoder_fp8 = keep" if cache else "its one-byte Linears kept"
+        out.append((f"text encoder in one byte while {while_} ({how}" +
                     (")" if p.text_encoder_file_fp8 else f", with the {one_byte} file)"),
-                    dict(text_encoder_storage="float8", text_encoder_file_fp8=True)))
+                    dict(text_encoder_storage="float8", caption_storage="float8", text_encoder_file_fp8=True)))
     if p.storage == "bfloat16":
         out.append(("block storage float8 (Load node: storage)", dict(storage="float8")))
     largest_reference = max((max(size) for size in p.reference_sizes), default=0)
@@ -309,6 +327,13 @@ def _candidates(p: PlanInputs, failing: set[str], parts: PartSizes) -> list[tupl
         if side < largest_reference:
             out.append((f"references at {side}x{side} px (Edit Dataset: control_resolution {side})",
                         smaller_references(p, side)))
+    if "caption" in failing:  # a smaller image has fewer vision tokens: a shorter prefill (captioning.py)
+        area = p.caption_image[0] * p.caption_image[1]
+        for side in (768, 512):
+            if side * side < area:
+                scale = side / area ** 0.5
+                size = (round(p.caption_image[0] * scale), round(p.caption_image[1] * scale))
+                out.append((f"caption images shown at most {side}x{side} px", dict(caption_image=size)))
     if "preview" in failing:
         for side in (768, 512):
             if side < max(p.preview_width, p.preview_height):
@@ -344,7 +369,8 @@ def training_candidates(p: PlanInputs) -> list[tuple[str, dict]]:
     return out
 
 
-def suggest_changes(plan: PhasePlan, arch: QwenImageArch | None = None, parts: PartSizes | None = None) -> list[str]:
+def suggest_changes(plan: PhasePlan, arch: QwenImageArch | None = None, parts: PartSizes | None = None,
+                    caption_parts: PartSizes | None = None) -> list[str]:
     """Single changes with which every phase fits, each with the swap count it needs and its peaks: the swap
     count alone first (when another count fits), then the changes that fit with fewer swapped blocks than
     that (or at all, when no swap count does). Empty when the plan fits."""
@@ -354,12 +380,12 @@ def suggest_changes(plan: PhasePlan, arch: QwenImageArch | None = None, parts: P
     p = plan.inputs
     failing = {s.phase for s in plan.shortfalls()}
     lines = []
-    swap_only, fitting = fewest_swapped_fitting(p, arch, parts, plan.ram_bytes, plan.gpu_budget_bytes)
+    swap_only, fitting = fewest_swapped_fitting(p, arch, parts, plan.ram_bytes, plan.gpu_budget_bytes, caption_parts)
     if swap_only is not None and swap_only != p.blocks_to_swap:
         lines.append(f"blocks_to_swap={swap_only}{_peaks(fitting)}")
     for label, change in _candidates(p, failing, parts):
         k, fitting = fewest_swapped_fitting(dataclasses.replace(p, **change), arch, parts, plan.ram_bytes,
-                                            plan.gpu_budget_bytes)
+                                            plan.gpu_budget_bytes, caption_parts)
         # Worth listing when it fits where nothing else does, or with fewer swapped blocks (faster, less RAM).
         if k is not None and (swap_only is None or k < swap_only):
             swap = f" with blocks_to_swap={k}" if p.device == "cuda" else ""
@@ -378,9 +404,9 @@ def _peaks(plan: PhasePlan) -> str:
 # refusing up front
 
 
-def refuse_if_unfit(plan: PhasePlan, phases: tuple[str, ...] = PHASES, where: str = "") -> None:
-    """Raise a UserInputError when a phase of `phases` does not fit: it names each such phase, the bytes it
-    needs and what is available, and the changes that would fit (`plan.suggestions`)."""
+def refuse_if_unfit(plan: PhasePlan, phases: tuple[str, ...] | None = None, where: str = "") -> None:
+    """Raise a UserInputError when a phase of `phases` (None: every phase of the plan) does not fit: it names each
+    such phase, the bytes it needs and what is available, and the changes that would fit (`plan.suggestions`)."""
     from ..core.errors import UserInputError
 
     short = plan.shortfalls(phases)

@@ -121,6 +121,17 @@ class PlanInputs:
     # The largest single image the VAE encodes while caching, (W, H) px, where `height` holds more rows than one image
     # (Edit's controls, Layered's layers: planned_image_size); None: width x height (2.1's references: caching.py).
     vae_image: tuple[int, int] | None = None
+    # Captioning (captioning.py: the `plan --caption` phase, planned only when asked): the text encoder file's whole
+    # vision-language model writing one image's caption. `caption_image`: (W, H) px of the image as the captioner hands
+    # it to the processor, which fits it to its vision tower's grid (the captioner shows an image at most 1024 x 1024 px,
+    # its aspect kept); `caption_tokens`: the longest caption, in new tokens; `caption_storage`: the model's weights
+    # (bfloat16, float8: the one-byte file's decoder Linears kept; auto: as text_encoder_storage, decided against the
+    # captioning phase itself). Defaults: the captioner's (issue 42's captions/generate.py MAX_IMAGE_PIXELS 1024 x 1024;
+    # captions/prompts.py's longest style default, "detailed": 320 tokens, so every style's default is planned).
+    caption: bool = False
+    caption_image: tuple[int, int] = (1024, 1024)
+    caption_tokens: int = 320
+    caption_storage: str = "auto"
     save_dtype: str = "bfloat16"  # the Save node's LoRA precision
     pin_masters: bool = True  # swapped blocks' masters pinned; False: pageable, through a pinned staging buffer
     staging_bytes: int = 0  # that staging buffer (its size is the loader's), counted when pin_masters is False
@@ -162,6 +173,11 @@ class PlanInputs:
                                  f"transformer has {arch.num_blocks} blocks; at least one stays on the GPU)")
         if min(self.width, self.height, self.batch, self.rank, self.grad_accum_steps) < 1 or self.text_tokens < 0:
             raise UserInputError("width, height, batch, rank and grad_accum_steps must be positive")
+        if min(*self.caption_image, self.caption_tokens) < 1:
+            raise UserInputError("caption_image's sides and caption_tokens must be positive")
+        if self.caption_storage not in choices(PlanConfig, "text_encoder_storage"):
+            raise UserInputError(f"caption_storage={self.caption_storage!r}: expected one of "
+                                 f"{list(choices(PlanConfig, 'text_encoder_storage'))}")
         if min(self.preview_width, self.preview_height) < 1 or self.staging_bytes < 0:
             raise UserInputError("preview_width and preview_height must be positive, staging_bytes not negative")
         from ..core.config import SAVE_DTYPES

@@ -70,7 +70,9 @@ def render_phases(plan: PhasePlan, terms: bool = False) -> str:
                 f"({HOST_RESERVE_BYTES / GIB:.0f} GiB left to the system)")
     streamed = f", {p.text_encoder_streamed} decoder layers streamed" if p.text_encoder_streamed else ""
     streamed += f", {p.vision_streamed} vision blocks streamed" if p.vision_streamed else ""
-    lines = [f"Per phase ({gpu_head}; {ram_head}; text encoder {p.text_encoder_storage}{streamed} while caching; previews "
+    captioning = f"; VL model {p.caption_storage} while captioning" if "caption" in plan.phases else ""
+    lines = [f"Per phase ({gpu_head}; {ram_head}{captioning}; text encoder {p.text_encoder_storage}{streamed} while "
+             f"caching; previews "
              f"{p.preview_width}x{p.preview_height}{' with CFG' if p.preview_cfg else ''}; device {p.device}):",
              f"{'phase':<9}{'GPU peak':>12}{'host RAM':>12}  verdict", "-" * 60]
     for name, phase in plan.phases.items():
@@ -79,10 +81,7 @@ def render_phases(plan: PhasePlan, terms: bool = False) -> str:
         lines.append(f"{name:<9}{phase.gpu_bytes / GIB:>8.2f} GiB{phase.host_bytes / GIB:>8.2f} GiB  {verdict}"
                      + (f"  ({phase.note})" if phase.note else ""))
         if terms:
-            for t in phase.gpu:
-                lines.append(f"    GPU   {t.name:<44}{t.bytes / GIB:>7.2f} GiB  {t.note}")
-            for t in phase.host:
-                lines.append(f"    host  {t.name:<44}{t.bytes / GIB:>7.2f} GiB  {t.note}")
+            lines += _phase_term_lines(phase)
     if plan.fits:
         lines.append("Every phase fits.")
     else:
@@ -90,6 +89,18 @@ def render_phases(plan: PhasePlan, terms: bool = False) -> str:
                                          " No single change of the settings fits."))
         lines += [f"  - {line}" for line in plan.suggestions]
     return "\n".join(lines)
+
+
+def _phase_term_lines(phase) -> list[str]:
+    return ([f"    GPU   {t.name:<44}{t.bytes / GIB:>7.2f} GiB  {t.note}" for t in phase.gpu]
+            + [f"    host  {t.name:<44}{t.bytes / GIB:>7.2f} GiB  {t.note}" for t in phase.host])
+
+
+def render_phase_terms(plan: PhasePlan, name: str) -> str:
+    """Phase `name`'s terms, GPU then host RAM, under its peaks (what `plan --caption` prints for captioning)."""
+    phase = plan.phases[name]
+    head = f"The {name} phase, term by term: GPU {phase.gpu_bytes / GIB:.2f} GiB, host RAM {phase.host_bytes / GIB:.2f} GiB"
+    return "\n".join([head + (f" ({phase.note})" if phase.note else ""), *_phase_term_lines(phase)])
 
 
 def render_budget_table(inputs: PlanInputs, budgets_gib: list[float], arch: QwenImageArch | None = None,

@@ -119,7 +119,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..families import get_family
     from ..planner import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
     from ..planner.phases import plan_phases
-    from ..planner.render import render_phases
+    from ..planner.render import render_phase_terms, render_phases
 
     family = get_family(args.model)  # its real model: transformer, text encoder as ComfyUI's file loads it, VAE
     arch, parts = family.planned_arch(), family.planned_parts(text_encoder_file=True)
@@ -151,6 +151,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         text_encoder_storage=args.text_encoder_storage, preview_width=args.preview_size,
         preview_height=args.preview_size, text_encoder_file_fp8=te_fp8_file,
         text_encoder_streamed=None,  # the fewest layers that fit the budget (choose_encoder_streaming)
+        caption=args.caption, caption_tokens=args.caption_tokens,
     )
     inputs = _with_references(args, inputs, arch)
     if not auto:
@@ -165,9 +166,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         inputs = dataclasses.replace(inputs, blocks_to_swap=choice.plan.inputs.blocks_to_swap)
     if not auto or choice.fits:
         _print_timeline(args, inputs)
-    phases = plan_phases(inputs, arch, ram_bytes=ram, gpu_budget_bytes=budget, parts=parts)
+    caption_parts = family.planned_caption_parts() if args.caption else None
+    phases = plan_phases(inputs, arch, ram_bytes=ram, gpu_budget_bytes=budget, parts=parts, caption_parts=caption_parts)
     print()
     print(render_phases(phases))
+    if args.caption:
+        print()
+        print(render_phase_terms(phases, "caption"))
     if args.gpus == 1:
         return 0 if phases.fits else 1
     from ..planner.machine import plan_machine, render_machine
@@ -317,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "the machine's host RAM, with one shared host copy of the frozen weights, and per GPU")
     plan.add_argument("--preview-size", **config_arg(PlanConfig, "preview_size"))
     plan.add_argument("--references", **config_arg(PlanConfig, "references"))
+    plan.add_argument("--caption", action="store_true",
+                      help="also plan captioning: the text encoder file's whole vision-language model (Qwen2.5-VL-7B; "
+                           "Qwen3-VL-8B for qwen-image-2.1) writing one image's caption, before caching")
+    plan.add_argument("--caption-tokens", **config_arg(PlanConfig, "caption_tokens"))
     from ..core.config import EditDataConfig
 
     plan.add_argument("--control-resolution", **config_arg(EditDataConfig, "control_resolution"))

@@ -97,6 +97,10 @@ class QwenImage21(ModelFamily):
         from .plan import real_parts21
         return real_parts21(lm_head=not text_encoder_file)  # ComfyUI's file drops the head (text_file.py)
 
+    def planned_caption_parts(self):
+        from .plan import real_parts21
+        return real_parts21(lm_head=True)  # Qwen3-VL-8B whole: the captioner keeps the file's head
+
     # previews
 
     def takes_condition_images(self, dataset) -> bool:

@@ -16,6 +16,7 @@ from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from ...planner.arch import QwenImageArch, arch_from_transformer
 from ...planner.inference import PartSizes, vae_image_channels, vision_fields
 from .arch import QWEN3_VL_8B_CONFIG
+from .processor import MAX_PIXELS, MIN_PIXELS
 
 
 @functools.lru_cache(maxsize=1)
@@ -54,6 +55,8 @@ def real_parts21(lm_head: bool = True) -> PartSizes:
         text_encoder_params=sum(p.numel() for p in encoder.parameters()) - head, text_encoder_linear_params=linears,
         text_encoder_largest=text["vocab_size"] * text["hidden_size"], text_hidden=text["hidden_size"],
         text_layers=text["num_hidden_layers"], text_intermediate=text["intermediate_size"],
+        text_kv_heads=text["num_key_value_heads"], text_head_dim=text["head_dim"],
+        vision_min_pixels=MIN_PIXELS, vision_max_pixels=MAX_PIXELS,
         vae_params=sum(p.numel() for p in vae.parameters()), vae_base_dim=vae.config.base_dim,
         vae_image_channels=vae_image_channels(vae), vae_encode_per_pixel_channel=VAE21_ENCODE_BYTES_PER_PIXEL_CHANNEL,
         vae_decode_per_pixel_channel=VAE21_DECODE_BYTES_PER_PIXEL_CHANNEL,
