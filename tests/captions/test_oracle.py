@@ -91,3 +91,24 @@ def test_the_chat_turn_is_the_published_template(kind, tiny_encoders):
     system = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n" if kind == QWEN25_VL else ""
     assert text.startswith(system + "<|im_start|>user\n<|vision_start|><|image_pad|>")
     assert text.endswith("<|image_pad|><|vision_end|>Say it.<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("kind", [QWEN25_VL, QWEN3_VL])
+def test_a_one_byte_file_kept_in_one_byte_writes_the_same_caption(kind, tiny_encoders):
+    """text_encoder_fp8 "keep" (what "auto" picks where the bf16 model would not fit the GPU: planner/device.py's
+    resolve_caption_fp8, "dequantize" on a CPU) keeps the scaled float8 Linears in one byte and upcasts them per
+    forward: the same weights' values, so the same caption, token for token."""
+    from trainer_core.captions.generate import Decoding, answer
+    from trainer_core.captions.model import vision_language_model
+    from trainer_core.families import get_family
+    from trainer_core.planner.device import resolve_caption_fp8
+
+    assert resolve_caption_fp8("auto", "cpu", get_family("qwen-image").planned_caption_parts()) == "dequantize"
+    pictures, decoding = [picture(72, 56, (30, 90, 200))], Decoding(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+    tokens = {}
+    for mode in ("keep", "dequantize"):
+        with vision_language_model(tiny_encoders[kind], fp8=mode) as vlm:
+            stored = {p.dtype for p in vlm.model.parameters()} | {b.dtype for b in vlm.model.buffers()}
+            assert (torch.float8_e4m3fn in stored) == (mode == "keep"), stored
+            tokens[mode] = answer(vlm, pictures, INSTRUCTION, decoding)[0].tolist()
+    assert tokens["keep"] == tokens["dequantize"]

@@ -180,6 +180,6 @@ def caption_dataset(settings: CaptionConfig, text_encoder: str | Path, tokenizer
     shown_with(settings, dataset_images(settings.folder))  # an edit target without its control: refused before loading
     if not images_needing_captions(settings):
         return caption_folder(None, settings, stop, progress)
-    with vision_language_model(text_encoder, tokenizer_dir, device, compute_dtype) as vlm:
+    with vision_language_model(text_encoder, tokenizer_dir, device, compute_dtype, settings.text_encoder_fp8) as vlm:
         return caption_folder(vlm, settings, stop, progress, min_new_tokens)
 

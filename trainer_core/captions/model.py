@@ -28,10 +28,11 @@ CHOOSE = ("Choose ComfyUI's qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl
 
 def load_vision_language_model(text_encoder: str | Path, tokenizer_dir: str | Path | None = None,
                                device: str | torch.device = "cpu", compute_dtype: str = "auto",
-                               fp8: str = "dequantize") -> VisionLanguageModel:
+                               fp8: str = "auto") -> VisionLanguageModel:
     """The vision-language model of `text_encoder` (a file path) on `device`, frozen, in eval mode, with its processor
     (the tokenizer from `tokenizer_dir`, else the `tokenizer/` folder beside the file). `compute_dtype`: "auto"
-    (bfloat16 on a GPU, float32 on a CPU) or a torch dtype's name."""
+    (bfloat16 on a GPU, float32 on a CPU) or a torch dtype's name. `fp8`: a one-byte file's Linears "keep" or
+    "dequantize", or "auto": kept where the bf16 model would not fit the GPU (planner/captioning.py), else dequantized."""
     device = torch.device(device)
     dtype = resolve_compute_dtype(compute_dtype, device)
     path = Path(text_encoder).expanduser()
@@ -48,7 +49,7 @@ def load_vision_language_model(text_encoder: str | Path, tokenizer_dir: str | Pa
 @contextlib.contextmanager
 def vision_language_model(text_encoder: str | Path, tokenizer_dir: str | Path | None = None,
                           device: str | torch.device = "cpu", compute_dtype: str = "auto",
-                          fp8: str = "dequantize") -> Iterator[VisionLanguageModel]:
+                          fp8: str = "auto") -> Iterator[VisionLanguageModel]:
     """`load_vision_language_model` for a `with` block, released at its end whatever happens (an interrupt too): the
     encoder's memory is free for caching and training after, as the Cache node frees its text encoder."""
     vlm = load_vision_language_model(text_encoder, tokenizer_dir, device, compute_dtype, fp8)

@@ -364,6 +364,11 @@ class CaptionConfig:
         GREEDY, "-1: greedy decoding, the same captions on every run. 0 or more: sample with this seed (varied "
         "wording, repeatable with the same seed).", min=GREEDY, max=2**31 - 1,
     )
+    text_encoder_fp8: str = _f(
+        "auto", "A one-byte text encoder file (fp8 scaled, int8): keep its Linears in one byte while captioning, "
+        "dequantize them to bf16, or auto: keep them only where the bf16 model would not fit the GPU (the memory "
+        "plan's captioning phase, plan --caption); on a CPU, dequantize.", choices=TEXT_ENCODER_FP8_MODES,
+    )
     input_folder: str = _f(
         CUSTOM_FOLDER, "A subfolder of ComfyUI's input folder to caption, or '(custom path)' to use the folder typed "
         "above (as the Dataset node).", folder_list="input", extra_choices=(CUSTOM_FOLDER,),

@@ -74,6 +74,27 @@ def resolve_text_encoder_fp8(mode: str, device, inputs: PlanInputs | None = None
     return "keep" if choose_text_encoder_storage(inputs, detect_budget(device).bytes, parts=parts) == "float8" else "dequantize"
 
 
+def resolve_caption_fp8(mode: str, device, parts: PartSizes, caption_tokens: int = 0) -> str:
+    """The captioner's `text_encoder_fp8` as its loaders take it ("keep" or "dequantize"), as `resolve_text_encoder_fp8`
+    decides caching's: "auto" -> "keep" (the one-byte file's Linears kept) when the captioning phase
+    (`captioning.choose_caption_storage`) would not fit the CUDA device's free memory with the model in bf16, else
+    "dequantize" (always on the CPU). `parts`: the whole vision-language model (`ModelFamily.planned_caption_parts`);
+    `caption_tokens`: the longest caption asked for (0: the plan's default)."""
+    if mode != "auto":
+        return mode
+    import torch
+
+    from .captioning import choose_caption_storage
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "dequantize"
+    inputs = dataclasses.replace(PlanInputs(), caption=True, text_encoder_storage="auto", text_encoder_file_fp8=True,
+                                 device="cuda", cuda_context_bytes=0,
+                                 **({"caption_tokens": caption_tokens} if caption_tokens else {}))
+    return "keep" if choose_caption_storage(inputs, parts, detect_budget(device).bytes) == "float8" else "dequantize"
+
+
 class CachingPlacement:
     """Where a text encoder's tensors go when a file loader reads it for caching (`models.text_encoder_file.Placement`,
     set on a model set as `text_encoder_placement` by the families' loaders): decided when the encoder is read, for the

@@ -29,7 +29,7 @@ def is_qwen3_vl_file(file: SafetensorsFile) -> bool:
 
 def vision_language_model(path: str | Path, tokenizer_dir: str | Path | None = None,
                           compute_dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                          fp8: str = "dequantize") -> VisionLanguageModel | None:
+                          fp8: str = "auto") -> VisionLanguageModel | None:
     """The Qwen3-VL of a 2.1 text encoder file, with its head and vision tower, on `device`; None when the file is not
     a Qwen3-VL text encoder (another package's, or no text encoder: the captioner says so)."""
     from .processor import build_processor
@@ -42,6 +42,11 @@ def vision_language_model(path: str | Path, tokenizer_dir: str | Path | None = N
         raise UserInputError(f"text encoder file {file.path} is a Qwen3-VL language model without its vision tower "
                              "(visual.*), so it cannot see the images it should caption. Choose ComfyUI's "
                              "qwen3vl_8b_int8_convrot.safetensors (or its bf16 / fp8 file): they carry it.")
+    if fp8 == "auto":  # the one-byte Linears kept where the bf16 model would not fit the GPU (planner/captioning.py)
+        from ...planner.device import resolve_caption_fp8
+        from .plan import real_parts21
+
+        fp8 = resolve_caption_fp8(fp8, device, real_parts21(lm_head=True))
     model = load_qwen3_vl_file(file.path, compute_dtype, fp8, placement=on_device(device), head=True)
     tokenizer = load_tokenizer(tokenizer_dir, file.path, model.config.text_config.vocab_size)
     return VisionLanguageModel(model=model, processor=build_processor(tokenizer, model.config.vision_config),

@@ -40,7 +40,7 @@ QWEN25_VL_CHAT_TEMPLATE = (
 
 def vision_language_model(path: str | Path, tokenizer_dir: str | Path | None = None,
                           compute_dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                          fp8: str = "dequantize") -> VisionLanguageModel | None:
+                          fp8: str = "auto") -> VisionLanguageModel | None:
     """The Qwen2.5-VL of a 1.x text encoder file, with its head and vision tower, on `device`; None when the file is
     no Qwen2.5-VL text encoder (another package's, or no text encoder at all: the captioner says so)."""
     from ...models.text_encoder_file import TextEncoderFile
@@ -54,6 +54,11 @@ def vision_language_model(path: str | Path, tokenizer_dir: str | Path | None = N
         raise UserInputError(f"text encoder file {file.path} is a Qwen2.5-VL language model without its vision tower "
                              "(visual.*), so it cannot see the images it should caption. Choose ComfyUI's "
                              "qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors: they carry it.")
+    if fp8 == "auto":  # the one-byte Linears kept where the bf16 model would not fit the GPU (planner/captioning.py)
+        from ...planner.captioning import qwen25_vl_parts
+        from ...planner.device import resolve_caption_fp8
+
+        fp8 = resolve_caption_fp8(fp8, device, qwen25_vl_parts())
     model = TextEncoderFile(file.path, compute_dtype, fp8, vision=True, head=True)(on_device(device))
     tokenizer = load_tokenizer(tokenizer_dir, file.path, model.config.text_config.vocab_size)
     processor = build_processor(tokenizer, model.config.vision_config)
