@@ -190,3 +190,7 @@ def test_the_demo_trains_21_from_comfyuis_single_files(files21, tmp_path, capsys
     printed = capsys.readouterr().out
     assert f"model: qwen_image21_tiny_fp8_e4m3fn_scaled from {files21['transformer_fp8_e4m3fn_scaled']}" in printed
     assert "(qwen-image-2.1)" in printed and (tmp_path / "out" / "demo_qwen_image21_lora.safetensors").is_file()
+    from PIL import Image
+
+    with Image.open(tmp_path / "out" / "preview.png") as preview:  # the RGBA VAE's alpha kept in the PNG on disk
+        assert preview.mode == "RGBA"
