@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-floor device-prepare bench realsize realsize-clean install clean
+.PHONY: demo test test-floor validate device-prepare bench realsize realsize-clean install clean
 
 $(STAMP): requirements.txt requirements-test.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,24 @@ $(FLOOR_STAMP): requirements.txt requirements-test.txt
 
 test-floor: $(FLOOR_STAMP)
 	$(FLOOR_PY) -m pytest -q $(FLOOR_TESTS)
+
+# The Comfy registry's checks before publishing (`comfy node validate`: pyproject.toml's fields, ruff's exec/eval
+# rules), failing on any warning it prints, then the archive `comfy node publish` would upload, built by comfy-cli's own
+# code and checked (tools/registry_archive.py). comfy-cli in a venv of its own; offline once installed, no login.
+COMFY_CLI_VERSION ?= 1.23.0
+COMFY_CLI_VENV ?= .venv-comfy-cli
+COMFY_CLI_STAMP := $(COMFY_CLI_VENV)/.installed
+
+$(COMFY_CLI_STAMP):
+	$(PYTHON) -m venv $(COMFY_CLI_VENV)
+	$(COMFY_CLI_VENV)/bin/python -m pip install --quiet "comfy-cli==$(COMFY_CLI_VERSION)"
+	touch $(COMFY_CLI_STAMP)
+
+validate: $(COMFY_CLI_STAMP)
+	$(COMFY_CLI_VENV)/bin/comfy --skip-prompt --no-enable-telemetry node validate > $(COMFY_CLI_VENV)/validate.log 2>&1; \
+		status=$$?; cat $(COMFY_CLI_VENV)/validate.log; \
+		test $$status -eq 0 && ! grep -qiE "warning|error" $(COMFY_CLI_VENV)/validate.log
+	$(COMFY_CLI_VENV)/bin/python tools/registry_archive.py
 
 # The wheels the GPU machine lacks, into benchmarks/.wheels (ignored); prints what will travel (refused over
 # 60 MiB). On that machine: `bash benchmarks/device_check.sh` (benchmarks/README.md).
@@ -71,4 +89,4 @@ realsize-clean: $(STAMP)
 	$(PY) benchmarks/realsize_cpu.py --clean-only
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) demo_out
+	rm -rf $(VENV) $(FLOOR_VENV) $(COMFY_CLI_VENV) demo_out

@@ -50,11 +50,11 @@ WORKFLOW_STEMS = {
 
 
 def ui_workflow(role: str) -> Path:
-    return REPO / "workflows" / f"{WORKFLOW_STEMS[role]}.json"
+    return REPO / "example_workflows" / f"{WORKFLOW_STEMS[role]}.json"
 
 
 def api_workflow(role: str) -> Path:
-    return REPO / "workflows" / "api" / f"{WORKFLOW_STEMS[role]}.api.json"
+    return REPO / "example_workflows" / "api" / f"{WORKFLOW_STEMS[role]}.api.json"
 
 logging.getLogger("diffusers").setLevel(logging.ERROR)
 logging.getLogger("transformers").setLevel(logging.ERROR)

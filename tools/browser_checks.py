@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from build_workflows import FIRST_RUN, MAIN, WORKFLOWS
     from trainer_core.families.comfyui_files import known_file
 
-    load = next(n for n in json.loads((REPO / "workflows" / f"{MAIN}.json").read_text())["nodes"]
+    load = next(n for n in json.loads((REPO / "example_workflows" / f"{MAIN}.json").read_text())["nodes"]
                 if n["type"] == "QwenLoRALoadModels")
     files = [m["name"] for m in load["properties"]["models"]]
     assert all(known_file(f) for f in files)

@@ -1,4 +1,4 @@
-"""Writes workflows/*.json (UI format for the canvas, API format for POST /prompt) from one graph.
+"""Writes example_workflows/*.json (UI format for the canvas, API format for POST /prompt) from one graph.
 
 Run after changing a node's inputs: `python tools/build_workflows.py`. tests/canvas/test_workflows.py checks
 every file against the node definitions, that no two nodes overlap and that each stage's group holds
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "workflows"
+OUT = REPO / "example_workflows"
 sys.path.insert(0, str(REPO))
 
 from trainer_core.families.comfyui_files import known_file  # noqa: E402

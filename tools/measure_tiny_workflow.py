@@ -29,7 +29,7 @@ def main() -> None:
 
     pack = load_pack()
     from build_workflows import FIRST_RUN
-    prompt = json.loads((REPO / "workflows" / "api" / f"{FIRST_RUN}.api.json").read_text())
+    prompt = json.loads((REPO / "example_workflows" / "api" / f"{FIRST_RUN}.api.json").read_text())
     runner = GraphRunner(pack.NODE_CLASS_MAPPINGS)
     # The untrained model's preview (the adapter starts at zero): the nodes up to Init Trainer and a Preview.
     before = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6"}}

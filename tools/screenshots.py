@@ -1,7 +1,7 @@
 """Screenshots of a workflow on ComfyUI's canvas, before and after a run, made in a real browser.
 
     COMFYUI_PATH=/path/to/ComfyUI COMFYUI_PYTHON=/path/to/comfy/python \\
-        python tools/screenshots.py ["workflows/2 Qwen-Image LoRA - your images.json"] [--out docs] [--steps 40]
+        python tools/screenshots.py ["example_workflows/2 Qwen-Image LoRA - your images.json"] [--out docs] [--steps 40]
 
 Starts ComfyUI on the CPU on a loopback port with a temporary --base-directory (the checkout is not
 written to), with this pack linked into its custom_nodes, the tiny test model exported into its model
@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 PLAYWRIGHT_VERSION = "1.65.1"
 NODE_DIR = REPO / "tools" / ".node"  # ignored by git
-MAIN_WORKFLOW = REPO / "workflows" / "2 Qwen-Image LoRA - your images.json"
+MAIN_WORKFLOW = REPO / "example_workflows" / "2 Qwen-Image LoRA - your images.json"
 
 
 def tiny_setup(workflow: dict, base: Path, steps: int | None) -> dict:

@@ -7,8 +7,8 @@ import pytest
 
 from conftest import REPO, WORKFLOW_STEMS, api_workflow, ui_workflow
 
-UI_WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
-API_WORKFLOWS = sorted((REPO / "workflows" / "api").glob("*.api.json"))
+UI_WORKFLOWS = sorted((REPO / "example_workflows").glob("*.json"))
+API_WORKFLOWS = sorted((REPO / "example_workflows" / "api").glob("*.api.json"))
 
 # ComfyUI core nodes the workflows use, as ComfyUI declares them.
 CORE = {
@@ -127,7 +127,7 @@ def test_ui_workflow_fits_the_node_definitions(pack, path):
 @pytest.mark.parametrize("ui_path", UI_WORKFLOWS, ids=lambda p: p.name)
 def test_ui_and_api_twins_agree(pack, ui_path):
     ui = json.loads(ui_path.read_text())
-    api = json.loads((REPO / "workflows" / "api" / f"{ui_path.stem}.api.json").read_text())
+    api = json.loads((REPO / "example_workflows" / "api" / f"{ui_path.stem}.api.json").read_text())
     executed = [n for n in ui["nodes"] if n["type"] not in FRONTEND_ONLY]
     assert {str(n["id"]): n["type"] for n in executed} == {k: v["class_type"] for k, v in api.items()}
     defs = definitions(pack)
@@ -226,7 +226,7 @@ def test_a_note_says_how_to_use_the_workflow_and_stays_out_of_the_prompt(path):
     (text,) = notes[0]["widgets_values"]
     assert "queue" in text.lower() and len(text.splitlines()) <= 10
     assert notes[0]["mode"] == 0 and "text" in notes[0]["properties"]
-    api = json.loads((REPO / "workflows" / "api" / f"{path.stem}.api.json").read_text())
+    api = json.loads((REPO / "example_workflows" / "api" / f"{path.stem}.api.json").read_text())
     assert str(notes[0]["id"]) not in api
     assert wf["last_node_id"] >= max(n["id"] for n in wf["nodes"])
 
@@ -244,8 +244,8 @@ def test_the_workflow_files_are_what_the_build_script_writes(pack):
     assert set(WORKFLOW_STEMS.values()) == set(build.WORKFLOWS)  # the tests' names for them (conftest.py)
     for stem, workflow in build.WORKFLOWS.items():
         ui, api = build.build(pack.NODE_CLASS_MAPPINGS, pack.NODE_DISPLAY_NAME_MAPPINGS, workflow)
-        assert json.loads((REPO / "workflows" / f"{stem}.json").read_text()) == ui, stem
-        assert json.loads((REPO / "workflows" / "api" / f"{stem}.api.json").read_text()) == api, stem
+        assert json.loads((REPO / "example_workflows" / f"{stem}.json").read_text()) == ui, stem
+        assert json.loads((REPO / "example_workflows" / "api" / f"{stem}.api.json").read_text()) == api, stem
 
 
 def test_the_tiny_workflow_validates_without_any_model_file(pack, tmp_path, monkeypatch):
@@ -270,11 +270,15 @@ def test_the_tiny_workflow_validates_without_any_model_file(pack, tmp_path, monk
 
 
 def test_no_folder_hides_the_workflows_from_comfyuis_template_browser():
-    """ComfyUI (app/custom_node_manager.py) serves the first existing folder of these names as a pack's workflow
-    templates: one of the earlier names would hide `workflows/` (a headless `examples/` folder once did)."""
-    for name in ("example_workflows", "example", "examples", "workflow"):
+    """ComfyUI (app/custom_node_manager.py, 0.3.64 and 0.33.0) lists the `*.json` of every folder of these names as a
+    pack's templates but serves only the first existing one under /api/workflow_templates/<pack>/: a second folder's
+    files would be listed and not load (a headless `examples/` folder once hid `workflows/`). `example_workflows/`,
+    the name ComfyUI asks for, is the only one; its listing is not recursive (`*/example_workflows/*.json`), so the
+    API twins in `example_workflows/api/` are served but never listed as templates."""
+    for name in ("example", "examples", "workflow", "workflows"):
         assert not (REPO / name).exists(), name
-    assert (REPO / "workflows").is_dir()
+    assert (REPO / "example_workflows").is_dir()
+    assert not list((REPO / "example_workflows").glob("*.api.json"))  # the twins stay one level down
 
 
 @pytest.mark.parametrize("path", UI_WORKFLOWS, ids=lambda p: p.name)

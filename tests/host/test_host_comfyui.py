@@ -200,7 +200,7 @@ def test_cancel_and_restart_continue_the_run_in_real_comfyui(comfy_base, tmp_pat
 
 
 @pytest.mark.skipif(not shutil.which("chromium"), reason="chromium is not installed (apt-get install chromium)")
-@pytest.mark.parametrize("stem", [p.stem for p in sorted((REPO / "workflows").glob("*.json"))])
+@pytest.mark.parametrize("stem", [p.stem for p in sorted((REPO / "example_workflows").glob("*.json"))])
 def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy, stem):
     """The canvas (ComfyUI's own frontend, headless Chromium) loads each UI workflow from the template
     route with every node known, keeps the stored node sizes (none smaller than the canvas computes for
@@ -216,7 +216,7 @@ def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy, stem):
     assert "error" not in result, json.dumps(result)[:3000]
     assert not [n for n in result["nodes"] if n["missing"]]
     assert not result["errors"], result["errors"]  # loading it threw nothing (boot_errors: the frontend's own)
-    stored = {str(n["id"]): n for n in json.loads((REPO / "workflows" / f"{stem}.json").read_text())["nodes"]}
+    stored = {str(n["id"]): n for n in json.loads((REPO / "example_workflows" / f"{stem}.json").read_text())["nodes"]}
     changed = [(n["id"], n["type"], stored[str(n["id"])]["size"], n["size"], n["least"]) for n in result["nodes"]
                if n["size"] != stored[str(n["id"])]["size"] or n["pos"] != stored[str(n["id"])]["pos"]
                or n["size"][0] < n["least"][0] - 1 or n["size"][1] < n["least"][1] - 1]
@@ -228,7 +228,7 @@ def test_ui_workflow_loads_in_the_real_canvas_as_its_api_twin(comfy, stem):
     held = [str(i) for g in result["groups"] for i in g["nodes"]]
     assert len(result["groups"]) == 5 and len(held) == len(set(held))  # no node in two groups
     assert set(held) == {str(n["id"]) for n in result["nodes"] if n["type"] != "Note"}, result["groups"]
-    twin = json.loads((REPO / "workflows" / "api" / f"{stem}.api.json").read_text())
+    twin = json.loads((REPO / "example_workflows" / "api" / f"{stem}.api.json").read_text())
 
     def declared(class_type):  # inputs the server declares (the canvas adds display-only widgets, e.g. PreviewAny's)
         spec = server.get(f"/object_info/{class_type}")[class_type]["input"]
