@@ -69,6 +69,17 @@ def test_the_node_writes_what_the_engine_writes_keeps_hand_written_captions_and_
     assert "b.png: (kept) edited again by hand" in report.splitlines()
 
 
+def three_captions_removed(demo_folder, folder):
+    """(a copy of the demo folder with its first three captions removed, those caption paths, {name: bytes} of the
+    captions kept)."""
+    shutil.copytree(demo_folder, folder)
+    removed = sorted(folder.glob("*.txt"))[:3]
+    kept = {p.name: p.read_bytes() for p in sorted(folder.glob("*.txt"))[3:]}
+    for p in removed:
+        p.unlink()
+    return folder, removed, kept
+
+
 def captioned_prompt(tmp_path, folder, text_encoder: str, steps: int = 2) -> dict:
     """The shipped caption-first workflow's API twin on the tiny files: its Caption Dataset node on `folder` with the
     tiny text encoder `text_encoder` (its vision tower and head), the Dataset's folder wired from it as shipped."""
@@ -87,12 +98,7 @@ def test_the_shipped_caption_workflow_captions_the_folder_then_trains_on_it(pack
     the Caption node), the captions kept stay byte for byte, and the run trains on the captions on disk."""
     from graph_runner import GraphRunner
 
-    folder = tmp_path / "images"
-    shutil.copytree(demo_folder, folder)
-    removed = sorted(folder.glob("*.txt"))[:3]
-    kept = {p.name: p.read_bytes() for p in sorted(folder.glob("*.txt"))[3:]}
-    for p in removed:
-        p.unlink()
+    folder, removed, kept = three_captions_removed(demo_folder, tmp_path / "images")
     monkeypatch.setenv("QWEN_LORA_MODELS", str(tiny_files["vae"].parents[1]))
     monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
     monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))

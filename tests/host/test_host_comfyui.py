@@ -328,15 +328,10 @@ def test_the_caption_workflow_captions_then_trains_in_real_comfyui(comfy, tmp_pa
     text encoder file's vision-language model (picked from models/text_encoders, its tokenizer beside it), before the
     Dataset node (its folder wired from Caption Dataset) reads the folder; the captions kept stay byte for byte; the
     run trains on the captions written, and a second queue with a caption edited on disk keeps the edit."""
-    from test_caption_node import captioned_prompt
+    from test_caption_node import captioned_prompt, three_captions_removed
 
     server, base = comfy
-    folder = tmp_path / "images"
-    shutil.copytree(demo_folder, folder)
-    removed = sorted(folder.glob("*.txt"))[:3]
-    kept = {p.name: p.read_bytes() for p in sorted(folder.glob("*.txt"))[3:]}
-    for p in removed:
-        p.unlink()
+    folder, removed, kept = three_captions_removed(demo_folder, tmp_path / "images")
     encoder = next((base / "models" / "text_encoders").glob("*fp8_scaled.safetensors")).name
     prompt = captioned_prompt(tmp_path, folder, encoder)
     done = server.run(prompt)

@@ -75,17 +75,9 @@ def test_transparency_is_composited_onto_the_chosen_background(tmp_path, backgro
     """Why: 'Alpha and palette transparency become black, silently'. Every kind of transparency (alpha
     channel, palette transparency, a transparent colour key) lands on the background; half-transparent red
     is blended with it."""
-    # Each has one visible corner pixel (a fully transparent image is refused: test_silent_cases.py).
-    clear = visible_corner(Image.new("RGBA", (64, 64), (0, 0, 0, 0)), (0, 0, 0, 255))
-    clear.save(tmp_path / "rgba.png")
-    clear.convert("LA").save(tmp_path / "la.png")
-    visible_corner(Image.new("P", (64, 64), 0), 1).save(tmp_path / "palette.png", transparency=0)
-    visible_corner(Image.new("RGB", (64, 64), (10, 20, 30)), (1, 2, 3)).save(tmp_path / "keyed.png",
-                                                                            transparency=(10, 20, 30))
+    clear = every_kind_of_transparency(tmp_path)
     visible_corner(Image.new("L", (64, 64), 7), 8).save(tmp_path / "greykey.png", transparency=7)
     clear.save(tmp_path / "clear.webp", lossless=True)
-    half = Image.new("RGBA", (64, 64), (255, 0, 0, 128))
-    half.save(tmp_path / "half.png")
     for stem in ("rgba", "la", "palette", "keyed", "greykey", "clear", "half"):
         caption(tmp_path, stem)
     for name in ("rgba.png", "la.png", "palette.png", "keyed.png", "greykey.png", "clear.webp"):
@@ -94,6 +86,20 @@ def test_transparency_is_composited_onto_the_chosen_background(tmp_path, backgro
     want = (round(255 * 128 / 255 + expected[0] * 127 / 255), round(expected[1] * 127 / 255),
             round(expected[2] * 127 / 255))
     assert max(abs(a - b) for a, b in zip(red, want)) <= 1, (red, want)
+
+
+def every_kind_of_transparency(folder: Path) -> Image.Image:
+    """rgba.png, la.png, palette.png, keyed.png: transparent but for one visible corner pixel each (a fully transparent
+    image is refused: test_silent_cases.py), in an alpha channel, grey with alpha, a palette's transparency and a
+    colour key; half.png: red at alpha 128. Returns the RGBA picture."""
+    clear = visible_corner(Image.new("RGBA", (64, 64), (0, 0, 0, 0)), (0, 0, 0, 255))
+    clear.save(folder / "rgba.png")
+    clear.convert("LA").save(folder / "la.png")
+    visible_corner(Image.new("P", (64, 64), 0), 1).save(folder / "palette.png", transparency=0)
+    visible_corner(Image.new("RGB", (64, 64), (10, 20, 30)), (1, 2, 3)).save(folder / "keyed.png",
+                                                                            transparency=(10, 20, 30))
+    Image.new("RGBA", (64, 64), (255, 0, 0, 128)).save(folder / "half.png")
+    return clear
 
 
 def visible_corner(image: Image.Image, value) -> Image.Image:
@@ -531,13 +537,7 @@ def test_kept_transparency_decodes_every_kind_to_rgba_as_it_is(tmp_path):
     an opaque image stays RGB (2.1's pipeline makes it opaque RGBA)."""
     from trainer_core.data.images import cropped_image
 
-    clear = visible_corner(Image.new("RGBA", (64, 64), (0, 0, 0, 0)), (0, 0, 0, 255))
-    clear.save(tmp_path / "rgba.png")
-    clear.convert("LA").save(tmp_path / "la.png")
-    visible_corner(Image.new("P", (64, 64), 0), 1).save(tmp_path / "palette.png", transparency=0)
-    visible_corner(Image.new("RGB", (64, 64), (10, 20, 30)), (1, 2, 3)).save(tmp_path / "keyed.png",
-                                                                            transparency=(10, 20, 30))
-    Image.new("RGBA", (64, 64), (255, 0, 0, 128)).save(tmp_path / "half.png")
+    every_kind_of_transparency(tmp_path)
     Image.new("RGB", (64, 64), "red").save(tmp_path / "opaque.png")
     for name in ("rgba.png", "la.png", "palette.png", "keyed.png"):
         image = cropped_image(tmp_path / name, (64, 64), background=(0, 255, 0), keep_alpha=True)
