@@ -8,4 +8,8 @@ if __package__:
 else:
     NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = {}, {}
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
+# ComfyUI serves this folder at /extensions/<the pack's folder name>/; the frontend's node documentation panel reads
+# each node's help page from its docs/<NodeName>.md (written by tools/build_docs.py). It holds no JavaScript.
+WEB_DIRECTORY = "./web"
+
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]

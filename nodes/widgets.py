@@ -14,12 +14,17 @@ from typing import Any
 from ..trainer_core.core.config import field_default, field_meta
 from . import host
 
+# While widget_fields runs a node's INPUT_TYPES: (options, config class, field name) of each widget made.
+_made: list[tuple[dict, type, str]] | None = None
+
 
 def widget(cls: type, name: str) -> tuple:
     """(TYPE, options) for field `name` of config dataclass `cls`."""
     meta = field_meta(cls, name)
     default = field_default(cls, name)
     options: dict[str, Any] = {"default": default, "tooltip": meta["help"]}
+    if _made is not None:
+        _made.append((options, cls, name))
     if "file_list" in meta:
         extras, listed = list(meta.get("extra_choices", ())), host.model_file_list(meta["file_list"])
         files = [*extras, *listed]
@@ -57,3 +62,17 @@ def widgets(cls: type, *names: str, rename: dict[str, str] | None = None) -> dic
     names = names or tuple(f.name for f in dataclasses.fields(cls))
     rename = rename or {}
     return {rename.get(name, name): widget(cls, name) for name in names}
+
+
+def widget_fields(node_cls: type) -> dict[str, tuple[type, str]]:
+    """The config field (class, name) each widget of node `node_cls` comes from, by input name (the generated
+    references, tools/build_docs.py, read the settings from there rather than from the host's file lists)."""
+    global _made
+    _made = []
+    try:
+        spec = node_cls.INPUT_TYPES()
+        made = {id(options): (cls, name) for options, cls, name in _made}
+    finally:
+        _made = None
+    inputs = {**spec.get("required", {}), **spec.get("optional", {})}
+    return {name: made[id(s[1])] for name, s in inputs.items() if len(s) > 1 and id(s[1]) in made}

@@ -21,9 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 # What the installed pack needs: ComfyUI imports __init__.py (nodes/, trainer_core/); the first-run workflows read the
 # shapes model (pretrained/) and the example pictures (example_dataset/); the template browser lists
-# example_workflows/ (the API twins in its api/ are for POST /prompt); run_files/ are the headless examples.
+# example_workflows/ (the API twins in its api/ are for POST /prompt); run_files/ are the headless examples; web/docs/
+# holds the node help pages ComfyUI's node documentation panel shows (WEB_DIRECTORY).
 SHIPS = ("__init__.py", "nodes/", "trainer_core/", "pretrained/", "example_dataset/", "example_workflows/",
-         "example_workflows/api/", "run_files/", "requirements.txt", "pyproject.toml", "README.md", "CHANGELOG.md")
+         "example_workflows/api/", "run_files/", "web/docs/", "requirements.txt", "pyproject.toml", "README.md",
+         "CHANGELOG.md")
 # The developers' checkout: nothing the installed pack imports or reads (tests/house/test_layout.py: what ComfyUI
 # imports stays in nodes/ and trainer_core/).
 LEFT_OUT = ("tests/", "benchmarks/", "tools/", ".ci/", "Makefile", "constraints.txt", "requirements-test.txt",
