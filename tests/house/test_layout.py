@@ -200,3 +200,12 @@ def test_no_module_of_the_engine_is_over_450_lines():
 
 def test_the_recipe_is_at_most_250_lines():
     assert len((REPO / "trainer_core" / "training" / "recipe.py").read_text().splitlines()) <= 250
+
+
+def test_no_two_test_files_share_a_name():
+    """The rooms' folders are on sys.path and pytest imports test files by their basename: two test_x.py in two rooms
+    make the second an import error (test_cli.py in captions and runs did, then test_docs.py in house and canvas)."""
+    from collections import Counter
+
+    names = Counter(p.name for p in (REPO / "tests").rglob("test_*.py"))
+    assert not [n for n, count in names.items() if count > 1]
