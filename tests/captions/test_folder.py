@@ -176,3 +176,41 @@ def test_the_edit_style_refuses_a_target_without_a_control_before_loading_the_mo
                                              r"'edit' style captions an Edit Dataset"):
         caption_dataset(CaptionConfig(folder=str(folder), style="edit"), text_encoder=tmp_path / "absent.safetensors")
     assert not list(folder.glob("*.txt"))
+
+
+def test_a_batch_captions_every_image_once_in_file_order_and_keeps_the_rest(vlm, tmp_path):
+    """batch_size 2 over three images of which two need captions: one generate call writes both; the report lists the
+    images in file-name order, the hand-written caption untouched; progress counts every image once."""
+    from trainer_core.captions.folder import caption_folder
+
+    folder = dataset(tmp_path / "set")
+    mine = (folder / "b.txt").read_bytes()
+    heard = []
+    report = caption_folder(vlm, CaptionConfig(folder=str(folder), max_new_tokens=TOKENS, batch_size=2),
+                            progress=lambda i, total, result: heard.append((i, total, result.image.name)),
+                            min_new_tokens=TOKENS)
+    assert [(r.image.name, r.status) for r in report.results] == [("a.png", "written"), ("b.jpg", "kept"),
+                                                                    ("c.webp", "written")]
+    assert sorted(name for _i, _t, name in heard) == ["a.png", "b.jpg", "c.webp"] and [i for i, *_ in heard] == [1, 2, 3]
+    assert (folder / "b.txt").read_bytes() == mine and (folder / "a.txt").read_bytes() and (folder / "c.txt").read_bytes()
+
+
+def test_the_batch_is_one_on_a_cpu_and_the_plans_most_that_fit_on_a_gpu():
+    """batch_size 0: one image at a time on a CPU; on a GPU the plan's captioning phase decides: the most images whose
+    phase fits the budget (each image's prefill, KV cache and logits times the batch; the weights once)."""
+    import dataclasses
+
+    from trainer_core.families import get_family
+    from trainer_core.planner.captioning import caption_batch_that_fits, caption_phase
+    from trainer_core.planner.plan import PlanInputs
+
+    parts = get_family("qwen-image").planned_caption_parts()
+    plan = PlanInputs(caption=True, device="cuda", caption_storage="float8", text_encoder_file_fp8=True)
+    one, three, four = (caption_phase(dataclasses.replace(plan, caption_batch=b), parts) for b in (1, 3, 4))
+    per_image = {t.name: t.bytes for t in one.gpu if t.name in ("prefill forward", "KV cache", "logits")}
+    for name, bytes_ in per_image.items():
+        assert next(t.bytes for t in four.gpu if t.name == name) == 4 * bytes_, name
+    assert next(t.bytes for t in four.gpu if t.name == "VL model weights") == next(
+        t.bytes for t in one.gpu if t.name == "VL model weights")
+    assert caption_batch_that_fits(plan, parts, (three.gpu_bytes + four.gpu_bytes) // 2) == 3
+    assert caption_batch_that_fits(plan, parts, one.gpu_bytes - 1) == 1

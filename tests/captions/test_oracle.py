@@ -112,3 +112,29 @@ def test_a_one_byte_file_kept_in_one_byte_writes_the_same_caption(kind, tiny_enc
             assert (torch.float8_e4m3fn in stored) == (mode == "keep"), stored
             tokens[mode] = answer(vlm, pictures, INSTRUCTION, decoding)[0].tolist()
     assert tokens["keep"] == tokens["dequantize"]
+
+
+@pytest.mark.parametrize("kind", [QWEN25_VL, QWEN3_VL])
+def test_a_batch_of_images_is_transformers_generate_over_the_batch(kind, tiny_encoders, tmp_path):
+    """Several images in one call (batch_size): each row's tokens equal transformers' own `generate` over the same
+    batch (the shorter prompts padded on the left, the processor's own batching), token for token."""
+    from trainer_core.captions.generate import Decoding, answers
+    from trainer_core.captions.model import vision_language_model
+
+    batch = [[picture(72, 56, (30, 90, 200))], [picture(40, 96, (200, 90, 30))], [picture(64, 64, (9, 9, 9))]]
+    reference = reference_model(tiny_encoders[kind], kind, tmp_path)
+    with vision_language_model(tiny_encoders[kind]) as vlm:
+        ours = answers(vlm, batch, INSTRUCTION, Decoding(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS))
+        messages = [[{"role": "user", "content": [{"type": "image", "image": images[0]},
+                                                  {"type": "text", "text": INSTRUCTION}]}] for images in batch]
+        vlm.processor.tokenizer.padding_side = "left"
+        inputs = vlm.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=True, return_tensors="pt", padding=True)
+        vlm.processor.tokenizer.padding_side = "right"
+        stops = list(vlm.stop_token_ids)
+    assert len(set(inputs["attention_mask"].sum(1).tolist())) > 1  # prompts of different lengths: padding at work
+    with torch.inference_mode():
+        theirs = reference.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                    eos_token_id=stops, pad_token_id=stops[0])
+    prompt = inputs["input_ids"].shape[1]
+    assert [ids.tolist() for ids, _text in ours] == theirs[:, prompt:].tolist()

@@ -23,13 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.command_config import GREEDY
 from ..core.config import CaptionConfig, DatasetConfig
 from ..core.errors import UserInputError
 from ..core.files import write_bytes_atomic
 from ..data.edit_dataset import find_controls, is_control_file
 from ..data.images import IMAGE_EXTENSIONS, decode_caption, open_image, read_file
 from ..data.masks import is_mask_name
-from .generate import Decoding, answer
+from .generate import Decoding, answers
 from .prompts import EDIT, finish_caption, instruction_text, max_new_tokens
 
 CAPTION_SUFFIX = ".txt"
@@ -138,30 +139,69 @@ def caption_folder(vlm, settings: CaptionConfig, stop: Callable[[], bool] | None
                    progress: Callable[[int, int, CaptionResult], None] | None = None,
                    min_new_tokens: int = 0) -> CaptionReport:
     """Caption `settings.folder`'s images with `vlm` (a models.vision_language.VisionLanguageModel) as the module
-    docstring says. `min_new_tokens`: see generate.Decoding (tests of random tiny models)."""
+    docstring says, `batch_size(...)` images per `generate` call. `min_new_tokens`: see generate.Decoding (tests of
+    random tiny models). The report lists the images in file-name order; `progress` hears of each as it is done."""
     images = dataset_images(settings.folder)
     before = shown_with(settings, images)
     report = CaptionReport(folder=Path(settings.folder).expanduser().absolute(), total=len(images))
     instruction = instruction_text(settings)
-    decoding = Decoding(max_new_tokens=max_new_tokens(settings), seed=settings.sampling_seed, min_new_tokens=min_new_tokens)
-    for done, image in enumerate(images, 1):
-        if stop is not None and stop():
-            report.stopped = True
-            break
-        if needs_caption(image, settings.overwrite):
-            _, text = answer(vlm, [*map(open_image, before[image]), open_image(image)], instruction, decoding)
+    decoding = Decoding(max_new_tokens=max_new_tokens(settings), seed=settings.sampling_seed,
+                        min_new_tokens=min_new_tokens)
+    batch = batch_size(vlm, settings, decoding.max_new_tokens) if vlm is not None else 1
+    pending: list[Path] = []
+
+    def done(result: CaptionResult) -> None:
+        report.results.append(result)
+        if progress is not None:
+            progress(len(report.results), len(images), result)
+
+    def caption_pending() -> None:
+        shown = [[*map(open_image, before[image]), open_image(image)] for image in pending]
+        for image, (_ids, text) in zip(pending, answers(vlm, shown, instruction, decoding)):
             caption = finish_caption(text, settings)
             if caption:
                 status, backup = write_caption(image, caption)
-                result = CaptionResult(image, status, caption, backup)
+                done(CaptionResult(image, status, caption, backup))
             else:  # nothing written: the image still has no caption, the next run tries again
-                result = CaptionResult(image, EMPTY, "")
+                done(CaptionResult(image, EMPTY, ""))
+        pending.clear()
+
+    for image in images:
+        if stop is not None and stop():
+            report.stopped = True  # (images gathered for a batch and not captioned yet stay without a caption)
+            break
+        if needs_caption(image, settings.overwrite):
+            pending.append(image)
+            if len(pending) == batch:
+                caption_pending()
         else:
-            result = CaptionResult(image, KEPT, existing_caption(image))
-        report.results.append(result)
-        if progress is not None:
-            progress(done, len(images), result)
+            done(CaptionResult(image, KEPT, existing_caption(image)))
+    else:
+        if pending:
+            caption_pending()
+    report.results.sort(key=lambda r: images.index(r.image))
     return report
+
+
+def batch_size(vlm, settings: CaptionConfig, new_tokens: int) -> int:
+    """Images per `generate` call: the setting's, else (0) as many as the memory plan's captioning phase fits in the
+    GPU's free memory now (the model is resident: its weights count as free for the plan, which counts them); one on a
+    CPU, for a model the plan does not know, and when a seed samples (each image's caption then depends on the seed
+    alone, not on the images batched with it)."""
+    if settings.batch_size:
+        return settings.batch_size
+    if vlm.device.type != "cuda" or vlm.planned_parts is None or settings.sampling_seed != GREEDY:
+        return 1
+    from ..planner.captioning import caption_batch_that_fits, weights_bytes
+    from ..planner.device import detect_budget
+    from ..planner.plan import DTYPE_BYTES, PlanInputs
+
+    dtype = str(next(vlm.model.parameters()).dtype).removeprefix("torch.")
+    storage = "float8" if vlm.one_byte else "bfloat16"
+    plan = PlanInputs(caption=True, device="cuda", compute_dtype=dtype, caption_storage=storage,
+                      text_encoder_file_fp8=vlm.one_byte, caption_tokens=new_tokens, cuda_context_bytes=0)
+    resident = weights_bytes(vlm.planned_parts, storage, DTYPE_BYTES[dtype])
+    return caption_batch_that_fits(plan, vlm.planned_parts, detect_budget(vlm.device).bytes + resident)
 
 
 def images_needing_captions(settings: CaptionConfig) -> list[Path]:

@@ -56,14 +56,30 @@ def chat_messages(images: list[Image.Image], instruction: str) -> list[dict]:
 def chat_inputs(vlm: VisionLanguageModel, images: list[Image.Image], instruction: str) -> dict[str, torch.Tensor]:
     """The model's inputs for `images` and `instruction` (module docstring: shapes; P counts every image's patches,
     image_grid_thw has a row per image), on its device, the pixels in its dtype."""
-    inputs = vlm.processor.apply_chat_template(chat_messages(images, instruction), add_generation_prompt=True,
-                                               tokenize=True, return_dict=True, return_tensors="pt")
+    return batch_inputs(vlm, [images], instruction)
+
+
+def batch_inputs(vlm: VisionLanguageModel, batch: list[list[Image.Image]], instruction: str
+                 ) -> dict[str, torch.Tensor]:
+    """The inputs of several chat turns at once, one row each (input_ids and attention_mask (B, L): the shorter
+    prompts padded on the left, so that every row's answer starts at L; the images' patches of every row in one
+    pixel_values, image_grid_thw a row per image), on the model's device, the pixels in its dtype."""
+    tokenizer = vlm.processor.tokenizer
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        inputs = vlm.processor.apply_chat_template([chat_messages(images, instruction) for images in batch],
+                                                   add_generation_prompt=True, tokenize=True, return_dict=True,
+                                                   return_tensors="pt", padding=True)
+    finally:
+        tokenizer.padding_side = side
     dtype = next(vlm.model.parameters()).dtype
     return {k: v.to(vlm.device, dtype if v.is_floating_point() else None) for k, v in inputs.items()}
 
 
 def generate_ids(vlm: VisionLanguageModel, inputs: dict[str, torch.Tensor], decoding: Decoding) -> torch.Tensor:
-    """The answer's token ids (n,): transformers' `generate` on the model, after the prompt's L tokens."""
+    """The answers' token ids (B, n): transformers' `generate` on the model, after the prompts' L tokens (a row that
+    ended early is padded with the pad token, which decoding leaves out)."""
     sample = decoding.seed != GREEDY
     options = dict(max_new_tokens=decoding.max_new_tokens, min_new_tokens=decoding.min_new_tokens, do_sample=sample,
                    eos_token_id=list(vlm.stop_token_ids) or None,
@@ -73,9 +89,9 @@ def generate_ids(vlm: VisionLanguageModel, inputs: dict[str, torch.Tensor], deco
     devices = [vlm.device] if vlm.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), torch.inference_mode():
         if sample:
-            torch.manual_seed(decoding.seed)  # one image's draw depends on the seed alone, not on the images before
+            torch.manual_seed(decoding.seed)  # a batch's draw depends on the seed alone, not on the batches before
         out = vlm.model.generate(**inputs, **options)
-    return out[0, inputs["input_ids"].shape[1]:]
+    return out[:, inputs["input_ids"].shape[1]:]
 
 
 def decode(vlm: VisionLanguageModel, ids: torch.Tensor) -> str:
@@ -86,5 +102,13 @@ def decode(vlm: VisionLanguageModel, ids: torch.Tensor) -> str:
 def answer(vlm: VisionLanguageModel, images: list[Image.Image], instruction: str, decoding: Decoding
            ) -> tuple[torch.Tensor, str]:
     """(token ids, text) of the model's answer to `instruction` about `images` (each shown at most MAX_IMAGE_PIXELS)."""
-    ids = generate_ids(vlm, chat_inputs(vlm, [shown_image(i) for i in images], instruction), decoding)
-    return ids, decode(vlm, ids)
+    return answers(vlm, [images], instruction, decoding)[0]
+
+
+def answers(vlm: VisionLanguageModel, batch: list[list[Image.Image]], instruction: str, decoding: Decoding
+            ) -> list[tuple[torch.Tensor, str]]:
+    """[(token ids, text)] of the model's answers to `instruction`, one per entry of `batch` (an entry's images in
+    order), from one `generate` call over the batch."""
+    ids = generate_ids(vlm, batch_inputs(vlm, [[shown_image(i) for i in images] for images in batch], instruction),
+                       decoding)
+    return [(row, decode(vlm, row)) for row in ids]

@@ -364,6 +364,11 @@ class CaptionConfig:
         GREEDY, "-1: greedy decoding, the same captions on every run. 0 or more: sample with this seed (varied "
         "wording, repeatable with the same seed).", min=GREEDY, max=2**31 - 1,
     )
+    batch_size: int = _f(
+        0, "Images captioned together (one generation over the batch: faster on a GPU with room to spare). 0 = as many "
+        "as the memory plan's captioning phase fits in the GPU's free memory (at most 8; one at a time on a CPU, and "
+        "when a seed samples, so that each image's caption depends on the seed alone).", min=0, max=16,
+    )
     text_encoder_fp8: str = _f(
         "auto", "A one-byte text encoder file (fp8 scaled, int8): keep its Linears in one byte while captioning, "
         "dequantize them to bf16, or auto: keep them only where the bf16 model would not fit the GPU (the memory "
@@ -378,7 +383,7 @@ class CaptionConfig:
         self.validate()  # settings are checked once, where they are made
 
     def validate(self) -> None:
-        _check_range(self, "max_new_tokens", "sampling_seed")
+        _check_range(self, "max_new_tokens", "sampling_seed", "batch_size")
         _check_choice(self, "style")
         for name in ("trigger", "avoid"):
             if "\n" in getattr(self, name) or "\r" in getattr(self, name):

@@ -33,6 +33,11 @@ class VisionLanguageModel:
     name: str  # what messages call it: "Qwen2.5-VL (qwen_2.5_vl_7b_fp8_scaled.safetensors)"
     stop_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    # What the memory plan needs to size a batch of images (planner/captioning.py): the whole model's planned parts
+    # (`ModelFamily.planned_caption_parts`; None: unplanned, one image at a time) and whether the file's one-byte
+    # Linears are kept.
+    planned_parts: Any = None
+    one_byte: bool = False
     release_hook: Callable[[], None] | None = field(default=None, repr=False)
 
     @property

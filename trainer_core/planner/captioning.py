@@ -22,6 +22,9 @@ for the last position's logits only (`logits_to_keep=1`) and copies them to floa
     KV growth    one layer's keys, copied longer by `torch.cat` while the shorter is alive
     logits       the last position's logits in the compute dtype, their float32 copy and the float32 scores after
                  the logits processors
+With `caption_batch` images in one `generate` call (the captioner's batch), every term but the weights and the upcast
+is per image: times the batch (the tower sees every image's patches at once; each row has its own prompt, cache and
+logits; a row shorter than the longest is padded, on the safe side here, as every image is planned at the largest).
 Host RAM: as caching's prompts step, the process and one tensor in flight from the file (the model is read straight
 to the device). Decoding's per-token transients (one token through a layer) are below a megabyte: not counted.
 
@@ -39,7 +42,7 @@ import functools
 from .inference import TEMPLATE_TOKENS, PartSizes, encoder_fields, real_parts, text_encoder_working_bytes
 from .phase import HOST_RESERVE_BYTES, Phase, baseline, on_device
 from .plan import DTYPE_BYTES, GIB, PlanInputs, Term
-from .references import TEMPLATE_TOKENS_PER_REFERENCE, patches, prompt_tokens, slots, vision_bytes
+from .references import patches, prompt_tokens, slots, vision_bytes
 
 # The instruction's tokens (the user turn's text besides the image): the "detailed" style's instruction is about 75
 # tokens, a trigger word and a "do not mention ..." clause add some; rounded up. The chat template's own tokens
@@ -100,7 +103,7 @@ def kept_hidden_bytes(p: PlanInputs, parts: PartSizes) -> int:
 
 
 def caption_terms(p: PlanInputs, parts: PartSizes) -> list[Term]:
-    """The captioning phase's device terms for one image, with the model's weights at `p.caption_storage` (resolved:
+    """The captioning phase's device terms for `p.caption_batch` images at once, with the model's weights at `p.caption_storage` (resolved:
     bfloat16 or float8). `parts`: the whole vision-language model's (a family's `planned_caption_parts`)."""
     if not parts.vision_layers:
         raise ValueError("captioning plans a vision-language model: these parts have no vision tower")
@@ -120,6 +123,8 @@ def caption_terms(p: PlanInputs, parts: PartSizes) -> list[Term]:
     prefill = max(forward + kept, peak + embeddings)
     total = tokens + p.caption_tokens
     vision_tokens = slots(parts, view)
+    b = p.caption_batch
+    each = f"{b} images, each " if b > 1 else ""
     return [
         Term("VL model weights", weights_bytes(parts, storage, act),
              f"{parts.text_encoder_params / 1e9:.2f}B params (language model {language / 1e9:.2f}B, vision tower "
@@ -127,16 +132,16 @@ def caption_terms(p: PlanInputs, parts: PartSizes) -> list[Term]:
              + ("one-byte decoder Linears" if float8 else p.compute_dtype)),
         Term("largest weight upcast", parts.text_intermediate * parts.text_hidden * act if float8 else 0,
              "one byte -> bf16, transient"),
-        Term("prefill forward", prefill,
-             f"one {view[0]}x{view[1]} image ({vision_tokens} vision tokens) in a prompt of {tokens} tokens; the vision "
+        Term("prefill forward", b * prefill,
+             f"{each}one {view[0]}x{view[1]} image ({vision_tokens} vision tokens) in a prompt of {tokens} tokens; the vision "
              f"tower peaks at {(peak + embeddings) / GIB:.2f} GiB, the language model at {(forward + kept) / GIB:.2f}; "
              f"every hidden state counted (generate keeps none: {kept_hidden_bytes(p, parts) / GIB:.2f} GiB to spare)"),
-        Term("KV cache", kv_cache_bytes(parts, total, act),
-             f"{parts.text_layers} layers x {parts.text_kv_heads} KV heads x {parts.text_head_dim}, "
+        Term("KV cache", b * kv_cache_bytes(parts, total, act),
+             f"{each}{parts.text_layers} layers x {parts.text_kv_heads} KV heads x {parts.text_head_dim}, "
              f"{tokens} + {p.caption_tokens} tokens"),
-        Term("KV cache growth", kv_cache_bytes(parts, total, act) // (2 * parts.text_layers),
+        Term("KV cache growth", b * kv_cache_bytes(parts, total, act) // (2 * parts.text_layers),
              "one layer's keys copied longer by torch.cat"),
-        Term("logits", parts.text_logits_per_token * (act + LOGITS_BYTES_PER_ENTRY_FP32),
+        Term("logits", b * parts.text_logits_per_token * (act + LOGITS_BYTES_PER_ENTRY_FP32),
              "the last position's, its float32 copy and scores"),
     ]
 
@@ -147,9 +152,18 @@ def caption_phase(p: PlanInputs, parts: PartSizes) -> Phase:
     in_flight = Term("tensor in flight", parts.text_encoder_largest * DTYPE_BYTES[p.compute_dtype],
                      "the largest tensor, read from the text encoder file")
     weights = "one-byte decoder Linears kept" if p.caption_storage == "float8" else p.compute_dtype
-    note = (f"the text encoder file's whole VL model, {weights}; one image, up to {p.caption_tokens} new tokens; "
+    images = "one image" if p.caption_batch == 1 else f"{p.caption_batch} images at once"
+    note = (f"the text encoder file's whole VL model, {weights}; {images}, up to {p.caption_tokens} new tokens; "
             "freed before caching")
     return on_device(p, terms, [baseline(p), in_flight], "caption", note)
+
+
+def caption_batch_that_fits(p: PlanInputs, parts: PartSizes, gpu_budget_bytes: int, most: int = 8) -> int:
+    """The most images (1 to `most`) one `generate` call may caption within `gpu_budget_bytes` (`p.caption_storage`
+    resolved); 1 when even one does not fit (the plan's refusal says so, not this)."""
+    fitting = [b for b in range(1, most + 1)
+               if caption_phase(dataclasses.replace(p, caption_batch=b), parts).gpu_bytes <= gpu_budget_bytes]
+    return max(fitting, default=1)
 
 
 def choose_caption_storage(inputs: PlanInputs, parts: PartSizes, gpu_budget_bytes: int | None = None,

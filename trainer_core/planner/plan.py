@@ -132,6 +132,7 @@ class PlanInputs:
     caption_image: tuple[int, int] = (1024, 1024)
     caption_tokens: int = 320
     caption_storage: str = "auto"
+    caption_batch: int = 1  # images captioned together (one generate call): the per-image terms times this
     save_dtype: str = "bfloat16"  # the Save node's LoRA precision
     pin_masters: bool = True  # swapped blocks' masters pinned; False: pageable, through a pinned staging buffer
     staging_bytes: int = 0  # that staging buffer (its size is the loader's), counted when pin_masters is False
@@ -173,8 +174,8 @@ class PlanInputs:
                                  f"transformer has {arch.num_blocks} blocks; at least one stays on the GPU)")
         if min(self.width, self.height, self.batch, self.rank, self.grad_accum_steps) < 1 or self.text_tokens < 0:
             raise UserInputError("width, height, batch, rank and grad_accum_steps must be positive")
-        if min(*self.caption_image, self.caption_tokens) < 1:
-            raise UserInputError("caption_image's sides and caption_tokens must be positive")
+        if min(*self.caption_image, self.caption_tokens, self.caption_batch) < 1:
+            raise UserInputError("caption_image's sides, caption_tokens and caption_batch must be positive")
         if self.caption_storage not in choices(PlanConfig, "text_encoder_storage"):
             raise UserInputError(f"caption_storage={self.caption_storage!r}: expected one of "
                                  f"{list(choices(PlanConfig, 'text_encoder_storage'))}")

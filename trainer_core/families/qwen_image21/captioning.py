@@ -42,13 +42,13 @@ def vision_language_model(path: str | Path, tokenizer_dir: str | Path | None = N
         raise UserInputError(f"text encoder file {file.path} is a Qwen3-VL language model without its vision tower "
                              "(visual.*), so it cannot see the images it should caption. Choose ComfyUI's "
                              "qwen3vl_8b_int8_convrot.safetensors (or its bf16 / fp8 file): they carry it.")
-    if fp8 == "auto":  # the one-byte Linears kept where the bf16 model would not fit the GPU (planner/captioning.py)
-        from ...planner.device import resolve_caption_fp8
-        from .plan import real_parts21
+    from ...planner.device import resolve_caption_fp8
+    from .plan import real_parts21
 
-        fp8 = resolve_caption_fp8(fp8, device, real_parts21(lm_head=True))
+    parts = real_parts21(lm_head=True)
+    fp8 = resolve_caption_fp8(fp8, device, parts)  # one byte kept where bf16 would not fit the GPU (planner/captioning.py)
     model = load_qwen3_vl_file(file.path, compute_dtype, fp8, placement=on_device(device), head=True)
     tokenizer = load_tokenizer(tokenizer_dir, file.path, model.config.text_config.vocab_size)
     return VisionLanguageModel(model=model, processor=build_processor(tokenizer, model.config.vision_config),
                                name=f"Qwen3-VL ({file.path.name})", stop_token_ids=stop_ids(tokenizer),
-                               pad_token_id=tokenizer.pad_token_id)
+                               pad_token_id=tokenizer.pad_token_id, planned_parts=parts, one_byte=fp8 == "keep")

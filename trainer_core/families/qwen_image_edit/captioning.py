@@ -54,14 +54,15 @@ def vision_language_model(path: str | Path, tokenizer_dir: str | Path | None = N
         raise UserInputError(f"text encoder file {file.path} is a Qwen2.5-VL language model without its vision tower "
                              "(visual.*), so it cannot see the images it should caption. Choose ComfyUI's "
                              "qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl_7b.safetensors: they carry it.")
-    if fp8 == "auto":  # the one-byte Linears kept where the bf16 model would not fit the GPU (planner/captioning.py)
-        from ...planner.captioning import qwen25_vl_parts
-        from ...planner.device import resolve_caption_fp8
+    from ...planner.captioning import qwen25_vl_parts
+    from ...planner.device import resolve_caption_fp8
 
-        fp8 = resolve_caption_fp8(fp8, device, qwen25_vl_parts())
+    # the one-byte Linears kept where the bf16 model would not fit the GPU (planner/captioning.py)
+    fp8 = resolve_caption_fp8(fp8, device, qwen25_vl_parts())
     model = TextEncoderFile(file.path, compute_dtype, fp8, vision=True, head=True)(on_device(device))
     tokenizer = load_tokenizer(tokenizer_dir, file.path, model.config.text_config.vocab_size)
     processor = build_processor(tokenizer, model.config.vision_config)
     processor.chat_template = QWEN25_VL_CHAT_TEMPLATE
     return VisionLanguageModel(model=model, processor=processor, name=f"Qwen2.5-VL ({file.path.name})",
-                               stop_token_ids=stop_ids(tokenizer), pad_token_id=tokenizer.pad_token_id)
+                               stop_token_ids=stop_ids(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                               planned_parts=qwen25_vl_parts(), one_byte=fp8 == "keep")
