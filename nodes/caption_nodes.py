@@ -37,7 +37,7 @@ class QwenLoRACaptionDataset:
     def INPUT_TYPES(cls):
         return {"required": widgets(CaptionConfig, "folder", "text_encoder", "style", "instruction", "trigger", "avoid",
                                     "max_new_tokens", "overwrite", "sampling_seed"),
-                "optional": widgets(CaptionConfig, "input_folder", "text_encoder_fp8", "batch_size")}
+                "optional": widgets(CaptionConfig, "input_folder", "text_encoder_fp8", "batch_size", "image_side")}
 
     @classmethod
     def IS_CHANGED(cls, folder, input_folder=CUSTOM_FOLDER, **_):
@@ -48,11 +48,11 @@ class QwenLoRACaptionDataset:
             return str(e)
 
     def caption(self, folder, text_encoder, style, instruction, trigger, avoid, max_new_tokens, overwrite,
-                sampling_seed, input_folder=CUSTOM_FOLDER, text_encoder_fp8="auto", batch_size=0):
+                sampling_seed, input_folder=CUSTOM_FOLDER, text_encoder_fp8="auto", batch_size=0, image_side=1024):
         settings = CaptionConfig(folder=dataset_folder(folder, input_folder), text_encoder=text_encoder, style=style,
                                  instruction=instruction, trigger=trigger, avoid=avoid, max_new_tokens=max_new_tokens,
                                  overwrite=overwrite, sampling_seed=sampling_seed, input_folder=input_folder,
-                                 text_encoder_fp8=text_encoder_fp8, batch_size=batch_size)
+                                 text_encoder_fp8=text_encoder_fp8, batch_size=batch_size, image_side=image_side)
         path = host.model_file_path("text_encoders", text_encoder)
         # the tokenizer as the Load node finds it: a tokenizer/ folder beside the file, else the one ComfyUI ships
         beside = any(c.is_dir() for c in tokenizer_candidates(None, path))

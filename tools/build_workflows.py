@@ -236,7 +236,7 @@ CAPTION_NODES = [
                                             "text_encoder": "qwen_2.5_vl_7b_fp8_scaled.safetensors", "style": "short",
                                             "instruction": "", "trigger": "", "avoid": "", "max_new_tokens": 0,
                                             "overwrite": False, "sampling_seed": -1, "input_folder": "(custom path)",
-                                            "text_encoder_fp8": "auto", "batch_size": 0},
+                                            "text_encoder_fp8": "auto", "batch_size": 0, "image_side": 1024},
      ("data", 1)),
     (CAPTION_SHEET_ID, "PreviewImage", {}, ("data", 1)),
     (CAPTION_REPORT_ID, "PreviewAny", {}, ("data", 1)),

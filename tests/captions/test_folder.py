@@ -214,3 +214,41 @@ def test_the_batch_is_one_on_a_cpu_and_the_plans_most_that_fit_on_a_gpu():
         t.bytes for t in one.gpu if t.name == "VL model weights")
     assert caption_batch_that_fits(plan, parts, (three.gpu_bytes + four.gpu_bytes) // 2) == 3
     assert caption_batch_that_fits(plan, parts, one.gpu_bytes - 1) == 1
+
+
+def test_captioning_that_would_not_fit_the_gpu_is_refused_naming_the_image_side_that_would():
+    """On a GPU the plan's captioning phase is checked before anything loads (planner/device.py): over the free memory,
+    a UserInputError says what it needs, what is free and the largest image_side whose phase fits; the CPU is named as
+    the way out when no side fits. (Qwen-Image 2.1's Qwen3-VL-8B with its Linears kept in one byte, in 11 GiB free: a
+    12 GB card less its CUDA context and what else runs.)"""
+    import dataclasses
+
+    from trainer_core.core.errors import UserInputError
+    from trainer_core.families import get_family
+    from trainer_core.planner.captioning import caption_phase
+    from trainer_core.planner.device import CAPTION_SIDES, check_caption_fits
+    from trainer_core.planner.plan import GIB, PlanInputs
+
+    parts = get_family("qwen-image-2.1").planned_caption_parts()
+    plan = PlanInputs(caption=True, device="cuda", caption_storage="float8", text_encoder_file_fp8=True,
+                      cuda_context_bytes=0)
+    budget = 11 * GIB
+    need = caption_phase(plan, parts).gpu_bytes
+    assert need > budget
+    fitting = [s for s in CAPTION_SIDES if caption_phase(dataclasses.replace(plan, caption_image=(s, s)),
+                                                         parts).gpu_bytes <= budget]
+    with pytest.raises(UserInputError, match=rf"captioning needs {need / GIB:.2f} GiB on the GPU .* but 11.00 GiB are "
+                                             rf"free\. Nothing was loaded\. To fit: set image_side to {fitting[0]}; "
+                                             r"or caption on the CPU"):
+        check_caption_fits(plan, parts, budget, one_byte_file=True)
+    check_caption_fits(dataclasses.replace(plan, caption_image=(fitting[0], fitting[0])), parts, budget, True)
+    with pytest.raises(UserInputError, match=r"To fit: use the file's one-byte version .*; or caption on the CPU"):
+        check_caption_fits(dataclasses.replace(plan, caption_storage="bfloat16"), parts, 4 * GIB, one_byte_file=False)
+
+
+def test_images_are_shown_at_most_image_side_squared_pixels():
+    from trainer_core.captions.generate import shown_image
+
+    shown = shown_image(picture(2048, 1024, (1, 2, 3)), 512 * 512)
+    assert shown.size == (724, 362) and shown.width * shown.height <= 512 * 512
+    assert shown_image(picture(300, 200, (1, 2, 3)), 512 * 512).size == (300, 200)  # never enlarged

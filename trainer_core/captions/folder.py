@@ -77,12 +77,14 @@ def dataset_images(folder: str | Path) -> list[Path]:
         raise UserInputError("folder is empty: enter the dataset folder whose images should get captions.")
     root = Path(folder).expanduser().absolute()
     if not root.is_dir():
-        raise UserInputError(f"dataset folder {root} does not exist: enter the folder whose images should get captions.")
+        raise UserInputError(f"dataset folder {root} does not exist: enter the folder whose images should get "
+                             "captions.")
     settings = DatasetConfig(folder=str(root))
     try:
         entries = sorted(root.iterdir())
     except OSError as e:
-        raise UserInputError(f"dataset folder {root} cannot be listed ({e.strerror or e}): let this user read it.") from None
+        raise UserInputError(f"dataset folder {root} cannot be listed ({e.strerror or e}): let this user read "
+                             "it.") from None
     images = [p for p in entries if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".") and p.is_file()]
     targets = [p for p in images if not is_mask_name(p, settings)
                and not (is_control_file(p) and not caption_path(p).exists())]
@@ -157,7 +159,8 @@ def caption_folder(vlm, settings: CaptionConfig, stop: Callable[[], bool] | None
 
     def caption_pending() -> None:
         shown = [[*map(open_image, before[image]), open_image(image)] for image in pending]
-        for image, (_ids, text) in zip(pending, answers(vlm, shown, instruction, decoding)):
+        answered = answers(vlm, shown, instruction, decoding, max_pixels=settings.image_side ** 2)
+        for image, (_ids, text) in zip(pending, answered):
             caption = finish_caption(text, settings)
             if caption:
                 status, backup = write_caption(image, caption)
@@ -199,7 +202,8 @@ def batch_size(vlm, settings: CaptionConfig, new_tokens: int) -> int:
     dtype = str(next(vlm.model.parameters()).dtype).removeprefix("torch.")
     storage = "float8" if vlm.one_byte else "bfloat16"
     plan = PlanInputs(caption=True, device="cuda", compute_dtype=dtype, caption_storage=storage,
-                      text_encoder_file_fp8=vlm.one_byte, caption_tokens=new_tokens, cuda_context_bytes=0)
+                      text_encoder_file_fp8=vlm.one_byte, caption_tokens=new_tokens, cuda_context_bytes=0,
+                      caption_image=(settings.image_side, settings.image_side))
     resident = weights_bytes(vlm.planned_parts, storage, DTYPE_BYTES[dtype])
     return caption_batch_that_fits(plan, vlm.planned_parts, detect_budget(vlm.device).bytes + resident)
 
@@ -220,6 +224,8 @@ def caption_dataset(settings: CaptionConfig, text_encoder: str | Path, tokenizer
     shown_with(settings, dataset_images(settings.folder))  # an edit target without its control: refused before loading
     if not images_needing_captions(settings):
         return caption_folder(None, settings, stop, progress)
-    with vision_language_model(text_encoder, tokenizer_dir, device, compute_dtype, settings.text_encoder_fp8) as vlm:
+    side = settings.image_side
+    with vision_language_model(text_encoder, tokenizer_dir, device, compute_dtype, settings.text_encoder_fp8,
+                               (side, side), max_new_tokens(settings)) as vlm:
         return caption_folder(vlm, settings, stop, progress, min_new_tokens)
 

@@ -83,7 +83,8 @@ def generate_ids(vlm: VisionLanguageModel, inputs: dict[str, torch.Tensor], deco
     sample = decoding.seed != GREEDY
     options = dict(max_new_tokens=decoding.max_new_tokens, min_new_tokens=decoding.min_new_tokens, do_sample=sample,
                    eos_token_id=list(vlm.stop_token_ids) or None,
-                   pad_token_id=vlm.pad_token_id if vlm.pad_token_id is not None else next(iter(vlm.stop_token_ids), None))
+                   pad_token_id=(vlm.pad_token_id if vlm.pad_token_id is not None
+                                 else next(iter(vlm.stop_token_ids), None)))
     if sample:
         options.update(SAMPLING)
     devices = [vlm.device] if vlm.device.type == "cuda" else []
@@ -105,10 +106,10 @@ def answer(vlm: VisionLanguageModel, images: list[Image.Image], instruction: str
     return answers(vlm, [images], instruction, decoding)[0]
 
 
-def answers(vlm: VisionLanguageModel, batch: list[list[Image.Image]], instruction: str, decoding: Decoding
-            ) -> list[tuple[torch.Tensor, str]]:
+def answers(vlm: VisionLanguageModel, batch: list[list[Image.Image]], instruction: str, decoding: Decoding,
+            max_pixels: int = MAX_IMAGE_PIXELS) -> list[tuple[torch.Tensor, str]]:
     """[(token ids, text)] of the model's answers to `instruction`, one per entry of `batch` (an entry's images in
-    order), from one `generate` call over the batch."""
-    ids = generate_ids(vlm, batch_inputs(vlm, [[shown_image(i) for i in images] for images in batch], instruction),
-                       decoding)
+    order, each shown at most `max_pixels`), from one `generate` call over the batch."""
+    shown = [[shown_image(i, max_pixels) for i in images] for images in batch]
+    ids = generate_ids(vlm, batch_inputs(vlm, shown, instruction), decoding)
     return [(row, decode(vlm, row)) for row in ids]

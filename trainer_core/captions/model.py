@@ -28,18 +28,22 @@ CHOOSE = ("Choose ComfyUI's qwen_2.5_vl_7b_fp8_scaled.safetensors or qwen_2.5_vl
 
 def load_vision_language_model(text_encoder: str | Path, tokenizer_dir: str | Path | None = None,
                                device: str | torch.device = "cpu", compute_dtype: str = "auto",
-                               fp8: str = "auto") -> VisionLanguageModel:
+                               fp8: str = "auto", caption_image: tuple[int, int] = (1024, 1024),
+                               caption_tokens: int = 0) -> VisionLanguageModel:
     """The vision-language model of `text_encoder` (a file path) on `device`, frozen, in eval mode, with its processor
     (the tokenizer from `tokenizer_dir`, else the `tokenizer/` folder beside the file). `compute_dtype`: "auto"
     (bfloat16 on a GPU, float32 on a CPU) or a torch dtype's name. `fp8`: a one-byte file's Linears "keep" or
-    "dequantize", or "auto": kept where the bf16 model would not fit the GPU (planner/captioning.py), else dequantized."""
+    "dequantize", or "auto": kept where the bf16 model would not fit the GPU (planner/captioning.py), else dequantized.
+    `caption_image` (the largest image shown, W x H px) and `caption_tokens` (the longest caption) size the memory
+    plan's captioning phase, which refuses on a GPU, before anything loads, what would not fit."""
     device = torch.device(device)
     dtype = resolve_compute_dtype(compute_dtype, device)
     path = Path(text_encoder).expanduser()
     file = SafetensorsFile(path, "text encoder")  # a missing or unreadable file is refused here, by name
     for package in packages():
         build = getattr(package, "vision_language_model", None)
-        vlm = build(path, tokenizer_dir, dtype, device, fp8) if build is not None else None
+        vlm = (build(path, tokenizer_dir, dtype, device, fp8, caption_image, caption_tokens)
+               if build is not None else None)
         if vlm is not None:
             return vlm
     raise UserInputError(f"text encoder file {path} is not a vision-language text encoder that can write captions: it "
@@ -49,10 +53,12 @@ def load_vision_language_model(text_encoder: str | Path, tokenizer_dir: str | Pa
 @contextlib.contextmanager
 def vision_language_model(text_encoder: str | Path, tokenizer_dir: str | Path | None = None,
                           device: str | torch.device = "cpu", compute_dtype: str = "auto",
-                          fp8: str = "auto") -> Iterator[VisionLanguageModel]:
+                          fp8: str = "auto", caption_image: tuple[int, int] = (1024, 1024),
+                          caption_tokens: int = 0) -> Iterator[VisionLanguageModel]:
     """`load_vision_language_model` for a `with` block, released at its end whatever happens (an interrupt too): the
     encoder's memory is free for caching and training after, as the Cache node frees its text encoder."""
-    vlm = load_vision_language_model(text_encoder, tokenizer_dir, device, compute_dtype, fp8)
+    vlm = load_vision_language_model(text_encoder, tokenizer_dir, device, compute_dtype, fp8, caption_image,
+                                     caption_tokens)
     try:
         yield vlm
     finally:

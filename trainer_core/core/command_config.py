@@ -364,6 +364,11 @@ class CaptionConfig:
         GREEDY, "-1: greedy decoding, the same captions on every run. 0 or more: sample with this seed (varied "
         "wording, repeatable with the same seed).", min=GREEDY, max=2**31 - 1,
     )
+    image_side: int = _f(
+        1024, "Images are shown to the model at most image_side x image_side pixels (their aspect kept; smaller ones as "
+        "they are): fewer pixels take less GPU memory and time, and see less detail. The memory plan refuses before "
+        "loading what would not fit, and names the side that would.", min=256, max=2048, step=32,
+    )
     batch_size: int = _f(
         0, "Images captioned together (one generation over the batch: faster on a GPU with room to spare). 0 = as many "
         "as the memory plan's captioning phase fits in the GPU's free memory (at most 8; one at a time on a CPU, and "
@@ -383,7 +388,7 @@ class CaptionConfig:
         self.validate()  # settings are checked once, where they are made
 
     def validate(self) -> None:
-        _check_range(self, "max_new_tokens", "sampling_seed", "batch_size")
+        _check_range(self, "max_new_tokens", "sampling_seed", "batch_size", "image_side")
         _check_choice(self, "style")
         for name in ("trigger", "avoid"):
             if "\n" in getattr(self, name) or "\r" in getattr(self, name):

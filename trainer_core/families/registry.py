@@ -10,8 +10,9 @@ imports no family (and no torch). A family lives in one package (or module) of i
 and, where its text encoder file is a whole vision-language model it can generate words with (captioning,
 trainer_core/captions):
 
-    vision_language_model   (path, tokenizer_dir, compute_dtype, device, fp8) -> a models.vision_language
-               .VisionLanguageModel, or None when the file is not its encoder (the captioner asks each package in turn)
+    vision_language_model   (path, tokenizer_dir, compute_dtype, device, fp8, caption_image, caption_tokens)
+               -> a models.vision_language.VisionLanguageModel, or None when the file is not its encoder (the
+               captioner asks each package in turn)
 
 It imports what it needs there (torch, diffusers): nothing imports it before a family of it is asked for.
 

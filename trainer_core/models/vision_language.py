@@ -67,6 +67,13 @@ def on_device(device: torch.device | str):
     return placement
 
 
+def holds_one_byte_linears(file) -> bool:
+    """Whether a text encoder file (a `SafetensorsFile`) stores Linear weights in one byte (scaled float8, int8
+    ConvRot): the captioner may keep them so (`text_encoder_fp8`)."""
+    return any(file.dtype(k) in (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
+               for k in file.keys if k.endswith(".weight"))
+
+
 def stop_ids(tokenizer, tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")) -> tuple[int, ...]:
     """The ids of `tokens` the tokenizer knows (Qwen's chat turn ends with <|im_end|>)."""
     ids = [tokenizer.convert_tokens_to_ids(t) for t in tokens]

@@ -74,25 +74,59 @@ def resolve_text_encoder_fp8(mode: str, device, inputs: PlanInputs | None = None
     return "keep" if choose_text_encoder_storage(inputs, detect_budget(device).bytes, parts=parts) == "float8" else "dequantize"
 
 
-def resolve_caption_fp8(mode: str, device, parts: PartSizes, caption_tokens: int = 0) -> str:
+def resolve_caption_fp8(mode: str, device, parts: PartSizes, one_byte_file: bool = True,
+                        caption_image: tuple[int, int] = (1024, 1024), caption_tokens: int = 0) -> str:
     """The captioner's `text_encoder_fp8` as its loaders take it ("keep" or "dequantize"), as `resolve_text_encoder_fp8`
     decides caching's: "auto" -> "keep" (the one-byte file's Linears kept) when the captioning phase
     (`captioning.choose_caption_storage`) would not fit the CUDA device's free memory with the model in bf16, else
-    "dequantize" (always on the CPU). `parts`: the whole vision-language model (`ModelFamily.planned_caption_parts`);
-    `caption_tokens`: the longest caption asked for (0: the plan's default)."""
-    if mode != "auto":
-        return mode
+    "dequantize" (always on the CPU). On a CUDA device the phase with the storage decided is then checked against the
+    free memory, before anything loads: a UserInputError names what it needs and what would fit (a smaller
+    image_side, the one-byte file, the CPU). `parts`: the whole vision-language model
+    (`ModelFamily.planned_caption_parts`); `one_byte_file`: the file holds one-byte Linears (scaled fp8, int8);
+    `caption_image`: the largest image shown (W, H) px; `caption_tokens`: the longest caption (0: the plan's
+    default)."""
     import torch
 
     from .captioning import choose_caption_storage
 
     device = torch.device(device)
     if device.type != "cuda":
-        return "dequantize"
-    inputs = dataclasses.replace(PlanInputs(), caption=True, text_encoder_storage="auto", text_encoder_file_fp8=True,
-                                 device="cuda", cuda_context_bytes=0,
+        return "dequantize" if mode == "auto" else mode
+    inputs = dataclasses.replace(PlanInputs(), caption=True, text_encoder_storage="auto",
+                                 text_encoder_file_fp8=one_byte_file, device="cuda", cuda_context_bytes=0,
+                                 caption_image=caption_image,
                                  **({"caption_tokens": caption_tokens} if caption_tokens else {}))
-    return "keep" if choose_caption_storage(inputs, parts, detect_budget(device).bytes) == "float8" else "dequantize"
+    budget = detect_budget(device).bytes
+    if mode == "auto":
+        mode = "keep" if choose_caption_storage(inputs, parts, budget) == "float8" else "dequantize"
+    storage = "float8" if mode == "keep" and one_byte_file else "bfloat16"
+    check_caption_fits(dataclasses.replace(inputs, caption_storage=storage), parts, budget, one_byte_file)
+    return mode
+
+
+CAPTION_SIDES = (1024, 896, 768, 640, 512)  # the image sides a refusal tries, largest first
+
+
+def check_caption_fits(inputs: PlanInputs, parts: PartSizes, budget_bytes: int, one_byte_file: bool) -> None:
+    """Refuse captioning whose planned GPU peak (`captioning.caption_phase`, one image) exceeds `budget_bytes`, naming
+    the changes that would fit."""
+    from ..core.errors import UserInputError
+    from .captioning import caption_phase
+
+    need = caption_phase(inputs, parts).gpu_bytes
+    if need <= budget_bytes:
+        return
+    side = next((s for s in CAPTION_SIDES if s < max(inputs.caption_image) and caption_phase(
+        dataclasses.replace(inputs, caption_image=(s, s)), parts).gpu_bytes <= budget_bytes), None)
+    storage = "its one-byte Linears kept" if inputs.caption_storage == "float8" else "bf16"
+    fixes = [f"set image_side to {side}" if side else None,
+             None if one_byte_file else "use the file's one-byte version (fp8_scaled or int8), whose Linears are kept",
+             "or caption on the CPU (slow): python -m trainer_core caption --device cpu ..."]
+    raise UserInputError(
+        f"captioning needs {need / GIB:.2f} GiB on the GPU (the text encoder file's whole vision-language model, "
+        f"{storage}, one {inputs.caption_image[0]}x{inputs.caption_image[1]} image, {inputs.caption_tokens} new "
+        f"tokens: plan --caption), but {budget_bytes / GIB:.2f} GiB are free. Nothing was loaded. To fit: "
+        + "; ".join(f for f in fixes if f) + ".")
 
 
 class CachingPlacement:

@@ -37,6 +37,7 @@ def add_caption_parser(sub) -> None:
     caption.add_argument("--seed", **config_arg(CaptionConfig, "sampling_seed"))
     caption.add_argument("--text-encoder-fp8", **config_arg(CaptionConfig, "text_encoder_fp8"))
     caption.add_argument("--batch-size", **config_arg(CaptionConfig, "batch_size"))
+    caption.add_argument("--image-side", **config_arg(CaptionConfig, "image_side"))
     caption.add_argument("--device", default=AUTO_DEVICE,
                          help="where the model runs: auto (a GPU when there is one), cpu, cuda, cuda:1 ...")
     caption.set_defaults(func=cmd_caption)
@@ -52,7 +53,7 @@ def cmd_caption(args: argparse.Namespace) -> int:
                              instruction=args.instruction, trigger=args.trigger, avoid=args.avoid,
                              max_new_tokens=args.max_tokens, overwrite=args.overwrite,
                              sampling_seed=args.seed, text_encoder_fp8=args.text_encoder_fp8,
-                             batch_size=args.batch_size)
+                             batch_size=args.batch_size, image_side=args.image_side)
     device = args.device if args.device != AUTO_DEVICE else ("cuda" if torch.cuda.is_available() else "cpu")
 
     def progress(done: int, total: int, result) -> None:

@@ -17,7 +17,7 @@ import torch
 from ...core.errors import UserInputError
 from ...models.safetensors_file import SafetensorsFile
 from ...models.tokenizer import load_tokenizer
-from ...models.vision_language import VisionLanguageModel, on_device, stop_ids
+from ...models.vision_language import VisionLanguageModel, holds_one_byte_linears, on_device, stop_ids
 
 QWEN3_PROBE = "layers.0.self_attn.q_norm.weight"  # Qwen3's per-head query norm: Qwen2.5's layers have none
 VISION_PREFIXES = ("visual.", "model.visual.")
@@ -29,7 +29,8 @@ def is_qwen3_vl_file(file: SafetensorsFile) -> bool:
 
 def vision_language_model(path: str | Path, tokenizer_dir: str | Path | None = None,
                           compute_dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                          fp8: str = "auto") -> VisionLanguageModel | None:
+                          fp8: str = "auto", caption_image: tuple[int, int] = (1024, 1024),
+                          caption_tokens: int = 0) -> VisionLanguageModel | None:
     """The Qwen3-VL of a 2.1 text encoder file, with its head and vision tower, on `device`; None when the file is not
     a Qwen3-VL text encoder (another package's, or no text encoder: the captioner says so)."""
     from .processor import build_processor
@@ -46,7 +47,8 @@ def vision_language_model(path: str | Path, tokenizer_dir: str | Path | None = N
     from .plan import real_parts21
 
     parts = real_parts21(lm_head=True)
-    fp8 = resolve_caption_fp8(fp8, device, parts)  # one byte kept where bf16 would not fit the GPU (planner/captioning.py)
+    # one byte kept where bf16 would not fit the GPU (planner/captioning.py); refused before loading where nothing fits
+    fp8 = resolve_caption_fp8(fp8, device, parts, holds_one_byte_linears(file), caption_image, caption_tokens)
     model = load_qwen3_vl_file(file.path, compute_dtype, fp8, placement=on_device(device), head=True)
     tokenizer = load_tokenizer(tokenizer_dir, file.path, model.config.text_config.vocab_size)
     return VisionLanguageModel(model=model, processor=build_processor(tokenizer, model.config.vision_config),

@@ -19,7 +19,7 @@ from ...core.errors import UserInputError
 from ...models.layouts import TEXT_ENCODER_PREFIXES, TEXT_ENCODER_PROBES, find_prefix
 from ...models.safetensors_file import SafetensorsFile
 from ...models.tokenizer import load_tokenizer
-from ...models.vision_language import VisionLanguageModel, on_device, stop_ids
+from ...models.vision_language import VisionLanguageModel, holds_one_byte_linears, on_device, stop_ids
 
 QWEN3_PROBE = "self_attn.q_norm.weight"  # a Qwen3 language model's (Qwen-Image 2.1's encoder): not this package's
 
@@ -40,7 +40,8 @@ QWEN25_VL_CHAT_TEMPLATE = (
 
 def vision_language_model(path: str | Path, tokenizer_dir: str | Path | None = None,
                           compute_dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                          fp8: str = "auto") -> VisionLanguageModel | None:
+                          fp8: str = "auto", caption_image: tuple[int, int] = (1024, 1024),
+                          caption_tokens: int = 0) -> VisionLanguageModel | None:
     """The Qwen2.5-VL of a 1.x text encoder file, with its head and vision tower, on `device`; None when the file is
     no Qwen2.5-VL text encoder (another package's, or no text encoder at all: the captioner says so)."""
     from ...models.text_encoder_file import TextEncoderFile
@@ -58,7 +59,8 @@ def vision_language_model(path: str | Path, tokenizer_dir: str | Path | None = N
     from ...planner.device import resolve_caption_fp8
 
     # the one-byte Linears kept where the bf16 model would not fit the GPU (planner/captioning.py)
-    fp8 = resolve_caption_fp8(fp8, device, qwen25_vl_parts())
+    fp8 = resolve_caption_fp8(fp8, device, qwen25_vl_parts(), holds_one_byte_linears(file), caption_image,
+                              caption_tokens)  # (refused here, before loading, where the plan does not fit the GPU)
     model = TextEncoderFile(file.path, compute_dtype, fp8, vision=True, head=True)(on_device(device))
     tokenizer = load_tokenizer(tokenizer_dir, file.path, model.config.text_config.vocab_size)
     processor = build_processor(tokenizer, model.config.vision_config)
