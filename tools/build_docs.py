@@ -16,7 +16,6 @@ pages do not depend on the models a machine holds.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import re
 import sys
@@ -26,7 +25,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
 
+from pack_import import load_pack  # noqa: E402
 from trainer_core.core.config import field_default, field_meta  # noqa: E402
 from trainer_core.runs.run_file import KEYS, SOURCE_NAMES, TABLES, Key  # noqa: E402
 from trainer_core.runs.run_file_help import OPT_IN_TABLES, _template_value  # noqa: E402
@@ -60,18 +61,6 @@ class Node:
     description: str
     inputs: tuple[Input, ...]
     outputs: tuple[tuple[str, str, str], ...]  # (name, type, tooltip)
-
-
-def load_pack():
-    """The repository imported as ComfyUI imports a custom node folder (tests/conftest.py's load_pack)."""
-    name = str(REPO).replace(".", "_x_")
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "__init__.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def read_nodes(pack) -> list[Node]:

@@ -16,7 +16,6 @@ the template browser's titles (WORKFLOWS); the pictures beside them come from to
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import textwrap
@@ -26,7 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "example_workflows"
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
 
+from pack_import import load_pack  # noqa: E402
 from trainer_core.families.comfyui_files import known_file  # noqa: E402
 from trainer_core.runs.demo import SHAPES_LEARNING_RATE, SHAPES_MICRO_BATCH  # noqa: E402
 
@@ -354,15 +355,6 @@ def note_size(text: str, width: int = NOTE_W) -> tuple[int, int]:
     columns = int((width - 20 - 4 - NOTE_SCROLLBAR_W) // NOTE_CHAR_W)
     lines = sum(max(1, len(textwrap.wrap(paragraph, columns))) for paragraph in text.split("\n"))
     return width, int(round((lines + 1) * NOTE_LINE_H + 4 + 22 + 5, -1))
-
-
-def load_pack():
-    name = str(REPO).replace(".", "_x_")
-    spec = importlib.util.spec_from_file_location(name, REPO / "__init__.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def input_types(cls_name: str, mappings) -> dict:
