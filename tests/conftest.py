@@ -35,6 +35,8 @@ ROOMS = ("house", "engine", "planner", "families", "captions", "canvas", "runs",
 for _room in ROOMS:
     if str(TESTS / _room) not in sys.path:
         sys.path.insert(0, str(TESTS / _room))
+sys.path.insert(0, str(REPO / "tools"))
+from pack_import import load_pack  # noqa: E402  (the pack imported as ComfyUI imports it: one definition, tools')
 
 # The example workflows by what they are for. Their file names are their titles in ComfyUI's template browser
 # (tools/build_workflows.py writes them; tests/canvas/test_workflows.py checks this table against it).
@@ -124,19 +126,6 @@ def frozen_before_each_module():
     gc.collect()
     gc.freeze()
     yield
-
-
-def load_pack():
-    """Import the repository as ComfyUI imports a custom node folder: from its __init__.py, under a
-    mangled module name (never as a top-level `nodes` package)."""
-    name = str(REPO).replace(".", "_x_")
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "__init__.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def pack_module(pack, dotted: str):
