@@ -31,6 +31,8 @@ import json
 import re
 from collections.abc import Iterable
 
+import torch
+
 from ..core.errors import UserInputError
 from .int8_convrot import INT8_FORMAT, rotation_group
 
@@ -46,6 +48,9 @@ COMFY_QUANT = ".comfy_quant"
 QUANTIZATION_METADATA = "_quantization_metadata"
 PER_TENSOR_FLOAT8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
 READ_FORMATS = (*PER_TENSOR_FLOAT8_FORMATS, INT8_FORMAT)
+# Entries that are not weights but preferences for how ComfyUI runs the model (ComfyUI #16419, #16831): left out.
+RUNTIME_SUFFIXES = (".comfy_attention.config",)
+FLOATING = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 
 # Most specific first: "model." would also match the start of "model.diffusion_model.".
 TRANSFORMER_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transformer.", "model.", "")
@@ -105,19 +110,58 @@ def strip_prefix(keys: Iterable[str], prefix: str) -> dict[str, str]:
     return {k[len(prefix):]: k for k in keys if k.startswith(prefix)}
 
 
+def is_runtime_entry(name: str) -> bool:
+    """Whether `name` is one of ComfyUI's runtime entries: not a weight, a preference for how ComfyUI runs the model
+    (`<module>.comfy_attention.config`, uint8 JSON naming an attention backend; comfy/ldm/modules/attention.py)."""
+    return name.endswith(RUNTIME_SUFFIXES)
+
+
+def runtime_entries(file, names: dict[str, str]) -> dict[str, dict]:
+    """Name -> the JSON of every runtime entry among `names` (name -> file key); an entry that is not JSON reads as
+    {} (it is left out either way: nothing here runs on it)."""
+    out = {}
+    for name, key in names.items():
+        if is_runtime_entry(name):
+            try:
+                value = json.loads(bytes(file.tensor(key).reshape(-1).tolist()).rstrip(b"\0").decode("utf-8"))
+            except (ValueError, TypeError):
+                value = {}
+            out[name] = value if isinstance(value, dict) else {}
+    return out
+
+
+def runtime_note(file, names: dict[str, str]) -> str | None:
+    """One line for the run's status naming what the file's runtime entries ask ComfyUI for (None: it has none), e.g.
+    "transformer file F asks ComfyUI for comfy_kitchen_int8 attention in 60 blocks; training uses standard attention"."""
+    entries = runtime_entries(file, names)
+    if not entries:
+        return None
+    asked: dict[str, int] = {}
+    for value in entries.values():
+        choice = value.get("attention")
+        choice = choice if isinstance(choice, str) else ", then ".join(map(str, choice)) if isinstance(
+            choice, list) else "a backend"
+        asked[choice] = asked.get(choice, 0) + 1
+    wants = "; ".join(f"{choice} attention in {n} {'block' if n == 1 else 'blocks'}" for choice, n in asked.items())
+    return (f"{file.part} file {file.path.name} asks ComfyUI for {wants}; training uses standard attention "
+            f"(the entries are left out of the model)")
+
+
 def split_scaled_fp8(names: dict[str, str], file=None) -> tuple[dict[str, str], dict[str, str]]:
     """Split (name -> file key) into (tensors, {weight name: file key of its scale}).
 
     A scale is `scale_weight` (ComfyUI's scaled-fp8 files) or `weight_scale` (ComfyUI 0.33+'s quantized
-    layers). The `scaled_fp8` marker, input scales and `comfy_quant` entries are dropped (see the module
-    docstring). Given the `SafetensorsFile`, layers quantized in a format other than per-tensor float8
-    are refused with a `UserInputError` naming the format.
+    layers). The `scaled_fp8` marker, input scales, `comfy_quant` entries and runtime entries
+    (`comfy_attention.config`: `is_runtime_entry`) are dropped (see the module docstring). Given the
+    `SafetensorsFile`, every quantized layer is checked (`check_quantised_layers`): a layer in a format not read
+    here, or one whose weight, scale, rotation or bias does not fit its declared format, is refused by name.
     """
     if file is not None:
-        check_quantization_formats(file, {n: k for n, k in names.items() if n.endswith(COMFY_QUANT)})
+        check_quantised_layers(file, names)
     tensors, scales = {}, {}
     for name, key in names.items():
-        if name in (SCALED_FP8_MARKER, EDIT_2511_MARKER) or name.endswith((SCALE_INPUT, INPUT_SCALE, COMFY_QUANT)):
+        if (name in (SCALED_FP8_MARKER, EDIT_2511_MARKER) or is_runtime_entry(name)
+                or name.endswith((SCALE_INPUT, INPUT_SCALE, COMFY_QUANT))):
             continue
         for suffix in (SCALE_WEIGHT, WEIGHT_SCALE):
             if name.endswith(suffix):
@@ -139,48 +183,173 @@ def refuse_nonfinite_scales(file, scales: dict) -> None:
                              "the file is damaged. Download it again, or choose the bf16 file.")
 
 
+def _damaged(file, detail: str) -> UserInputError:
+    return UserInputError(f"{file.part} file {file.path}: {detail}. The file is damaged or was not written by "
+                          f"ComfyUI's quantiser: download it again, or choose {same_model_files(file.path)}.")
+
+
+def _json_entry(file, key: str) -> dict:
+    raw = bytes(file.tensor(key).reshape(-1).tolist()).rstrip(b"\0")
+    try:
+        config = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _damaged(file, f"entry {key} is not JSON ({e})") from e
+    if not isinstance(config, dict):
+        raise _damaged(file, f"entry {key} holds {type(config).__name__} JSON, not an object naming a format")
+    return config
+
+
+def header_quantization(file) -> dict[str, dict]:
+    """File key of a layer (its weight's key less `.weight`) -> its config, from the header's `_quantization_metadata`
+    (`{"format_version": "1.0", "layers": {layer: {"format": ...}}}`); {} when the header has none."""
+    if QUANTIZATION_METADATA not in file.metadata:
+        return {}
+    try:
+        meta = json.loads(file.metadata[QUANTIZATION_METADATA])
+    except ValueError as e:
+        raise _damaged(file, f"the header's {QUANTIZATION_METADATA} is not JSON ({e})") from e
+    if not isinstance(meta, dict) or not isinstance(meta.get("layers", {}), dict):
+        raise _damaged(file, f"the header's {QUANTIZATION_METADATA} is not an object with a 'layers' object")
+    version = str(meta.get("format_version", "1.0"))
+    if version.split(".")[0] != "1":
+        raise UserInputError(
+            f"{file.part} file {file.path}: its header's {QUANTIZATION_METADATA} is format_version {version}; this pack "
+            f"reads version 1 (what ComfyUI writes). Choose {same_model_files(file.path)}.")
+    out = {}
+    for layer, conf in meta.get("layers", {}).items():
+        if not isinstance(conf, dict):
+            raise _damaged(file, f"the header's {QUANTIZATION_METADATA} entry of layer {layer} is not an object")
+        out[layer] = dict(conf)
+    return out
+
+
+def _same_config(a: dict, b: dict) -> bool:
+    """Whether two descriptions of one layer agree on what decides its reading: the format and, for int8, the rotation."""
+    if a.get("format") != b.get("format"):
+        return False
+    if a.get("format") == INT8_FORMAT:
+        try:
+            return rotation_group(a) == rotation_group(b)
+        except ValueError:
+            return False
+    return True
+
+
 def quantization_configs(file, names: dict[str, str] | None = None) -> dict[str, dict]:
     """Layer name -> its quantization config (the `comfy_quant` JSON, or the file's `_quantization_metadata` entry),
     for every quantized layer of `file`. `names` (name -> file key, e.g. without the file's prefix) names the layers;
-    by default their file keys. A `UserInputError` when an entry cannot be read."""
+    by default their file keys. A layer the two describe differently is refused by name; header entries for layers
+    outside `names` (another part of a checkpoint) are left to that part. A `UserInputError` when an entry cannot be
+    read."""
     names = {k: k for k in file.keys} if names is None else names
     name_of = {key: name for name, key in names.items()}
     configs: dict[str, dict] = {}
-    try:
-        if QUANTIZATION_METADATA in file.metadata:
-            for layer, conf in json.loads(file.metadata[QUANTIZATION_METADATA]).get("layers", {}).items():
-                weight = name_of.get(f"{layer}.weight", f"{layer}.weight")
-                configs[weight.removesuffix(".weight")] = dict(conf)
-        for name, key in names.items():
-            if name.endswith(COMFY_QUANT):
-                raw = bytes(file.tensor(key).tolist()).rstrip(b"\0")
-                configs[name[: -len(COMFY_QUANT)]] = dict(json.loads(raw.decode("utf-8")))
-    except (ValueError, AttributeError, TypeError) as e:
-        raise UserInputError(f"{file.part} file {file.path} has unreadable quantization entries ({e}): the file is "
-                             "damaged or not one of ComfyUI's. Download it again, or choose the bf16 file.") from e
+    for layer_key, conf in header_quantization(file).items():
+        weight = name_of.get(f"{layer_key}.weight")
+        if weight is not None:
+            configs[weight.removesuffix(".weight")] = conf
+    for name, key in names.items():
+        if name.endswith(COMFY_QUANT):
+            layer = name[: -len(COMFY_QUANT)]
+            conf = _json_entry(file, key)
+            if layer in configs and not _same_config(configs[layer], conf):
+                raise _damaged(file, f"layer {layer} is {conf} by its comfy_quant entry but {configs[layer]} by the "
+                                     f"header's {QUANTIZATION_METADATA}: the two disagree")
+            configs[layer] = conf
+    return configs
+
+
+# What a layer's weight is stored as, by its declared format (safetensors' dtype names).
+_WEIGHT_DTYPE = {INT8_FORMAT: "I8", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+_SCALE_DTYPES = ("F32", "F16", "BF16")
+
+
+def _check_layer(file, names: dict[str, str], layer: str, conf: dict) -> str | None:
+    """What is wrong with one quantised layer of a format read here (None: nothing). Header facts first (dtypes,
+    shapes, presence), then the scale's values (a few bytes a row)."""
+    fmt = conf["format"]
+    weight_key = names.get(f"{layer}.weight")
+    if weight_key is None:
+        return f"layer {layer} is declared {fmt} but the file holds no {layer}.weight"
+    stored = file.dtype_name(weight_key)
+    if stored != _WEIGHT_DTYPE[fmt]:
+        return f"layer {layer} is declared {fmt} but its weight is stored as {stored}, not {_WEIGHT_DTYPE[fmt]}"
+    shape = file.shapes[weight_key]
+    if fmt == INT8_FORMAT and len(shape) != 2:
+        return f"layer {layer} is declared {fmt} but its weight has shape {shape}, not (out, in)"
+    bias_key = names.get(f"{layer}.bias")
+    if bias_key is not None and file.dtype_name(bias_key) not in FLOATING:
+        return f"layer {layer}'s bias is stored as {file.dtype_name(bias_key)}: ComfyUI keeps biases in floating point"
+    if fmt == INT8_FORMAT:
+        try:
+            group = rotation_group(conf)
+        except ValueError as e:
+            return f"layer {layer} has {e} (ComfyUI writes powers of 4, 256 by default)"
+        if group and shape[1] % group:
+            return (f"layer {layer} has a ConvRot group of {group}, which does not divide its {shape[1]} input features "
+                    "(ComfyUI rotates only layers whose width the group divides)")
+    scale_key = names.get(f"{layer}{WEIGHT_SCALE}") or names.get(f"{layer}{SCALE_WEIGHT}")
+    if scale_key is None:
+        if fmt == INT8_FORMAT:
+            return f"layer {layer} is declared {fmt} but has no {layer}{WEIGHT_SCALE}: its int8 codes mean nothing alone"
+        return None  # a float8 weight without a scale is its own value (scale 1), as ComfyUI reads it
+    scale_dtype, scale_shape = file.dtype_name(scale_key), file.shapes[scale_key]
+    if scale_dtype not in _SCALE_DTYPES:
+        return f"layer {layer}'s weight scale is stored as {scale_dtype}, not as floating point (F32)"
+    per_row = fmt == INT8_FORMAT and scale_shape == (shape[0], 1)
+    if not (per_row or scale_shape in ((), (1,), (1, 1))):
+        wanted = f"() or ({shape[0]}, 1)" if fmt == INT8_FORMAT else "() (one scale per weight)"
+        return f"layer {layer}'s weight scale has shape {scale_shape}, not {wanted}: it would scale the wrong numbers"
+    scale = file.tensor(scale_key).float()
+    if not torch.isfinite(scale).all():
+        return f"layer {layer}'s weight scale holds NaN or inf"
+    if (scale < 0).any():
+        return f"layer {layer}'s weight scale is negative"
+    if not scale.any():
+        return f"layer {layer}'s weight scale is all zero: every weight of the layer would be 0"
+    return None
+
+
+def check_quantised_layers(file, names: dict[str, str]) -> dict[str, dict]:
+    """Check every quantised layer of `file` among `names` (name -> file key) when the file is read, before anything
+    trains; return layer name -> its config. Refused, naming the file, the layer and what is wrong: a format not read
+    here (READ_FORMATS; the message names the files to choose), a weight stored in another dtype than its format's, a
+    missing or misshapen int8 scale ((out, 1) or a scalar; a (1, out) one would scale columns), a scale not finite,
+    negative or all zero, a ConvRot group that is not a power of 4 or does not divide the layer's input width, a bias
+    not in floating point. A layer quantised in one block and not the next is read as it is: ComfyUI's mixed files
+    (fp8mixed) keep some layers in bf16 on purpose. Checked once per file and names."""
+    cache = file.__dict__.setdefault("_checked_quantised", {})
+    token = tuple(sorted(names.items()))
+    if token in cache:
+        return cache[token]
+    configs = quantization_configs(file, names)
+    other = {layer: conf.get("format") for layer, conf in configs.items() if conf.get("format") not in READ_FORMATS}
+    if other:
+        layer, fmt = next(iter(sorted(other.items())))
+        raise UserInputError(
+            f"{file.part} file {file.path} has {len(other)} layers quantized as {sorted({str(f) for f in other.values()})} "
+            f"(first: layer {layer}, format {fmt!r}), a format ComfyUI reads but this pack does not (it reads bf16, "
+            f"float8 with one scale per weight, and int8 / int8 ConvRot). Choose {same_model_files(file.path)}.")
+    problems = [p for layer, conf in sorted(configs.items()) if (p := _check_layer(file, names, layer, conf))]
+    if problems:
+        more = f" ({len(problems) - 1} more layers are damaged too)" if len(problems) > 1 else ""
+        raise _damaged(file, problems[0] + more)
+    cache[token] = configs
     return configs
 
 
 def int8_weights(file, names: dict[str, str]) -> dict[str, int]:
     """Weight name -> the ConvRot group of its rotation (0: none) for every int8 layer of `file` (names as in
-    `quantization_configs`). A bad group is refused."""
-    out = {}
-    for layer, conf in quantization_configs(file, names).items():
-        if conf.get("format") == INT8_FORMAT:
-            try:
-                out[f"{layer}.weight"] = rotation_group(conf)
-            except ValueError as e:
-                raise UserInputError(f"{file.part} file {file.path}: layer {layer} {e}; ComfyUI writes powers of 4 "
-                                     "(256). The file is damaged or not one of ComfyUI's.") from e
-    return out
+    `quantization_configs`), each layer checked (`check_quantised_layers`)."""
+    return {f"{layer}.weight": rotation_group(conf) for layer, conf in check_quantised_layers(file, names).items()
+            if conf.get("format") == INT8_FORMAT}
 
 
 def check_quantization_formats(file, quant_keys: dict[str, str]) -> None:
-    """Refuse a file whose quantized layers (`comfy_quant` entries or `_quantization_metadata`) are not all
-    per-tensor float8 or int8 (READ_FORMATS): their scales mean something else, and reading them as one number per
-    tensor or row would be wrong. The message names the format and the same model's files to choose instead."""
-    formats = {layer: conf.get("format") for layer, conf in quantization_configs(file, quant_keys).items()}
-    other = sorted({str(f) for f in formats.values() if f not in READ_FORMATS})
+    """Refuse a file whose quantized layers are not all in a format read here (kept for callers that hold only the
+    `comfy_quant` keys; `check_quantised_layers` checks more)."""
+    configs = quantization_configs(file, quant_keys)
+    other = sorted({str(c.get("format")) for c in configs.values() if c.get("format") not in READ_FORMATS})
     if other:
         raise UserInputError(
             f"{file.part} file {file.path} has layers quantized as {other}, a format ComfyUI reads but this pack "

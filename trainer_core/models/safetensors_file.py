@@ -119,6 +119,10 @@ class SafetensorsFile:
     def dtype(self, name: str) -> torch.dtype:
         return _DTYPES[self._handle.get_slice(name).get_dtype()]
 
+    def dtype_name(self, name: str) -> str:
+        """Tensor `name`'s dtype as the header spells it ("I8", "F8_E4M3", "BF16", ...)."""
+        return self._handle.get_slice(name).get_dtype()
+
     def require_floating(self, names: Iterable[str], int8_ok: Iterable[str] = ()) -> None:
         """Refuse the file when a weight among `names` (file keys) is not stored as floating-point numbers, except
         the int8 weights `int8_ok` (file keys of the layers ComfyUI's `comfy_quant` entries declare int8, whose
