@@ -82,6 +82,18 @@ class LoraFile:
     alpha: float  # scale = alpha / rank
     weights: dict[str, tuple[torch.Tensor, torch.Tensor]]  # module -> (A (rank, in), B (out, rank)), B as trained
     metadata: dict[str, str] = field(default_factory=dict)
+    # Keys that set how ComfyUI runs a module (`<module>.config`, uint8 JSON, e.g. a turbo LoRA's attention; ComfyUI
+    # #16880): read, named in the run's status, not trained and not written into our saves.
+    runtime_entries: tuple[str, ...] = ()
+
+    @property
+    def runtime_note(self) -> str | None:
+        if not self.runtime_entries:
+            return None
+        n = len(self.runtime_entries)
+        return (f"LoRA file {self.path.name} carries {n} ComfyUI runtime {'entry' if n == 1 else 'entries'} (first: "
+                f"{self.runtime_entries[0]}): training uses standard attention, and the LoRAs saved here leave "
+                f"{'it' if n == 1 else 'them'} out (ComfyUI loads them with no key left over)")
 
     @property
     def targets(self) -> list[str]:

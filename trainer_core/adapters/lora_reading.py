@@ -120,6 +120,8 @@ def _file_alpha(path: Path, key: str, tensor: torch.Tensor) -> float:
 
 
 _PART_NAMES = {"A": "lora_A", "B": "lora_B", "alpha": "alpha"}
+# A LoRA key ending so sets how ComfyUI runs its module (uint8 JSON; ComfyUI #16880, for turbo LoRAs): no LoRA tensor.
+RUNTIME_CONFIG_SUFFIX = ".config"
 
 
 def _first(names: list[str], n: int = 3) -> str:
@@ -135,7 +137,8 @@ def read_lora_file(path: str | Path, model: nn.Module | None = None) -> LoraFile
     plain LoRA, non-floating-point weights (integer or bool tensors are no trained LoRA: a damaged file or
     another kind of file, and reading their values as weights would be silently wrong; float8, float16,
     bfloat16, float32 and float64 are read), NaN or inf anywhere, a module present twice (in two layouts),
-    rank 0, and alphas that are not one positive finite number."""
+    rank 0, and alphas that are not one positive finite number. Keys ending in `.config` (how ComfyUI should run a
+    module: a turbo LoRA's attention) are no weights: named in `runtime_entries` and left out."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path).expanduser()
@@ -158,7 +161,10 @@ def read_lora_file(path: str | Path, model: nn.Module | None = None) -> LoraFile
     layouts: set[str] = set()
     fused_linears = architecture_of(model).fused_linears if model is not None else {}
     kohya = kohya_names(linear_modules(model), fused_linears) if model is not None else None
+    runtime = tuple(sorted(k for k in tensors if k.endswith(RUNTIME_CONFIG_SUFFIX)))
     for key, tensor in tensors.items():
+        if key in runtime:  # how ComfyUI should run a module (a turbo LoRA's attention): not a weight
+            continue
         split = _split_key(key, kohya)
         if split is None:
             raise UserInputError(f"LoRA file {path} has key {key}, which is no LoRA tensor (expected "
@@ -227,7 +233,8 @@ def read_lora_file(path: str | Path, model: nn.Module | None = None) -> LoraFile
                              "positive finite numbers. Fix the metadata or choose another LoRA file.")
     weights = {m: (p["A"], p["B"] if b_scale == 1.0 else (p["B"].float() / b_scale)) for m, p in parts.items()}
     layout = sorted(layouts)[0] if len(layouts) == 1 else "mixed"
-    return LoraFile(path=path, layout=layout, rank=rank, alpha=alpha, weights=weights, metadata=metadata)
+    return LoraFile(path=path, layout=layout, rank=rank, alpha=alpha, weights=weights, metadata=metadata,
+                    runtime_entries=runtime)
 
 
 def linear_modules(transformer: nn.Module) -> dict[str, nn.Linear]:

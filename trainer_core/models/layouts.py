@@ -345,19 +345,6 @@ def int8_weights(file, names: dict[str, str]) -> dict[str, int]:
             if conf.get("format") == INT8_FORMAT}
 
 
-def check_quantization_formats(file, quant_keys: dict[str, str]) -> None:
-    """Refuse a file whose quantized layers are not all in a format read here (kept for callers that hold only the
-    `comfy_quant` keys; `check_quantised_layers` checks more)."""
-    configs = quantization_configs(file, quant_keys)
-    other = sorted({str(c.get("format")) for c in configs.values() if c.get("format") not in READ_FORMATS})
-    if other:
-        raise UserInputError(
-            f"{file.part} file {file.path} has layers quantized as {other}, a format ComfyUI reads but this pack "
-            f"does not (it reads bf16, float8 with one scale per weight or row, and int8 / int8 ConvRot). Choose "
-            f"{same_model_files(file.path)}."
-        )
-
-
 # ComfyUI's file names end in the storage format (qwen_image_2.1_int8_convrot, qwen_image_edit_2511_fp8mixed).
 _FORMAT_SUFFIX = re.compile(r"[._-](bf16|fp16|fp32|fp8_e4m3fn(_scaled)?|fp8_?mixed|fp8_scaled|int8_convrot|int8|nvfp4"
                             r"(_mixed)?|mxfp8(_mixed)?|w4a8(_\w+)?|w4a4(_\w+)?|int4(_\w+)?)$", re.IGNORECASE)

@@ -29,6 +29,7 @@ from .layouts import (
     detect_layout,
     int8_weights,
     refuse_nonfinite_scales,
+    runtime_note,
     split_scaled_fp8,
     strip_prefix,
 )
@@ -106,6 +107,8 @@ class TransformerFile:
         names = strip_prefix(file.keys, prefix)
         self.names, self.scale_keys = split_scaled_fp8(names, file)
         self.int8 = int8_weights(file, names)  # weight name -> ConvRot group (0: none)
+        # What the file's comfy_attention.config entries ask ComfyUI for (left out of the model), for the run's status.
+        self.runtime_note = runtime_note(file, names)
         file.require_floating([*self.names.values(), *self.scale_keys.values()],
                               int8_ok=[self.names[n] for n in self.int8 if n in self.names])
         self.config = transformer_config({n: file.shapes[k] for n, k in self.names.items()}, file.sidecar_config(),

@@ -149,7 +149,9 @@ def build(components, dataset, decided: Decided, optimizer_cfg: OptimizerConfig,
             transformer, device, checkpointing=train.gradient_checkpointing,
             placement=placement if swap.blocks_to_swap else None,
             fp8_activations=train.fp8_activations, compile_float8=train.compile_float8, host_copy=host_copy)
-        notes = [runner.swapper.pinned_status if runner.swapper is not None else None, runner.fp8_status]
+        notes = [runner.swapper.pinned_status if runner.swapper is not None else None, runner.fp8_status,
+                 getattr(components.transformer_source, "runtime_note", None),  # the file's attention preferences
+                 decided.init_lora.runtime_note if decided.init_lora is not None else None]
         if host_copy is not None and runner.swapper is None:
             notes.append(f"host copy: {host_copy.status}")
         if train.compile_float8:

@@ -33,6 +33,7 @@ from ...models.layouts import (
     find_prefix,
     int8_weights,
     refuse_nonfinite_scales,
+    runtime_note,
     split_scaled_fp8,
     strip_prefix,
 )
@@ -109,6 +110,8 @@ class QwenImage21TransformerFile:
         stripped = strip_prefix(file.keys, prefix)
         tensors, scale_keys = split_scaled_fp8(stripped, file)
         int8 = int8_weights(file, stripped)  # the file's weight name -> ConvRot group (0: none)
+        # What the file's comfy_attention.config entries ask ComfyUI for (left out of the model), for the run's status.
+        self.runtime_note = runtime_note(file, stripped)
         file.require_floating([*tensors.values(), *scale_keys.values()], int8_ok=[tensors[n] for n in int8 if n in tensors])
         self.keys = tensors  # the file's name (prefix stripped) -> its key
         self.mlp_layout = "fused" if any(f".{FUSED_MLP}." in n for n in tensors) else "split"
