@@ -90,3 +90,35 @@ def linear_weights_of(model: torch.nn.Module, prefix: str = "", skip=()) -> set[
     `skip`."""
     return {f"{prefix}{name}.weight" for name, m in model.named_modules()
             if isinstance(m, torch.nn.Linear) and not any(s in name for s in skip)}
+
+
+# ComfyUI's other layouts (comfy/quant_ops.py QUANT_ALGOS), by the `comfy_quant` format a layer names -> (comfy-kitchen's
+# layout class, its quantiser's arguments, the JSON ComfyUI writes beside the layer). awq_w4a16 needs calibration
+# comfy-kitchen does not do offline: its layer is written in its stored shapes (int8 codes, scales and zeros).
+KITCHEN_LAYOUTS = {
+    "float8_e4m3fn": ("TensorCoreFP8Layout", {}, {"format": "float8_e4m3fn"}),
+    "nvfp4": ("TensorCoreNVFP4Layout", {}, {"format": "nvfp4"}),
+    "mxfp8": ("TensorCoreMXFP8Layout", {}, {"format": "mxfp8"}),
+    "convrot_w4a4": ("TensorCoreConvRotW4A4Layout", {"convrot_groupsize": 16},
+                     {"format": "convrot_w4a4", "convrot_groupsize": 16}),
+    "asym_w4a8_int8": ("AsymW4A8Int8Layout", {"group_size": 16, "convrot_groupsize": 16},
+                       {"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 16}),
+    "awq_w4a16": (None, {}, {"format": "awq_w4a16", "group_size": 64}),
+}
+
+
+def kitchen_layer(key: str, weight: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
+    """The tensors of ComfyUI's layer `key` (`<P>.weight`) quantised as `fmt` (KITCHEN_LAYOUTS) by comfy-kitchen, with
+    its `comfy_quant` entry."""
+    from comfy_kitchen.tensor import QuantizedTensor
+
+    layout, params, config = KITCHEN_LAYOUTS[fmt]
+    layer = key[: -len("weight")]
+    if layout is None:  # awq_w4a16: 4-bit codes packed two a byte, a scale and a zero per group of 64 inputs
+        out, k = weight.shape
+        tensors = {key: torch.zeros(out, k // 2, dtype=torch.int8),
+                   f"{layer}weight_scale": torch.ones(out, max(1, k // 64), dtype=torch.float16),
+                   f"{layer}weight_zero": torch.zeros(out, max(1, k // 64), dtype=torch.float16)}
+    else:
+        tensors = QuantizedTensor.from_float(weight.float(), layout, **params).state_dict(key)
+    return {**{k: v.contiguous() for k, v in tensors.items()}, f"{layer}comfy_quant": comfy_quant(config)}

@@ -327,9 +327,10 @@ def check_quantised_layers(file, names: dict[str, str]) -> dict[str, dict]:
     if other:
         layer, fmt = next(iter(sorted(other.items())))
         raise UserInputError(
-            f"{file.part} file {file.path} has {len(other)} layers quantized as {sorted({str(f) for f in other.values()})} "
-            f"(first: layer {layer}, format {fmt!r}), a format ComfyUI reads but this pack does not (it reads bf16, "
-            f"float8 with one scale per weight, and int8 / int8 ConvRot). Choose {same_model_files(file.path)}.")
+            f"{file.part} file {file.path} has layers quantized as {sorted({str(f) for f in other.values()})} "
+            f"({len(other)} layers; first: layer {layer}, format {fmt!r}), a format ComfyUI reads but this pack does not "
+            f"(it reads bf16, float8 with one scale per weight, and int8 / int8 ConvRot). Choose "
+            f"{same_model_files(file.path)}.")
     problems = [p for layer, conf in sorted(configs.items()) if (p := _check_layer(file, names, layer, conf))]
     if problems:
         more = f" ({len(problems) - 1} more layers are damaged too)" if len(problems) > 1 else ""
@@ -347,7 +348,8 @@ def int8_weights(file, names: dict[str, str]) -> dict[str, int]:
 
 # ComfyUI's file names end in the storage format (qwen_image_2.1_int8_convrot, qwen_image_edit_2511_fp8mixed).
 _FORMAT_SUFFIX = re.compile(r"[._-](bf16|fp16|fp32|fp8_e4m3fn(_scaled)?|fp8_?mixed|fp8_scaled|int8_convrot|int8|nvfp4"
-                            r"(_mixed)?|mxfp8(_mixed)?|w4a8(_\w+)?|w4a4(_\w+)?|int4(_\w+)?)$", re.IGNORECASE)
+                            r"(_mixed)?|mxfp8(_mixed)?|(asym_)?w4a8(_\w+)?|(convrot_)?w4a4(_\w+)?|(awq_)?w4a16|int4(_\w+)?)$",
+                            re.IGNORECASE)
 
 
 def same_model_files(path) -> str:
