@@ -137,3 +137,13 @@ def test_control_characters_the_model_writes_are_left_out_of_the_caption():
 
     answer = "a \x1b[31mred\x00 circle\u2028on\u2029a mat\x85"
     assert finish_caption(answer, CaptionConfig(trigger="ohwx")) == "ohwx, a [31mred circle on a mat"
+
+
+def test_a_folder_where_a_caption_goes_is_refused_before_the_model_loads_when_overwriting(tmp_path):
+    from trainer_core.captions.folder import caption_dataset
+
+    folder = folder_of(tmp_path, "a.png", "b.png")
+    (folder / "b.txt").mkdir()
+    with pytest.raises(UserInputError, match=r"b\.txt is a folder where b\.png's caption file goes: rename or move it"):
+        caption_dataset(CaptionConfig(folder=str(folder), overwrite=True), text_encoder=tmp_path / "absent.safetensors")
+    assert not (folder / "a.txt").exists()

@@ -139,3 +139,11 @@ def test_a_run_file_with_only_a_21_transformer_is_asked_for_the_folder_which_alo
     with pytest.raises(UserInputError, match="reads model files but text_encoder, vae are not set"):
         parse_run_tables(run_file_tables(tiny_files["transformer_bf16"],
                                          demo_folder), tmp_path)
+
+
+def test_a_text_to_image_diffusers_folder_in_load_edit_is_refused(tmp_path):
+    folder = get_family("qwen-image").export_tiny(tmp_path / "t2i", layout="diffusers")["diffusers_folder"]
+    with pytest.raises(UserInputError, match=rf"diffusers folder {folder} is text-to-image Qwen-Image .* load this one "
+                                             r"with the Load Qwen-Image node"):
+        load_model_set(LoadRequest(DIFFUSERS, "cpu", storage="float32", compute_dtype="float32",
+                                   diffusers_folder=str(folder), edit=True))

@@ -122,6 +122,10 @@ CAPTION_LEFTOVER = r".+\.txt(\.bak[0-9]*)?"
 def check_writable(folder: Path, images: list[Path]) -> None:
     """Refuse, before the model loads, a folder the captions cannot be written into: a temporary file named as the
     first caption's would be (core/files.temp_path) is made and removed; its error names the folder and the fix."""
+    for image in images:  # (an existing caption is read and backed up, then replaced: a folder cannot be)
+        if caption_path(image).is_dir():
+            raise UserInputError(f"{caption_path(image)} is a folder where {image.name}'s caption file goes: rename or "
+                                 "move it, and run again. No caption was written and the model was not loaded.")
     probe = temp_path(caption_path(images[0]))
     try:
         with open(probe, "wb"):  # (this process' own temporary name: nobody else writes it)
