@@ -4,6 +4,7 @@ a field with its help and range, checked once when made. config.py re-exports th
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 from .choices import (
@@ -28,8 +29,6 @@ from .fields import _check_choice, _check_range, _f, choices
 def control_character(text: str, allowed: str = "") -> tuple[int, str] | None:
     """(position, character) of `text`'s first control character (Unicode's Cc: NUL, ESC, DEL, C1; the line and
     paragraph separators U+2028, U+2029) not in `allowed`, or None."""
-    import unicodedata
-
     for i, ch in enumerate(text):
         if ch not in allowed and unicodedata.category(ch) in ("Cc", "Zl", "Zp"):
             return i, ch
