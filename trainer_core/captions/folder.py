@@ -6,7 +6,11 @@ files left out), less what is not a training target: loss masks (`name_mask.png`
 its `control/` subfolder is not looked in). An image with a caption keeps it unless `overwrite` is on; then its old
 caption is first copied to `name.txt.bak` (`name.txt.bak2`, `.bak3`, ... when that exists: a backup is never
 overwritten either), so a caption a person wrote is always on disk somewhere. Every file is written atomically
-(core/files.py): an interrupt or a full disk leaves the old caption or the new one, never half of one.
+(core/files.py): an interrupt or a full disk leaves the old caption or the new one, never half of one; what a
+killed run leaves behind (`.name.txt.PID.tmp`, its process gone) the next run clears, and nothing else.
+
+Before the model loads, the folder is checked: two images of one name (`a.png`, `a.jpg`: one `a.txt` would caption
+both) are refused by name, and so is a folder the captions cannot be written into (read-only, no permission).
 
 With the `edit` style the folder is an Edit Dataset's (data/edit_dataset.py's convention): each target is shown to the
 model after its control images (name_control.png, name_control_2.png, ... or control/name.png), and its caption is
@@ -26,7 +30,7 @@ from pathlib import Path
 from ..core.command_config import GREEDY
 from ..core.config import CaptionConfig, DatasetConfig
 from ..core.errors import UserInputError
-from ..core.files import write_bytes_atomic
+from ..core.files import remove_leftovers, temp_path, write_bytes_atomic, write_error
 from ..data.edit_dataset import find_controls, is_control_file
 from ..data.images import IMAGE_EXTENSIONS, decode_caption, open_image, read_file
 from ..data.masks import is_mask_name
@@ -91,7 +95,44 @@ def dataset_images(folder: str | Path) -> list[Path]:
     if not targets:
         raise UserInputError(f"dataset folder {root} has no images to caption ({', '.join(IMAGE_EXTENSIONS)}; mask and "
                              "control images are not captioned): add the training images.")
+    check_one_image_per_name(root, targets)
     return targets
+
+
+def check_one_image_per_name(root: Path, images: list[Path]) -> None:
+    """Refuse two images whose captions would be one file (`a.png` and `a.jpg` -> `a.txt`; `a.png` and `A.jpg` too,
+    which are one caption on Windows' and macOS' disks): one caption would describe the other picture."""
+    by_name: dict[str, list[Path]] = {}
+    for image in images:
+        by_name.setdefault(caption_path(image).name.casefold(), []).append(image)
+    shared = [names for names in by_name.values() if len(names) > 1]
+    if shared:
+        pairs = "; ".join(" and ".join(p.name for p in names) + f" -> {caption_path(names[0]).name}" for names in shared)
+        other = shared[0][-1]
+        raise UserInputError(
+            f"dataset folder {root} has images that share one caption file ({pairs}): one caption cannot describe "
+            f"both pictures. Rename all but one of each (e.g. {other.name} -> {other.stem}_2{other.suffix}) and run "
+            "again; nothing was written.")
+
+
+# What this module's writes leave when the process is killed: `.NAME.PID.tmp` for NAME a caption or its backup.
+CAPTION_LEFTOVER = r".+\.txt(\.bak[0-9]*)?"
+
+
+def check_writable(folder: Path, images: list[Path]) -> None:
+    """Refuse, before the model loads, a folder the captions cannot be written into: a temporary file named as the
+    first caption's would be (core/files.temp_path) is made and removed; its error names the folder and the fix."""
+    for image in images:  # (an existing caption is read and backed up, then replaced: a folder cannot be)
+        if caption_path(image).is_dir():
+            raise UserInputError(f"{caption_path(image)} is a folder where {image.name}'s caption file goes: rename or "
+                                 "move it, and run again. No caption was written and the model was not loaded.")
+    probe = temp_path(caption_path(images[0]))
+    try:
+        with open(probe, "wb"):  # (this process' own temporary name: nobody else writes it)
+            pass
+        probe.unlink()
+    except OSError as e:
+        raise write_error(e, "captions", folder, "No caption was written and the model was not loaded.") from None
 
 
 def needs_caption(image: Path, overwrite: bool) -> bool:
@@ -146,6 +187,7 @@ def caption_folder(vlm, settings: CaptionConfig, stop: Callable[[], bool] | None
     images = dataset_images(settings.folder)
     before = shown_with(settings, images)
     report = CaptionReport(folder=Path(settings.folder).expanduser().absolute(), total=len(images))
+    remove_leftovers(report.folder, names=CAPTION_LEFTOVER)  # a killed run's (its process gone), never anyone else's
     instruction = instruction_text(settings)
     decoding = Decoding(max_new_tokens=max_new_tokens(settings), seed=settings.sampling_seed,
                         min_new_tokens=min_new_tokens)
@@ -221,9 +263,12 @@ def caption_dataset(settings: CaptionConfig, text_encoder: str | Path, tokenizer
     not loaded at all when every image keeps its caption."""
     from .model import vision_language_model
 
-    shown_with(settings, dataset_images(settings.folder))  # an edit target without its control: refused before loading
-    if not images_needing_captions(settings):
+    images = dataset_images(settings.folder)  # two images of one name: refused before loading
+    shown_with(settings, images)  # an edit target without its control: refused before loading
+    pending = images_needing_captions(settings)
+    if not pending:
         return caption_folder(None, settings, stop, progress)
+    check_writable(Path(settings.folder).expanduser().absolute(), pending)
     side = settings.image_side
     with vision_language_model(text_encoder, tokenizer_dir, device, compute_dtype, settings.text_encoder_fp8,
                                (side, side), max_new_tokens(settings)) as vlm:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from ..core.choices import CAPTION_STYLES
+from ..core.command_config import control_character
 from ..core.config import CaptionConfig
 
 TRIGGER = "{trigger}"
@@ -75,8 +76,9 @@ def finish_caption(answer: str, settings: CaptionConfig) -> str:
 
 
 def _one_paragraph(answer: str) -> str:
-    """Whitespace runs (line breaks too) made single spaces; a quoted answer unquoted."""
-    text = " ".join(answer.split())
+    """Whitespace runs (line breaks, U+2028 too) made single spaces, other control characters (NUL, ESC: a model
+    may write them, no caption should hold them) left out; a quoted answer unquoted."""
+    text = " ".join("".join(ch for ch in answer if ch.isspace() or control_character(ch) is None).split())
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
         text = text[1:-1].strip()
     return text

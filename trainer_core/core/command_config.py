@@ -4,6 +4,7 @@ a field with its help and range, checked once when made. config.py re-exports th
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 from .choices import (
@@ -23,6 +24,15 @@ from .choices import (
 )
 from .errors import UserInputError
 from .fields import _check_choice, _check_range, _f, choices
+
+
+def control_character(text: str, allowed: str = "") -> tuple[int, str] | None:
+    """(position, character) of `text`'s first control character (Unicode's Cc: NUL, ESC, DEL, C1; the line and
+    paragraph separators U+2028, U+2029) not in `allowed`, or None."""
+    for i, ch in enumerate(text):
+        if ch not in allowed and unicodedata.category(ch) in ("Cc", "Zl", "Zp"):
+            return i, ch
+    return None
 
 
 @dataclass
@@ -393,3 +403,13 @@ class CaptionConfig:
         for name in ("trigger", "avoid"):
             if "\n" in getattr(self, name) or "\r" in getattr(self, name):
                 raise UserInputError(f"{name}={getattr(self, name)!r} has a line break: write it on one line.")
+        # Refused rather than stripped: the trigger is written into every caption, and a word the user cannot see
+        # (ESC, NUL, a Unicode line separator pasted from elsewhere) would train a token nobody can type.
+        for name, allowed in (("trigger", ""), ("avoid", ""), ("instruction", "\n\r\t")):
+            found = control_character(getattr(self, name), allowed)
+            if found is not None:
+                position, character = found
+                raise UserInputError(
+                    f"{name}={getattr(self, name)[:60]!r} has the control character {character!r} (U+{ord(character):04X}) "
+                    f"at position {position}: it would be written into every caption, unseen. Type the {name} again "
+                    "without it (plain letters, digits, spaces and punctuation).")

@@ -117,6 +117,13 @@ def has_transparency(img: Image.Image) -> bool:
     return img.mode in ALPHA_MODES or "transparency" in img.info
 
 
+def has_transparent_pixels(data: bytes, path: Path) -> bool:
+    """Whether the image file's bytes hold a pixel that is not fully opaque. An RGBA (or palette, or colour-keyed)
+    file whose every pixel is opaque has an alpha channel and no transparency: it decodes to the same RGB either way."""
+    img, _tag = decode_image(data, path, keep_alpha=True, allow_large_images=True)
+    return img.mode == "RGBA" and img.getchannel("A").getextrema()[0] < 255
+
+
 def _fully_transparent(img: Image.Image) -> bool:
     if img.mode in GREY_HIGH_MODES:  # a colour key only
         return bool(np.all(np.asarray(img) == img.info.get("transparency")))

@@ -149,7 +149,12 @@ class ModelFamily:
 
     def check_transparency(self, samples: list) -> None:
         """Refuse a dataset set to keep transparency (`transparency = "keep"`) that holds a transparent image (or
-        control image) when this family's VAE encodes RGB only: the user asked for what the model cannot learn."""
+        control image) when this family's VAE encodes RGB only: the user asked for what the model cannot learn. Only a
+        picture with a pixel that is not opaque is transparent: an RGBA file opaque everywhere (many exporters write
+        one) is the same picture flattened, and trains as it is."""
+        from ..data.decoding import has_transparent_pixels
+        from ..data.images import read_file
+
         if self.keeps_transparency:
             return
         for s in samples:
@@ -157,7 +162,8 @@ class ModelFamily:
                 continue
             kept = [(s.image_path, s.decode), *((c.path, c.decode) for c in
                                                  (s.controls if isinstance(s, EditSample) else ()))]
-            found = next((path for path, decode in kept if decode.startswith("alpha")), None)
+            found = next((path for path, decode in kept if decode.startswith("alpha")
+                          and has_transparent_pixels(read_file(Path(path)), Path(path))), None)
             if found is not None:
                 name = Path(found).name
                 raise UserInputError(

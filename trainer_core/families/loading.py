@@ -5,6 +5,13 @@ found their own way: ComfyUI's model folders, or the run file's), and `load_mode
 package in turn (`registry.packages()`: those that recognise their own files first, the ones that take whatever is
 left last). A package's `load(request)` returns its model set, or None when the request names files or a folder that
 are not its own; it decides the text encoder's fp8 'auto' for the device itself, with its own parts' sizes.
+
+Before any package loads, two checks, so that a file never trains as something it is not:
+- every model file chosen is opened (its header): a file cut short or damaged is named as such here, before a family
+  guesses from its keys (a cut 2.1 file once read as "not 2.1", then as Qwen-Image asking for a 1.x text encoder);
+- each package may say, through `misplaced(request)`, that the request names one of its own members where the node
+  asking cannot train it (an Edit-2511 transformer in the text-to-image Load node, a Layered one in Load Edit): the
+  message names the member and the node or setting that trains it.
 """
 
 from __future__ import annotations
@@ -62,8 +69,39 @@ class LoadRequest:
                                      f"choose one{': ' + hint if hint else ''}.")
 
 
+def missing_with_file(transformer: Path) -> str | None:
+    """What the family of `transformer` (a file) says a request naming only it must add, or None (the usual: the
+    text encoder and VAE files). The first package that knows the file answers."""
+    for package in packages():
+        advice = getattr(package, "missing_with_file", None)
+        said = advice(transformer) if advice is not None else None
+        if said:
+            return said
+    return None
+
+
+def check_files_readable(request: LoadRequest) -> None:
+    """Open the header of every model file `request` names (a missing one is its loader's to name): one cut short or
+    damaged is refused here, as such (models/safetensors_file.py's message)."""
+    from ..models.safetensors_file import SafetensorsFile
+    from ..models.source import FILES
+
+    if request.source != FILES:
+        return
+    for part in ("transformer", "text_encoder", "vae"):
+        path = getattr(request, part)
+        if path is not None and path.is_file():
+            SafetensorsFile(path, part.replace("_", " "))
+
+
 def load_model_set(request: LoadRequest):
-    """The model set `request` names, of the family whose package takes it."""
+    """The model set `request` names, of the family whose package takes it (module docstring: the checks first)."""
+    check_files_readable(request)
+    for package in packages():
+        misplaced = getattr(package, "misplaced", None)
+        why = misplaced(request) if misplaced is not None else None
+        if why:
+            raise UserInputError(why)
     for package in packages():
         components = package.load(request)
         if components is not None:

@@ -6,6 +6,10 @@ imports no family (and no torch). A family lives in one package (or module) of i
     FAMILIES   {name: ModelFamily}: its families, by the names it is registered with
     load       (request: loading.LoadRequest) -> a model set of one of its families, or None when the request names
                files or a folder that are not its own (see `families.loading`)
+    missing_with_file  (optional; transformer path) -> what a request naming only that transformer file must add,
+               when the file is its own and the text encoder and VAE files are not what it lacks; else None
+    misplaced  (optional; request) -> a message when the request names one of its members where the node asking
+               cannot train it (the member, and the node or setting that trains it), else None
 
 and, where its text encoder file is a whole vision-language model it can generate words with (captioning,
 trainer_core/captions):

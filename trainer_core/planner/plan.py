@@ -179,6 +179,10 @@ class PlanInputs:
         if self.caption_storage not in choices(PlanConfig, "text_encoder_storage"):
             raise UserInputError(f"caption_storage={self.caption_storage!r}: expected one of "
                                  f"{list(choices(PlanConfig, 'text_encoder_storage'))}")
+        for name in ("text_encoder_streamed", "vision_streamed"):  # (None: the planner chooses the decoder's)
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise UserInputError(f"{name}={getattr(self, name)}: the layers of the text encoder streamed from host "
+                                     "memory while caching are 0 (none) or more, not negative")
         if min(self.preview_width, self.preview_height) < 1 or self.staging_bytes < 0:
             raise UserInputError("preview_width and preview_height must be positive, staging_bytes not negative")
         from ..core.config import SAVE_DTYPES

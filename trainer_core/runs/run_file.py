@@ -375,6 +375,12 @@ def _model(settings: dict[str, Any], where: str) -> LoadConfig:
         files = ("transformer",) + tuple(name for name in ("text_encoder", "vae") if settings[name])
     if source == SOURCE_NAMES["files"]:
         missing = [name for name in files if not settings[name]]
+        if missing and settings["transformer"] and Path(settings["transformer"]).is_file():
+            from ..families.loading import missing_with_file
+
+            advice = missing_with_file(Path(settings["transformer"]))  # (2.1: the folder, which alone trains)
+            if advice:
+                raise UserInputError(f"{where}: [model] {advice}")
         if missing:
             raise UserInputError(f"{where}: [model] reads model files but {', '.join(missing)} "
                                  f"{'is' if len(missing) == 1 else 'are'} not set: give the path of each file.")

@@ -40,6 +40,17 @@ class StreamedLayers:
     decoder: int = 0
     vision: int = 0
 
+    def __post_init__(self) -> None:
+        # A negative count would reach the swapper as a ring of -1 slots (a raw IndexError at the first layer).
+        from ..core.errors import UserInputError
+
+        for name in ("decoder", "vision"):
+            count = getattr(self, name)
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise UserInputError(
+                    f"text encoder streaming: {name}={count!r} layers to stream is not a count. Use 0 (all resident) "
+                    f"or a whole number of {name} layers to stream from host memory (more than the encoder has: all).")
+
     @property
     def any(self) -> bool:
         return bool(self.decoder or self.vision)

@@ -29,6 +29,7 @@ from ..streaming.placement import MODULATION_WINDOW
 from . import evaluation, lifecycle, outputs, setup, state
 from .busy import Busy, holds, run_description
 from .comparison import Comparison
+from .data_record import data_record
 from .distributed import Replicas
 from .live import PreviewMovement, PreviewSettings, StepPreview
 from .periodic import StepExtras
@@ -85,7 +86,8 @@ class TrainerBase:
         if self.run_dir is None:
             return None
         tensors, meta = state.training_state(self.progress, self.built, self.decided, self.optim_cfg, self.train_cfg,
-                                             self.components.name, len(self.dataset.samples), self.replicas.size)
+                                             self.components.name, len(self.dataset.samples), self.replicas.size,
+                                             data=self._data_record())
         folder = state.save_checkpoint(self.run_dir, self.lock, self.replicas.writes, self.step, tensors, meta)
         self.saved_step = self.step
         return folder
@@ -96,13 +98,18 @@ class TrainerBase:
         if self.broken_reason is None and self.run_dir is not None and self.saved_step != self.step:
             self.save_checkpoint()
 
+    def _data_record(self) -> dict | None:
+        """The record of the data this trainer trains on, for its checkpoints (data_record.py)."""
+        return data_record(self.dataset) if self.dataset is not None else None
+
     @holds("resuming from a checkpoint")
     def resume(self, notes: list[str] | None = None) -> bool:
         """Continue from the newest usable checkpoint in `run_dir`; False when there is none (state.py)."""
         if self.run_dir is None:
             return False
         resumed = state.resume(self.run_dir, self.resume_notes if notes is None else notes, self.built, self.decided,
-                               self.optim_cfg, self.train_cfg, self.components.name, self.replicas.size)
+                               self.optim_cfg, self.train_cfg, self.components.name, self.replicas.size,
+                               data=self._data_record())
         if resumed is None:
             return False
         self.progress, self.restored_from = resumed

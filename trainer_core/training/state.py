@@ -18,6 +18,7 @@ from ..core.errors import RunFolderLost, TrainingStopped, UserInputError
 from ..core.files import write_error
 from ..core.finite import all_finite, nonfinite_names
 from . import checkpoint as ckpt
+from .data_record import data_changed_note
 from .distributed import world_size_note
 from .ema import resume_note
 from .optim import changed_settings, fixed_for_the_run, load_state
@@ -43,9 +44,10 @@ class Progress:
 
 
 def training_state(progress: Progress, built: Built, decided: Decided, optimizer: OptimizerConfig,
-                   train: TrainConfig, base_model: str, num_samples: int, processes: int
+                   train: TrainConfig, base_model: str, num_samples: int, processes: int, data: dict | None = None
                    ) -> tuple[dict[str, torch.Tensor], dict]:
-    """Everything needed to continue bit-exactly: (tensors, JSON-able metadata)."""
+    """Everything needed to continue bit-exactly: (tensors, JSON-able metadata). `data`: the record of the data it
+    trains on (data_record.py), which a resume compares with the data then."""
     # The training weights (for schedule-free AdamW its y; with its z they give the averaged x a LoRA file holds).
     tensors = {f"lora.{n}": p.detach() for n, p in zip(built.param_names, built.params)}
     optim_tensors, optim_rest = ckpt.flatten_state(built.optimizer.state_dict())
@@ -67,6 +69,8 @@ def training_state(progress: Progress, built: Built, decided: Decided, optimizer
         "num_samples": num_samples,
         "processes": processes,
     }
+    if data is not None:
+        meta["data"] = data
     if built.ema is not None:
         ema_tensors, meta["ema"] = built.ema.state(list(built.param_names))
         tensors.update(ema_tensors)
@@ -101,10 +105,12 @@ def save_checkpoint(run_dir: Path, lock, writes: bool, step: int, tensors: dict[
 
 
 def resume(run_dir: Path, notes: list[str], built: Built, decided: Decided, optimizer: OptimizerConfig,
-           train: TrainConfig, base_model: str, processes: int) -> tuple[Progress, Path] | None:
+           train: TrainConfig, base_model: str, processes: int, data: dict | None = None
+           ) -> tuple[Progress, Path] | None:
     """Load the newest usable checkpoint in `run_dir` (complete, finite values) into `built`'s weights, optimizer
     and EMA; its progress and folder, or None when there is none. A sentence per checkpoint passed over (and per
-    setting that changed since) goes to `notes`."""
+    setting that changed since, and one when the data now, `data`'s record, differs from the checkpoint's) goes to
+    `notes`."""
     loaded = ckpt.load_latest(run_dir, notes=notes)
     if loaded is None:
         return None
@@ -122,6 +128,9 @@ def resume(run_dir: Path, notes: list[str], built: Built, decided: Decided, opti
     if changed:
         notes.append(f"the optimizer settings changed since the checkpoint of step {meta['step']}: {', '.join(changed)}; "
                      f"they apply from step {meta['step'] + 1} on.")
+    data_note = data_changed_note(meta.get("data"), data, meta["step"]) if data is not None else None
+    if data_note is not None:
+        notes.append(data_note)
     if built.ema is not None and meta.get("ema"):
         built.ema.load(list(built.param_names), tensors, meta["ema"])
     elif built.ema is not None:  # written with ema off: the average starts here

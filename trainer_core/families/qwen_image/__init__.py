@@ -7,6 +7,6 @@
 from __future__ import annotations
 
 from .family import QWEN_IMAGE, PromptsOnly, QwenImage, text_key  # noqa: F401
-from .loading import build_tiny_components, load, load_diffusers_dir, load_shapes_model, load_single_files  # noqa: F401
+from .loading import build_tiny_components, load, load_diffusers_dir, load_shapes_model, load_single_files, misplaced  # noqa: F401
 
 FAMILIES = {QWEN_IMAGE.name: QWEN_IMAGE}

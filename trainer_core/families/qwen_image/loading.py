@@ -56,6 +56,46 @@ def refuse_rgba_vae(components):
     return components
 
 
+def _pipeline_class(folder: str) -> str | None:
+    """The pipeline class a diffusers folder's model_index.json names, or None."""
+    import json
+    from pathlib import Path
+
+    try:
+        index = json.loads((Path(folder) / "model_index.json").read_text()) if folder else None
+    except (OSError, ValueError):
+        return None
+    return index.get("_class_name") if isinstance(index, dict) else None
+
+
+def misplaced(request) -> str | None:
+    """A Load Edit request (a run file with [edit]) naming a text-to-image Qwen-Image transformer by a name ComfyUI
+    ships it under: its tensors are an Edit transformer's, so it would load, and train edits on a model that never
+    learnt to edit (the marker of an Edit-2511 file, renamed, wins over its name)."""
+    from ...models.layouts import EDIT_2511_MARKER
+    from ...models.safetensors_file import holds_key
+    from ..comfyui_files import QWEN_IMAGE as TEXT_TO_IMAGE, known_file
+
+    if not request.edit:
+        return None
+    if request.source == DIFFUSERS and _pipeline_class(request.diffusers_folder) == "QwenImagePipeline":
+        return (f"diffusers folder {request.diffusers_folder} is text-to-image Qwen-Image (its model_index.json names "
+                "QwenImagePipeline), but it was loaded by the Load Qwen-Image-Edit node (a run file with [edit]), which "
+                "trains edits from control images. Choose a Qwen-Image-Edit folder, or load this one with the Load "
+                "Qwen-Image node (in a run file, remove the [edit] table).")
+    if request.source != FILES or request.transformer is None:
+        return None
+    known = known_file(request.transformer.name)
+    if known is None or known.family != TEXT_TO_IMAGE or known.folder != "diffusion_models":
+        return None
+    if holds_key(request.transformer, EDIT_2511_MARKER):
+        return None
+    return (f"transformer file {request.transformer} is {known.member}, a text-to-image model, but it was loaded by "
+            "the Load Qwen-Image-Edit node (a run file with [edit]), which trains edits from control images. Choose a "
+            "Qwen-Image-Edit transformer (qwen_image_edit_2511_bf16.safetensors, ..._fp8mixed or ..._int8_convrot), or "
+            "load this one with the Load Qwen-Image node (in a run file, remove the [edit] table).")
+
+
 def load(request):
     """The Load node's model set as text-to-image Qwen-Image: asked last (families/loading.py), so it takes what no
     other family's package recognised; a Load Edit request is Qwen-Image-Edit's, not this package's."""

@@ -25,6 +25,7 @@ Modules, one concern each:
 
     FAMILIES   {"qwen-image-2.1": QWEN_IMAGE21}
     load       a Load (or Load Edit) request that names a 2.1 file or folder (families/loading.py)
+    missing_with_file   what a run file naming only a 2.1 transformer file must add (the folder; families/loading.py)
     vision_language_model   a Qwen3-VL text encoder file as a captioner (trainer_core/captions)
 """
 
@@ -32,5 +33,5 @@ from __future__ import annotations
 
 from . import arch  # noqa: F401 (declares the architecture before any model of it exists)
 from .family import FAMILIES  # noqa: F401
-from .recognise import load  # noqa: F401
+from .recognise import load, missing_with_file  # noqa: F401
 from .captioning import vision_language_model  # noqa: F401

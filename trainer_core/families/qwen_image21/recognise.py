@@ -53,6 +53,17 @@ def _require_diffusers_with_21(model) -> None:
             f"ComfyUI (or choose a Qwen-Image model).")
 
 
+def missing_with_file(transformer) -> str | None:
+    """For a run file naming only a transformer file (no text encoder, VAE nor folder): what a 2.1 file needs, which is
+    the folder alone (its processor; the text encoder and VAE files are optional), else None for another model's."""
+    if not is_qwen_image21_file(transformer):
+        return None
+    return (f"transformer = {str(transformer)!r} is Qwen-Image 2.1, which reads its processor (and its text encoder "
+            "and VAE, unless their files are set) from a diffusers Qwen-Image 2.1 folder: set diffusers_folder to that "
+            "folder (it holds processor/, vae/ and text_encoder/). With it, the transformer file alone trains; "
+            "text_encoder and vae may stay unset (or name ComfyUI's qwen3vl_8b_* and qwen_image_2.1_vae files).")
+
+
 def load(request):
     """The 2.1 model set a Load request names (its transformer file, or its diffusers folder), or None when it names
     another model. With a 2.1 transformer file, `request.text_encoder` (or None: the folder's) is ComfyUI's Qwen3-VL

@@ -27,5 +27,5 @@ engine calls this package only through the family's hooks and `load` (families/l
 from __future__ import annotations
 
 from .family import FAMILIES  # noqa: F401
-from .files import load  # noqa: F401
+from .files import load, misplaced  # noqa: F401
 from .captioning import vision_language_model  # noqa: F401

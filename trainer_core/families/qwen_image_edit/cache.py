@@ -25,6 +25,7 @@ from ...data.cache import CACHE_VERSION
 from ...data.images import open_image
 from ..base import CacheConditioning
 from ...data.edit_dataset import ControlImage, EditSample
+from .variants import more_controls
 from .pipelines import (
     ControlSize,
     check_control_aspect,
@@ -59,7 +60,7 @@ def _sizes(sample: EditSample, variant, control_resolution: int) -> list[Control
         raise UserInputError(
             f"image {Path(sample.image_path).name} has {len(sample.controls)} control images, but {variant.name} takes "
             f"{variant.max_controls}: remove the extra ({Path(sample.controls[variant.max_controls].path).name}) or "
-            "train Edit-2509 / Edit-2511.")
+            f"{more_controls(len(sample.controls))}.")
     sizes = []
     for c in sample.controls:
         size = control_size(variant, c.width, c.height, control_resolution or None)

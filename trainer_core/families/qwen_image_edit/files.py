@@ -15,6 +15,8 @@ recognise their own files (Qwen-Image 2.1's), it takes every other Load Edit req
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import torch
@@ -28,7 +30,7 @@ from ...models.source import DIFFUSERS, FILES, SHAPES, TINY
 from ...planner.device import CachingPlacement, resolve_text_encoder_fp8
 from ..registry import get_family
 from .tiny import build_tiny_edit_components
-from .variants import AUTO, resolve_variant, variant_from_diffusers_dir, variant_from_file
+from .variants import AUTO, ZERO_COND_MARKER, resolve_variant, variant_from_diffusers_dir, variant_from_file
 
 TINY_AUTO_VARIANT = "edit-2511"  # the tiny Edit model an 'auto' variant builds (the Load Edit node's too)
 
@@ -65,6 +67,53 @@ def load_edit_diffusers_dir(path: str | Path, storage: str = "float8", compute_d
     """An edit model set from a diffusers Qwen-Image-Edit folder (as diffusers_dir.load_diffusers_dir)."""
     edit = resolve_variant(_choice(variant), variant_from_diffusers_dir(path))
     return load_diffusers_dir(path, storage, compute_dtype, device, family=get_family(edit.name))
+
+
+# The members' names as users know them (comfyui_files.py's), by variant.
+MEMBERS = {"edit": "Qwen-Image-Edit", "edit-2509": "Qwen-Image-Edit-2509", "edit-2511": "Qwen-Image-Edit-2511"}
+
+
+def edit_member(request) -> str | None:
+    """The Qwen-Image-Edit member a request's transformer file or diffusers folder is, where it tells (2511 by its
+    marker key or config, any variant by a folder's pipeline class or by a file name ComfyUI ships), else None."""
+    from ...models.safetensors_file import holds_key
+    from ..comfyui_files import EDIT, known_file
+
+    if request.source == FILES and request.transformer is not None:
+        if holds_key(request.transformer, ZERO_COND_MARKER):
+            return MEMBERS["edit-2511"]
+        known = known_file(request.transformer.name)
+        return known.member if known is not None and known.family == EDIT else None
+    if request.source == DIFFUSERS and request.diffusers_folder:
+        root = Path(request.diffusers_folder)
+        try:
+            index = json.loads((root / "model_index.json").read_text())
+            config = json.loads((root / "transformer" / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not (isinstance(index, dict) and isinstance(config, dict)):
+            return None
+        if config.get("zero_cond_t"):
+            return MEMBERS["edit-2511"]
+        return {"QwenImageEditPipeline": MEMBERS["edit"], "QwenImageEditPlusPipeline": MEMBERS["edit-2509"]}.get(
+            index.get("_class_name"))
+    return None
+
+
+def misplaced(request) -> str | None:
+    """A text-to-image Load request (the Load node, a run file without [edit]) naming an Edit model: trained there it
+    would be plain Qwen-Image, without the control images it edits from (and 2511 without its timestep-0 controls)."""
+    if request.edit:
+        return None
+    member = edit_member(request)
+    if member is None:
+        return None
+    what = (f"transformer file {request.transformer}" if request.source == FILES
+            else f"diffusers folder {request.diffusers_folder}")
+    return (f"{what} is {member}, an edit model, but it was loaded by the text-to-image Load node (Load Qwen-Image; a "
+            "run file without [edit]), which would train it as plain Qwen-Image, without the control images it edits "
+            "from. Load it with the Load Qwen-Image-Edit node and an Edit Dataset (in a run file, add an [edit] "
+            "table); to train text-to-image, choose a Qwen-Image transformer such as qwen_image_fp8_e4m3fn.safetensors.")
 
 
 def load(request) -> QwenImageComponents | None:

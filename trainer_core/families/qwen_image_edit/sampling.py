@@ -20,6 +20,7 @@ from PIL import Image
 from ...core.errors import UserInputError
 from ..sampling import WrappedTransformer, prompt_embedding
 from .objective import append_controls
+from .variants import more_controls
 from .pipelines import (
     check_control_aspect,
     control_size,
@@ -73,7 +74,7 @@ def preview_inputs(variant, components, dataset, prompts: list[str], control_ima
     if control_images:
         if len(control_images) > variant.max_controls:
             raise UserInputError(f"{len(control_images)} control images were given, but {variant.name} takes at most "
-                                 f"{variant.max_controls}.")
+                                 f"{variant.max_controls}: give fewer, or {more_controls(len(control_images))}.")
         settings = dataset.settings
         return encode_given_controls(components, variant, control_images, prompts,
                                      (settings.control_resolution if settings is not None else 0) or None)

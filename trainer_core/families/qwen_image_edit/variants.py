@@ -45,6 +45,24 @@ AUTO = "auto"
 VARIANT_CHOICES = (AUTO, *EDIT_VARIANTS)
 
 
+# Qwen-Image 2.1 edits with up to ten reference images (families/qwen_image21/sampling.py's MAX_REFERENCES; the edit
+# datasets read ten): the member to point to when no Edit variant takes a sample's controls.
+QWEN_IMAGE21_REFERENCES = 10
+
+
+def more_controls(count: int) -> str:
+    """Where to train a sample of `count` control images that the chosen variant cannot take: the Edit variants that
+    take that many, else Qwen-Image 2.1 (never the variant itself: 2511 is told to train 2.1, not 2511)."""
+    takes = [v.name.replace("edit", "Edit", 1) for v in EDIT_VARIANTS.values() if v.max_controls >= count]
+    if takes:
+        return f"train {' or '.join(takes)} (up to {max(v.max_controls for v in EDIT_VARIANTS.values())})"
+    if count <= QWEN_IMAGE21_REFERENCES:
+        return (f"train Qwen-Image 2.1, which edits with up to {QWEN_IMAGE21_REFERENCES} reference images (its "
+                "transformer file qwen_image_2.1_int8_convrot.safetensors in the Load Qwen-Image-Edit node, or a run "
+                "file's [model])")
+    return f"keep at most {QWEN_IMAGE21_REFERENCES} (Qwen-Image 2.1, the model that takes the most, takes that many)"
+
+
 def get_variant(name: str) -> EditVariant:
     try:
         return EDIT_VARIANTS[name]

@@ -9,4 +9,4 @@ tiny model (tiny.py) and demo data (demo.py).
 from __future__ import annotations
 
 from .family import FAMILIES  # noqa: F401
-from .files import load  # noqa: F401
+from .files import load, misplaced  # noqa: F401

@@ -65,6 +65,23 @@ def load_layered_single_files(transformer, text_encoder, vae, tokenizer_dir=None
     return _check_vae(components)
 
 
+def misplaced(request) -> str | None:
+    """A Load Edit request (a run file with [edit]) naming a Layered model: the edit loaders would read it as an Edit
+    transformer, its layer decomposition lost."""
+    if not request.edit:
+        return None
+    if request.source == FILES and is_layered_file(request.transformer):
+        what = f"transformer file {request.transformer}"
+    elif request.source == DIFFUSERS and is_layered_folder(request.diffusers_folder):
+        what = f"diffusers folder {request.diffusers_folder}"
+    else:
+        return None
+    return (f"{what} is Qwen-Image-Layered (its {LAYERED_PROBE.removesuffix('.weight')}), but it was loaded by the Load "
+            "Qwen-Image-Edit node (a run file with [edit]), which trains edit models. Load it with the Load Qwen-Image "
+            "node and a Layered dataset (in a run file, remove the [edit] table); to train an edit LoRA, choose a "
+            "Qwen-Image-Edit transformer such as qwen_image_edit_2511_bf16.safetensors.")
+
+
 def load(request):
     """The Load node's request when it names a Layered transformer file or diffusers folder, else None."""
     if request.edit:
