@@ -22,9 +22,9 @@ torch._int_mm's rules on CUDA: M > 16 and K, N multiples of 8. Linears whose K o
 eager path (`qualifies`, applied on every device so the CPU tests the same choice); an input of 16 rows or fewer (the
 modulation Linears read one row per sample) is padded with zero rows to 32 on CUDA and the padding dropped after.
 
-The quantisation (`quantize_activation`) is one function of elementwise work and one row reduction, compiled on CUDA
-(torch.compile with Triton, `fused_quantize`) into one or two kernels instead of the five eager ones, so the path is
-not bound by small kernels as the fp8 activations path is; elsewhere it runs eagerly. Accuracy against bf16 compute:
+The quantisation (`quantize_activation`: amax, divide, round, clamp, cast) and the rescale (`rescale`) are each compiled
+on CUDA (torch.compile with Triton, `kernels_for`) into fused kernels instead of five eager ones each, so the path is
+not bound by small kernels as the fp8 activations path is; elsewhere they run eagerly. Accuracy against bf16 compute:
 benchmarks/README.md (`benchmarks/int8_compute_accuracy.py`). Memory: the plan counts the quantised input, its fp32
 quotient, the rotated input and the int32/fp32 output as transients (planner/transients.py `int8_compute_bytes`).
 """
@@ -46,7 +46,7 @@ from .float8.storage import (
     rotation_group,
     set_rotation_group,
 )
-from .int8_convrot import DEFAULT_GROUP, quantize, rotate
+from .int8_convrot import DEFAULT_GROUP, hadamard, quantize
 
 INT8_MAX = 127.0
 ALIGN = 8  # torch._int_mm on CUDA: K and N multiples of 8
@@ -93,30 +93,53 @@ def qualifies(linear: nn.Linear) -> bool:
             and linear.out_features % ALIGN == 0)
 
 
-def quantize_activation(x2: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(xq, sx) with x2 H ~= xq * sx: x2 (M, K) -> xq (M, K) int8, sx (M, 1) fp32. `group` 0: no rotation.
+def quantize_activation(x2: torch.Tensor, h: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(xq, sx) with x2 H ~= xq * sx: x2 (M, K) -> xq (M, K) int8, sx (M, 1) fp32. `h`: the rotation (g, g) in x2's
+    dtype (int8_convrot.hadamard), or None. A tensor argument, not a cached lookup, so torch.compile traces it plainly.
 
-    The rotation runs in x2's dtype (exact H, one rounding, as ComfyUI's); the quotient in fp32, rounded half to even.
-    A NaN or inf in x2 makes its row's scale non-finite and the output NaN, which the non-finite step check catches."""
-    xr = rotate(x2, group) if group else x2
+    The rotation runs in x2's dtype (exact H, one rounding, as int8_convrot.rotate); the quotient in fp32, rounded half
+    to even. A NaN or inf in x2 makes its row's scale non-finite and the output NaN, which the non-finite step check
+    catches."""
+    if h is None:
+        xr = x2
+    else:
+        m, k = x2.shape
+        g = h.shape[0]
+        xr = (x2.reshape(m, k // g, g) @ h).reshape(m, k)
     amax = torch.linalg.vector_norm(xr, ord=float("inf"), dim=1, keepdim=True, dtype=torch.float32)  # (M, 1)
     scale = (amax / INT8_MAX).clamp(min=TINY)
     return (xr / scale).round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
 
+def rescale(acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None,
+            dtype: torch.dtype) -> torch.Tensor:
+    """The int32 product back to `dtype`: acc (M, N) int32 * sx (M, 1) * sw (1, N) (+ bias (N,)) in fp32, rounded once.
+    In place on one fp32 copy: the eager transient is that copy (4 bytes per output value) beside the int32 product."""
+    y = acc.float()
+    y.mul_(sx).mul_(sw)
+    if bias is not None:
+        y.add_(bias.float())
+    return y.to(dtype)
+
+
 @functools.lru_cache(maxsize=None)
-def fused_quantize(device_type: str):
-    """`quantize_activation` compiled into fused kernels where that pays (CUDA with Triton); the eager function
-    elsewhere (the CPU, no Triton, or torch.compile failing to import)."""
+def kernels_for(device_type: str) -> tuple:
+    """(quantize, rescale): `quantize_activation` and `rescale` compiled into fused kernels where that pays (CUDA with
+    Triton: one pass over the input, one over the output, instead of five small kernels each); the eager functions
+    elsewhere (the CPU, no Triton, or torch.compile failing to set up)."""
+    eager = (quantize_activation, rescale)
     if device_type != "cuda":
-        return quantize_activation
+        return eager
     try:
         from torch.utils._triton import has_triton
         if not has_triton():
-            return quantize_activation
-        return torch.compile(quantize_activation, dynamic=True)
-    except Exception:  # noqa: BLE001  (any failure to set up the compiler keeps the eager quantisation)
-        return quantize_activation
+            return eager
+        return (torch.compile(quantize_activation, dynamic=True), torch.compile(rescale, dynamic=True))
+    except Exception:  # noqa: BLE001  (any failure to set up the compiler keeps the eager kernels)
+        return eager
+
+
+EAGER_KERNELS = (quantize_activation, rescale)
 
 
 def _scales(linear: nn.Linear) -> torch.Tensor:
@@ -124,27 +147,27 @@ def _scales(linear: nn.Linear) -> torch.Tensor:
     return getattr(linear, SCALE_BUFFER).reshape(1, -1).float()
 
 
-def int8_linear(x2: torch.Tensor, linear: nn.Linear, quantize_fn=quantize_activation) -> torch.Tensor:
+def int8_linear(x2: torch.Tensor, linear: nn.Linear, kernels: tuple = EAGER_KERNELS) -> torch.Tensor:
     """(M, K) -> (M, N) in x2's dtype: y = (xq qᵀ) * sx * swᵀ + b with torch._int_mm (see the module docstring)."""
-    xq, sx = quantize_fn(x2, rotation_group(linear))
+    quantize_fn, rescale_fn = kernels
+    group = rotation_group(linear)
+    xq, sx = quantize_fn(x2, hadamard(group, x2.dtype, x2.device) if group else None)
     rows = xq.shape[0]
     if xq.is_cuda and rows < MIN_ROWS_CUDA:
         xq = torch.cat([xq, xq.new_zeros(PADDED_ROWS - rows, xq.shape[1])])
     # q (N, K) row-major: its transpose is the column-major (K, N) second operand the kernels take, with no copy.
-    y = torch._int_mm(xq, linear.weight.t())[:rows].float()  # (M, N) fp32; the int32 product is freed here
-    y.mul_(sx).mul_(_scales(linear))
-    if linear.bias is not None:
-        y.add_(linear.bias.float())
-    return y.to(x2.dtype)
+    acc = torch._int_mm(xq, linear.weight.t())[:rows]  # (M, N) int32, exact
+    del xq
+    return rescale_fn(acc, sx, _scales(linear), linear.bias, x2.dtype)
 
 
 class Int8ComputeFunction(FrozenLinearFunction):
     """y = x Wᵀ + b computed in int8 (`int8_linear`); backward is `FrozenLinearFunction`'s (the compute dtype)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, linear: nn.Linear, quantize_fn) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, linear: nn.Linear, kernels: tuple) -> torch.Tensor:
         ctx.linear = linear
-        y = int8_linear(x.reshape(-1, linear.in_features), linear, quantize_fn)  # (M, N)
+        y = int8_linear(x.reshape(-1, linear.in_features), linear, kernels)  # (M, N)
         return y.reshape(*x.shape[:-1], linear.out_features)
 
     @staticmethod
@@ -152,20 +175,20 @@ class Int8ComputeFunction(FrozenLinearFunction):
         return *FrozenLinearFunction.backward(ctx, grad_out), None
 
 
-def int8_forward(linear: nn.Linear, quantize_fn, x: torch.Tensor) -> torch.Tensor:
+def int8_forward(linear: nn.Linear, kernels: tuple, x: torch.Tensor) -> torch.Tensor:
     """The installed forward of one Linear."""
-    return Int8ComputeFunction.apply(x, linear, quantize_fn)
+    return Int8ComputeFunction.apply(x, linear, kernels)
 
 
 def install(linears: list[nn.Linear], device: torch.device) -> dict[nn.Linear, object]:
     """Route the qualifying Linears of `linears` through `int8_forward`; returns their previous forwards (for
     `uninstall`). Others (not int8, or shapes _int_mm refuses) keep theirs."""
-    quantize_fn = fused_quantize(torch.device(device).type)
+    kernels = kernels_for(torch.device(device).type)
     previous = {}
     for linear in linears:
         if qualifies(linear):
             previous[linear] = linear.__dict__.get("forward")
-            linear.forward = functools.partial(int8_forward, linear, quantize_fn)
+            linear.forward = functools.partial(int8_forward, linear, kernels)
     return previous
 
 
