@@ -68,9 +68,10 @@ def group_for(in_features: int) -> int:
 
 @torch.no_grad()
 def store_int8(transformer: nn.Module) -> int:
-    """Hold every frozen block Linear's weight in the int8 layout, in place: one not int8 already (float8, float8_scaled,
-    bf16, fp32) is dequantised, rotated with `group_for(in_features)` and quantised per output row, on the device it
-    lies on, one Linear at a time. int8 weights (ComfyUI's files) stay as they are. Returns how many were converted."""
+    """Hold every frozen block Linear's weight in the int8 layout, in place: one not int8 already (float8,
+    float8_scaled, bf16, fp32) is dequantised, rotated with `group_for(in_features)` and quantised per output row, on
+    the device it lies on, one Linear at a time. int8 weights (ComfyUI's files) stay as they are. Returns how many
+    were converted."""
     converted = 0
     for _, linear in frozen_block_linears(transformer):
         if linear.weight.dtype == torch.int8:
@@ -143,7 +144,7 @@ EAGER_KERNELS = (quantize_activation, rescale)
 
 
 def _scales(linear: nn.Linear) -> torch.Tensor:
-    """The weight's per-row scales as a factor on the output's last dim: (1, N) fp32, or (1, 1) for a tensor-wise one."""
+    """The weight's per-row scales as a factor on the output's last dim: (1, N) fp32; (1, 1) for a tensor-wise one."""
     return getattr(linear, SCALE_BUFFER).reshape(1, -1).float()
 
 

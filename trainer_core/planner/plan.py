@@ -86,9 +86,7 @@ class PlanInputs:
     # trainer does whenever it streams under checkpointing: fewer bytes copied, a small table on the GPU.
     modulation_ahead: bool = True
     fp8_activations: bool = False  # TrainConfig.fp8_activations: its quantised inputs are a transient of their own
-    # TrainConfig.int8_compute: the block weights held in int8 (storage "int8": one byte and a row scale, whatever the
-    # file), and each call's rotated, quotient and int8 input copies and int32/fp32 products a transient of their own.
-    int8_compute: bool = False
+    int8_compute: bool = False  # TrainConfig.int8_compute: blocks held in int8, its calls' transients (transients.py)
     # Differential output preservation (TrainConfig.preservation_weight > 0, training/preservation.py): the class
     # captions' rows ride in the training forward (`batch` counts them: at most one per sample, so twice the
     # micro-batch size), and a forward of the base model without gradient (half of `batch` rows) runs before it.
@@ -378,10 +376,10 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     upcast_detail = f"{p.storage} -> {p.compute_dtype}, transient"
     if quantised > upcast:  # one Linear call at a time: the forward's quantised input or the backward's copy
         upcast, upcast_detail = quantised, "fp8 activations: the largest quantised input (fp32 quotient + float8)"
-    int8_call = int8_compute_bytes(arch, p, n_img, act)  # the recompute's int8 calls run inside the backward
+    # int8 compute's calls run in the forward and the recompute, while the backward's working memory is not alive yet
+    int8_call = int8_compute_bytes(arch, p, n_img, act) - working
     if int8_call > upcast:
-        upcast, upcast_detail = int8_call, ("int8 compute: the largest call's rotated input, fp32 quotient and int8 "
-                                            "copy, or its int32 and fp32 products")
+        upcast, upcast_detail = int8_call, "int8 compute: the largest call's copies and products beyond backward working"
     outside = _outside_activation_bytes(arch, p, n_img, act)
 
     ahead = modulation_ahead_bytes(arch, p)
