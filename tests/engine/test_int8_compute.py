@@ -188,3 +188,27 @@ def test_one_step_loss_and_lora_gradients_within_bound_of_bf16_compute_and_chunk
     loss16, grad16 = first_step(False)
     assert loss8 != loss16 and abs(loss8 - loss16) / loss16 < 0.02
     assert 0 < relative_error(grad8, grad16) < 0.10
+
+
+def test_resume_from_a_checkpoint_with_int8_compute_is_bit_identical(tmp_path, demo_folder):
+    """2 steps, a checkpoint, a new trainer on a freshly loaded model (its float8 weights converted to int8 again at
+    load), resumed, 2 more steps: the LoRA equals 4 steps in one run bit for bit."""
+    def make(run: str) -> Trainer:
+        components = build_tiny_components(seed=0, storage="float8", compute_dtype=torch.bfloat16)
+        cached = cached_demo(components, demo_folder, tmp_path / "cache")
+        return Trainer(components, cached, LoraConfig(rank=4, alpha=4.0),
+                       OptimizerConfig(optimizer="adamw", learning_rate=1e-3, weight_decay=0.0, warmup_steps=0),
+                       TrainConfig(seed=1, blocks_to_swap=1, int8_compute=True), run_dir=tmp_path / run)
+
+    whole = make("whole")
+    whole.train(4)
+    after = [p.detach().clone() for p in whole.built.params]
+    whole.close()
+    split = make("split")
+    split.train(2)
+    split.close()
+    again = make("split")
+    assert again.resume() and again.step == 2
+    again.train(2)
+    assert all(torch.equal(a, b) for a, b in zip(after, again.built.params))
+    again.close()
