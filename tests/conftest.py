@@ -238,15 +238,18 @@ TRAINING_STEP_TERMS = ("LoRA gradients", "block inputs", "saved activations", "o
                        "largest weight", "activations outside")
 
 
-def measured_step_peak(model, grid: int, text: int, checkpointing: bool, blocks_to_swap: int = 3) -> int:
+def measured_step_peak(model, grid: int, text: int, checkpointing: bool, blocks_to_swap: int = 3,
+                       int8_compute: bool = False) -> int:
     """`LiveBytes`' peak of one training forward + backward of `model` (a narrow Qwen-Image transformer with a LoRA)
     through `BlockRunner` on the CPU: one bf16 sample of `grid` x `grid` packed latent tokens and `text` prompt tokens,
-    seeded; what `planned_step_peak` predicts."""
+    seeded; what `planned_step_peak` predicts. `int8_compute`: its block Linears through int8 compute (held in int8
+    already: models.int8_compute.store_int8)."""
     from trainer_core.devtools.memprobe import LiveBytes
     from trainer_core.streaming.runner import BlockRunner
     from trainer_core.training.objective import flow_loss
 
-    runner = BlockRunner(model, torch.device("cpu"), blocks_to_swap=blocks_to_swap, checkpointing=checkpointing)
+    runner = BlockRunner(model, torch.device("cpu"), blocks_to_swap=blocks_to_swap, checkpointing=checkpointing,
+                         int8_compute=int8_compute)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, grid * grid, 64, generator=g).bfloat16()  # (B, packed latent tokens, 4 x 16 channels)
     prompt = torch.randn(1, text, 3584, generator=g).bfloat16()  # (B, text tokens, joint dim)
@@ -261,7 +264,7 @@ def measured_step_peak(model, grid: int, text: int, checkpointing: bool, blocks_
 
 
 def planned_step_peak(model, grid: int, text: int, checkpointing: bool, blocks_to_swap: int = 3,
-                      storage: str = "float8") -> int:
+                      storage: str = "float8", int8_compute: bool = False) -> int:
     """The plan's peak of one step of peft's own fp32 LoRA compute (no Trainer) on `model`, a latent grid of
     `grid` x `grid` tokens and `text` prompt tokens on the CPU: the figure the probes compare with `LiveBytes`."""
     from trainer_core.planner import PlanInputs, plan_memory
@@ -269,6 +272,7 @@ def planned_step_peak(model, grid: int, text: int, checkpointing: bool, blocks_t
 
     plan = plan_memory(PlanInputs(width=grid * 16, height=grid * 16, text_tokens=text, rank=4, device="cpu",
                                   checkpointing=checkpointing, blocks_to_swap=blocks_to_swap,
-                                  lora_in_compute_dtype=False, storage=storage), arch_from_transformer(model))
+                                  lora_in_compute_dtype=False, storage=storage, int8_compute=int8_compute),
+                       arch_from_transformer(model))
     return sum(plan.term(n) for n in TRAINING_STEP_TERMS)
 

@@ -154,7 +154,7 @@ def test_compile_float8_is_an_alternative_and_says_when_it_cannot_run(tmp_path, 
     trainer keeps the eager path and its status says why (the compiled path itself: test_float8_compiled.py)."""
     from trainer_core.core.errors import UserInputError
 
-    with pytest.raises(UserInputError, match="compile_float8 and fp8_activations"):
+    with pytest.raises(UserInputError, match="compile_float8, fp8_activations and int8_compute"):
         TrainConfig(compile_float8=True, fp8_activations=True).validate()
     components = build_tiny_components(seed=0, storage="float8", compute_dtype=torch.bfloat16)
     cached = cached_demo(components, demo_folder, tmp_path / "cache")

@@ -100,6 +100,25 @@ def test_predictions_follow_the_hardware():
         predict(inputs, GPUS["rtx3090"], path=FP8_PATH)
 
 
+def test_int8_compute_runs_forward_and_recompute_at_the_int8_rate_and_plans_int8_blocks():
+    """int8 compute (timeline.INT8_PATH): the frozen Linears' forward and recompute at the GPU's int8 rate (4x bf16 on
+    a 4090, 2x on an H100), their quantisation and int32 output as traffic, the backward as the eager path's; the
+    blocks copied as int8 (one byte and a row scale) whatever the storage asked."""
+    from trainer_core.planner.timeline import INT8_PATH, RUNTIME, block_work
+    from trainer_core.streaming.placement import FORWARD
+
+    inputs = PlanInputs(width=1024, height=1024, rank=32)
+    for gpu in ("rtx4090", "h100"):
+        assert predict(inputs, GPUS[gpu], path=INT8_PATH).seconds < predict(inputs, GPUS[gpu], path=RUNTIME).seconds
+    int8, bf16 = block_work(real_arch(), inputs, INT8_PATH), block_work(real_arch(), inputs, RUNTIME)
+    # The frozen Linears' FLOPs move to the int8 tensor cores; attention, the LoRA and the rotation stay in bf16.
+    assert int8[FORWARD].int8_ops > 0 == bf16[FORWARD].int8_ops
+    assert int8[FORWARD].tensor_flops < bf16[FORWARD].tensor_flops < int8[FORWARD].int8_ops + int8[FORWARD].tensor_flops
+    streamed = dataclasses.replace(inputs, blocks_to_swap=20)
+    assert predict(streamed, GPUS["rtx4090"], path=INT8_PATH).copy_bytes == predict(
+        dataclasses.replace(streamed, storage="int8"), GPUS["rtx4090"], path=INT8_PATH).copy_bytes
+
+
 @pytest.mark.parametrize("budget, goal", [("16", 0.05), ("8", 0.15)])
 def test_plan_gpu_prints_overheads_within_the_goals_on_a_4090(capsys, budget, goal):
     """`plan --gpu rtx4090` at 1024², rank 32: at most 5% at the 16 GiB plan, 15% at 8 GiB, on every compute path.
@@ -112,7 +131,7 @@ def test_plan_gpu_prints_overheads_within_the_goals_on_a_4090(capsys, budget, go
     assert status == 0
     out = capsys.readouterr().out
     overheads = [float(m) / 100 for m in re.findall(r"^  LoRA in .*?([+-][\d.]+)%$", out, flags=re.M)]
-    assert len(overheads) == 4 and all(0 <= o <= goal for o in overheads), out  # the 4th: fp8 activations
+    assert len(overheads) == 5 and all(0 <= o <= goal for o in overheads), out  # 4th, 5th: fp8 activations, int8
 
 
 def test_the_optimizer_step_moves_the_configured_optimizers_state():

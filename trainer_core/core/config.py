@@ -322,6 +322,14 @@ class TrainConfig:
         "together with fp8_activations. Without Triton or on the CPU it changes nothing (the status says whether "
         "it is on).",
     )
+    int8_compute: bool = _f(
+        False, "Experimental, opt-in until measured on a GPU: the block Linears multiply int8 activations (scaled per "
+        "token, Hadamard-rotated as ComfyUI's int8 ConvRot does) by int8 weights (torch._int_mm): int8 tensor cores "
+        "are 2-4x bfloat16's (RTX 40xx/50xx, H100). float8 and bfloat16 weights are rotated and quantised to int8 once "
+        "at load; an int8 ConvRot file's are used as they are. Backward stays in the compute dtype; the LoRA is "
+        "unchanged. Slightly less exact (benchmarks/README.md). Not together with fp8_activations or compile_float8 "
+        "(the status says whether it is on).",
+    )
 
     def __post_init__(self) -> None:
         self.blocks_to_swap = parse_blocks_to_swap(self.blocks_to_swap)
@@ -336,9 +344,10 @@ class TrainConfig:
                      "max_nonfinite_steps", "blocks_to_swap", "validation_every", "preservation_weight")
         _check_choice(self, "timestep_sampling")
         check_run_name(self.run_name)
-        if self.compile_float8 and self.fp8_activations:
+        if self.compile_float8 + self.fp8_activations + self.int8_compute > 1:
             raise UserInputError(
-                "compile_float8 and fp8_activations are two ways to multiply the float8 weights: turn one of them off.")
+                "compile_float8, fp8_activations and int8_compute are alternative ways to multiply the one-byte "
+                "block weights: turn all but one of them off.")
 
     def check_model(self, num_blocks: int) -> None:
         """What the settings can only be checked against once the model is known."""

@@ -65,7 +65,7 @@ from .inference import (
 from .phase import HOST_RESERVE_BYTES, Phase, baseline, on_device
 from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, block_blob, plan_memory
 from .references import prefix_kv_bytes, reference_latent_tokens, smaller_references
-from .transients import UPCAST_COPIES, fp8_input_bytes, rotation_input_bytes
+from .transients import UPCAST_COPIES, fp8_input_bytes, int8_compute_bytes, rotation_input_bytes
 
 PHASES = ("load", "cache", "init", "train", "preview", "save")
 AFTER_CACHING = ("init", "train", "preview", "save")  # what Init Trainer checks; these depend on blocks_to_swap
@@ -172,7 +172,7 @@ def _preview_working(p: PlanInputs, arch: QwenImageArch, parts: PartSizes, tiled
     latents = n_img * packed * act * (3 if p.preview_cfg else 2)  # latents, prediction(s) of this step
     one = dataclasses.replace(p, batch=1)
     upcast = UPCAST_COPIES[p.storage] * _largest_block_weight(arch) * act + rotation_input_bytes(arch, one, n_img, act)
-    upcast = max(upcast, fp8_input_bytes(arch, one, n_img))  # one Linear call at a time
+    upcast = max(upcast, fp8_input_bytes(arch, one, n_img), int8_compute_bytes(arch, one, n_img, act))  # a call at a time
     denoise = (
         (n_img + n_txt) * arch.dim * act  # the block's inputs: image and text hidden states
         + preview_block_working_bytes(arch, p.targets, p.lora_dtype, n_img, n_txt)

@@ -45,7 +45,7 @@ from .activations import (
 )
 from .arch import QwenImageArch, real_arch
 from .lycoris_terms import lycoris_saved_bytes, lycoris_working_bytes
-from .transients import UPCAST_COPIES, fp8_input_bytes
+from .transients import UPCAST_COPIES, fp8_input_bytes, int8_compute_bytes
 from .optimizer_state import optimizer_state_bytes, optimizer_step_temp_bytes
 
 GIB = 1024 ** 3
@@ -86,6 +86,7 @@ class PlanInputs:
     # trainer does whenever it streams under checkpointing: fewer bytes copied, a small table on the GPU.
     modulation_ahead: bool = True
     fp8_activations: bool = False  # TrainConfig.fp8_activations: its quantised inputs are a transient of their own
+    int8_compute: bool = False  # TrainConfig.int8_compute: blocks held in int8, its calls' transients (transients.py)
     # Differential output preservation (TrainConfig.preservation_weight > 0, training/preservation.py): the class
     # captions' rows ride in the training forward (`batch` counts them: at most one per sample, so twice the
     # micro-batch size), and a forward of the base model without gradient (half of `batch` rows) runs before it.
@@ -153,7 +154,11 @@ class PlanInputs:
                    checkpointing=train.gradient_checkpointing,
                    blocks_to_swap=train.blocks_to_swap if blocks_to_swap is None else blocks_to_swap,
                    optimizer=optimizer.optimizer, ema=optimizer.ema, grad_accum_steps=train.grad_accum_steps,
-                   fp8_activations=train.fp8_activations, **kwargs)
+                   fp8_activations=train.fp8_activations, int8_compute=train.int8_compute, **kwargs)
+
+    def __post_init__(self) -> None:
+        if self.int8_compute and self.storage != "int8":  # int8 compute holds every block weight in int8
+            object.__setattr__(self, "storage", "int8")
 
     def validate(self, arch: QwenImageArch) -> None:
         # Allowed values come from the settings' config metadata (one list per setting, shared with the
@@ -375,6 +380,10 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     upcast_detail = f"{p.storage} -> {p.compute_dtype}, transient"
     if quantised > upcast:  # one Linear call at a time: the forward's quantised input or the backward's copy
         upcast, upcast_detail = quantised, "fp8 activations: the largest quantised input (fp32 quotient + float8)"
+    # int8 compute's calls run in the forward and the recompute, while the backward's working memory is not alive yet
+    int8_call = int8_compute_bytes(arch, p, n_img, act) - working
+    if int8_call > upcast:
+        upcast, upcast_detail = int8_call, "int8 compute: the largest call's copies and products beyond backward working"
     outside = _outside_activation_bytes(arch, p, n_img, act)
 
     ahead = modulation_ahead_bytes(arch, p)

@@ -79,16 +79,21 @@ class Work:
     fp32_flops: float = 0.0
     memory_bytes: float = 0.0
     fp8_flops: float = 0.0
+    int8_ops: float = 0.0  # on int8 tensor cores (int8 compute)
 
     def __add__(self, other: Work) -> Work:
         return Work(self.tensor_flops + other.tensor_flops, self.fp32_flops + other.fp32_flops,
-                    self.memory_bytes + other.memory_bytes, self.fp8_flops + other.fp8_flops)
+                    self.memory_bytes + other.memory_bytes, self.fp8_flops + other.fp8_flops,
+                    self.int8_ops + other.int8_ops)
 
     def seconds(self, gpu: GpuProfile) -> float:
         if self.fp8_flops and not gpu.fp8_tflops:
             raise ValueError(f"{gpu.label} has no float8 tensor cores: fp8 activations do not run there")
+        if self.int8_ops and not gpu.int8_tops:
+            raise ValueError(f"{gpu.label} has no known int8 rate: int8 compute is not modelled there")
         return (self.tensor_flops / (gpu.bf16_tflops * 1e12 * TENSOR_EFFICIENCY)
                 + (self.fp8_flops / (gpu.fp8_tflops * 1e12 * TENSOR_EFFICIENCY) if self.fp8_flops else 0.0)
+                + (self.int8_ops / (gpu.int8_tops * 1e12 * TENSOR_EFFICIENCY) if self.int8_ops else 0.0)
                 + self.fp32_flops / (gpu.fp32_tflops * 1e12 * FP32_EFFICIENCY)
                 + self.memory_bytes / (gpu.memory_gbs * 1e9 * MEMORY_EFFICIENCY))
 
@@ -102,6 +107,14 @@ UPCAST_BYTES = {"float8": 4, "float8_scaled": 8, "int8": 8, "bfloat16": 0}
 # writes 1 byte (4 + 1). The weight is not copied; float8_scaled's row scales ride in the matmul (rowwise scaling).
 QUANTIZE_BYTES = 13
 FP8_ACTIVATIONS = "fp8 activations"  # ComputePath.float8 for TrainConfig.fp8_activations
+# int8 compute (`models.int8_compute`, TrainConfig.int8_compute): forward and recompute on int8 tensor cores. Extra bytes
+# per input value: the fused quantisation (compiled on CUDA) reads the rotated input twice (row maxima, then the
+# quotient) and writes int8 (2 + 2 + 1); per output value: the GEMM writes int32 (4) and the rescale reads it and writes
+# the compute dtype (4 + 2) where a bf16 GEMM writes 2 (+8). The rotation is the int8 storage's (ROTATION_BYTES).
+# Provisional until a device check profiles the path.
+INT8_COMPUTE = "int8 compute"
+INT8_QUANTIZE_BYTES = 5
+INT8_OUTPUT_BYTES = 8
 # An int8 ConvRot Linear call rotates its input (forward) or its input gradient (backward) first: a bf16 matmul of each
 # group of ROTATION_GROUP features with the Hadamard matrix (models/int8_convrot.py), which reads and writes every value
 # (2 + 2 bytes). The group of ComfyUI's files.
@@ -121,7 +134,7 @@ class ComputePath:
 
     @property
     def label(self) -> str:
-        frozen = self.float8 if self.float8 == FP8_ACTIVATIONS else f"float8 {self.float8}"
+        frozen = self.float8 if self.float8 in (FP8_ACTIVATIONS, INT8_COMPUTE) else f"float8 {self.float8}"
         return f"LoRA in {self.lora}, {frozen}"
 
 
@@ -132,6 +145,8 @@ RUNTIME = PATHS[1]  # the trainer by default (lora.compute_in_input_dtype); PATH
 # TrainConfig.fp8_activations: shown by `plan --gpu` for GPUs with float8 tensor cores (not in PATHS, whose
 # every path runs on every GPU).
 FP8_PATH = ComputePath("bfloat16", FP8_ACTIVATIONS)
+# TrainConfig.int8_compute: shown by `plan --gpu` for GPUs with a known int8 rate; its blocks are planned as int8.
+INT8_PATH = ComputePath("bfloat16", INT8_COMPUTE)
 
 
 # Differential output preservation's forward of the base model (adapter off, no gradient) before each training
@@ -169,7 +184,10 @@ def _block_work(arch: QwenImageArch, p: PlanInputs, path: ComputePath, lora: boo
     tokens = n_img + p.text_tokens
     attention_fwd = 4 * p.batch * tokens * tokens * arch.dim  # q k^T and (softmax) v
     fp8 = path.float8 == FP8_ACTIVATIONS and p.storage in ("float8", "float8_scaled")  # bf16, int8: their own paths
-    upcast = UPCAST_BYTES[p.storage] if path.float8 in ("eager", FP8_ACTIVATIONS) else 0
+    int8 = path.float8 == INT8_COMPUTE
+    if int8 and p.storage != "int8":
+        p = dataclasses.replace(p, storage="int8")  # int8 compute holds every block weight in int8
+    upcast = UPCAST_BYTES[p.storage] if path.float8 in ("eager", FP8_ACTIVATIONS, INT8_COMPUTE) else 0
     params = arch.block_linear_weight_params
     mod_params = sum(s.in_features * s.out_features for s in arch.block_linears if s.name in MODULATION_LINEARS)
     if fp8:  # frozen Linears on float8 tensor cores, each input quantised; attention stays bf16
@@ -177,6 +195,14 @@ def _block_work(arch: QwenImageArch, p: PlanInputs, path: ComputePath, lora: boo
         mod_inputs = sum(rows(s.name) * s.in_features for s in arch.block_linears if s.name in MODULATION_LINEARS)
         forward = Work(attention_fwd, 0, QUANTIZE_BYTES * inputs, fp8_flops=linear_fwd)
         recompute = Work(attention_fwd, 0, QUANTIZE_BYTES * (inputs - mod_inputs), fp8_flops=linear_fwd - mod_fwd)
+    elif int8:  # forward and recompute on int8 tensor cores, no weight upcast there; backward eager (below)
+        inputs = sum(rows(s.name) * s.in_features for s in arch.block_linears)
+        outputs = sum(rows(s.name) * s.out_features for s in arch.block_linears)
+        mod_in = sum(rows(s.name) * s.in_features for s in arch.block_linears if s.name in MODULATION_LINEARS)
+        mod_out = sum(rows(s.name) * s.out_features for s in arch.block_linears if s.name in MODULATION_LINEARS)
+        extra = lambda i, o: INT8_QUANTIZE_BYTES * i + INT8_OUTPUT_BYTES * o  # noqa: E731
+        forward = Work(attention_fwd, 0, extra(inputs, outputs), int8_ops=linear_fwd)
+        recompute = Work(attention_fwd, 0, extra(inputs - mod_in, outputs - mod_out), int8_ops=linear_fwd - mod_fwd)
     else:
         forward = Work(linear_fwd + attention_fwd, 0, upcast * params)
         recompute = Work(linear_fwd - mod_fwd + attention_fwd, 0, upcast * (params - mod_params))
@@ -324,8 +350,10 @@ def predict(inputs: PlanInputs, gpu: GpuProfile, placement: Placement | None = N
             path: ComputePath = TODAY) -> Prediction:
     """Seconds per step of `inputs` on `gpu` with `placement` (default: the swapper's default for
     inputs.blocks_to_swap and inputs.ring_depth), and with every block resident. With modulation ahead, the
-    mean over a window's steps."""
+    mean over a window's steps. INT8_PATH plans the blocks as int8 (what int8 compute holds) whatever `inputs.storage`."""
     arch = arch or real_arch()
+    if path.float8 == INT8_COMPUTE or inputs.int8_compute:
+        inputs, path = dataclasses.replace(inputs, storage="int8", int8_compute=True), INT8_PATH
     n, k = arch.num_blocks, inputs.blocks_to_swap
     if placement is None and k:
         placement = default_placement(n, k, ring_for(k, inputs.ring_depth))
@@ -399,6 +427,9 @@ def render_timeline(inputs: PlanInputs, gpu: GpuProfile, arch: QwenImageArch | N
     if gpu.fp8_tflops and inputs.storage in ("float8", "float8_scaled"):
         paths.append(FP8_PATH)
         preds.append(predict(inputs, gpu, arch=arch, path=FP8_PATH))
+    if gpu.int8_tops:  # opt-in; the int8 rates are data-sheet peaks until a device check measures them
+        paths.append(INT8_PATH)
+        preds.append(predict(inputs, gpu, arch=arch, path=INT8_PATH))
     for path, pred in zip(paths, preds):
         mark = " (this trainer)" if path == RUNTIME else ""
         lines.append(f"  {path.label + mark:<46}{pred.seconds:>8.3f}{pred.resident_seconds:>14.3f}"

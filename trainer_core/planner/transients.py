@@ -1,6 +1,7 @@
 """What one frozen block Linear's call holds besides the weights and activations the plan counts: the weight's upcast
 copy in the compute dtype (models/float8/storage.py), fp8 activations' quantised input (models/float8/activations.py),
-an int8 ConvRot weight's rotated input (models/int8_convrot.py). A call at a time: plan.py and phases.py take the
+an int8 ConvRot weight's rotated input (models/int8_convrot.py), int8 compute's rotated, quotient and int8 input copies and
+its int32 and fp32 products (models/int8_compute.py). A call at a time: plan.py and phases.py take the
 largest.
 """
 
@@ -27,6 +28,31 @@ def fp8_input_bytes(arch, p, n_img: int) -> int:
     return FP8_QUANTISED_BYTES_PER_VALUE * largest_block_input(arch, p, n_img)
 
 
+# int8 compute (models/int8_compute.py `quantize_activation`, `int8_linear`), per Linear call of M rows, K in, N out:
+# quantising holds the rotated input (the compute dtype, when rotated), its fp32 quotient and the int8 copy at once
+# (INT8_QUANTISED_BYTES_PER_VALUE + the dtype's bytes per input value); the product then holds the int8 input, the int32
+# accumulator and its fp32 copy (INT8_PRODUCT_BYTES_PER_OUTPUT per output value) before the output is written. On CUDA a
+# call of 16 rows or fewer is padded to INT8_PADDED_ROWS.
+INT8_QUANTISED_BYTES_PER_VALUE = 5
+INT8_PRODUCT_BYTES_PER_OUTPUT = 8
+INT8_PADDED_ROWS = 32
+
+
+def int8_compute_bytes(arch, p, n_img: int, act_bytes: int) -> int:
+    """The largest transient of one int8 compute call (forward or recompute): the larger of its quantisation's and its
+    product's (see above), over the block Linears. 0 when int8 compute is off."""
+    if not getattr(p, "int8_compute", False):
+        return 0
+    largest = 0
+    for s, rows in block_linear_rows(arch, p, n_img):
+        if p.device == "cuda" and rows <= 16:
+            rows = INT8_PADDED_ROWS
+        quantise = rows * s.in_features * (INT8_QUANTISED_BYTES_PER_VALUE + act_bytes)
+        product = rows * s.in_features + rows * s.out_features * INT8_PRODUCT_BYTES_PER_OUTPUT
+        largest = max(largest, quantise, product)
+    return largest
+
+
 def rotation_input_bytes(arch, p, n_img: int, act_bytes: int) -> int:
     """int8 ConvRot blocks: the rotated copy of the biggest block Linear input (or of its input gradient), in the compute
     dtype (`act_bytes` a value), alive with the upcast weight. 0 for other storage."""
@@ -35,8 +61,13 @@ def rotation_input_bytes(arch, p, n_img: int, act_bytes: int) -> int:
 
 def largest_block_input(arch, p, n_img: int) -> int:
     """Values of the biggest input a block Linear takes in one call (rows x in_features)."""
+    return max(rows * s.in_features for s, rows in block_linear_rows(arch, p, n_img))
+
+
+def block_linear_rows(arch, p, n_img: int) -> list[tuple]:
+    """(Linear shape, rows of one call) of every block Linear."""
     image_side = set(IMG_STREAM.values())
-    largest = 0
+    out = []
     for s in arch.block_linears:
         if arch.single_stream:  # 2.1: every block Linear reads the joint sequence
             rows = p.batch * (n_img + p.text_tokens)
@@ -44,5 +75,5 @@ def largest_block_input(arch, p, n_img: int) -> int:
             rows = p.batch
         else:
             rows = p.batch * (n_img if s.name in image_side else p.text_tokens)
-        largest = max(largest, rows * s.in_features)
-    return largest
+        out.append((s, rows))
+    return out

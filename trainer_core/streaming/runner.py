@@ -40,15 +40,18 @@ class BlockRunner:
 
     def __init__(self, transformer: nn.Module, device: torch.device, blocks_to_swap: int = 0,
                  checkpointing: bool = False, placement: Placement | None = None, compile_float8: bool = False,
-                 fp8_activations: bool = False, compile_on_cpu: bool = False, host_copy=None):
+                 fp8_activations: bool = False, compile_on_cpu: bool = False, host_copy=None,
+                 int8_compute: bool = False):
         """`compile_float8`: the frozen block Linears compiled so float8 weights are multiplied without a bf16
         copy (`models.float8.compiled`; CUDA + Triton, ignored where unavailable, `compiled_float8` says whether
         it is on). `compile_on_cpu`: on the CPU too (tests, benchmarks; off by default, see that module).
         `fp8_activations`: the float8 block Linears multiply in float8 with `torch._scaled_mm`
         (`models.float8.activations`; where the device runs it, else the eager path); `fp8_status` says which.
-        The two are alternatives: asking for both is refused. `host_copy`: the machine's shared host copy
+        `int8_compute`: the int8-held block Linears multiply int8 activations with `torch._int_mm`
+        (`models.int8_compute`; the weights converted before, `int8_compute.store_int8`). The three are
+        alternatives: asking for two is refused. `host_copy`: the machine's shared host copy
         (`shared_host.SharedHostCopy`) that holds the streamed blocks' masters already, or None."""
-        path = compute_path(path_name(compile_float8, fp8_activations), allow_cpu=compile_on_cpu)
+        path = compute_path(path_name(compile_float8, fp8_activations, int8_compute), allow_cpu=compile_on_cpu)
         uninstall_leftover_runner(transformer)
         self.transformer = transformer
         self.device = device
@@ -73,7 +76,7 @@ class BlockRunner:
 
     @property
     def fp8_status(self) -> str | None:
-        """One line on fp8 activations for the run's status when they were asked for, else None."""
+        """One line on fp8 activations or int8 compute for the run's status when asked for, else None."""
         return self.float8.status
 
     @property

@@ -27,6 +27,7 @@ from ..core.errors import UserInputError
 from ..core.finite import all_finite
 from ..data.order import DataOrder
 from ..models.components import module_fingerprint
+from ..models.int8_compute import store_int8
 from ..planner.for_run import SwapDecision, plan_run
 from ..streaming.placement import default_placement, tail_placement
 from ..streaming.runner import BlockRunner, swapped_blocks
@@ -39,6 +40,10 @@ from .idle_settings import check_trainable
 from .optim import build_optimizer
 from .preservation import check_cached as check_preservation_cached
 from .step import FlowMatchingStep
+
+
+# Set on a transformer whose block weights int8 compute converted to int8 (`build`): they stay so for later runs.
+INT8_HELD = "int8_compute_weights"
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,11 @@ def build(components, dataset, decided: Decided, optimizer_cfg: OptimizerConfig,
     if components.transformer_source is not None and keeps_checkpoints:
         accepted.add(module_fingerprint(transformer))
 
+    # int8 compute: the block weights held in int8 (rotated, per-row scales) before the adapter, the host copy and the
+    # runner see them, so streamed blocks stream their int8 bytes. In place, on the loaded model set: it stays int8.
+    converted = store_int8(transformer) if train.int8_compute else 0
+    if converted:
+        transformer.__dict__[INT8_HELD] = True
     runner = None
     try:
         params = tuple(inject_lora(transformer, lora, seed=train.seed, modules=list(decided.modules)))
@@ -148,10 +158,16 @@ def build(components, dataset, decided: Decided, optimizer_cfg: OptimizerConfig,
         runner = BlockRunner(
             transformer, device, checkpointing=train.gradient_checkpointing,
             placement=placement if swap.blocks_to_swap else None,
-            fp8_activations=train.fp8_activations, compile_float8=train.compile_float8, host_copy=host_copy)
+            fp8_activations=train.fp8_activations, compile_float8=train.compile_float8, host_copy=host_copy,
+            int8_compute=train.int8_compute)
         notes = [runner.swapper.pinned_status if runner.swapper is not None else None, runner.fp8_status,
                  getattr(components.transformer_source, "runtime_note", None),  # the file's attention preferences
                  decided.init_lora.runtime_note if decided.init_lora is not None else None]
+        if converted:
+            notes.append(f"int8 compute: {converted} block weights rotated and quantised to int8 at load")
+        if not train.int8_compute and transformer.__dict__.get(INT8_HELD):
+            notes.append("the block weights are still held in int8 from an earlier int8_compute run of this model "
+                         "set (computed in the compute dtype now): reload the model to train on its own storage")
         if host_copy is not None and runner.swapper is None:
             notes.append(f"host copy: {host_copy.status}")
         if train.compile_float8:

@@ -6,10 +6,11 @@ paths that compute with them.
                     of a ConvRot weight, nothing saved for backward but the module)
     activations.py  fp8 activations: float8 x float8 matmuls with torch._scaled_mm (TrainConfig.fp8_activations)
     compiled.py     the upcast compiled into the matmul (TrainConfig.compile_float8)
-    paths.py        the one interface over the three: compute_path(name).install(linears, device) -> Installed
+    paths.py        the one interface over the three and int8 compute (models/int8_compute.py):
+                    compute_path(name).install(linears, device) -> Installed
 """
 
-from .paths import COMPILED, EAGER, FP8_ACTIVATIONS, Installed, compute_path, path_name  # noqa: F401
+from .paths import COMPILED, EAGER, FP8_ACTIVATIONS, INT8, Installed, compute_path, path_name  # noqa: F401
 from .storage import (  # noqa: F401  (the storage names every loader and writer uses)
     FLOAT8,
     FLOAT8_MAX,

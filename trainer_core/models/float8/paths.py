@@ -1,7 +1,7 @@
 """The compute paths of the frozen float8 block Linears, behind one interface: pick one by name, install it on
 the Linears, read one line of status, uninstall it.
 
-    path = compute_path(EAGER | FP8_ACTIVATIONS | COMPILED)     (`path_name(...)` from the training options)
+    path = compute_path(EAGER | FP8_ACTIVATIONS | COMPILED | INT8)   (`path_name(...)` from the training options)
     installed = path.install(linears, device)                     -> Installed
     installed.name       the path that runs: EAGER where the one asked for cannot run on this device
     installed.status     one line for the run's status, or None (the eager path says nothing)
@@ -14,6 +14,8 @@ The paths, and where each lives:
 - FP8_ACTIVATIONS (`activations`): quantise the activation and multiply float8 x float8 with
   `torch._scaled_mm`, where the device runs it and the weights are stored in float8.
 - COMPILED (`compiled`): the upcast compiled into the matmul (CUDA + Triton; the CPU only when asked).
+- INT8 (`models/int8_compute.py`): int8 activations by int8 weights with `torch._int_mm`, on every device; the
+  weights must be held in int8 first (an int8 ConvRot file's are; `int8_compute.store_int8` converts the others).
 The alternatives replace a Linear's forward (an instance attribute) and give back the one they found.
 """
 
@@ -24,17 +26,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .. import int8_compute
 from . import activations, compiled
 from .storage import FLOAT8, restore_forwards
 
-EAGER, FP8_ACTIVATIONS, COMPILED = "eager", "fp8_activations", "compiled"
+EAGER, FP8_ACTIVATIONS, COMPILED, INT8 = "eager", "fp8_activations", "compiled", "int8"
 
 
-def path_name(compile_float8: bool = False, fp8_activations: bool = False) -> str:
-    """The path the training options ask for. They are alternatives: both at once is refused."""
-    if compile_float8 and fp8_activations:
-        raise ValueError("compile_float8 and fp8_activations are alternatives; choose one")
-    return COMPILED if compile_float8 else FP8_ACTIVATIONS if fp8_activations else EAGER
+def path_name(compile_float8: bool = False, fp8_activations: bool = False, int8_compute: bool = False) -> str:
+    """The path the training options ask for. They are alternatives: two at once is refused."""
+    if compile_float8 + fp8_activations + int8_compute > 1:
+        raise ValueError("compile_float8, fp8_activations and int8_compute are alternatives; choose one")
+    return COMPILED if compile_float8 else FP8_ACTIVATIONS if fp8_activations else INT8 if int8_compute else EAGER
 
 
 @dataclass
@@ -80,11 +83,19 @@ class _Compiled:
         return Installed(COMPILED, None, compiled.install(linears))
 
 
+class _Int8:
+    name = INT8
+
+    def install(self, linears: list[nn.Linear], device: torch.device) -> Installed:
+        previous = int8_compute.install(linears, device)
+        return Installed(INT8 if previous else EAGER, int8_compute.status(len(previous), len(linears)), previous)
+
+
 def compute_path(name: str, allow_cpu: bool = False):
-    """The path called `name` (EAGER, FP8_ACTIVATIONS, COMPILED). `allow_cpu`: the compiled path on the CPU too."""
+    """The path called `name` (EAGER, FP8_ACTIVATIONS, COMPILED, INT8). `allow_cpu`: the compiled path on the CPU too."""
     if name == COMPILED:
         return _Compiled(allow_cpu)
-    paths = {EAGER: _Eager, FP8_ACTIVATIONS: _Fp8Activations}
+    paths = {EAGER: _Eager, FP8_ACTIVATIONS: _Fp8Activations, INT8: _Int8}
     if name not in paths:
-        raise ValueError(f"unknown float8 compute path {name!r}; expected one of {(EAGER, FP8_ACTIVATIONS, COMPILED)}")
+        raise ValueError(f"unknown float8 compute path {name!r}; expected one of {(EAGER, FP8_ACTIVATIONS, COMPILED, INT8)}")
     return paths[name]()
