@@ -24,7 +24,8 @@ TRAIN_WIDGETS = (
     "timestep_sampling", "logit_mean", "logit_std", "resolution_shift", "caption_dropout", "checkpoint_every",
     "max_nonfinite_steps",
 )
-LATER_TRAIN_WIDGETS = ("validation_every", "fp8_activations", "compile_float8", "preservation_weight")
+LATER_TRAIN_WIDGETS = ("validation_every", "fp8_activations", "compile_float8", "preservation_weight", "fused_blocks",
+                       "attention_backend")
 # The seed widget is called training_seed: ComfyUI gives any INT input named "seed" a "randomize after
 # queue" control, which would change the seed, hence start a new run, on every queue.
 WIDGET_NAMES = {"seed": "training_seed"}

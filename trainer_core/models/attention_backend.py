@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..core.errors import UserInputError
+
 AUTO, SDPA, CUDNN, FLASH, EFFICIENT, MATH, FA3, FA2 = (
     "auto", "sdpa", "cudnn", "flash", "efficient", "math", "flash_attn_3", "flash_attn_2")
 BACKENDS = (AUTO, SDPA, CUDNN, FLASH, EFFICIENT, MATH, FA3, FA2)
@@ -65,7 +67,7 @@ def choose(setting: str, device_type: str, capability: tuple[int, int] | None,
     cuda = device_type == "cuda" and capability is not None
     if setting != AUTO:
         if setting in (FA3, FA2) and setting not in packages:
-            raise ValueError(f"attention_backend={setting}: the package {_PACKAGES[setting]} is not installed; "
+            raise UserInputError(f"attention_backend={setting}: the package {_PACKAGES[setting]} is not installed; "
                              "install it or choose auto")
         if setting in (CUDNN, FLASH, EFFICIENT, FA3, FA2) and not cuda:
             return AttentionChoice(SDPA, f"{setting} asked for, but it needs a CUDA GPU: PyTorch's pick")

@@ -126,13 +126,13 @@ def compile_available(device: torch.device, allow_cpu: bool = False) -> bool:
 
 
 def ops_for(mode: str, device: torch.device, allow_cpu: bool = False) -> Ops | None:
-    """The functions `mode` runs on `device`, None for off. auto and compiled: compiled where it can run, else
-    eager."""
+    """The functions `mode` runs on `device`, None for off. auto: compiled on a CUDA GPU with Triton, else eager;
+    compiled: compiled where it can run (the CPU with `allow_cpu`), else eager."""
     if mode not in FUSED_MODES:
         raise ValueError(f"fused_blocks={mode!r}: choose one of {', '.join(FUSED_MODES)}")
     if mode == OFF:
         return None
-    if mode in (AUTO, COMPILED) and compile_available(device, allow_cpu=allow_cpu):
+    if mode in (AUTO, COMPILED) and compile_available(device, allow_cpu=allow_cpu and mode == COMPILED):
         return compiled_ops()
     return EAGER_OPS
 

@@ -148,8 +148,10 @@ def build(components, dataset, decided: Decided, optimizer_cfg: OptimizerConfig,
         runner = BlockRunner(
             transformer, device, checkpointing=train.gradient_checkpointing,
             placement=placement if swap.blocks_to_swap else None,
-            fp8_activations=train.fp8_activations, compile_float8=train.compile_float8, host_copy=host_copy)
-        notes = [runner.swapper.pinned_status if runner.swapper is not None else None, runner.fp8_status]
+            fp8_activations=train.fp8_activations, compile_float8=train.compile_float8, host_copy=host_copy,
+            fused_blocks=train.fused_blocks, attention=train.attention_backend)
+        notes = [runner.swapper.pinned_status if runner.swapper is not None else None, runner.fp8_status,
+                 runner.fused_status]
         if host_copy is not None and runner.swapper is None:
             notes.append(f"host copy: {host_copy.status}")
         if train.compile_float8:
