@@ -5,7 +5,8 @@ diffusers runs, per block and stream, the QK RMSNorm as about seven tensor ops i
 in fp32 (reshape, view as complex, multiply, view as real, cast), and modulation, gates and residuals as separate
 ops: ~170 kernels per block forward on a GPU, near the rate a CPU can issue them. Here the same arithmetic sits in
 three functions over tensors, each a single graph for torch.compile (`dynamic=False`, `fullgraph=True`):
-    norm_rope(x, weight, eps, cos, sin)         QK RMSNorm then RoPE, real-valued, one per q / k tensor
+    joint_norm_rope(txt, img, ...)              QK RMSNorm then RoPE (real-valued, `norm_rope`) of both streams'
+                                                query (or key), concatenated: one call per joint q / k tensor
     norm_modulate(x, shift, scale, eps)         LayerNorm (no affine) then x (1 + scale) + shift
     gated_residual(x, gate, y)                  x + gate y
 and `gated_residual_norm_modulate` (the two above back to back, the block's middle). Every block calls the same
@@ -15,7 +16,7 @@ outside: the block calls its modules as diffusers does.
 
 Exactness (tests/engine/test_fused_block.py, diffusers' own block the oracle): eager, the functions do the ops
 diffusers does in its order, except RoPE, (a c - b s, a s + b c) over real tables instead of a complex multiply,
-the same products and sums; compiled, Inductor may reorder a reduction (fp32 within ~1e-6 relative).
+the same products and sums (bit-identical here); compiled, Inductor may reorder a reduction (fp32 within ~1e-5 relative, measured 6e-6).
 
 Modes (`FUSED_MODES`, `TrainConfig.fused_blocks`): auto (compiled on a CUDA GPU with Triton, else eager), eager,
 compiled (where it can run; the CPU only with `allow_cpu`), off (diffusers' own forward). Installed by the
@@ -65,7 +66,16 @@ def norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: tor
         y = y.to(x.dtype)
     y32 = y.float()
     swapped = y32.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return (y32 * cos + swapped * sin).to(y.dtype)
+    return (y32 * cos + swapped * sin).to(y.dtype)  # not addcmul: its fused multiply-add rounds otherwise
+
+
+def joint_norm_rope(txt: torch.Tensor, img: torch.Tensor, txt_weight, img_weight, txt_eps: float, img_eps: float,
+                    txt_cos, txt_sin, img_cos, img_sin) -> torch.Tensor:
+    """The joint query (or key) (B, S_txt + S_img, H, Dh), text first as diffusers concatenates them: `norm_rope`
+    of each stream then the concatenation, in one function (compiled, the concatenation is written in place by
+    the norm's kernels instead of copied after them)."""
+    return torch.cat([norm_rope(txt, txt_weight, txt_eps, txt_cos, txt_sin),
+                      norm_rope(img, img_weight, img_eps, img_cos, img_sin)], dim=1)
 
 
 def norm_modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
@@ -87,16 +97,16 @@ def gated_residual_norm_modulate(x, gate, y, shift, scale, eps: float) -> tuple[
 
 @dataclass(frozen=True)
 class Ops:
-    """The four functions as one mode runs them (eager: the functions above; compiled: each compiled once)."""
+    """The functions as one mode runs them (eager: the functions above; compiled: each compiled once)."""
 
     mode: str
-    norm_rope: object
+    joint_norm_rope: object
     norm_modulate: object
     gated_residual: object
     gated_residual_norm_modulate: object
 
 
-EAGER_OPS = Ops(EAGER, norm_rope, norm_modulate, gated_residual, gated_residual_norm_modulate)
+EAGER_OPS = Ops(EAGER, joint_norm_rope, norm_modulate, gated_residual, gated_residual_norm_modulate)
 
 
 @functools.cache
@@ -107,7 +117,7 @@ def compiled_ops() -> Ops:
     swapped weights change between calls, and the functions are small)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     compile_ = functools.partial(torch.compile, dynamic=False, fullgraph=True)
-    return Ops(COMPILED, compile_(norm_rope), compile_(norm_modulate), compile_(gated_residual),
+    return Ops(COMPILED, compile_(joint_norm_rope), compile_(norm_modulate), compile_(gated_residual),
                compile_(gated_residual_norm_modulate))
 
 
@@ -213,21 +223,17 @@ class FusedQwenAttnProcessor:
                                heads(attn.add_v_proj(encoder_hidden_states)))
         if image_rotary_emb is not None:
             img_freqs, txt_freqs = image_rotary_emb
-            img_cos, img_sin = self.tables.get(img_freqs)
+            img_cos, img_sin = self.tables.get(img_freqs)  # on the frequencies' device (the model's)
             txt_cos, txt_sin = self.tables.get(txt_freqs)
-            img_cos, img_sin, txt_cos, txt_sin = (t.to(hidden_states.device) for t in (img_cos, img_sin, txt_cos,
-                                                                                       txt_sin))
-            rope = self.ops.norm_rope
-            img_q = rope(img_q, attn.norm_q.weight, attn.norm_q.eps, img_cos, img_sin)
-            img_k = rope(img_k, attn.norm_k.weight, attn.norm_k.eps, img_cos, img_sin)
-            txt_q = rope(txt_q, attn.norm_added_q.weight, attn.norm_added_q.eps, txt_cos, txt_sin)
-            txt_k = rope(txt_k, attn.norm_added_k.weight, attn.norm_added_k.eps, txt_cos, txt_sin)
+            rope = self.ops.joint_norm_rope
+            query = rope(txt_q, img_q, attn.norm_added_q.weight, attn.norm_q.weight, attn.norm_added_q.eps,
+                         attn.norm_q.eps, txt_cos, txt_sin, img_cos, img_sin)
+            key = rope(txt_k, img_k, attn.norm_added_k.weight, attn.norm_k.weight, attn.norm_added_k.eps,
+                       attn.norm_k.eps, txt_cos, txt_sin, img_cos, img_sin)
         else:  # no positions given: the norms alone (diffusers' modules)
-            img_q, img_k = attn.norm_q(img_q), attn.norm_k(img_k)
-            txt_q, txt_k = attn.norm_added_q(txt_q), attn.norm_added_k(txt_k)
-        query = torch.cat([txt_q, img_q], dim=1)  # text first, as diffusers
-        key = torch.cat([txt_k, img_k], dim=1)
-        value = torch.cat([txt_v, img_v], dim=1)
+            query = torch.cat([attn.norm_added_q(txt_q), attn.norm_q(img_q)], dim=1)
+            key = torch.cat([attn.norm_added_k(txt_k), attn.norm_k(img_k)], dim=1)
+        value = torch.cat([txt_v, img_v], dim=1)  # text first, as diffusers
         joint = attention_backend.attend(query, key, value, mask, self.backend)
         joint = joint.flatten(2, 3).to(query.dtype)  # (B, S, D)
         img_out = attn.to_out[0](joint[:, seq_txt:].contiguous())
