@@ -13,7 +13,9 @@ Phases, each within its share of --seconds (default 480 s; a phase that would ov
              one streamed step against the all-resident one (same batches);
 3. speed     gpu_speed_check.run_speed: seconds per step against the timeline model for those settings and
              the float8 paths (eager, fp8 activations, compiled), each path's losses against the eager one;
-4. nccl      an all-reduce over every GPU when there are more than one (else the report says so).
+4. nccl      an all-reduce over every GPU when there are more than one (else the report says so);
+-  profile   gpu_profile.run_profile, only with `--only profile` (with others: `--only memory speed profile`):
+             the card's clocks, per-kernel rates and one profiled step per fused-block variant.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ LIBRARIES = ("diffusers", "transformers", "peft", "bitsandbytes", "safetensors",
 # The torch this GPU path was written for (the device's): older ones are not claimed (README, install).
 TORCH_WRITTEN_FOR = (2, 11)
 # Shares of the run's time, in this order; what a phase leaves unused goes to the next.
-SLICES = {"memory": 0.5, "speed": 0.45}
+SLICES = {"memory": 0.5, "speed": 0.45, "profile": 0.45}  # profile: only when asked (--only profile)
 
 
 def floors() -> dict[str, str]:
@@ -119,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_common_args(parser, os.environ.get("OUT") or str(REPO / "benchmarks" / "device_out"))
     parser.add_argument("--workdir", default=None, help="where the model files go (default: a temporary folder)")
-    parser.add_argument("--only", nargs="*", choices=["memory", "speed"], default=None, help="run only these phases")
+    parser.add_argument("--only", nargs="*", choices=["memory", "speed", "profile"], default=None,
+                        help="run only these phases (profile, gpu_profile.py, runs only when named)")
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else (None if args.tiny else 480.0)
     clock = harness.Clock(seconds)
@@ -144,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
                     gpu_check.run_memory(env, report, clock, workdir, share)
                 finally:
                     shutil.rmtree(workdir, ignore_errors=True)
+            elif name == "profile":
+                import gpu_profile
+
+                gpu_profile.run_profile(env, report, clock, share)
             else:
                 gpu_speed_check.run_speed(env, report, clock, share)
         except Exception as e:  # one phase's failure is a result, and the next phase still runs

@@ -25,7 +25,7 @@ TRAIN_WIDGETS = (
     "max_nonfinite_steps",
 )
 LATER_TRAIN_WIDGETS = ("validation_every", "fp8_activations", "compile_float8", "preservation_weight",
-                       "int8_compute")
+                       "int8_compute", "fused_blocks", "attention_backend")
 # The seed widget is called training_seed: ComfyUI gives any INT input named "seed" a "randomize after
 # queue" control, which would change the seed, hence start a new run, on every queue.
 WIDGET_NAMES = {"seed": "training_seed"}

@@ -76,7 +76,7 @@ NODES = [
                                 "max_nonfinite_steps": 3, "continue_from_lora": "(none: start from zero)",
                                 "validation_every": 0, "fp8_activations": False,
                                 "compile_float8": False, "preservation_weight": 0.0,
-                                "int8_compute": False},
+                                "int8_compute": False, "fused_blocks": "auto", "attention_backend": "auto"},
      ("train", 0)),
     (13, "PreviewAny", {}, ("train", 0)),  # Init Trainer's status: started/resumed, blocks_to_swap, memory plan
     (7, "QwenLoRATrain", {"steps": 250, "preview_every": 25, "preview_size": 512, "preview_sampling_steps": 20,

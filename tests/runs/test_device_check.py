@@ -59,3 +59,33 @@ def test_device_check_tiny_writes_the_report_and_a_passing_verdict(tmp_path):
     text = (out / "device_check.md").read_text()
     assert all(f"## {name}" in text for name in TABLES)
     assert text.rstrip().splitlines()[-1] == report["verdict"]
+
+
+PROFILE_TABLES = {
+    "versions": TABLES["versions"],
+    "card": ["query", "value"],
+    "kernel rates": ["piece", "shape", "dtype", "variant", "ms", "rate", "note"],
+    "profiled steps": ["variant", "blocks", "seconds_per_step", "kernels", "host_syncs", "loss", "top_kernels"],
+}
+
+
+@pytest.mark.slow  # a new process with the whole stack (imports dominate)
+def test_device_check_profile_tiny(tmp_path):
+    """`--only profile` at tiny dims: the card table, every piece's rate, and the diffusers and fused eager steps
+    with equal losses (the compiled step is skipped on the CPU)."""
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    result = subprocess.run(["bash", str(REPO / "benchmarks" / "device_check.sh"), "--tiny", "--only", "profile"],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "device_check.json").read_text())
+    assert {name: t["columns"] for name, t in report["tables"].items()} == PROFILE_TABLES
+    rates = report["tables"]["kernel rates"]["rows"]
+    assert {r["piece"] for r in rates} == {"matmul", "float8 upcast", "attention fwd+bwd", "RMSNorm+RoPE fwd+bwd",
+                                           "LoRA add"}
+    assert all(r["ms"] is not None and r["ms"] > 0 for r in rates)
+    steps = report["tables"]["profiled steps"]["rows"]
+    assert [r["variant"] for r in steps] == ["diffusers", "fused eager"]
+    assert steps[0]["loss"] == steps[1]["loss"] and all(r["kernels"] > 0 for r in steps)
+    assert [s["phase"] for s in report["skipped"]] == ["profile: fused compiled step"]
+    assert report["verdict"].startswith("VERDICT: PASS")

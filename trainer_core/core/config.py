@@ -330,6 +330,20 @@ class TrainConfig:
         "unchanged. Slightly less exact (benchmarks/README.md). Not together with fp8_activations or compile_float8 "
         "(the status says whether it is on).",
     )
+    fused_blocks: str = _f(
+        "auto", "How a Qwen-Image block's small work runs (QK norm and rotary embedding, modulation, gates, "
+        "residuals; models/fused_block.py): auto = eager until a GPU has measured the compiled ones; eager = our "
+        "fused functions uncompiled; compiled = compiled with torch.compile on a CUDA GPU with Triton (the first "
+        "step compiles), else eager; "
+        "off = diffusers' own block. The same results up to rounding; the status says which runs.",
+        choices=("auto", "eager", "compiled", "off"),
+    )
+    attention_backend: str = _f(
+        "auto", "The attention kernel (models/attention_backend.py): auto = the GPU's best (cuDNN on H100 / B200 "
+        "class cards, FlashAttention-3 or -2 where installed, else PyTorch's flash kernel); sdpa = PyTorch's own "
+        "pick; or one by name. Text without padding runs without a mask. The status says which runs.",
+        choices=("auto", "sdpa", "cudnn", "flash", "efficient", "math", "flash_attn_3", "flash_attn_2"),
+    )
 
     def __post_init__(self) -> None:
         self.blocks_to_swap = parse_blocks_to_swap(self.blocks_to_swap)
@@ -342,7 +356,7 @@ class TrainConfig:
     def validate(self) -> None:
         _check_range(self, "micro_batch_size", "grad_accum_steps", "seed", "caption_dropout", "checkpoint_every",
                      "max_nonfinite_steps", "blocks_to_swap", "validation_every", "preservation_weight")
-        _check_choice(self, "timestep_sampling")
+        _check_choice(self, "timestep_sampling", "fused_blocks", "attention_backend")
         check_run_name(self.run_name)
         if self.compile_float8 + self.fp8_activations + self.int8_compute > 1:
             raise UserInputError(

@@ -21,6 +21,7 @@ import functools
 import torch
 from torch import nn
 
+from ..models import attention_backend, fused_block
 from ..models.float8 import frozen_linears
 from ..models.float8.paths import COMPILED, compute_path, path_name
 from ..models.modulation import is_modulation_linear, supports_modulation_ahead
@@ -41,7 +42,8 @@ class BlockRunner:
     def __init__(self, transformer: nn.Module, device: torch.device, blocks_to_swap: int = 0,
                  checkpointing: bool = False, placement: Placement | None = None, compile_float8: bool = False,
                  fp8_activations: bool = False, compile_on_cpu: bool = False, host_copy=None,
-                 int8_compute: bool = False):
+                 int8_compute: bool = False, fused_blocks: str = fused_block.AUTO,
+                 attention: str = attention_backend.AUTO):
         """`compile_float8`: the frozen block Linears compiled so float8 weights are multiplied without a bf16
         copy (`models.float8.compiled`; CUDA + Triton, ignored where unavailable, `compiled_float8` says whether
         it is on). `compile_on_cpu`: on the CPU too (tests, benchmarks; off by default, see that module).
@@ -66,6 +68,9 @@ class BlockRunner:
         self.swapper = BlockSwapper(blocks, self.placement, device, shared=host_copy) if swapped else None
         self.modulation = ModulationOutputs(transformer, set(swapped))
         self.float8 = path.install([lin for block in blocks for _, lin in frozen_linears(block)], device)
+        # Before the block wrappers below: they call the forward this puts on the blocks.
+        self.fused = fused_block.install(blocks, fused_blocks, attention_backend.choose_for(attention, device),
+                                         device, allow_cpu_compile=compile_on_cpu)
         # After the float8 path: the modulation wrappers call the forward it installed.
         for i, block in enumerate(blocks):
             block.forward = forwards.wrap(block.forward, functools.partial(self._run_block, i), self)
@@ -78,6 +83,11 @@ class BlockRunner:
     def fp8_status(self) -> str | None:
         """One line on fp8 activations or int8 compute for the run's status when asked for, else None."""
         return self.float8.status
+
+    @property
+    def fused_status(self) -> str:
+        """One line for the run's status: the fused block mode and the attention backend that run."""
+        return self.fused.status
 
     @property
     def compiled_float8(self) -> bool:
@@ -178,6 +188,7 @@ class BlockRunner:
             forwards.unwrap(block)
             for _, lin in frozen_linears(block):
                 forwards.unwrap(lin)
+        self.fused.uninstall()  # after unwrapping: the blocks' own forward back (the wrappers held ours)
 
 
 def swapped_blocks(num_blocks: int, blocks_to_swap: int) -> list[int]:
