@@ -180,7 +180,8 @@ class QwenLoRATrain:
             report = trainer.train(steps, work=[*extras.work(), every(1, on_step)])
         run = trainer.progress  # (`progress` is ComfyUI's progress bar here)
         return (trainer, report.mean_loss, report_text(report, trainer.last_loss(), run.validation_history,
-                                                        run.dataset_loss_history, run.preview_history))
+                                                        run.dataset_loss_history, run.preview_history,
+                                                        trainer.preview_notes))
 
 
 # The live image: the newest preview (fit to this many pixels a side: a larger one scaled down, a small model's 64 px
@@ -223,7 +224,8 @@ def live_image(trainer: Trainer, preview):
 REPORT_LIST_MAX = 8  # previews or snapshots listed one by one in the report; more are summed up
 
 
-def report_text(report, last_loss: float, validation_history=(), dataset_history=(), preview_history=()) -> str:
+def report_text(report, last_loss: float, validation_history=(), dataset_history=(), preview_history=(),
+                preview_notes=()) -> str:
     text = (f"steps {report.first_step}-{report.last_step}: mean loss {report.mean_loss:.4f}, "
             f"last {last_loss:.4f}, {report.step_seconds:.2f} s/step")
     means = dataset_means(dataset_history, report.first_step)  # several or weighted datasets: each one's mean
@@ -246,6 +248,9 @@ def report_text(report, last_loss: float, validation_history=(), dataset_history
         step, from_untrained, from_previous = moved[-1]
         text += (f"\npreview at step {step} moved {_share(from_untrained)} from the untrained one and "
                  f"{_share(from_previous)} from the one before (mean absolute difference, 0-1)")
+        if from_untrained is None or from_previous is None:  # say why a measure is missing, never just "unknown"
+            text += "; " + "; ".join(preview_notes or ["the picture it compares with was made after the last "
+                                                       "checkpoint or at another preview_size"])
     if report.snapshots:
         names = [p.name for p in report.snapshots]
         shown = names if len(names) <= REPORT_LIST_MAX else [names[0], "...", names[-1]]
@@ -254,4 +259,4 @@ def report_text(report, last_loss: float, validation_history=(), dataset_history
 
 
 def _share(value) -> str:
-    return "(unknown)" if value is None else f"{value:.3f}"
+    return "(not measured)" if value is None else f"{value:.3f}"
