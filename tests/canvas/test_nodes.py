@@ -20,7 +20,7 @@ API_WORKFLOW = api_workflow("main")
 
 def test_pack_imports_like_comfyui_and_exposes_prefixed_nodes(pack):
     mappings = pack.NODE_CLASS_MAPPINGS
-    assert len(mappings) == 18  # 12 + the three Qwen-Image-Edit nodes (Load Edit, Edit Dataset, Edit Preview) + Layered Dataset + Dataset Mix + Caption Dataset
+    assert len(mappings) == 19  # 12 + the three Qwen-Image-Edit nodes (Load Edit, Edit Dataset, Edit Preview) + Layered Dataset + Dataset Mix + Caption Dataset + Images to Dataset
     assert set(mappings) == set(pack.NODE_DISPLAY_NAME_MAPPINGS)
     assert all(name.startswith("QwenLoRA") for name in mappings)
     assert not set(mappings) & CORE_IDS
