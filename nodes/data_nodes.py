@@ -8,7 +8,7 @@ from ..trainer_core.core.config import CUSTOM_FOLDER, CacheConfig, DatasetConfig
 from ..trainer_core.core.errors import UserInputError
 from ..trainer_core.core.files import inside
 from ..trainer_core.data.cache import build_cache
-from ..trainer_core.data.graph_images import graph_dataset
+from ..trainer_core.data.graph_images import GraphImagesConfig, graph_dataset
 from ..trainer_core.data.images import folder_state, load_dataset
 from ..trainer_core.data.masks import MASK_FOLDER
 from ..trainer_core.data.mixture import cache_inputs, data_settings, mix
@@ -95,9 +95,7 @@ class QwenLoRAImagesToDataset:
         return {"required": {
             "images": ("IMAGE", {"tooltip": "The training pictures: an IMAGE batch (batch, height, width, channels; "
                                             "4 channels keep their transparency for Qwen-Image 2.1)."}),
-            "captions": ("STRING", {"multiline": True, "default": "",
-                                    "tooltip": "One caption per line, in the batch's order, or one line for every "
-                                               "picture."}),
+            **widgets(GraphImagesConfig, "captions"),
             **widgets(DatasetConfig, *GRAPH_WIDGETS),
         }, "optional": {
             "mask": ("MASK", {"tooltip": "Loss masks, one per picture or one for all, of the pictures' size: 1 trains, "

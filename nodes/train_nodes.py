@@ -64,9 +64,11 @@ class QwenLoRAInitTrainer:
 
     @classmethod
     def IS_CHANGED(cls, run_name="", **_):
-        # Run again once the run's trainer was retired or released, so the next queue rebuilds it (an
-        # unchanged count keeps ComfyUI's cached output: the live trainer).
-        return runs.changes(run_name)
+        # Run again once the run's trainer was retired or released, so the next queue rebuilds it, and once it
+        # trained further, so the status on the canvas says the step it continues at (it hands on the same live
+        # trainer: nothing is rebuilt). Unchanged, ComfyUI keeps its cached output.
+        trainer = runs.find(run_name)
+        return f"{runs.changes(run_name)}|{trainer.step if trainer is not None else '-'}"
 
     def init(self, models, cached_dataset, lora_config, optimizer_config, continue_from_lora=NO_LORA, **widget_values):
         names = {widget: field for field, widget in WIDGET_NAMES.items()}
@@ -78,7 +80,32 @@ class QwenLoRAInitTrainer:
                                 before_build=host.free_host_models,  # 'auto' swapping plans on a freed GPU
                                 exclusive=True)  # one GPU, one training: an earlier model set's run lets go
         log.info("[qwen-lora] %s", run.status)
-        return (run.trainer, run.status)
+        return (run.trainer, canvas_status(run.status, run.trainer.run_dir))
+
+
+PLAN_FILE = "memory_plan.txt"  # the whole memory plan, in the run folder (the canvas shows its verdict)
+PLAN_LINES_SHOWN = 3  # a plan this short (a CPU's one line) is shown whole
+
+
+def canvas_status(status: str, run_dir: Path | None) -> str:
+    """Init Trainer's status as its box on the canvas shows it: what happened, the model, the swap count and the
+    memory plan's verdict; a GPU's plan (~45 lines) goes whole into the run folder's memory_plan.txt and ComfyUI's
+    console."""
+    head, _, plan = status.partition("\n\n")
+    lines = [line for line in plan.splitlines() if line.strip()]
+    if len(lines) <= PLAN_LINES_SHOWN:
+        return status
+    where = "ComfyUI's console"
+    if run_dir is not None:
+        try:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            (Path(run_dir) / PLAN_FILE).write_text(plan + "\n", encoding="utf-8")
+            where = f"{Path(run_dir) / PLAN_FILE} and ComfyUI's console"
+        except OSError as e:  # the plan is still in the console; the run goes on
+            log.warning("[qwen-lora] memory plan not written to %s: %s", run_dir, e)
+    budget = next((" ".join(line.split()) for line in lines if line.startswith("budget")), "")
+    verdict = lines[-1] + (f" (GPU at the training peak: {budget})" if budget else "")
+    return f"{head}\nmemory plan: {verdict}; the whole plan: {where}"
 
 
 class QwenLoRARelease:
@@ -147,6 +174,9 @@ class QwenLoRATrain:
               preview_sampling_steps: int = 20, snapshot_every: int = 0):
         cfg = TrainStepsConfig(steps, preview_every, preview_size, preview_sampling_steps, snapshot_every)
         trainer.require_live()
+        if steps == 0:  # captions and cache only (workflow 7's first queue): nothing trains, nothing is sampled
+            return (trainer, trainer.last_loss(), f"0 steps: nothing trained this queue; the run is at step "
+                                                  f"{trainer.step}. Set steps above 0 and queue again to train.")
         extras = step_extras(trainer, cfg)
         trainer.schedule_previews(extras)  # the run's live preview schedule: Compare Steps says when the first comes
         with engine_mode():

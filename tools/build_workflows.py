@@ -229,7 +229,7 @@ REG = {
 CAPTION_NOTE = """Caption your images, then train a Qwen-Image LoRA
 1. Models: as in "2 Qwen-Image LoRA": qwen_2.5_vl_7b_fp8_scaled in text_encoders writes the captions too (its vision tower; nothing else to download).
 2. Data: a folder of images; set its path in Caption Dataset. Images without a name.txt get one; your own captions are kept. Set a trigger word if the LoRA should have one.
-3. Queue once with Train Steps' steps at 0 (or bypass the training nodes: Ctrl+B) and read the captions in the picture; fix any in its .txt file. Queue again to train: the captions you kept or edited are used as they are."""
+3. Queue once with Train Steps' steps at 0: the captions are written and cached, nothing trains, Save writes nothing (Preview shows the model before training). Read the captions in the picture; fix any in its .txt file. Set steps back to 250 and queue again to train: the captions you kept or edited are used as they are."""
 
 CAPTION_ID, CAPTION_SHEET_ID, CAPTION_REPORT_ID = 21, 22, 23
 CAPTION_NODES = [
@@ -373,6 +373,10 @@ TITLE_CHAR_W = 8.6
 SHOWS_IMAGE = {"SaveImage", "PreviewImage", "QwenLoRATrain", "LoadImage"}
 DISPLAY_TEXTBOX = {"PreviewAny"}  # the canvas adds a text box that shows the value, and a markdown toggle
 REPORT_H = 120
+# Init Trainer's status (what happened, the model and its licence, blocks_to_swap, the memory plan's verdict and where
+# the whole plan is: ~10 lines at this width, more with warnings): a wider, taller text box, so its last line shows.
+STATUS_ID = 13
+REPORT_BOXES = {STATUS_ID: (520, 240)}
 GAP = 30  # between stacked nodes (below a node's body, above the next one's title bar)
 GROUP_PAD = 12
 GROUP_TITLE_H = 40  # a group's title bar (font 24)
@@ -422,15 +426,16 @@ def is_textbox(spec: tuple) -> bool:
 
 
 def node_size(cls_name: str, title: str, inputs: dict, values: dict, out_names: list[str],
-              image_box: tuple[int, int] | None = None) -> tuple[int, int]:
-    """(width, height) of a node's body (the title bar is above it)."""
+              image_box: tuple[int, int] | None = None,
+              report_box: tuple[int, int] = (IMAGE_BOX["PreviewImage"][0], REPORT_H)) -> tuple[int, int]:
+    """(width, height) of a node's body (the title bar is above it); `report_box`: a PreviewAny's text box."""
     sockets = [n for n, s in inputs.items() if not is_widget(s)]
     widgets = [(n, s) for n, s in inputs.items() if is_widget(s)]
     rows = max(len(sockets), len(out_names), 1)
     height = rows * SLOT_H
     widget_heights = [TEXTBOX_H if is_textbox(s) else WIDGET_H for _, s in widgets]
     if cls_name in DISPLAY_TEXTBOX:  # the value's text box (room for a report of a few lines) and a toggle
-        widget_heights += [REPORT_H, WIDGET_H]
+        widget_heights += [report_box[1], WIDGET_H]
     if widget_heights:
         height += sum(h + 4 for h in widget_heights) + 8
     height += 6
@@ -439,7 +444,7 @@ def node_size(cls_name: str, title: str, inputs: dict, values: dict, out_names: 
         height += image_box[1]
         width = image_box[0]
     elif cls_name in DISPLAY_TEXTBOX:
-        width = IMAGE_BOX["PreviewImage"][0]
+        width = report_box[0]
     width = max(width, len(title) * TITLE_CHAR_W + 2 * TITLE_H,  # the title, at the canvas' 14 px font
                 (max(map(len, sockets), default=0) + max(map(len, out_names), default=0)) * CHAR_W + 2 * SLOT_H + 5)
     for name, spec in widgets:
@@ -516,8 +521,9 @@ def build(mappings, display_names: dict[str, str], workflow: Workflow) -> tuple[
     sizes = {}
     for node_id, cls_name, values, _place in nodes:
         box = workflow.image_boxes.get(node_id, IMAGE_BOX.get(cls_name))
+        report = REPORT_BOXES.get(node_id, (IMAGE_BOX["PreviewImage"][0], REPORT_H))
         sizes[node_id] = node_size(cls_name, title_of[node_id], input_types(cls_name, mappings), values,
-                                   [name for _, name in output_types(cls_name, mappings)], box)
+                                   [name for _, name in output_types(cls_name, mappings)], box, report)
     note_box = note_size(workflow.note) if workflow.note else (0, -TITLE_H - GAP)
     positions, group_boxes = layout(sizes, {i: place for i, _c, _v, place in nodes}, note_box)
     for order, (node_id, cls_name, values, _place) in enumerate(nodes):

@@ -120,11 +120,11 @@ def test_bad_captions_or_masks_are_named(pack, graph_prompt, captions, mask, say
 
 def test_the_graph_images_workflow_loads_crops_and_trains(pack, tmp_path, loras_dir, monkeypatch):
     """The shipped workflow as a user queues it (cut to 4 of its steps): Load Image (ComfyUI's input/example.png, here
-    a stand-in picture of its size), Image Crop, Images to Dataset, and the shapes model trains on the crop."""
+    a stand-in picture of its 768x768 size), Image Crop, Images to Dataset, and the shapes model trains on the crop."""
     monkeypatch.setenv("QWEN_LORA_MODELS", str(tmp_path / "no_models"))
     inputs = tmp_path / "input"
     inputs.mkdir()
-    Image.fromarray((picture_batch(count=1, size=512)[0].numpy() * 255).astype(np.uint8)).save(inputs / "example.png")
+    Image.fromarray((picture_batch(count=1, size=768)[0].numpy() * 255).astype(np.uint8)).save(inputs / "example.png")
     monkeypatch.setenv("QWEN_LORA_INPUT", str(inputs))
     prompt = json.loads(api_workflow("graph_images").read_text())
     assert [prompt[i]["class_type"] for i in ("24", "25", "2")] == ["LoadImage", "ImageCrop", "QwenLoRAImagesToDataset"]

@@ -20,6 +20,7 @@ import hashlib
 import io
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,17 @@ from PIL import Image
 
 from ..core.config import DatasetConfig
 from ..core.errors import UserInputError
+from ..core.fields import _f
 from .images import Dataset, load_dataset
+
+
+@dataclass
+class GraphImagesConfig:
+    """What a graph's pictures need beside the folder dataset's settings (DatasetConfig): their captions."""
+
+    captions: str = _f("", "One caption per line, in the batch's order, or one line for every picture.",
+                       multiline=True)
+
 
 GRAPH_LABEL = "graph images"  # the dataset's label in loss reports (a folder dataset's is its folder's name)
 STEM = "image_{:04d}"
