@@ -183,7 +183,7 @@ LAYERED = {3: {"preview_prompts": "a poster: a title over a photo"}, 6: {"run_na
 # ComfyUI's own 2.1 templates download (int8 ConvRot transformer and text encoder, the bf16 VAE); the processor (and
 # any part set to (not used)) comes from a diffusers 2.1 folder.
 QWEN21_NOTE = """How to train a Qwen-Image 2.1 LoRA (text-to-image)
-1. Models: the files ComfyUI's 2.1 template downloads (loading this workflow offers the missing ones): qwen_image_2.1_int8_convrot (models/diffusion_models; the Load node reads 2.1 from it), qwen3vl_8b_int8_convrot (text_encoders), qwen_image_2.1_vae_bf16 (vae); and in diffusers_folder the diffusers Qwen-Image 2.1 folder, whose processor/ is read.
+1. Models: the files ComfyUI's 2.1 template downloads (loading this workflow offers the missing ones): qwen_image_2.1_int8_convrot (models/diffusion_models; the Load node reads 2.1 from it), qwen3vl_8b_int8_convrot (text_encoders), qwen_image_2.1_vae_bf16 (vae); and in diffusers_folder the diffusers folder of the Hugging Face repository Qwen/Qwen-Image-2.1, of which only model_index.json and processor/ are read (hf download Qwen/Qwen-Image-2.1 --include model_index.json "processor/*" --local-dir models/diffusers/Qwen-Image-2.1).
 2. Data: per sample name.png + name.txt (its caption), as for Qwen-Image.
 3. Queue; queue again to continue. Preview samples with the 2.1 pipeline; Save writes to models/loras (ComfyUI's 2.1 layout, the MLP pair fused).
 To edit with 2.1: the Edit workflow, these files in its Load Edit node, an Edit Dataset (its controls are the reference images), Preview (Edit)."""
