@@ -6,7 +6,7 @@ from . import host
 
 from .caption_nodes import QwenLoRACaptionDataset
 from .config_nodes import QwenLoRAConfig, QwenLoRAOptimizer
-from .data_nodes import QwenLoRACache, QwenLoRADataset, QwenLoRADatasetMix
+from .data_nodes import QwenLoRACache, QwenLoRADataset, QwenLoRADatasetMix, QwenLoRAImagesToDataset
 from .edit_nodes import QwenLoRAEditDataset, QwenLoRAEditPreview, QwenLoRALoadEditModels
 from .layered_nodes import QwenLoRALayeredDataset
 from .model_nodes import QwenLoRALoadModels
@@ -32,6 +32,7 @@ NODE_CLASS_MAPPINGS = {
     "QwenLoRAEditPreview": QwenLoRAEditPreview,
     "QwenLoRALayeredDataset": QwenLoRALayeredDataset,
     "QwenLoRACaptionDataset": QwenLoRACaptionDataset,
+    "QwenLoRAImagesToDataset": QwenLoRAImagesToDataset,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -53,6 +54,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "QwenLoRAEditPreview": "Qwen LoRA Preview (Edit)",
     "QwenLoRALayeredDataset": "Qwen LoRA Layered Dataset",
     "QwenLoRACaptionDataset": "Qwen LoRA Caption Dataset",
+    "QwenLoRAImagesToDataset": "Qwen LoRA Images to Dataset",
 }
 
 # The template browser lists the example workflows in their names' order, the first run first (host.py).

@@ -8,6 +8,7 @@ from ..trainer_core.core.config import CUSTOM_FOLDER, CacheConfig, DatasetConfig
 from ..trainer_core.core.errors import UserInputError
 from ..trainer_core.core.files import inside
 from ..trainer_core.data.cache import build_cache
+from ..trainer_core.data.graph_images import GraphImagesConfig, graph_dataset
 from ..trainer_core.data.images import folder_state, load_dataset
 from ..trainer_core.data.masks import MASK_FOLDER
 from ..trainer_core.data.mixture import cache_inputs, data_settings, mix
@@ -64,6 +65,47 @@ class QwenLoRADataset:
         cfg = DatasetConfig(folder=dataset_folder(folder, input_folder), input_folder=input_folder,
                             validation_images=validation_images, **settings)
         dataset = load_dataset(cfg)
+        return (dataset, dataset.summary())
+
+
+# The folder node's settings that apply to pictures from the graph (no folder, caption files or file decoding).
+GRAPH_WIDGETS = ("resolution", "enable_buckets", "min_bucket_side", "max_bucket_side", "repeats",
+                 "upscale_small_images", "background", "transparency", "validation_images", "mask_background_weight",
+                 "loss_weight", "is_regularization")
+GRAPH_IMAGES_FOLDER = "qwen_lora_training/graph_images"  # inside the output folder: one folder per batch
+
+
+class QwenLoRAImagesToDataset:
+    DESCRIPTION = (
+        "Images from the graph as a training dataset: an IMAGE batch (Load Image, a crop, a generated batch...), "
+        "its captions (one per line in the batch's order, or one line for all) and optionally a MASK batch as loss "
+        "masks (1 trains, 0 weighs mask_background_weight). Feeds the Cache node like a folder dataset; the pictures "
+        "are written once into ComfyUI's output folder under a name made from their pixels, so an unchanged batch is "
+        "not encoded again and a changed picture is."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "build"
+    RETURN_TYPES = (DATASET, "STRING")
+    RETURN_NAMES = ("dataset", "summary")
+    OUTPUT_TOOLTIPS = ("The pictures, captions and buckets, for the Cache node.",
+                       "How many pictures landed in which bucket.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "images": ("IMAGE", {"tooltip": "The training pictures: an IMAGE batch (batch, height, width, channels; "
+                                            "4 channels keep their transparency for Qwen-Image 2.1)."}),
+            **widgets(GraphImagesConfig, "captions"),
+            **widgets(DatasetConfig, *GRAPH_WIDGETS),
+        }, "optional": {
+            "mask": ("MASK", {"tooltip": "Loss masks, one per picture or one for all, of the pictures' size: 1 trains, "
+                                         "0 weighs mask_background_weight. Load Image's mask is 1 where the picture is "
+                                         "transparent: put Invert Mask between to train the opaque part."}),
+        }}
+
+    def build(self, images, captions, mask=None, **settings):
+        root = inside(host.output_directory(), GRAPH_IMAGES_FOLDER, "the graph images folder", GRAPH_IMAGES_FOLDER)
+        dataset = graph_dataset(root, images, captions, mask, **settings)
         return (dataset, dataset.summary())
 
 

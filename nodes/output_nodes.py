@@ -156,6 +156,10 @@ class QwenLoRASave:
         }}
 
     def save(self, trainer, filename, dtype, layout="comfyui"):
+        if trainer.step == 0:  # Train Steps at 0 steps (captions and cache only): an untrained LoRA is no LoRA
+            text = (f"nothing saved: run '{trainer.train_cfg.run_name}' is at step 0 (nothing trained yet). Set Train "
+                    "Steps' steps above 0 and queue again.")
+            return {"ui": {"text": [text]}, "result": ("",)}
         path = lora_output_path(host.loras_directory(), filename, trainer.train_cfg.run_name, trainer.step)
         with engine_mode():
             trainer.save_lora(path, getattr(torch, dtype), layout=layout)

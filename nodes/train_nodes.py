@@ -65,9 +65,11 @@ class QwenLoRAInitTrainer:
 
     @classmethod
     def IS_CHANGED(cls, run_name="", **_):
-        # Run again once the run's trainer was retired or released, so the next queue rebuilds it (an
-        # unchanged count keeps ComfyUI's cached output: the live trainer).
-        return runs.changes(run_name)
+        # Run again once the run's trainer was retired or released, so the next queue rebuilds it, and once it
+        # trained further, so the status on the canvas says the step it continues at (it hands on the same live
+        # trainer: nothing is rebuilt). Unchanged, ComfyUI keeps its cached output.
+        trainer = runs.find(run_name)
+        return f"{runs.changes(run_name)}|{trainer.step if trainer is not None else '-'}"
 
     def init(self, models, cached_dataset, lora_config, optimizer_config, continue_from_lora=NO_LORA, **widget_values):
         names = {widget: field for field, widget in WIDGET_NAMES.items()}
@@ -79,7 +81,32 @@ class QwenLoRAInitTrainer:
                                 before_build=host.free_host_models,  # 'auto' swapping plans on a freed GPU
                                 exclusive=True)  # one GPU, one training: an earlier model set's run lets go
         log.info("[qwen-lora] %s", run.status)
-        return (run.trainer, run.status)
+        return (run.trainer, canvas_status(run.status, run.trainer.run_dir))
+
+
+PLAN_FILE = "memory_plan.txt"  # the whole memory plan, in the run folder (the canvas shows its verdict)
+PLAN_LINES_SHOWN = 3  # a plan this short (a CPU's one line) is shown whole
+
+
+def canvas_status(status: str, run_dir: Path | None) -> str:
+    """Init Trainer's status as its box on the canvas shows it: what happened, the model, the swap count and the
+    memory plan's verdict; a GPU's plan (~45 lines) goes whole into the run folder's memory_plan.txt and ComfyUI's
+    console."""
+    head, _, plan = status.partition("\n\n")
+    lines = [line for line in plan.splitlines() if line.strip()]
+    if len(lines) <= PLAN_LINES_SHOWN:
+        return status
+    where = "ComfyUI's console"
+    if run_dir is not None:
+        try:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            (Path(run_dir) / PLAN_FILE).write_text(plan + "\n", encoding="utf-8")
+            where = f"{Path(run_dir) / PLAN_FILE} and ComfyUI's console"
+        except OSError as e:  # the plan is still in the console; the run goes on
+            log.warning("[qwen-lora] memory plan not written to %s: %s", run_dir, e)
+    budget = next((" ".join(line.split()) for line in lines if line.startswith("budget")), "")
+    verdict = lines[-1] + (f" (GPU at the training peak: {budget})" if budget else "")
+    return f"{head}\nmemory plan: {verdict}; the whole plan: {where}"
 
 
 class QwenLoRARelease:
@@ -148,6 +175,9 @@ class QwenLoRATrain:
               preview_sampling_steps: int = 20, snapshot_every: int = 0):
         cfg = TrainStepsConfig(steps, preview_every, preview_size, preview_sampling_steps, snapshot_every)
         trainer.require_live()
+        if steps == 0:  # captions and cache only (workflow 7's first queue): nothing trains, nothing is sampled
+            return (trainer, trainer.last_loss(), f"0 steps: nothing trained this queue; the run is at step "
+                                                  f"{trainer.step}. Set steps above 0 and queue again to train.")
         extras = step_extras(trainer, cfg)
         trainer.schedule_previews(extras)  # the run's live preview schedule: Compare Steps says when the first comes
         with engine_mode():
@@ -181,7 +211,8 @@ class QwenLoRATrain:
             report = trainer.train(steps, work=[*extras.work(), every(1, on_step)])
         run = trainer.progress  # (`progress` is ComfyUI's progress bar here)
         return (trainer, report.mean_loss, report_text(report, trainer.last_loss(), run.validation_history,
-                                                        run.dataset_loss_history, run.preview_history))
+                                                        run.dataset_loss_history, run.preview_history,
+                                                        trainer.preview_notes))
 
 
 # The live image: the newest preview (fit to this many pixels a side: a larger one scaled down, a small model's 64 px
@@ -224,7 +255,8 @@ def live_image(trainer: Trainer, preview):
 REPORT_LIST_MAX = 8  # previews or snapshots listed one by one in the report; more are summed up
 
 
-def report_text(report, last_loss: float, validation_history=(), dataset_history=(), preview_history=()) -> str:
+def report_text(report, last_loss: float, validation_history=(), dataset_history=(), preview_history=(),
+                preview_notes=()) -> str:
     text = (f"steps {report.first_step}-{report.last_step}: mean loss {report.mean_loss:.4f}, "
             f"last {last_loss:.4f}, {report.step_seconds:.2f} s/step")
     means = dataset_means(dataset_history, report.first_step)  # several or weighted datasets: each one's mean
@@ -247,6 +279,9 @@ def report_text(report, last_loss: float, validation_history=(), dataset_history
         step, from_untrained, from_previous = moved[-1]
         text += (f"\npreview at step {step} moved {_share(from_untrained)} from the untrained one and "
                  f"{_share(from_previous)} from the one before (mean absolute difference, 0-1)")
+        if from_untrained is None or from_previous is None:  # say why a measure is missing, never just "unknown"
+            text += "; " + "; ".join(preview_notes or ["the picture it compares with was made after the last "
+                                                       "checkpoint or at another preview_size"])
     if report.snapshots:
         names = [p.name for p in report.snapshots]
         shown = names if len(names) <= REPORT_LIST_MAX else [names[0], "...", names[-1]]
@@ -255,4 +290,4 @@ def report_text(report, last_loss: float, validation_history=(), dataset_history
 
 
 def _share(value) -> str:
-    return "(unknown)" if value is None else f"{value:.3f}"
+    return "(not measured)" if value is None else f"{value:.3f}"

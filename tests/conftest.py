@@ -43,11 +43,12 @@ from pack_import import load_pack  # noqa: E402  (the pack imported as ComfyUI i
 WORKFLOW_STEMS = {
     "first_run": "1 First run - learn a star on a CPU",
     "main": "2 Qwen-Image LoRA - your images",
-    "edit": "3 Qwen-Image-Edit LoRA - image pairs",
+    "edit": "3 Qwen-Image-Edit LoRA - pairs",
     "qwen21": "4 Qwen-Image 2.1 LoRA - your images",
     "layered": "5 Qwen-Image-Layered LoRA - RGBA",
     "regularized": "6 First run with a regularisation set",
     "captioned": "7 Qwen-Image LoRA - captions first",
+    "graph_images": "8 Images from the graph - CPU",
 }
 
 

@@ -44,7 +44,41 @@ class ImageScaleBy:
         return (torch.nn.functional.interpolate(samples, size=size, mode=mode).movedim(1, -1),)
 
 
-CORE = {"SaveImage": RecordImages, "PreviewImage": RecordImages, "PreviewAny": RecordText, "ImageScaleBy": ImageScaleBy}
+class LoadImage:
+    """ComfyUI's "Load Image" (nodes.py, 0.3.64 and 0.33.0) for one still picture: the file in the input folder
+    ($QWEN_LORA_INPUT here), EXIF-rotated, RGB in [0, 1] as (1, H, W, 3), and its mask 1 - alpha (a 64x64 zero mask
+    when the picture has no alpha)."""
+
+    FUNCTION = "load_image"
+
+    def load_image(self, image, upload="image"):
+        import os
+        from pathlib import Path
+
+        import numpy as np
+        from PIL import Image, ImageOps
+
+        picture = ImageOps.exif_transpose(Image.open(Path(os.environ.get("QWEN_LORA_INPUT", "input")) / image))
+        rgb = torch.from_numpy(np.asarray(picture.convert("RGB"), dtype=np.float32) / 255.0)[None]
+        if "A" in picture.getbands():
+            mask = 1.0 - torch.from_numpy(np.asarray(picture.getchannel("A"), dtype=np.float32) / 255.0)[None]
+        else:
+            mask = torch.zeros((1, 64, 64), dtype=torch.float32)
+        return (rgb, mask)
+
+
+class ImageCrop:
+    """ComfyUI's "ImageCrop" (comfy_extras/nodes_images.py): x and y clamped into the picture, then sliced."""
+
+    FUNCTION = "crop"
+
+    def crop(self, image, width, height, x, y):
+        x, y = min(x, image.shape[2] - 1), min(y, image.shape[1] - 1)
+        return (image[:, y:y + height, x:x + width, :],)
+
+
+CORE = {"SaveImage": RecordImages, "PreviewImage": RecordImages, "PreviewAny": RecordText, "ImageScaleBy": ImageScaleBy,
+        "LoadImage": LoadImage, "ImageCrop": ImageCrop}
 
 
 class GraphRunner:

@@ -184,7 +184,7 @@ LAYERED = {3: {"preview_prompts": "a poster: a title over a photo"}, 6: {"run_na
 # ComfyUI's own 2.1 templates download (int8 ConvRot transformer and text encoder, the bf16 VAE); the processor (and
 # any part set to (not used)) comes from a diffusers 2.1 folder.
 QWEN21_NOTE = """How to train a Qwen-Image 2.1 LoRA (text-to-image)
-1. Models: the files ComfyUI's 2.1 template downloads (loading this workflow offers the missing ones): qwen_image_2.1_int8_convrot (models/diffusion_models; the Load node reads 2.1 from it), qwen3vl_8b_int8_convrot (text_encoders), qwen_image_2.1_vae_bf16 (vae); and in diffusers_folder the diffusers Qwen-Image 2.1 folder, whose processor/ is read.
+1. Models: the files ComfyUI's 2.1 template downloads (loading this workflow offers the missing ones): qwen_image_2.1_int8_convrot (models/diffusion_models; the Load node reads 2.1 from it), qwen3vl_8b_int8_convrot (text_encoders), qwen_image_2.1_vae_bf16 (vae); and in diffusers_folder the diffusers folder of the Hugging Face repository Qwen/Qwen-Image-2.1, of which only model_index.json and processor/ are read (hf download Qwen/Qwen-Image-2.1 --include model_index.json "processor/*" --local-dir models/diffusers/Qwen-Image-2.1).
 2. Data: per sample name.png + name.txt (its caption), as for Qwen-Image.
 3. Queue; queue again to continue. Preview samples with the 2.1 pipeline; Save writes to models/loras (ComfyUI's 2.1 layout, the MLP pair fused).
 To edit with 2.1: the Edit workflow, these files in its Load Edit node, an Edit Dataset (its controls are the reference images), Preview (Edit)."""
@@ -230,7 +230,7 @@ REG = {
 CAPTION_NOTE = """Caption your images, then train a Qwen-Image LoRA
 1. Models: as in "2 Qwen-Image LoRA": qwen_2.5_vl_7b_fp8_scaled in text_encoders writes the captions too (its vision tower; nothing else to download).
 2. Data: a folder of images; set its path in Caption Dataset. Images without a name.txt get one; your own captions are kept. Set a trigger word if the LoRA should have one.
-3. Queue once with Train Steps' steps at 0 (or bypass the training nodes: Ctrl+B) and read the captions in the picture; fix any in its .txt file. Queue again to train: the captions you kept or edited are used as they are."""
+3. Queue once with Train Steps' steps at 0: the captions are written and cached, nothing trains, Save writes nothing (Preview shows the model before training). Read the captions in the picture; fix any in its .txt file. Set steps back to 250 and queue again to train: the captions you kept or edited are used as they are."""
 
 CAPTION_ID, CAPTION_SHEET_ID, CAPTION_REPORT_ID = 21, 22, 23
 CAPTION_NODES = [
@@ -247,6 +247,35 @@ CAPTION_NODES = [
 CAPTION_LINKS = [*LINKS, (CAPTION_ID, 2, 2, "folder"), (CAPTION_ID, 0, CAPTION_SHEET_ID, "images"),
                  (CAPTION_ID, 1, CAPTION_REPORT_ID, "source")]
 CAPTION = {6: {"run_name": "my_captioned_lora"}}
+
+# Images from the graph: the first-run graph with the Dataset node replaced by Images to Dataset, fed by ComfyUI's own
+# Load Image (ComfyUI ships input/example.png) and Image Crop: any IMAGE batch a workflow loads, generates or edits
+# trains the same way. The shapes model learns the crop in a few minutes on a CPU.
+GRAPH_NOTE = """Train on images from the graph: nothing to download. Load Image loads ComfyUI's example picture, Image Crop cuts a square out of it, and Images to Dataset hands the pictures and their captions to the Cache node as a dataset folder would.
+Wire any IMAGE batch into images (Batch Images, a generated batch, an edit) and type one caption per picture, a line each, or one line for all; a MASK batch wired into mask weights the loss (1 trains).
+Queue it: the shapes model (a small Qwen-Image) learns the crop in a few minutes on a CPU. An unchanged batch is not encoded again; a changed picture is.
+For a real LoRA use these nodes in "2 Qwen-Image LoRA" in place of its Dataset node."""
+
+LOAD_IMAGE_ID, CROP_ID = 24, 25
+GRAPH_NODES = [
+    (LOAD_IMAGE_ID, "LoadImage", {"image": "example.png"}, ("data", 0)),
+    (CROP_ID, "ImageCrop", {"width": 384, "height": 384, "x": 192, "y": 192}, ("data", 0)),  # the middle of 768²
+    (2, "QwenLoRAImagesToDataset", {"captions": "a picture of sks", "resolution": 64, "enable_buckets": True,
+                                    "min_bucket_side": 32, "max_bucket_side": 128, "repeats": 8,
+                                    "upscale_small_images": False, "background": "white", "transparency": "auto",
+                                    "validation_images": 0, "mask_background_weight": 0.1, "loss_weight": 1.0,
+                                    "is_regularization": False}, ("data", 0)),
+    *[node for node in TINY_NODES if node[0] != 2],
+]
+GRAPH_LINKS = [(LOAD_IMAGE_ID, 0, CROP_ID, "image"), (CROP_ID, 0, 2, "images"), *TINY_LINKS]
+GRAPH = {
+    **{k: v for k, v in TINY.items() if k != 2},
+    3: {**TINY[3], "preview_prompts": "a picture of sks"},
+    6: {**TINY[6], "run_name": "tiny_graph_images", "micro_batch_size": 1},
+    11: {"filename_prefix": "qwen_lora/tiny_graph_preview"},
+}
+GRAPH_TITLES = {2: "Images to Dataset: the crop, captioned", LOAD_IMAGE_ID: "Load Image (ComfyUI's example)",
+                CROP_ID: "Image Crop: a square of it"}
 
 # The nodes' titles where the type's name does not say what the node does here (by node id, for every workflow that
 # has the node; a workflow's own titles go on top).
@@ -268,7 +297,7 @@ REG_TITLES = {**TINY_TITLES, 2: "Dataset: the stars (to learn)", 17: "Dataset: k
 # class, and by node id where a workflow shows a larger image there. The canvas scales an image down to fit its
 # box, never up.
 IMAGE_BOX = {"QwenLoRATrain": (560, 290),  # the live image: the newest preview (512 px) beside the loss plot
-             "SaveImage": (360, 300), "PreviewImage": (360, 260)}
+             "SaveImage": (360, 300), "PreviewImage": (360, 260), "LoadImage": (300, 300)}
 MAIN_IMAGE_BOXES = {16: (520, 440)}  # Compare Steps: 11 previews of 256 px, 4 a row
 TINY_IMAGE_BOXES = {16: (720, 230), 11: (300, 300)}  # 5 previews in one row; the enlarged 256 px preview
 
@@ -292,11 +321,12 @@ class Workflow:
 # Alphabetical sort and Windows' folder order agree), so the first run comes first.
 FIRST_RUN = "1 First run - learn a star on a CPU"
 MAIN = "2 Qwen-Image LoRA - your images"
-EDIT_STEM = "3 Qwen-Image-Edit LoRA - image pairs"
+EDIT_STEM = "3 Qwen-Image-Edit LoRA - pairs"
 QWEN21_STEM = "4 Qwen-Image 2.1 LoRA - your images"
 LAYERED_STEM = "5 Qwen-Image-Layered LoRA - RGBA"
 REGULARIZED = "6 First run with a regularisation set"
 CAPTIONED = "7 Qwen-Image LoRA - captions first"
+GRAPH_IMAGES = "8 Images from the graph - CPU"
 WORKFLOWS = {
     FIRST_RUN: Workflow(TINY, TINY_NOTE, TINY_NODES, TINY_LINKS, TINY_TITLES, TINY_IMAGE_BOXES),
     MAIN: Workflow({}, MAIN_NOTE, titles={2: "Dataset: your images"}),
@@ -306,6 +336,8 @@ WORKFLOWS = {
     REGULARIZED: Workflow(REG, REG_NOTE, REG_NODES, REG_LINKS, REG_TITLES, TINY_IMAGE_BOXES),
     CAPTIONED: Workflow(CAPTION, CAPTION_NOTE, CAPTION_NODES, CAPTION_LINKS, CAPTION_TITLES,
                         {**MAIN_IMAGE_BOXES, CAPTION_SHEET_ID: (360, 420)}),
+    GRAPH_IMAGES: Workflow(GRAPH, GRAPH_NOTE, GRAPH_NODES, GRAPH_LINKS, {**TINY_TITLES, **GRAPH_TITLES},
+                           TINY_IMAGE_BOXES),
 }
 
 # Core nodes the workflows use, as ComfyUI declares them: inputs, and outputs as (type, name).
@@ -316,8 +348,15 @@ CORE_INPUTS = {
     "ImageScaleBy": {"required": {"image": ("IMAGE",),
                                   "upscale_method": (["nearest-exact", "bilinear", "area", "bicubic", "lanczos"],),
                                   "scale_by": ("FLOAT", {"default": 1.0, "min": 0.01, "max": 8.0, "step": 0.01})}},
+    # Load Image: its file list is the input folder's; the canvas adds an upload button, stored as a second value
+    "LoadImage": {"required": {"image": (["example.png"], {"image_upload": True})}},
+    "ImageCrop": {"required": {"image": ("IMAGE",), **{name: ("INT", {"default": default, "min": low, "max": 16384,
+                                                                     "step": 1})
+                                                      for name, default, low in (("width", 512, 1), ("height", 512, 1),
+                                                                                 ("x", 0, 0), ("y", 0, 0))}}},
 }
-CORE_OUTPUTS = {"ImageScaleBy": [("IMAGE", "IMAGE")]}
+CORE_OUTPUTS = {"ImageScaleBy": [("IMAGE", "IMAGE")], "LoadImage": [("IMAGE", "IMAGE"), ("MASK", "MASK")],
+                "ImageCrop": [("IMAGE", "IMAGE")]}
 
 # --- Sizes, the way the LiteGraph canvas (ComfyUI frontend 1.49) computes a node's size: the title bar
 # (30 px) sits above `pos`; the body has one 20 px row per socket row (inputs and outputs side by side),
@@ -332,9 +371,13 @@ CHAR_W = 7.0  # widget text (the canvas measures its ~12 px font; 7 px a charact
 # less two title-bar heights; 8.6 px a character covers wider letters.
 TITLE_CHAR_W = 8.6
 # Nodes that show an image while or after they run (Train Steps' live loss plot is a progress preview).
-SHOWS_IMAGE = {"SaveImage", "PreviewImage", "QwenLoRATrain"}
+SHOWS_IMAGE = {"SaveImage", "PreviewImage", "QwenLoRATrain", "LoadImage"}
 DISPLAY_TEXTBOX = {"PreviewAny"}  # the canvas adds a text box that shows the value, and a markdown toggle
 REPORT_H = 120
+# Init Trainer's status (what happened, the model and its licence, blocks_to_swap, the memory plan's verdict and where
+# the whole plan is: ~10 lines at this width, more with warnings): a wider, taller text box, so its last line shows.
+STATUS_ID = 13
+REPORT_BOXES = {STATUS_ID: (520, 240)}
 GAP = 30  # between stacked nodes (below a node's body, above the next one's title bar)
 GROUP_PAD = 12
 GROUP_TITLE_H = 40  # a group's title bar (font 24)
@@ -384,15 +427,16 @@ def is_textbox(spec: tuple) -> bool:
 
 
 def node_size(cls_name: str, title: str, inputs: dict, values: dict, out_names: list[str],
-              image_box: tuple[int, int] | None = None) -> tuple[int, int]:
-    """(width, height) of a node's body (the title bar is above it)."""
+              image_box: tuple[int, int] | None = None,
+              report_box: tuple[int, int] = (IMAGE_BOX["PreviewImage"][0], REPORT_H)) -> tuple[int, int]:
+    """(width, height) of a node's body (the title bar is above it); `report_box`: a PreviewAny's text box."""
     sockets = [n for n, s in inputs.items() if not is_widget(s)]
     widgets = [(n, s) for n, s in inputs.items() if is_widget(s)]
     rows = max(len(sockets), len(out_names), 1)
     height = rows * SLOT_H
     widget_heights = [TEXTBOX_H if is_textbox(s) else WIDGET_H for _, s in widgets]
     if cls_name in DISPLAY_TEXTBOX:  # the value's text box (room for a report of a few lines) and a toggle
-        widget_heights += [REPORT_H, WIDGET_H]
+        widget_heights += [report_box[1], WIDGET_H]
     if widget_heights:
         height += sum(h + 4 for h in widget_heights) + 8
     height += 6
@@ -401,7 +445,7 @@ def node_size(cls_name: str, title: str, inputs: dict, values: dict, out_names: 
         height += image_box[1]
         width = image_box[0]
     elif cls_name in DISPLAY_TEXTBOX:
-        width = IMAGE_BOX["PreviewImage"][0]
+        width = report_box[0]
     width = max(width, len(title) * TITLE_CHAR_W + 2 * TITLE_H,  # the title, at the canvas' 14 px font
                 (max(map(len, sockets), default=0) + max(map(len, out_names), default=0)) * CHAR_W + 2 * SLOT_H + 5)
     for name, spec in widgets:
@@ -478,8 +522,9 @@ def build(mappings, display_names: dict[str, str], workflow: Workflow) -> tuple[
     sizes = {}
     for node_id, cls_name, values, _place in nodes:
         box = workflow.image_boxes.get(node_id, IMAGE_BOX.get(cls_name))
+        report = REPORT_BOXES.get(node_id, (IMAGE_BOX["PreviewImage"][0], REPORT_H))
         sizes[node_id] = node_size(cls_name, title_of[node_id], input_types(cls_name, mappings), values,
-                                   [name for _, name in output_types(cls_name, mappings)], box)
+                                   [name for _, name in output_types(cls_name, mappings)], box, report)
     note_box = note_size(workflow.note) if workflow.note else (0, -TITLE_H - GAP)
     positions, group_boxes = layout(sizes, {i: place for i, _c, _v, place in nodes}, note_box)
     for order, (node_id, cls_name, values, _place) in enumerate(nodes):
@@ -489,6 +534,8 @@ def build(mappings, display_names: dict[str, str], workflow: Workflow) -> tuple[
         for name, spec in inputs.items():
             if is_widget(spec):
                 widgets_values.append(values[name])  # kept by the canvas even where a link feeds the widget
+                if len(spec) > 1 and spec[1].get("image_upload"):
+                    widgets_values.append("image")  # Load Image's upload button: the canvas stores its value too
                 link = next(((s, sl) for s, sl, d, n in links if d == node_id and n == name), None)
                 if link is None:
                     api_inputs[name] = values[name]

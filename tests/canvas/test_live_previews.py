@@ -334,3 +334,57 @@ def test_a_long_report_sums_up_previews_and_snapshots(pack):
     assert lines[0].endswith("0.10 s/step")  # previews and snapshots left out
     assert lines[1].startswith("20 previews, steps 5 to 100: ") and "(1.05 to 2.00 s)" in lines[1]
     assert lines[2] == "LoRA snapshots (10): run_000010.safetensors, ..., run_000100.safetensors"
+
+
+def test_a_resumed_run_keeps_its_untrained_preview_and_its_history(pack, tmp_path, demo_folder, monkeypatch):
+    """Train with previews and a checkpoint, drop the trainer (another run took the model: its memory released), queue
+    again: Init Trainer resumes from the checkpoint, and Compare Steps still starts at step 0, the next preview is
+    measured from the same untrained picture (issue 53: the report said "(unknown)" and the grid began after the
+    resume)."""
+    monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
+    monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
+    host_standin.install(monkeypatch)
+    runs = pack_module(pack, "trainer_core.runs.registry")
+    prompt = with_compare(tiny_prompt(tmp_path, demo_folder, steps=4, **{"7": {"preview_every": 2},
+                                                                          "6": {"checkpoint_every": 4}}))
+    first = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)["7"][0]
+    before = {p.step: np.asarray(p.image.convert("RGB")) for p in first.step_previews}
+    assert sorted(before) == [0, 2, 4]
+    runs.release(prompt["6"]["inputs"]["run_name"])  # the trainer is gone; its checkpoint of step 4 stays
+
+    outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)  # a fresh graph: nothing cached
+    assert outputs["6"][1].startswith("resumed run") and "at step 4" in outputs["6"][1]
+    trainer, report = outputs["7"][0], outputs["7"][2]
+    assert trainer is not first and trainer.step == 8
+    assert [p.step for p in trainer.step_previews] == [0, 2, 4, 6, 8]
+    for step, pixels in before.items():  # the previews before the resume, as they were made
+        kept = next(p for p in trainer.step_previews if p.step == step)
+        assert np.array_equal(np.asarray(kept.image.convert("RGB")), pixels)
+    p0 = np.asarray(trainer.step_previews[0].image.convert("RGB"), dtype=np.float64)
+    p6, p8 = (np.asarray(trainer.step_previews[i].image.convert("RGB"), dtype=np.float64) for i in (3, 4))
+    history = dict((s, (u, p)) for s, u, p in trainer.progress.preview_history)
+    assert history[8][0] == pytest.approx(float(np.abs(p8 - p0).mean() / 255.0), rel=1e-12, abs=1e-15)
+    assert history[8][1] == pytest.approx(float(np.abs(p8 - p6).mean() / 255.0), rel=1e-12, abs=1e-15)
+    assert history[6][1] is not None  # step 6 measured from step 4's picture, kept in the run folder at full size
+    assert f"preview at step 8 moved {history[8][0]:.3f} from the untrained one" in report
+    assert outputs["16"][0].shape[2] == 3 * 64  # Compare Steps: 5 tiles in 3 columns, step 0 first
+    runs.release(prompt["6"]["inputs"]["run_name"])
+
+
+def test_a_resumed_run_says_why_its_earlier_previews_are_missing(pack, tmp_path, demo_folder, monkeypatch):
+    """Previews turned on only after the resume: there is no untrained picture to measure from, and the report says
+    so instead of "unknown"."""
+    monkeypatch.setenv("QWEN_LORA_LORAS", str(tmp_path / "loras"))
+    monkeypatch.setenv("QWEN_LORA_OUTPUT", str(tmp_path / "output"))
+    host_standin.install(monkeypatch)
+    runs = pack_module(pack, "trainer_core.runs.registry")
+    prompt = tiny_prompt(tmp_path, demo_folder, steps=2, **{"6": {"checkpoint_every": 2}})
+    GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
+    runs.release(prompt["6"]["inputs"]["run_name"])
+    prompt["7"]["inputs"]["preview_every"] = 2
+    outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(prompt)
+    trainer, report = outputs["7"][0], outputs["7"][2]
+    assert [p.step for p in trainer.step_previews] == [4]
+    assert "moved (not measured) from the untrained one" in report
+    assert "previews were off then" in report
+    runs.release(prompt["6"]["inputs"]["run_name"])

@@ -20,7 +20,7 @@ API_WORKFLOW = api_workflow("main")
 
 def test_pack_imports_like_comfyui_and_exposes_prefixed_nodes(pack):
     mappings = pack.NODE_CLASS_MAPPINGS
-    assert len(mappings) == 18  # 12 + the three Qwen-Image-Edit nodes (Load Edit, Edit Dataset, Edit Preview) + Layered Dataset + Dataset Mix + Caption Dataset
+    assert len(mappings) == 19  # 12 + the three Qwen-Image-Edit nodes (Load Edit, Edit Dataset, Edit Preview) + Layered Dataset + Dataset Mix + Caption Dataset + Images to Dataset
     assert set(mappings) == set(pack.NODE_DISPLAY_NAME_MAPPINGS)
     assert all(name.startswith("QwenLoRA") for name in mappings)
     assert not set(mappings) & CORE_IDS
@@ -153,9 +153,42 @@ def test_queueing_again_trains_more_and_loads_nothing_again(pack, tmp_path, demo
     prompt = tiny_prompt(tmp_path, demo_folder, steps=2, **{"6": {"blocks_to_swap": -1}})
     first = runner.run(prompt)
     assert "blocks_to_swap: 0" in first["6"][1]  # auto on a CPU: nothing to swap
+    trainer = first["7"][0]
     outputs = runner.run(prompt)
-    assert outputs["7"][0].step == 4  # the same trainer, two steps further
-    assert set(runner.executed) == {"7", "8", "9", "10", "11", "12", "14", "15", "16"}  # loaders, cache and init were cached
+    assert outputs["7"][0] is trainer and trainer.step == 4  # the same trainer, two steps further
+    # Loaders and cache were cached; Init Trainer ran again (its run trained on) to say the step it continues at,
+    # handing on the live trainer (issue 53: its box said "started ... at step 0" after every later queue).
+    assert set(runner.executed) == {"6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16"}
+    assert outputs["6"][1].startswith(f"continuing run '{prompt['6']['inputs']['run_name']}' at step 2 (still in "
+                                      "memory; started run")
+    assert "blocks_to_swap: 0" in outputs["6"][1]  # the plan it was opened with, still shown
+    outputs = runner.run(prompt)
+    assert "at step 4 (still in memory" in outputs["6"][1] and trainer.step == 6
+
+
+def test_zero_steps_caches_and_builds_but_trains_and_saves_nothing(pack, tmp_path, demo_folder, loras_dir):
+    """Workflow 7's first queue (its Note: Train Steps' steps at 0): captions and cache done, nothing trained, no file."""
+    outputs = GraphRunner(pack.NODE_CLASS_MAPPINGS).run(tiny_prompt(tmp_path, demo_folder, steps=0))
+    assert outputs["7"][0].step == 0 and outputs["7"][2].startswith("0 steps: nothing trained this queue")
+    assert outputs["10"][0] == "" and not list(loras_dir.glob("*.safetensors"))
+    assert outputs["3"][1].startswith("latents: ")  # the cache was built
+
+
+def test_a_long_memory_plan_is_summed_up_on_the_canvas_and_kept_whole_in_the_run_folder(pack, tmp_path):
+    from conftest import pack_module
+
+    train_nodes = pack_module(pack, "nodes.train_nodes")
+    plan = "blocks_to_swap = 3 (the fewest that fit 24.00 GiB)\n\n" + "\n".join(
+        ["Memory plan: ...", "total   23.93 GiB", "budget                                    24.00 GiB  fits",
+         *[f"line {i}" for i in range(40)], "Every phase fits."])
+    status = f"started run 'r' at step 0\nblocks_to_swap: 3 (auto)\n\n{plan}"
+    shown = train_nodes.canvas_status(status, tmp_path / "run")
+    assert shown.splitlines()[:2] == ["started run 'r' at step 0", "blocks_to_swap: 3 (auto)"]
+    assert shown.splitlines()[2] == ("memory plan: Every phase fits. (GPU at the training peak: budget 24.00 GiB fits); "
+                                     f"the whole plan: {tmp_path / 'run' / 'memory_plan.txt'} and ComfyUI's console")
+    assert (tmp_path / "run" / "memory_plan.txt").read_text() == plan + "\n"
+    cpu = "started run 'r' at step 0\nblocks_to_swap: 0\n\nCPU training: no GPU memory to plan."
+    assert train_nodes.canvas_status(cpu, tmp_path / "run") == cpu
 
 
 def test_evicted_init_output_continues_the_live_trainer(pack, tmp_path, demo_folder, loras_dir):

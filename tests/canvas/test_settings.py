@@ -34,9 +34,13 @@ NODE_SETTINGS = {
     "QwenLoRAEditPreview": ("PreviewConfig",),
     "QwenLoRALayeredDataset": ("DatasetConfig",),
     "QwenLoRACaptionDataset": ("CaptionConfig",),
+    "QwenLoRAImagesToDataset": ("DatasetConfig", "data.graph_images.GraphImagesConfig"),
 }
 # Settings a node leaves out on purpose: a Layered sample keeps its alpha always (no transparency choice).
-LEFT_OUT = {"QwenLoRALayeredDataset": {"DatasetConfig.transparency"}}
+# Images to Dataset has pictures, not files: no folder, caption files or file decoding limits.
+LEFT_OUT = {"QwenLoRALayeredDataset": {"DatasetConfig.transparency"},
+            "QwenLoRAImagesToDataset": {f"DatasetConfig.{name}" for name in (
+                "folder", "input_folder", "caption_extension", "missing_caption", "allow_large_images")}}
 WIDGET_TYPES = {"INT": int, "FLOAT": float, "BOOLEAN": bool, "STRING": str}
 OPTION_KEYS = {"default", "tooltip", "min", "max", "step", "round", "multiline"}
 

@@ -18,8 +18,16 @@ CORE = {
     "ImageScaleBy": {"required": {"image": ("IMAGE",),  # "Upscale Image By" (0.3.64 and 0.33.0 alike)
                                   "upscale_method": (["nearest-exact", "bilinear", "area", "bicubic", "lanczos"],),
                                   "scale_by": ("FLOAT", {"default": 1.0, "min": 0.01, "max": 8.0, "step": 0.01})}},
+    # "Load Image": the input folder's files (ComfyUI ships input/example.png) and an upload button (nodes.py)
+    "LoadImage": {"required": {"image": (["example.png"], {"image_upload": True})}},
+    "ImageCrop": {"required": {"image": ("IMAGE",),  # comfy_extras/nodes_images.py (0.3.64 and 0.33.0 alike)
+                               "width": ("INT", {"default": 512, "min": 1, "max": 16384, "step": 1}),
+                               "height": ("INT", {"default": 512, "min": 1, "max": 16384, "step": 1}),
+                               "x": ("INT", {"default": 0, "min": 0, "max": 16384, "step": 1}),
+                               "y": ("INT", {"default": 0, "min": 0, "max": 16384, "step": 1})}},
 }
-CORE_OUTPUTS = {"SaveImage": (), "PreviewImage": (), "PreviewAny": (), "ImageScaleBy": ("IMAGE",)}
+CORE_OUTPUTS = {"SaveImage": (), "PreviewImage": (), "PreviewAny": (), "ImageScaleBy": ("IMAGE",),
+                "LoadImage": ("IMAGE", "MASK"), "ImageCrop": ("IMAGE",)}
 WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
 # Frontend-only (virtual) nodes: the canvas keeps them in the UI workflow and leaves them out of the prompt.
 FRONTEND_ONLY = {"Note", "MarkdownNote"}
@@ -110,6 +118,8 @@ def test_ui_workflow_fits_the_node_definitions(pack, path):
             check_value(f"node {node['id']} ({node['type']}).{name}", spec, value)
             if spec[0] == "INT" and name in ("seed", "noise_seed"):
                 values.pop(0)  # the canvas adds a control_after_generate value after these
+            if len(spec) > 1 and spec[1].get("image_upload"):
+                assert values.pop(0) == "image"  # Load Image's upload button stores its value after the file's
         assert values == [], f"node {node['id']}: extra widget values {values}"
         sockets = [name for name, spec in inputs.items() if not is_widget(spec)]
         assert [i["name"] for i in node["inputs"] if "widget" not in i] == sockets

@@ -180,7 +180,9 @@ class CacheConfig:
 class TrainStepsConfig:
     """One Train Steps execution."""
 
-    steps: int = _f(100, "How many optimizer steps this execution trains.", min=1, max=1_000_000)
+    steps: int = _f(100, "How many optimizer steps this execution trains. 0 = none: the queue captions, caches and "
+                         "builds the trainer only (e.g. to read the captions first); Save LoRA then writes nothing.",
+                    min=0, max=1_000_000)
     preview_every: int = _f(
         0, "Every N steps, sample the Cache node's first preview prompt (seed 0, CFG 4: the Preview node's defaults) "
         "and show it on this node beside the loss plot while it trains; kept for Compare Steps. 0 = off.",

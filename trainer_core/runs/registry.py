@@ -55,6 +55,7 @@ class OpenedRun:
 class _Live:
     trainer: Trainer
     signature: str
+    opened: str = ""  # the status it was started or resumed with: a continued run's status repeats its plan
 
 
 _lock = threading.RLock()
@@ -87,8 +88,10 @@ def open_run(
     with _lock:
         live = _live.get(name)
         if live is not None and live.trainer.live and live.signature == signature:
+            first, _, rest = live.opened.partition("\n")
             return OpenedRun(live.trainer, "continued",
-                             f"continuing run '{name}' at step {live.trainer.step} (still in memory)")
+                             f"continuing run '{name}' at step {live.trainer.step} (still in memory; {first})"
+                             + (f"\n{rest}" if rest else ""))
         if live is not None and live.trainer.live:
             conflicts = setting_conflicts(live.trainer, lora, optimizer, components)
             if conflicts:
@@ -135,6 +138,9 @@ def open_run(
     head += (f"\nmodel: {family.describe(components)}; its weights' licence: {family.weights_licence} (a LoRA trained "
              "on them derives from them)")
     status = f"{head}\nblocks_to_swap: {trainer.decided.swap.label}\n\n{trainer.memory_plan}"
+    with _lock:
+        if _live.get(name) is not None and _live[name].trainer is trainer:
+            _live[name].opened = status
     return OpenedRun(trainer, "resumed" if resumed else "started", status)
 
 

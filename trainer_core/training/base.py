@@ -59,6 +59,7 @@ class TrainerBase:
         self.preview_every = 0
         self.step_previews: list[StepPreview] = []
         self.preview_movement = PreviewMovement()  # the pictures the next preview is measured against
+        self.preview_notes: list[str] = []  # why earlier previews did not come back on a resume (saved_previews.py)
         # Its life.
         self.lock: RunLock | None = None  # the run folder's (lifecycle.lock_run_folder), where checkpoints are written
         self.retired_reason: str | None = None  # why this trainer may no longer be used (`retire`)

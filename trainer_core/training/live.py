@@ -54,8 +54,8 @@ class PreviewMovement:
     """How far each live preview has moved, from the untrained model's (the step-0 preview) and from the one before
     (`image_difference` of the full-size pictures). A LoRA that collapses into noise or texture moves far from both at
     once while its loss says little (a known failure of 2.1 LoRAs); a healthy one moves from the untrained picture
-    steadily and less and less from the one before. Kept for the process: the pictures are not in checkpoints, so
-    after a resume from disk the measure starts again at the next preview."""
+    steadily and less and less from the one before. The pictures are also kept in the run folder
+    (saved_previews.py), so a trainer resumed from a checkpoint measures from the same untrained picture."""
 
     untrained: Image.Image | None = None
     previous: Image.Image | None = None

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import saved_previews
 from .live import PreviewSettings, StepPreview
 from .reports import StepReport, TrainReport
 
@@ -128,9 +129,28 @@ class StepExtras:
         """At step 0, with previews on: the untrained model's preview (kept as step 0 in `step_previews`), so the
         previews that follow show what the LoRA changed against what the model drew without it (ai-toolkit also
         samples before its first step). Once: a step-0 preview already kept is not sampled again."""
-        if trainer.step == 0 and self.preview_due(0) and not any(p.step == 0 for p in trainer.step_previews):
+        if not self.preview_due(0) or any(p.step == 0 for p in trainer.step_previews):
+            return None
+        if trainer.step == 0:
             return self._sample(trainer)
+        self.restore_previews(trainer)
         return None
+
+    def restore_previews(self, trainer: "Trainer") -> None:
+        """A resumed trainer (built again from its checkpoint) takes the run's previews from its folder
+        (saved_previews.py): Compare Steps shows step 0 again and the next preview is measured from the untrained
+        one. Where they cannot come back, `trainer.preview_notes` says why (once)."""
+        if trainer.run_dir is None or trainer.preview_notes:
+            return
+        restored = saved_previews.restore(trainer.run_dir, self.preview, trainer.step)
+        if restored.note:
+            trainer.preview_notes.append(restored.note)
+        trainer.step_previews[:] = sorted({p.step: p for p in [*restored.kept, *trainer.step_previews]}.values(),
+                                          key=lambda p: p.step)
+        if trainer.preview_movement.untrained is None:
+            trainer.preview_movement.untrained = restored.untrained
+        if trainer.preview_movement.previous is None:
+            trainer.preview_movement.previous = restored.previous
 
     def _sample(self, trainer: "Trainer") -> StepPreview | None:
         """This step's preview (the host's own, else `preview` sampled), measured against the untrained and the
@@ -141,6 +161,9 @@ class StepExtras:
             preview = trainer.preview_step(self.preview, progress=self.on_sampling_step)
         if preview is not None:
             trainer.measure_preview(preview)
+            if trainer.run_dir is not None and trainer.replicas.writes:  # kept with the run for a resume
+                small = next((p for p in trainer.step_previews if p.step == preview.step), None)
+                saved_previews.save(trainer.run_dir, preview, small, self.preview)
         return preview
 
     def _preview(self, trainer: "Trainer", step: StepReport, report: TrainReport) -> None:

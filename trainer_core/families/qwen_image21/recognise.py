@@ -93,8 +93,10 @@ def load(request):
         raise UserInputError(
             f"transformer file {request.transformer} is Qwen-Image 2.1: its processor (and its VAE and Qwen3-VL text "
             f"encoder, unless their files are chosen) are read from a diffusers Qwen-Image 2.1 folder. Set "
-            f"diffusers_folder to that folder (it holds processor/, vae/ and text_encoder/; now "
-            f"{request.diffusers_folder or 'empty'}).")
+            f"diffusers_folder to that folder (now {request.diffusers_folder or 'empty'}): the Hugging Face repository "
+            "Qwen/Qwen-Image-2.1, of which model_index.json and processor/ are read when the three files are chosen "
+            "(hf download Qwen/Qwen-Image-2.1 --include model_index.json \"processor/*\" --local-dir <folder>), vae/ and "
+            "text_encoder/ too for a part set to (not used).")
     fp8 = (resolve_text_encoder_fp8(request.text_encoder_fp8, request.device, parts=real_parts21(lm_head=False))
            if request.text_encoder else "dequantize")
     return load_qwen_image21_folder(request.diffusers_folder, transformer_file=request.transformer,
