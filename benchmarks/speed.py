@@ -196,8 +196,8 @@ def forward_backward_ab(rounds: int = 12, calls: int = 6, instances: int = 2,
     step-time difference to the model's compute path or to the training loop around it."""
     setups: dict[str, list] = {"ours": [], "ours, stock Linear": [], "bare": []}
     for _ in range(instances):
-        setups["ours"].append(our_trainer(latent_hw=latent_hw).transformer)
-        stock = our_trainer(latent_hw=latent_hw).transformer
+        setups["ours"].append(our_trainer(latent_hw=latent_hw).built.transformer)
+        stock = our_trainer(latent_hw=latent_hw).built.transformer
         for m in stock.transformer_blocks.modules():
             if isinstance(m, torch.nn.Linear) and "forward" in m.__dict__:
                 del m.forward
