@@ -30,7 +30,7 @@ All sizes are bytes; tables print GiB. A "16 GB" card has 16 GiB.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..adapters.lycoris import tensor_shapes
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
@@ -80,6 +80,9 @@ class PlanInputs:
     storage: str = "float8"  # block Linear weights: float8, float8_scaled, bfloat16, or int8 (an int8 file's, kept)
     compute_dtype: str = "bfloat16"
     checkpointing: bool = True
+    # With checkpointing, how many blocks recompute (blocks 0 .. K-1; the others keep their activations); None:
+    # every block (BlockRunner's checkpointed_blocks; search.auto_checkpointed_blocks picks the fewest that fit).
+    checkpointed_blocks: int | None = None
     blocks_to_swap: int = 0
     ring_depth: int = NUM_SLOTS  # GPU slots for streamed blocks (at most blocks_to_swap of them)
     # Streamed blocks' modulation outputs computed a window ahead (streaming.placement.MODULATION_WINDOW), as the
@@ -281,6 +284,13 @@ def _pow2ceil(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else n
 
 
+def recomputed_blocks(p: PlanInputs, num_blocks: int) -> int:
+    """How many blocks recompute their activations in backward under `p`."""
+    if not p.checkpointing:
+        return 0
+    return num_blocks if p.checkpointed_blocks is None else min(p.checkpointed_blocks, num_blocks)
+
+
 def activation_settings(p: PlanInputs) -> ActivationSettings:
     return ActivationSettings(preset=p.targets, rank=p.rank,
                               lora_bytes=DTYPE_BYTES[p.lora_dtype], dropout=p.lora_dropout > 0,
@@ -356,16 +366,23 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     # each layer's whole delta weight and has its transients (lycoris_terms).
     s = activation_settings(p)
     saved = block_saved_bytes(arch, s, p.batch, n_img, p.text_tokens) + lycoris_saved_bytes(arch, p)
-    kept = block_input_bytes(arch, p.batch, n_img, p.text_tokens, act) if p.checkpointing else saved
-    working = block_working_bytes(arch, s, p.batch, n_img, p.text_tokens) + lycoris_working_bytes(arch, p)
-    recompute = saved if p.checkpointing else 0
+    recomputing = recomputed_blocks(p, n)
+    inputs_kept = block_input_bytes(arch, p.batch, n_img, p.text_tokens, act)
+    kept_per_block = [inputs_kept if i < recomputing else saved for i in range(n)]
+    # Each kind of block that runs a backward (recomputing, keeping its activations) has its working memory: the
+    # larger of those present.
+    kinds = [replace(s, checkpointing=c) for c in (True, False) if (recomputing if c else n - recomputing)]
+    working = max(block_working_bytes(arch, k, p.batch, n_img, p.text_tokens) for k in kinds) \
+        + lycoris_working_bytes(arch, p)
+    recompute = saved if recomputing else 0
     all_grads = p.grad_accum_steps > 1  # accumulated gradients stay from the first micro-batch on
     worst_i, worst = 0, -1
     for i in range(n):
-        alive = (i + 1) * kept + (sum(grads_per_block) if all_grads else sum(grads_per_block[i:]))
+        alive = sum(kept_per_block[:i + 1]) + (sum(grads_per_block) if all_grads else sum(grads_per_block[i:]))
         if alive > worst:
             worst_i, worst = i, alive
-    grads_at_peak = worst - (worst_i + 1) * kept
+    kept_at_peak = sum(kept_per_block[:worst_i + 1])
+    grads_at_peak = worst - kept_at_peak
     upcast = UPCAST_COPIES[p.storage] * max(s_.in_features * s_.out_features for s_ in arch.block_linears) * act
     quantised = fp8_input_bytes(arch, p, n_img)
     upcast_detail = f"{p.storage} -> {p.compute_dtype}, transient"
@@ -382,7 +399,8 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     phase = "backward" if backward_peak >= step_peak else "optimizer step"
 
     gib = lambda b: f"{b / GIB:.2f} GiB"  # noqa: E731
-    kept_name = "block inputs kept for backward" if p.checkpointing else "saved activations of the blocks"
+    kept_name = ("block inputs kept for backward" if recomputing == n else "saved activations of the blocks"
+                 if not recomputing else "block inputs kept (recomputed blocks), saved activations (the others)")
     gpu = [
         Term("frozen block Linears, resident", (n - K) * block_w,
              f"{n - K} of {n} blocks x {gib(block_w)} ({p.storage}, {arch.block_linear_weight_params / 1e6:.0f}M params each)"),
@@ -400,7 +418,10 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         gpu += [
             Term("LoRA gradients at the peak", grads_at_peak,
                  f"blocks {worst_i}..{n - 1}" if not all_grads else "all (gradient accumulation)"),
-            Term(kept_name, (worst_i + 1) * kept, f"{worst_i + 1} blocks x {kept / MIB:.1f} MiB"),
+            Term(kept_name, kept_at_peak, f"{worst_i + 1} blocks" + (
+                f" x {kept_per_block[0] / MIB:.1f} MiB" if len(set(kept_per_block)) == 1 else
+                f", {min(recomputing, worst_i + 1)} recomputed x {inputs_kept / MIB:.1f} MiB + the others x "
+                f"{saved / MIB:.1f} MiB")),
             Term("one block's recomputed activations", recompute,
                  f"{n_img} image + {p.text_tokens} text tokens x batch {p.batch}"
                  + (" (with preservation's class rows)" if p.preservation else "") if recompute else "no checkpointing"),
