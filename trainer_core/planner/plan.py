@@ -37,6 +37,7 @@ from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
 from ..models.qwen_arch import MODULATION_LINEARS
 from ..streaming.arena import blob_arena_layout
 from ..streaming.placement import MODULATION_WINDOW, NUM_SLOTS, BlobLayout, blob_layout, ring_for
+from .activations import recomputed_blocks
 from .activations import (
     ActivationSettings,
     block_input_bytes,
@@ -80,8 +81,7 @@ class PlanInputs:
     storage: str = "float8"  # block Linear weights: float8, float8_scaled, bfloat16, or int8 (an int8 file's, kept)
     compute_dtype: str = "bfloat16"
     checkpointing: bool = True
-    # With checkpointing, how many blocks recompute (blocks 0 .. K-1; the others keep their activations); None:
-    # every block (BlockRunner's checkpointed_blocks; search.auto_checkpointed_blocks picks the fewest that fit).
+    # blocks 0..K-1 recompute, the others keep activations; None: all (search.auto_checkpointed_blocks)
     checkpointed_blocks: int | None = None
     blocks_to_swap: int = 0
     ring_depth: int = NUM_SLOTS  # GPU slots for streamed blocks (at most blocks_to_swap of them)
@@ -284,13 +284,6 @@ def _pow2ceil(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else n
 
 
-def recomputed_blocks(p: PlanInputs, num_blocks: int) -> int:
-    """How many blocks recompute their activations in backward under `p`."""
-    if not p.checkpointing:
-        return 0
-    return num_blocks if p.checkpointed_blocks is None else min(p.checkpointed_blocks, num_blocks)
-
-
 def activation_settings(p: PlanInputs) -> ActivationSettings:
     return ActivationSettings(preset=p.targets, rank=p.rank,
                               lora_bytes=DTYPE_BYTES[p.lora_dtype], dropout=p.lora_dropout > 0,
@@ -369,8 +362,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     recomputing = recomputed_blocks(p, n)
     inputs_kept = block_input_bytes(arch, p.batch, n_img, p.text_tokens, act)
     kept_per_block = [inputs_kept if i < recomputing else saved for i in range(n)]
-    # Each kind of block that runs a backward (recomputing, keeping its activations) has its working memory: the
-    # larger of those present.
+    # the larger working memory of the kinds of block present (recomputing, keeping its activations)
     kinds = [replace(s, checkpointing=c) for c in (True, False) if (recomputing if c else n - recomputing)]
     working = max(block_working_bytes(arch, k, p.batch, n_img, p.text_tokens) for k in kinds) \
         + lycoris_working_bytes(arch, p)
@@ -399,8 +391,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     phase = "backward" if backward_peak >= step_peak else "optimizer step"
 
     gib = lambda b: f"{b / GIB:.2f} GiB"  # noqa: E731
-    kept_name = ("block inputs kept for backward" if recomputing == n else "saved activations of the blocks"
-                 if not recomputing else "block inputs kept (recomputed blocks), saved activations (the others)")
+    kept_name = "block inputs or saved activations kept for backward"
     gpu = [
         Term("frozen block Linears, resident", (n - K) * block_w,
              f"{n - K} of {n} blocks x {gib(block_w)} ({p.storage}, {arch.block_linear_weight_params / 1e6:.0f}M params each)"),
@@ -418,10 +409,8 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         gpu += [
             Term("LoRA gradients at the peak", grads_at_peak,
                  f"blocks {worst_i}..{n - 1}" if not all_grads else "all (gradient accumulation)"),
-            Term(kept_name, kept_at_peak, f"{worst_i + 1} blocks" + (
-                f" x {kept_per_block[0] / MIB:.1f} MiB" if len(set(kept_per_block)) == 1 else
-                f", {min(recomputing, worst_i + 1)} recomputed x {inputs_kept / MIB:.1f} MiB + the others x "
-                f"{saved / MIB:.1f} MiB")),
+            Term(kept_name, kept_at_peak, f"{worst_i + 1} blocks, {min(recomputing, worst_i + 1)} recomputing "
+                 f"x {inputs_kept / MIB:.1f} MiB, the others x {saved / MIB:.1f} MiB"),
             Term("one block's recomputed activations", recompute,
                  f"{n_img} image + {p.text_tokens} text tokens x batch {p.batch}"
                  + (" (with preservation's class rows)" if p.preservation else "") if recompute else "no checkpointing"),
