@@ -23,11 +23,18 @@ GPU_NAMES = ("rtx4060ti-16gb", "rtx4090")
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="the first row only (benchmarks/smoke.py: that it runs)")
+    smoke = parser.parse_args().smoke
     print("| model | budget | text encoder | decoder layers streamed | prompts step | "
           + " | ".join(f"100 captions, {GPUS[g].label} (resident)" for g in GPU_NAMES) + " |")
     print("|---|---:|---|---:|---:|" + "---:|" * len(GPU_NAMES))
-    for model, parts in (("Qwen-Image", real_parts()), ("Qwen-Image 2.1", real_parts21(lm_head=False))):
-        for gib in (24, 16, 12, 8):
+    models = (("Qwen-Image", real_parts), ("Qwen-Image 2.1", lambda: real_parts21(lm_head=False)))
+    for model, parts_of in models[:1] if smoke else models:
+        parts = parts_of()
+        for gib in (24,) if smoke else (24, 16, 12, 8):
             p = PlanInputs(text_encoder_streamed=None, text_encoder_file_fp8=True)
             p = dataclasses.replace(p, text_encoder_storage=choose_text_encoder_storage(p, gib * GIB, parts=parts))
             decoder, vision = choose_encoder_streaming(p, gib * GIB, parts)

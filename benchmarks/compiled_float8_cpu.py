@@ -47,10 +47,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--json", default=None, help="append this run's figures as one JSON line")
+    parser.add_argument("--smoke", action="store_true", help="1 block 256 wide (benchmarks/smoke.py: that it runs)")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
-    model = random_transformer(dict(num_layers=args.blocks), storage="float8_scaled", compute_dtype=torch.bfloat16)
+    config = dict(num_layers=1, num_attention_heads=2) if args.smoke else dict(num_layers=args.blocks)
+    model = random_transformer(config, storage="float8_scaled", compute_dtype=torch.bfloat16)
     inject_lora(model, LoraConfig(rank=16, alpha=16.0, targets="attention+mlp"), seed=0)
     compute_in_input_dtype(model)
     params = lora_parameters(model)
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
         losses.append(float(loss))
     runner.uninstall()
     figures = dict(mode=args.mode, blocks=args.blocks, steps=args.steps, threads=torch.get_num_threads(),
-                   first_step_s=round(seconds[0], 3), median_step_s=round(statistics.median(seconds[1:]), 3),
+                   first_step_s=round(seconds[0], 3), median_step_s=round(statistics.median(seconds[1:] or seconds), 3),
                    graphs_first_step=graphs[0], graphs_after=sum(graphs[1:]), losses=[round(v, 6) for v in losses])
     print(json.dumps(figures), flush=True)
     if args.json:

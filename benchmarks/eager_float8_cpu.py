@@ -34,18 +34,20 @@ class WeightScaled(torch.autograd.Function):
         return grad @ dequantized_weight(ctx.linear, grad.dtype), None
 
 
-def main(mode: str) -> None:
+def main(mode: str, smoke: bool = False) -> None:
+    """`smoke`: a 256 x 1024 Linear, one pass (benchmarks/smoke.py: that it runs)."""
     torch.manual_seed(0)
-    lin = nn.Linear(3072, 12288)
+    width = 256 if smoke else 3072
+    lin = nn.Linear(width, 4 * width)
     stored, scale = quantize_weight(lin.weight.data, "float8_scaled")
     lin.weight = nn.Parameter(stored, requires_grad=False)
     lin.bias.requires_grad_(False)
     lin.register_buffer(SCALE_BUFFER, scale)
     fn = FrozenLinearFunction if mode == "output" else WeightScaled
-    x = torch.randn(64, 3072, dtype=torch.bfloat16, requires_grad=True)
-    for _ in range(10):
+    x = torch.randn(64, width, dtype=torch.bfloat16, requires_grad=True)
+    for _ in range(1 if smoke else 10):
         fn.apply(x, lin).sum().backward()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], smoke="--smoke" in sys.argv[2:])

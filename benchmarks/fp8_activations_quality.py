@@ -111,7 +111,8 @@ def tiny_section(steps: int, log) -> None:
 # 2. one real-width block
 
 
-def block_section(tokens: int, log) -> None:
+def block_section(tokens: int, log, heads: int = 24) -> None:
+    """`heads` x 128 wide (24: the real 3072)."""
     from trainer_core.devtools.random_weights import random_transformer
     from trainer_core.models.float8 import activations as fa
     from trainer_core.models.float8 import frozen_block_linears, store_block_linears
@@ -119,10 +120,11 @@ def block_section(tokens: int, log) -> None:
     side = int(tokens ** 0.5)
     grid, n_txt = (side, side), 32
     g = torch.Generator().manual_seed(1)
-    hidden = torch.randn(1, side * side, 3072, generator=g).bfloat16()  # (B, N_img, D)
-    prompt = torch.randn(1, n_txt, 3072, generator=g).bfloat16()  # (B, N_txt, D)
-    temb = torch.randn(1, 3072, generator=g).bfloat16()  # (B, D)
-    probe = torch.randn(1, n_txt + side * side, 3072, generator=g)  # a fixed direction for the input gradient
+    width = heads * 128
+    hidden = torch.randn(1, side * side, width, generator=g).bfloat16()  # (B, N_img, D)
+    prompt = torch.randn(1, n_txt, width, generator=g).bfloat16()  # (B, N_txt, D)
+    temb = torch.randn(1, width, generator=g).bfloat16()  # (B, D)
+    probe = torch.randn(1, n_txt + side * side, width, generator=g)  # a fixed direction for the input gradient
 
     def run(model) -> tuple[torch.Tensor, torch.Tensor]:
         """(output (B, N_txt + N_img, D), d(output . probe)/d hidden (B, N_img, D))."""
@@ -136,7 +138,7 @@ def block_section(tokens: int, log) -> None:
     rows = []
     t0 = time.perf_counter()
     for storage in ("float8", "float8_scaled"):
-        model = random_transformer(dict(num_layers=1), storage="bfloat16", seed=0, std=0.02)
+        model = random_transformer(dict(num_layers=1, num_attention_heads=heads), storage="bfloat16", seed=0, std=0.02)
         bf16_weights = run(model)
         store_block_linears(model, storage)  # the same weights, now float8: the eager path, bf16 compute
         eager = run(model)
@@ -151,7 +153,7 @@ def block_section(tokens: int, log) -> None:
         del model
     seconds = time.perf_counter() - t0
 
-    log(f"### One real-width block (D = 3072), {side * side} image + {n_txt} text tokens ({seconds:.0f} s)")
+    log(f"### One {'real-width ' if heads == 24 else ''}block (D = {width}), {side * side} image + {n_txt} text tokens ({seconds:.0f} s)")
     log("")
     log("| storage | output error, fp8 rowwise vs bf16 compute | fp8 tensorwise vs bf16 compute | for scale: float8 "
         "storage vs bf16 weights | input-gradient error, fp8 rowwise | fp8 tensorwise |")
@@ -171,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100, help="training steps of each tiny run")
     parser.add_argument("--tokens", type=int, default=256, help="image tokens of the real-width block (a square)")
+    parser.add_argument("--smoke", action="store_true", help="the block 256 wide (benchmarks/smoke.py: that it runs)")
     args = parser.parse_args(argv)
     from trainer_core.runs.cli import _quiet_libraries
     from trainer_core.models.float8.activations import scaling_for
@@ -181,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         f"threads; this device's activation scaling: {scaling_for(torch.device('cpu'))})")
     log("")
     tiny_section(args.steps, log)
-    block_section(args.tokens, log)
+    block_section(args.tokens, log, heads=2 if args.smoke else 24)
 
 
 if __name__ == "__main__":

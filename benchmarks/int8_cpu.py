@@ -27,12 +27,14 @@ from trainer_core.planner.arch import real_arch
 IMAGE_ROWS, TEXT_ROWS = 256, 64
 
 
-def linears(storage: str) -> list[tuple[nn.Linear, int]]:
-    """(Linear, rows of its input) for each of a real block's frozen Linears, stored as `storage`."""
+def linears(storage: str, smoke: bool = False) -> list[tuple[nn.Linear, int]]:
+    """(Linear, rows of its input) for each of a real block's frozen Linears, stored as `storage`; `smoke`: the
+    smallest one only (benchmarks/smoke.py: that it runs)."""
     torch.manual_seed(0)
     image_side = set(IMG_STREAM.values())
     out = []
-    for shape in real_arch().block_linears:
+    shapes = real_arch().block_linears
+    for shape in [min(shapes, key=lambda s: s.in_features * s.out_features)] if smoke else shapes:
         size, rows_scale = (shape.out_features, shape.in_features), torch.rand(shape.out_features, 1) * 1e-3
         linear = nn.Linear(shape.in_features, shape.out_features, device="meta")
         linear.bias = nn.Parameter(torch.zeros(shape.out_features), requires_grad=False)
@@ -45,9 +47,9 @@ def linears(storage: str) -> list[tuple[nn.Linear, int]]:
     return out
 
 
-def main(storage: str, passes: int) -> None:
+def main(storage: str, passes: int, smoke: bool = False) -> None:
     torch.set_grad_enabled(True)
-    built = linears(storage)
+    built = linears(storage, smoke)
     for _ in range(passes):
         for linear, rows in built:
             x = torch.randn(rows, linear.in_features, dtype=torch.bfloat16, requires_grad=True)
@@ -55,4 +57,4 @@ def main(storage: str, passes: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), smoke="--smoke" in sys.argv[3:])

@@ -202,7 +202,7 @@ def real_width_activations(log, quick: bool) -> dict:
     return dict(rows=rows, block_lora_grad_bytes=grads)
 
 
-def speed(log, quick: bool) -> dict:
+def speed(log, quick: bool, smoke: bool = False) -> dict:
     import speed as speed_mod
 
     log(f"Model: `{speed_mod.MODEL}` (D=512, F=2048, ~9M parameters per block), float32 weights and compute, "
@@ -212,10 +212,12 @@ def speed(log, quick: bool) -> dict:
     # (latents, pairs, steps per run, chunk pairs, steps of a chunked run)
     sizes = [((32, 32), 6, 2, 4, 8)] if quick else [((32, 32), 42, 2, 20, 12), ((64, 64), 18, 1, 8, 8)]
     results = []
-    for latent_hw, pairs, steps, chunk_pairs, chunk_steps in sizes:
+    for latent_hw, pairs, steps, chunk_pairs, chunk_steps in sizes[:1] if smoke else sizes:
         lines = []
-        r = speed_mod.measure(pairs=pairs, steps=steps, chunk_pairs=chunk_pairs, chunk_steps=chunk_steps,
-                              latent_hw=latent_hw, log=lines.append)
+        sized = (dict(speed_mod.SMOKE) if smoke else dict(pairs=pairs, steps=steps, chunk_pairs=chunk_pairs,
+                                                          chunk_steps=chunk_steps, latent_hw=latent_hw))
+        r = speed_mod.measure(**sized, log=lines.append)
+        latent_hw = r.latent_hw
         results.append(r)
         log("")
         log(f"Latents {latent_hw} ({latent_hw[0] * latent_hw[1] // 4} image tokens):")
@@ -234,7 +236,8 @@ def speed(log, quick: bool) -> dict:
         log(f"| {tokens} | {r.chunks} chunks of {r.steps // r.chunks} vs 1 call of {r.steps} steps | "
             f"{r.chunked_s:.3f} s | {r.whole_s:.3f} s | **{r.chunk_ratio:.3f}** | from train(0) "
             f"({r.call_overhead_s * 1e6:.0f} us/call): {r.chunk_ratio_bound:.4f} | <= 1.02 |")
-    ab = speed_mod.forward_backward_ab()
+    ab = speed_mod.forward_backward_ab(**(dict(rounds=1, calls=1, instances=1, latent_hw=(8, 8),
+                                               config=speed_mod.SMOKE_MODEL) if smoke else {}))
     log("")
     log("Where a difference would come from: one forward + backward only (no data, no optimizer), same weights, "
         "256 image tokens, 2 instances of each, median ms over rotating rounds:")
@@ -243,7 +246,7 @@ def speed(log, quick: bool) -> dict:
     log("| --- | --- | --- |")
     for name, ms in ab.items():
         log(f"| {name} | {ms:.2f} | {ms / ab['bare']:.3f} |")
-    profile = speed_mod.profile_ours(steps=10, top=18)
+    profile = speed_mod.profile_ours(**(dict(steps=1, top=3, warmup=1, config=speed_mod.SMOKE_MODEL) if smoke else dict(steps=10, top=18)))
     log("")
     log("<details><summary>cProfile of 10 of our steps at 256 image tokens (cumulative)</summary>")
     log("")
@@ -262,7 +265,12 @@ def main() -> None:
     parser.add_argument("--out", default=str(OUT / "results_cpu"), help="path without extension for .md and .json")
     parser.add_argument("--only", nargs="*", default=None,
                         help="sections to run: float8 optimizer planner activations speed")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds (benchmarks/smoke.py): the sections without a real-width block or a planner "
+                        "search (optimizer, speed), speed at its smoke sizes; the figures mean nothing")
     args = parser.parse_args()
+    if args.smoke and args.only is None:
+        args.only = ["optimizer", "speed"]
 
     from trainer_core.runs.cli import _quiet_libraries
 
@@ -284,7 +292,7 @@ def main() -> None:
         ("planner", "Planner: 1024 x 1024, rank 32 (attention+mlp, fp32 LoRA, AdamW8bit, checkpointing)",
          lambda: planner_tables(log)),
         ("activations", "Planner activation terms against a real-width block", lambda: real_width_activations(log, args.quick)),
-        ("speed", "Trainer overhead and chunking", lambda: speed(log, args.quick)),
+        ("speed", "Trainer overhead and chunking", lambda: speed(log, args.quick, args.smoke)),
     ]
     for key, title, fn in sections:
         if args.only is not None and key not in args.only:

@@ -61,13 +61,17 @@ class SpeedResult:
     chunk_ratios: list[float]
 
 
-def _model():
+SMOKE_MODEL = dict(num_layers=1, num_attention_heads=1, joint_attention_dim=64)  # D = 128: a smoke run's
+
+
+def _model(config: dict):
     # float32 storage: on a CPU float8 is mostly cast cost (DESIGN §9); this measures the loop, not casts.
-    return random_transformer(MODEL, storage="float32", compute_dtype=torch.float32, seed=0)
+    return random_transformer(config, storage="float32", compute_dtype=torch.float32, seed=0)
 
 
-def our_trainer(seed: int = 0, checkpointing: bool = False, latent_hw: tuple[int, int] = LATENT_HW) -> Trainer:
-    model = _model()
+def our_trainer(seed: int = 0, checkpointing: bool = False, latent_hw: tuple[int, int] = LATENT_HW,
+                config: dict = MODEL) -> Trainer:
+    model = _model(config)
     components, dataset = synthetic_setup(model, samples=8, latent_hw=latent_hw, text_tokens=TEXT_TOKENS,
                                           device=torch.device("cpu"), compute_dtype=torch.float32, storage="float32")
     return Trainer(components, dataset, LoraConfig(rank=RANK, alpha=float(RANK), targets=TARGETS),
@@ -79,12 +83,13 @@ def our_trainer(seed: int = 0, checkpointing: bool = False, latent_hw: tuple[int
 class BareLoop:
     """What a user would write with diffusers + peft + bitsandbytes and nothing of ours."""
 
-    def __init__(self, seed: int = 0, checkpointing: bool = False, latent_hw: tuple[int, int] = LATENT_HW):
+    def __init__(self, seed: int = 0, checkpointing: bool = False, latent_hw: tuple[int, int] = LATENT_HW,
+                 config: dict = MODEL):
         import bitsandbytes as bnb
         from peft import LoraConfig as PeftLoraConfig
         from peft import inject_adapter_in_model
 
-        model = _model()
+        model = _model(config)
         for m in model.transformer_blocks.modules():  # back to diffusers' stock nn.Linear.forward
             if isinstance(m, torch.nn.Linear) and "forward" in m.__dict__:
                 del m.forward
@@ -142,12 +147,12 @@ def _timed(run, n: int) -> float:
 
 def measure(pairs: int = 30, steps: int = 2, chunk_pairs: int = 16, chunk_steps: int = 8, chunks: int = 4,
             instances: int = 3, checkpointing: bool = False, latent_hw: tuple[int, int] = LATENT_HW,
-            log=print) -> SpeedResult:
+            log=print, warmup: int = 3, config: dict = MODEL) -> SpeedResult:
     """Paired, alternating runs over several instances (see module docstring); `steps` per timed run."""
-    ours = [our_trainer(checkpointing=checkpointing, latent_hw=latent_hw) for _ in range(instances)]
-    bare = [BareLoop(checkpointing=checkpointing, latent_hw=latent_hw) for _ in range(instances)]
+    ours = [our_trainer(checkpointing=checkpointing, latent_hw=latent_hw, config=config) for _ in range(instances)]
+    bare = [BareLoop(checkpointing=checkpointing, latent_hw=latent_hw, config=config) for _ in range(instances)]
     for side in ours + bare:
-        side.train(3)
+        side.train(warmup)
     ours_t, bare_t = [], []
     for r in range(pairs):
         o, b = ours[r % instances], bare[r % instances]
@@ -160,7 +165,7 @@ def measure(pairs: int = 30, steps: int = 2, chunk_pairs: int = 16, chunk_steps:
         + " ".join(f"{x:.3f}" for x in ratios))
 
     # Chunking: two trainers swap roles (one call of n steps / k calls of n/k) from pair to pair.
-    first, second = ours[0], ours[1 % instances] if instances > 1 else our_trainer(latent_hw=latent_hw)
+    first, second = ours[0], ours[1 % instances] if instances > 1 else our_trainer(latent_hw=latent_hw, config=config)
     whole_t, chunked_t = [], []
     for r in range(chunk_pairs):
         whole, chunked = (first, second) if r % 2 == 0 else (second, first)
@@ -189,24 +194,24 @@ def measure(pairs: int = 30, steps: int = 2, chunk_pairs: int = 16, chunk_steps:
 
 
 def forward_backward_ab(rounds: int = 12, calls: int = 6, instances: int = 2,
-                        latent_hw: tuple[int, int] = LATENT_HW) -> dict[str, float]:
+                        latent_hw: tuple[int, int] = LATENT_HW, config: dict = MODEL) -> dict[str, float]:
     """Median ms of one forward + backward (no optimizer, no data) of three setups with the same weights:
     our trainer's model (FrozenLinearFunction + BlockRunner), the same with diffusers' stock Linear forward
     put back, and the bare diffusers + peft model; `instances` of each, rotating order. Attributes a
     step-time difference to the model's compute path or to the training loop around it."""
     setups: dict[str, list] = {"ours": [], "ours, stock Linear": [], "bare": []}
     for _ in range(instances):
-        setups["ours"].append(our_trainer(latent_hw=latent_hw).transformer)
-        stock = our_trainer(latent_hw=latent_hw).transformer
+        setups["ours"].append(our_trainer(latent_hw=latent_hw, config=config).built.transformer)
+        stock = our_trainer(latent_hw=latent_hw, config=config).built.transformer
         for m in stock.transformer_blocks.modules():
             if isinstance(m, torch.nn.Linear) and "forward" in m.__dict__:
                 del m.forward
         setups["ours, stock Linear"].append(stock)
-        setups["bare"].append(BareLoop(latent_hw=latent_hw).model)
+        setups["bare"].append(BareLoop(latent_hw=latent_hw, config=config).model)
     g = torch.Generator().manual_seed(0)
     h, w = latent_hw[0] // 2, latent_hw[1] // 2
     x = torch.randn(1, h * w, 64, generator=g)  # (B, packed tokens, 4 x 16 channels)
-    text = torch.randn(1, TEXT_TOKENS, 3584, generator=g)  # (B, text tokens, joint dim)
+    text = torch.randn(1, TEXT_TOKENS, setups["bare"][0].config.joint_attention_dim, generator=g)  # (B, text, joint)
 
     def step(model):
         out = model(hidden_states=x, encoder_hidden_states=text, timestep=torch.tensor([0.5]),
@@ -229,14 +234,14 @@ def forward_backward_ab(rounds: int = 12, calls: int = 6, instances: int = 2,
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def profile_ours(steps: int = 10, top: int = 25) -> str:
+def profile_ours(steps: int = 10, top: int = 25, warmup: int = 3, config: dict = MODEL) -> str:
     """cProfile of our trainer's steps (cumulative time), as text."""
     import cProfile
     import io
     import pstats
 
-    trainer = our_trainer()
-    trainer.train(3)
+    trainer = our_trainer(config=config)
+    trainer.train(warmup)
     prof = cProfile.Profile()
     prof.enable()
     trainer.train(steps)
@@ -246,6 +251,19 @@ def profile_ours(steps: int = 10, top: int = 25) -> str:
     return out.getvalue()
 
 
+SMOKE = dict(pairs=2, steps=1, chunk_pairs=2, chunk_steps=2, chunks=2, instances=1, warmup=1, config=SMOKE_MODEL,
+             latent_hw=(8, 8))  # seconds: that it runs
+
+
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="a run of seconds (benchmarks/smoke.py): the figures "
+                        "mean nothing, only that every part runs")
+    args = parser.parse_args()
     torch.manual_seed(0)
-    print(measure())
+    print(measure(**SMOKE) if args.smoke else measure())
+    if args.smoke:
+        print(forward_backward_ab(rounds=1, calls=1, instances=1, latent_hw=(8, 8), config=SMOKE_MODEL))
+        print(profile_ours(steps=1, top=3, warmup=1, config=SMOKE_MODEL))

@@ -25,14 +25,19 @@ BUDGETS = (24, 16, 12, 8)
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="the first row only (benchmarks/smoke.py: that it runs)")
+    smoke = parser.parse_args().smoke
     arch = real_arch()
     inputs = PlanInputs(width=1024, height=1024, rank=32)
     heads = " | ".join(f"{p.label}{' (trainer)' if p == RUNTIME else ''}" for p in PATHS)
     print(f"| GPU | budget | streamed | GB copied / step | {heads} | trainer path, no modulation ahead | "
           "last-k tail, trainer path |")
     print("| --- | --- | --- | --- | " + " | ".join("---" for _ in PATHS) + " | --- | --- |")
-    for gpu in GPUS.values():
-        for budget in BUDGETS:
+    for gpu in list(GPUS.values())[:1] if smoke else GPUS.values():
+        for budget in BUDGETS[:1] if smoke else BUDGETS:
             choice = auto_blocks_to_swap(inputs, budget * GIB, arch)
             k = choice.blocks_to_swap
             p = dataclasses.replace(inputs, blocks_to_swap=k)

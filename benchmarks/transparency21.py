@@ -121,8 +121,8 @@ def alpha_measure(image: Image.Image, scene: shapes.Scene) -> tuple[float, float
     return float(alpha[distance > BACKGROUND_RADII].mean()), float(alpha[distance < CORE_RADII].mean())
 
 
-def previews(trainer: Trainer, scenes, out: Path, name: str) -> dict:
-    images = [trainer.sample_preview(s.caption, "", SIZE, SIZE, 20, 1.0, 0) for s in scenes]
+def previews(trainer: Trainer, scenes, out: Path, name: str, sample_steps: int = 20) -> dict:
+    images = [trainer.sample_preview(s.caption, "", SIZE, SIZE, sample_steps, 1.0, 0) for s in scenes]
     sheet = Image.new("RGB", (SIZE * len(images), SIZE))
     for i, (image, scene) in enumerate(zip(images, scenes)):
         image.save(out / f"{name}_{i:02d}.png")
@@ -221,6 +221,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--vae-cache", type=Path, default=None, help="a file the trained VAE is kept in (and read from)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sample-steps", type=int, default=20, help="sampling steps of each preview")
     parser.add_argument("--out", default=None, help="where the previews go (default: a temporary folder)")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="transparency21_"))
@@ -253,10 +254,10 @@ def main() -> None:
                                       blocks_to_swap=0, gradient_checkpointing=False))
         try:
             if "before" not in results:
-                results["before"] = previews(trainer, scenes, out, "before")
+                results["before"] = previews(trainer, scenes, out, "before", args.sample_steps)
                 print(json.dumps({"phase": "before", **results["before"]}), flush=True)
             report = trainer.train(args.steps)
-            results[transparency] = {**previews(trainer, scenes, out, f"after_{transparency}"),
+            results[transparency] = {**previews(trainer, scenes, out, f"after_{transparency}", args.sample_steps),
                                      "loss_first20": round(float(np.mean(report.losses[:20])), 4),
                                      "loss_last20": round(float(np.mean(report.losses[-20:])), 4)}
             print(json.dumps({"phase": f"after, transparency {transparency}", **results[transparency],

@@ -92,6 +92,7 @@ def pytest_configure(config):
 LONGEST_FILES = (
     "test_float8_compiled.py",
     "test_shapes_model.py",
+    "test_benchmarks_smoke.py",
     "test_distributed.py",
     "test_distributed_kill.py",
     "test_device_check.py",

@@ -191,11 +191,15 @@ def test_the_settings_name_the_architectures_lora_presets():
     assert tuple(LORA_TARGET_PRESETS) == LORA_TARGET_PRESET_NAMES
 
 
-def test_no_module_of_the_engine_is_over_450_lines():
-    """One concern per module keeps each readable on its own: past 450 lines a module is doing two things."""
+def test_long_engine_modules_are_named_not_split_by_a_cap():
+    """A size warning, not a rule that shapes code (issue 55: files split to stay under a line cap cut one
+    concern in two). Modules past 450 lines are listed as a warning for a reader to judge."""
+    import warnings
+
     longer = {str(p.relative_to(REPO)): n for p in (REPO / "trainer_core").rglob("*.py")
               if (n := len(p.read_text().splitlines())) > 450}
-    assert not longer, longer
+    if longer:
+        warnings.warn(f"engine modules over 450 lines (one concern each?): {longer}", stacklevel=1)
 
 
 def test_the_recipe_is_at_most_250_lines():

@@ -316,9 +316,11 @@ class TrainConfig:
         "(the status says whether it is on).",
     )
     compile_float8: bool = _f(
-        False, "Experimental: compile the float8 block Linears (torch.compile with Triton, CUDA GPUs of the RTX 30xx "
-        "generation or newer) so each matmul reads the float8 weight as it is instead of a bfloat16 copy made per "
-        "call: less memory traffic, same results up to rounding. The first step compiles (up to a minute). Not "
+        False, "Experimental, and slower today: measured on an H100 at 1024², 1.54 s a step against the eager path's "
+        "1.06 (benchmarks/device_results/h100_2026-12-06.md); kept for measuring, not for speed. It compiles the "
+        "float8 block Linears (torch.compile with Triton, CUDA GPUs of the RTX 30xx generation or newer) so each "
+        "matmul reads the float8 weight as it is instead of a bfloat16 copy made per call: less memory traffic, "
+        "same results up to rounding. The first step compiles (up to a minute). Not "
         "together with fp8_activations. Without Triton or on the CPU it changes nothing (the status says whether "
         "it is on).",
     )

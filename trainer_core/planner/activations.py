@@ -191,3 +191,11 @@ def block_working_bytes(arch: QwenImageArch, s: ActivationSettings, batch: int, 
     s = s.as_computed()
     ratio = WORKING_PER_TOKEN[(s.preset, "float32" if s.lora_bytes == 4 else "bfloat16", s.dropout, s.checkpointing)]
     return int(ratio * arch.mlp_dim * batch * max(n_img, n_txt))
+
+
+def recomputed_blocks(p, num_blocks: int) -> int:
+    """How many blocks recompute their activations in backward under `p` (a plan.PlanInputs): with checkpointing,
+    `checkpointed_blocks` of them (None: all), else none."""
+    if not p.checkpointing:
+        return 0
+    return num_blocks if p.checkpointed_blocks is None else min(p.checkpointed_blocks, num_blocks)

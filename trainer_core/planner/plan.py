@@ -30,13 +30,14 @@ All sizes are bytes; tables print GiB. A "16 GB" card has 16 GiB.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..adapters.lycoris import tensor_shapes
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
 from ..models.qwen_arch import MODULATION_LINEARS
 from ..streaming.arena import blob_arena_layout
 from ..streaming.placement import MODULATION_WINDOW, NUM_SLOTS, BlobLayout, blob_layout, ring_for
+from .activations import recomputed_blocks
 from .activations import (
     ActivationSettings,
     block_input_bytes,
@@ -80,6 +81,8 @@ class PlanInputs:
     storage: str = "float8"  # block Linear weights: float8, float8_scaled, bfloat16, or int8 (an int8 file's, kept)
     compute_dtype: str = "bfloat16"
     checkpointing: bool = True
+    # blocks 0..K-1 recompute, the others keep activations; None: all (search.auto_checkpointed_blocks)
+    checkpointed_blocks: int | None = None
     blocks_to_swap: int = 0
     ring_depth: int = NUM_SLOTS  # GPU slots for streamed blocks (at most blocks_to_swap of them)
     # Streamed blocks' modulation outputs computed a window ahead (streaming.placement.MODULATION_WINDOW), as the
@@ -365,16 +368,22 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     # each layer's whole delta weight and has its transients (lycoris_terms).
     s = activation_settings(p)
     saved = block_saved_bytes(arch, s, p.batch, n_img, p.text_tokens) + lycoris_saved_bytes(arch, p)
-    kept = block_input_bytes(arch, p.batch, n_img, p.text_tokens, act) if p.checkpointing else saved
-    working = block_working_bytes(arch, s, p.batch, n_img, p.text_tokens) + lycoris_working_bytes(arch, p)
-    recompute = saved if p.checkpointing else 0
+    recomputing = recomputed_blocks(p, n)
+    inputs_kept = block_input_bytes(arch, p.batch, n_img, p.text_tokens, act)
+    kept_per_block = [inputs_kept if i < recomputing else saved for i in range(n)]
+    # the larger working memory of the kinds of block present (recomputing, keeping its activations)
+    kinds = [replace(s, checkpointing=c) for c in (True, False) if (recomputing if c else n - recomputing)]
+    working = max(block_working_bytes(arch, k, p.batch, n_img, p.text_tokens) for k in kinds) \
+        + lycoris_working_bytes(arch, p)
+    recompute = saved if recomputing else 0
     all_grads = p.grad_accum_steps > 1  # accumulated gradients stay from the first micro-batch on
     worst_i, worst = 0, -1
     for i in range(n):
-        alive = (i + 1) * kept + (sum(grads_per_block) if all_grads else sum(grads_per_block[i:]))
+        alive = sum(kept_per_block[:i + 1]) + (sum(grads_per_block) if all_grads else sum(grads_per_block[i:]))
         if alive > worst:
             worst_i, worst = i, alive
-    grads_at_peak = worst - (worst_i + 1) * kept
+    kept_at_peak = sum(kept_per_block[:worst_i + 1])
+    grads_at_peak = worst - kept_at_peak
     upcast = UPCAST_COPIES[p.storage] * max(s_.in_features * s_.out_features for s_ in arch.block_linears) * act
     quantised = fp8_input_bytes(arch, p, n_img)
     upcast_detail = f"{p.storage} -> {p.compute_dtype}, transient"
@@ -395,7 +404,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     phase = "backward" if backward_peak >= step_peak else "optimizer step"
 
     gib = lambda b: f"{b / GIB:.2f} GiB"  # noqa: E731
-    kept_name = "block inputs kept for backward" if p.checkpointing else "saved activations of the blocks"
+    kept_name = "block inputs or saved activations kept for backward"
     gpu = [
         Term("frozen block Linears, resident", (n - K) * block_w,
              f"{n - K} of {n} blocks x {gib(block_w)} ({p.storage}, {arch.block_linear_weight_params / 1e6:.0f}M params each)"),
@@ -413,7 +422,8 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         gpu += [
             Term("LoRA gradients at the peak", grads_at_peak,
                  f"blocks {worst_i}..{n - 1}" if not all_grads else "all (gradient accumulation)"),
-            Term(kept_name, (worst_i + 1) * kept, f"{worst_i + 1} blocks x {kept / MIB:.1f} MiB"),
+            Term(kept_name, kept_at_peak, f"{worst_i + 1} blocks, {min(recomputing, worst_i + 1)} recomputing "
+                 f"x {inputs_kept / MIB:.1f} MiB, the others x {saved / MIB:.1f} MiB"),
             Term("one block's recomputed activations", recompute,
                  f"{n_img} image + {p.text_tokens} text tokens x batch {p.batch}"
                  + (" (with preservation's class rows)" if p.preservation else "") if recompute else "no checkpointing"),

@@ -95,3 +95,37 @@ def _advice(plan: MemoryPlan, budget: int, arch: QwenImageArch, parts: PartSizes
     if not found:
         lines.append("  - no single change fits; combine a lower resolution with a lower rank, or use a larger GPU")
     return lines
+
+
+def auto_checkpointed_blocks(inputs: PlanInputs, budget_bytes: int, arch: QwenImageArch | None = None,
+                             parts: PartSizes | None = None) -> int:
+    """The fewest blocks that recompute in backward (blocks 0 .. K-1; the others keep their activations) whose
+    planned GPU peak fits `budget_bytes`, at `inputs`' swap count: like the swap count, recomputing only as deep as
+    memory needs (a recompute costs about a third of a block's step time). Every block when any block is streamed
+    (the streaming schedule assumes every block recomputes) or when nothing fits; 0 without checkpointing.
+
+    The peak falls as K grows from 1 (each recomputing block keeps only its inputs instead of its activations);
+    K = 0 has no recompute at all and is tried on its own, then a bisection over 1 .. num_blocks."""
+    arch = arch or real_arch()
+    n = arch.num_blocks
+    if not inputs.checkpointing:
+        return 0
+    if inputs.blocks_to_swap:
+        return n
+
+    def fits(k: int) -> bool:
+        plan = plan_memory(dataclasses.replace(inputs, checkpointed_blocks=k), arch)
+        return gpu_peak_after_caching(plan, arch, parts, budget_bytes) <= budget_bytes
+
+    if fits(0):
+        return 0
+    if not fits(n):
+        return n  # nothing fits: the trainer's default, and the swap search's advice says what would
+    low, high = 0, n  # not fits(low), fits(high); fits grows with k from 1 on
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            low = middle
+    return high

@@ -43,7 +43,7 @@ class BlockRunner:
                  checkpointing: bool = False, placement: Placement | None = None, compile_float8: bool = False,
                  fp8_activations: bool = False, compile_on_cpu: bool = False, host_copy=None,
                  int8_compute: bool = False, fused_blocks: str = fused_block.AUTO,
-                 attention: str = attention_backend.AUTO):
+                 attention: str = attention_backend.AUTO, checkpointed_blocks: int | None = None):
         """`compile_float8`: the frozen block Linears compiled so float8 weights are multiplied without a bf16
         copy (`models.float8.compiled`; CUDA + Triton, ignored where unavailable, `compiled_float8` says whether
         it is on). `compile_on_cpu`: on the CPU too (tests, benchmarks; off by default, see that module).
@@ -52,16 +52,30 @@ class BlockRunner:
         `int8_compute`: the int8-held block Linears multiply int8 activations with `torch._int_mm`
         (`models.int8_compute`; the weights converted before, `int8_compute.store_int8`). The three are
         alternatives: asking for two is refused. `host_copy`: the machine's shared host copy
-        (`shared_host.SharedHostCopy`) that holds the streamed blocks' masters already, or None."""
+        (`shared_host.SharedHostCopy`) that holds the streamed blocks' masters already, or None.
+        `fused_blocks` (`models.fused_block.FUSED_MODES`) and `attention` (`models.attention_backend.BACKENDS`):
+        our block forward and joint attention on the Qwen-Image 1.x blocks (`fused_status` says what runs;
+        `compile_on_cpu` also lets fused_blocks='compiled' compile on the CPU).
+        `checkpointed_blocks`: with `checkpointing`, only blocks 0 .. checkpointed_blocks - 1 recompute in backward
+        (the others keep their activations: faster, more memory; planner.search.auto_checkpointed_blocks picks the
+        fewest that fit); None: every block. Only without streamed blocks, whose schedule assumes every block
+        recomputes."""
         path = compute_path(path_name(compile_float8, fp8_activations, int8_compute), allow_cpu=compile_on_cpu)
         uninstall_leftover_runner(transformer)
         self.transformer = transformer
         self.device = device
         self.checkpointing = checkpointing
         blocks = transformer.transformer_blocks
+        if checkpointed_blocks is not None and not 0 <= checkpointed_blocks <= len(blocks):
+            raise ValueError(f"checkpointed_blocks {checkpointed_blocks}: between 0 and {len(blocks)} blocks")
+        # Blocks 0 .. checkpoint_depth - 1 recompute (all of them by default, none without checkpointing).
+        self.checkpoint_depth = (0 if not checkpointing else len(blocks) if checkpointed_blocks is None
+                                 else checkpointed_blocks)
         if placement is None and blocks_to_swap:
             placement = default_placement(len(blocks), blocks_to_swap)
         self.placement = placement if placement is not None and placement.streamed else None
+        if checkpointed_blocks is not None and checkpointed_blocks < len(blocks) and self.placement is not None:
+            raise ValueError("checkpointed_blocks: only with every block resident (no block streamed)")
         swapped = list(self.placement.streamed) if self.placement else []
         self._place(swapped)
         self.trace: Trace | None = None
@@ -157,7 +171,7 @@ class BlockRunner:
                 self.swapper.ring.forward_needs_modulation = now
                 self.swapper.ring.next_forward_needs_modulation = next_
         self._start(FORWARD, i)
-        if self.checkpointing and training:
+        if training and i < self.checkpoint_depth:
             self.modulation.caching = True
             try:
                 outputs = checkpointed(forward, *args, **kwargs)

@@ -31,6 +31,7 @@ import torch
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
 from ..core.errors import TrainingStopped
 from ..core.finite import all_finite
+from ..core.host_read import read_to_host
 from ..data.cache import CachedDataset
 from ..models.components import QwenImageComponents
 from . import guards, lifecycle, periodic, randomness, setup
@@ -120,7 +121,10 @@ class Trainer(TrainerBase):
         # k mod N's (distributed.py), and each process draws only its own (randomness.py).
         share = self.train_cfg.grad_accum_steps * self.replicas.size
         first, progress.micro_batches = progress.micro_batches, progress.micro_batches + share
-        total, finite = 0.0, True
+        # The losses' sum (float64: the same sum as Python floats of each loss) and whether all were finite stay on
+        # the device until the step's one read below: no host sync per micro-batch.
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        finite_on_device = torch.ones((), dtype=torch.bool, device=self.device)
         tally = DatasetLosses() if reports_datasets(self.dataset.samples) else None  # this process's samples
         for k in range(share):
             if not self.replicas.owns(k):
@@ -129,13 +133,20 @@ class Trainer(TrainerBase):
             randomness.seed_global_rng(self.train_cfg.seed, first + k, self.device)  # LoRA dropout's masks
             loss = built.flow.loss(batch, tally)
             del batch  # its latents and noise: not kept through backward (the memory plan counts them as gone)
-            if not torch.isfinite(loss):
-                finite = False
-                continue
+            # A NaN/inf loss's backward makes NaN gradients: the step is then skipped below and they are dropped,
+            # as when its backward was not run.
             (loss / share).backward()
-            total += loss.item()
-        total, finite = self.replicas.reduce_step(built.params, total, finite)  # summed over the processes
-        grad_norm = self._clip_gradients() if finite else math.nan
+            finite_on_device &= torch.isfinite(loss.detach())
+            loss_sum += loss.detach().double()
+        if self.replicas.size > 1:  # the all-reduce waits for the device anyway
+            total, finite = read_to_host(torch.stack([loss_sum, finite_on_device.double()]))
+            total, finite = self.replicas.reduce_step(built.params, total if finite else 0.0, bool(finite))
+            grad_norm = self._clip_gradients() if finite else math.nan
+        else:  # the step's one read: loss, finiteness and gradient norm together
+            norm = self._gradient_norm_on_device()
+            total, finite, grad_norm = read_to_host(torch.stack([loss_sum, finite_on_device.double(), norm.double()]))
+            finite = bool(finite)
+            total, grad_norm = (total, grad_norm) if finite else (0.0, math.nan)
         lr = set_learning_rate(built.optimizer, self.optim_cfg, progress.step)
         if not (finite and math.isfinite(grad_norm)):
             built.optimizer.zero_grad(set_to_none=True)
@@ -167,11 +178,16 @@ class Trainer(TrainerBase):
         runner.plan_modulation([self.built.flow.planned_timesteps(m) for m in numbers])
 
     def _clip_gradients(self) -> float:
+        return float(self._gradient_norm_on_device())
+
+    def _gradient_norm_on_device(self) -> torch.Tensor:
+        """The LoRA gradients' total norm (a 0-d tensor on the device, not read), clipped to max_grad_norm when
+        that is set. A non-finite norm makes the clipped gradients NaN: the step is then skipped."""
         max_norm, params = self.optim_cfg.max_grad_norm, self.built.params
         if max_norm > 0:
-            return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
         norms = [p.grad.detach().float().norm() for p in params if p.grad is not None]
-        return float(torch.stack(norms).norm()) if norms else 0.0
+        return torch.stack(norms).norm() if norms else torch.zeros((), device=self.device)
 
     def _undo_nonfinite_step(self) -> None:
         """The optimizer step just taken made LoRA values NaN/inf: the newest checkpoint with finite values puts

@@ -173,7 +173,8 @@ def build(components, dataset, decided: Decided, optimizer_cfg: OptimizerConfig,
         if host_copy is not None and runner.swapper is None:
             notes.append(f"host copy: {host_copy.status}")
         if train.compile_float8:
-            notes.append("compiled float8: on (the first step compiles)" if runner.compiled_float8
+            notes.append(("compiled float8: on (experimental; the first step compiles; measured slower than the eager path on an "
+                          "H100: 1.54 against 1.06 s a step)") if runner.compiled_float8
                          else "compiled float8: off here (it needs a CUDA GPU with Triton); eager path")
 
         optimizer = build_optimizer(list(params), optimizer_cfg)
