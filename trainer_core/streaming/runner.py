@@ -21,6 +21,7 @@ import functools
 import torch
 from torch import nn
 
+from ..core.host_memory import give_back_freed_memory
 from ..models.float8 import frozen_linears
 from ..models.float8.paths import COMPILED, compute_path, path_name
 from ..models.modulation import is_modulation_linear, supports_modulation_ahead
@@ -61,6 +62,9 @@ class BlockRunner:
         self._place(swapped)
         self.trace: Trace | None = None
         self.swapper = BlockSwapper(blocks, self.placement, device, shared=host_copy) if swapped else None
+        # What the placement and the swapper's arena replaced (a previous run's arena, host copies of blocks now on the
+        # device) is freed but cached: given back, so a re-init starts from the plan's figure, not the last run's.
+        give_back_freed_memory(pinned=True)
         self.modulation = ModulationOutputs(transformer, set(swapped))
         self.float8 = path.install([lin for block in blocks for _, lin in frozen_linears(block)], device)
         # After the float8 path: the modulation wrappers call the forward it installed.
