@@ -12,6 +12,7 @@ from trainer_core.planner import GIB, PlanInputs, check_run, plan_memory, plan_p
 from trainer_core.planner.arch import real_arch
 from trainer_core.planner.inference import device_decode_bytes, real_parts, vae_decode_bytes, vae_encode_bytes
 from trainer_core.planner.plan import block_blob
+from trainer_core.planner.measured_terms import SAVE_RESIDUE_BYTES
 from trainer_core.streaming.arena import blob_chunks
 from trainer_core.planner.phases import (
     AFTER_CACHING, HOST_RESERVE_BYTES, PHASES, STATE_TERMS, choose_text_encoder_storage, fewest_swapped_fitting,
@@ -67,7 +68,8 @@ def test_init_train_preview_and_save_share_the_training_state():
     assert train.gpu_bytes == plan.training.gpu_total
     # The optimizer state exists from the first step on; init streams one tensor on top of the weights.
     assert allocated(init) == state - plan.training.term("optimizer state") + term(init.gpu, "tensor in flight")
-    assert allocated(save) == state
+    # a save on CUDA also holds its measured residue (planner/measured_terms.py)
+    assert allocated(save) == state + SAVE_RESIDUE_BYTES == state + term(save.gpu, "save residue")
     vae = term(preview.gpu, "VAE on the device")
     working = term(preview.gpu, "preview ")
     assert vae == real_parts().vae_params * 2 and working > 0

@@ -58,8 +58,13 @@ def room_now(memory: DeviceMemory, counted_bytes: int = 0, reserve_bytes: int = 
 
 
 def fits_now(need_bytes: int, memory: DeviceMemory, counted_bytes: int = 0) -> bool:
-    """Whether `need_bytes` more fit the device now (`room_now`)."""
-    return need_bytes <= room_now(memory, counted_bytes)
+    """Whether `need_bytes` more fit the device now (`room_now`), the allocator's slack on everything then allocated
+    kept back where it is more than the reserve: never less strict than the plan's phases, which add that slack, so a
+    decision the plan takes one way at run time is never taken the larger way."""
+    from .plan import ALLOCATOR_SLACK
+
+    slack = int(ALLOCATOR_SLACK * (memory.allocated - counted_bytes + need_bytes))
+    return need_bytes + max(0, slack - DECISION_RESERVE_BYTES) <= room_now(memory, counted_bytes)
 
 
 def read_device_memory(device=None) -> DeviceMemory:
