@@ -377,8 +377,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         # all-resident fp8 run allocated 0.058 GiB above the larger of the two alone: both counted errs up by 0.05 GiB)
         upcast, upcast_detail = upcast + quantised, ("fp8 activations: the largest quantised input (fp32 quotient + "
                                                      "float8) + the backward's weight copy")
-    # int8 ConvRot: its rotated input beside the upcast weight on CUDA (H100, all resident: 0.043 GiB unplanned); on the
-    # CPU it is not alive at the peak (tests/engine/test_int8_files.py)
+    # int8 ConvRot: its rotated input beside the upcast weight on CUDA (H100: 0.043 GiB unplanned); not on the CPU's peak
     rotated = rotation_input_bytes(arch, p, n_img, act) if p.device == "cuda" else 0
     if rotated:
         upcast, upcast_detail = upcast + rotated, upcast_detail + " + int8 ConvRot's rotated input"
