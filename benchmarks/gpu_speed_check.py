@@ -55,6 +55,7 @@ class Config:
     path: str = "eager"  # eager | fp8 activations | compiled | int8 compute
     comparison: Comparison = Comparison()
     storage: str = "float8"  # the block Linears' storage; "int8": ComfyUI's int8 ConvRot (the model converted first)
+    budget: int | None = None  # the card it plays (bytes): run under that cap (harness.card_of); None: the whole device
 
 
 def run_config(env: Env, config: Config, components, dataset, inputs: PlanInputs, arch) -> dict:
@@ -172,7 +173,8 @@ def run_speed(env: Env, report: Report, clock: harness.Clock, seconds: float | N
         if not report.check(f"{label}: the planner finds a swap count", choice.fits, " ".join(choice.advice) or
                             f"{choice.blocks_to_swap} blocks"):
             continue
-        configs.append(Config(f"{label} ({choice.blocks_to_swap} swapped)", choice.blocks_to_swap))
+        configs.append(Config(f"{label} ({choice.blocks_to_swap} swapped)", choice.blocks_to_swap,
+                              budget=budget if env.cuda else None))
     if env.tiny:  # a second streamed setting (see gpu_check.py: a second tiny budget would choose 3 or 0)
         configs.append(Config("2 swapped", 2))
     configs.append(Config("all resident (eager float8)", 0))
@@ -183,7 +185,8 @@ def run_speed(env: Env, report: Report, clock: harness.Clock, seconds: float | N
         report.skip("speed: all resident, compiled float8", "the compiled path needs a CUDA GPU with Triton")
     # The comparisons at the most streamed choice (16 GiB; tiny: the tiny budget's), where streaming costs most.
     streamed = [c for c in configs if c.label.startswith("auto")][-1:] or [Config("all resident", 0)]
-    configs += [Config(f"{streamed[0].label}, {c.label}", streamed[0].blocks_to_swap, comparison=c) for c in
+    configs += [Config(f"{streamed[0].label}, {c.label}", streamed[0].blocks_to_swap, comparison=c,
+                       budget=streamed[0].budget) for c in
                 (Comparison(placement="tail"), Comparison(lora_compute="float32"), Comparison(modulation_ahead=False))]
     # Last (the model's blocks are converted in place): ComfyUI's int8 ConvRot storage, resident and streamed, and int8
     # compute (TrainConfig.int8_compute, opt-in) on those weights, all resident and at the planner's float8 choices for
@@ -191,9 +194,10 @@ def run_speed(env: Env, report: Report, clock: harness.Clock, seconds: float | N
     chosen = [c for c in configs if c.label.startswith("auto") and c.comparison == Comparison()]
     configs += [Config("all resident, int8 ConvRot blocks", 0, storage="int8"),
                 Config("all resident, int8 compute", 0, path="int8 compute", storage="int8"),
-                *(Config(f"{c.label}, int8 compute", c.blocks_to_swap, path="int8 compute", storage="int8")
-                  for c in chosen),
-                Config(f"{streamed[0].label}, int8 ConvRot blocks", streamed[0].blocks_to_swap, storage="int8")]
+                *(Config(f"{c.label}, int8 compute", c.blocks_to_swap, path="int8 compute", storage="int8",
+                         budget=c.budget) for c in chosen),
+                Config(f"{streamed[0].label}, int8 ConvRot blocks", streamed[0].blocks_to_swap, storage="int8",
+                       budget=streamed[0].budget)]
 
     rows = report.table("seconds per step", SPEED_COLUMNS)
     longest = None
@@ -205,8 +209,17 @@ def run_speed(env: Env, report: Report, clock: harness.Clock, seconds: float | N
         t = time.perf_counter()
         if config.storage == "int8":
             to_int8_convrot(model)  # idempotent: the int8 configurations come last
-        rows.append(run_config(env, config, components, dataset, dataclasses.replace(inputs, storage=config.storage),
-                               arch))
+        out_of_memory = None
+        try:
+            with harness.card_of(env, config.budget):
+                rows.append(run_config(env, config, components, dataset,
+                                       dataclasses.replace(inputs, storage=config.storage), arch))
+        except torch.cuda.OutOfMemoryError as e:  # a failed check, and the next configuration still runs
+            out_of_memory = str(e).splitlines()[0][:200]
+        if out_of_memory is not None:
+            report.check(f"{config.label}: runs under its card's cap", False, f"out of memory: {out_of_memory}")
+            harness.release_cached(env)
+            continue
         r = rows[-1]
         longest = max(longest or 0.0, time.perf_counter() - t)
         print(f"  {config.label}: {r['seconds_per_step']:.3f} s/step (predicted {r['predicted_seconds_per_step']}), "

@@ -140,6 +140,25 @@ def release_cached(env: Env) -> None:
 
 
 @contextlib.contextmanager
+def card_of(env: Env, budget: int | None):
+    """On a GPU, torch's allocator held to a card of `budget` bytes (the CUDA context outside it): past it the allocator
+    frees its cache and retries, then raises out of memory, as on that card, and the sampler's choice of a tiled decode
+    (`planner.device.room_now`) reads the same cap. (The first device check ran its 16 and 24 GiB settings on an
+    80 GB H100 uncapped: the preview decoded whole and the cache kept 21.5 GiB reserved for 14.7 allocated.)"""
+    if not env.cuda or budget is None:
+        yield
+        return
+    total = torch.cuda.get_device_properties(env.device).total_memory
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (budget - env.context_bytes) / total), env.device)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, env.device)
+
+
+@contextlib.contextmanager
 def phase(env: Env):
     """Measure the body as one phase: peak statistics reset at its start, read at its end."""
     if env.cuda:

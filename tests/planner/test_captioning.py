@@ -105,7 +105,8 @@ def test_prefill_is_the_larger_of_the_tower_and_the_language_model_and_one_byte_
 
 
 def test_caption_phase_only_when_asked_and_the_rest_of_the_plan_unchanged():
-    common = dict(blocks_to_swap=27, text_encoder_storage="auto")
+    # (28 swapped: the planner's choice at 16 GiB with the measured 7% allocator slack, planner/measured_terms.py)
+    common = dict(blocks_to_swap=28, text_encoder_storage="auto")
     plain = plan_phases(PlanInputs(**common), ram_bytes=32 * GIB, gpu_budget_bytes=16 * GIB)
     asked = plan_phases(PlanInputs(caption=True, **common), ram_bytes=32 * GIB, gpu_budget_bytes=16 * GIB)
     assert tuple(plain.phases) == PHASES and "caption" not in plain.phases

@@ -81,12 +81,17 @@ def test_a_preview_that_does_not_fit_whole_is_planned_in_tiles_and_the_swap_sear
 
 @pytest.mark.parametrize("free_gib, tiles", [(0.1, True), (64.0, False)])
 def test_the_sampler_decodes_in_tiles_only_when_the_whole_decode_does_not_fit(free_gib, tiles):
-    """`planner.device.preview_decode_in_tiles` compares the whole decode (and the VAE) with the GPU's free memory (the
-    sampler probes it; given here); on the CPU it never tiles."""
+    """`planner.device.preview_decode_in_tiles` compares the whole decode (and the VAE) with the room the GPU has now
+    (`device.room_now`; the sampler reads it, given here); on the CPU it never tiles."""
+    from trainer_core.planner.device import DeviceMemory
+
     from trainer_core.families.qwen_image import build_tiny_components
     from trainer_core.planner.device import preview_decode_in_tiles
 
     components = build_tiny_components(storage="float32")
-    assert not preview_decode_in_tiles(components, 1024, 1024, free_bytes=0)  # the CPU: host RAM, planned whole
+    def memory(free: float) -> DeviceMemory:
+        return DeviceMemory(free=int(free * (1 << 30)), total=80 << 30, reserved=0, allocated=0)
+
+    assert not preview_decode_in_tiles(components, 1024, 1024, memory(0))  # the CPU: host RAM, planned whole
     components.device = torch.device("cuda")  # the decision alone: nothing is placed there
-    assert preview_decode_in_tiles(components, 1024, 1024, free_bytes=int(free_gib * (1 << 30))) == tiles
+    assert preview_decode_in_tiles(components, 1024, 1024, memory(free_gib)) == tiles

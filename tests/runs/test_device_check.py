@@ -36,12 +36,17 @@ def test_device_check_tiny_writes_the_report_and_a_passing_verdict(tmp_path):
     assert set(report) == {"schema", "title", "command", "environment", "tables", "checks", "cut", "skipped", "notes",
                            "seconds", "verdict"}
     assert report["schema"] == 1 and report["verdict"].startswith("VERDICT: PASS")
+    assert "PYTORCH_CUDA_ALLOC_CONF" in report["environment"]  # device_check.sh sets it; recorded
+    # the profile phase runs where benchmarks/gpu_profile.py exists, and says so where it does not
+    assert (REPO / "benchmarks" / "gpu_profile.py").exists() or any("profile: not run" in n for n in report["notes"])
     assert {name: t["columns"] for name, t in report["tables"].items()} == TABLES
     for table in report["tables"].values():
         assert table["rows"] and all(set(r) == set(table["columns"]) or set(r) <= set(table["columns"])
                                      for r in table["rows"])
     memory = report["tables"]["memory per phase"]["rows"]
-    settings = ["auto (tiny budget) (3 swapped)", "2 swapped", "all resident"]
+    # the tiny budget's choices standing for the 8 and 12 GiB cards (gpu_check.TINY_CARDS), the most swapped first
+    settings = ["auto for 8 GiB (tiny budget x1) (3 swapped)", "2 swapped", "auto for 12 GiB (tiny budget x1.5) (0 swapped)",
+                "all resident"]
     streamed = next(r["setting"] for r in memory if r["setting"].startswith("text encoder streamed"))
     assert streamed.endswith("decoder layers)")
     assert [(r["setting"], r["phase"]) for r in memory] == [("(all)", "load"), ("(all)", "cache"), (streamed, "cache")] + [

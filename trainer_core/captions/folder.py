@@ -230,7 +230,8 @@ def caption_folder(vlm, settings: CaptionConfig, stop: Callable[[], bool] | None
 
 def batch_size(vlm, settings: CaptionConfig, new_tokens: int) -> int:
     """Images per `generate` call: the setting's, else (0) as many as the memory plan's captioning phase fits in the
-    GPU's free memory now (the model is resident: its weights count as free for the plan, which counts them); one on a
+    GPU can still give now (`planner.device.room_now`; the model is resident: its weights count as room for the plan,
+    which counts them); one on a
     CPU, for a model the plan does not know, and when a seed samples (each image's caption then depends on the seed
     alone, not on the images batched with it)."""
     if settings.batch_size:
@@ -247,7 +248,8 @@ def batch_size(vlm, settings: CaptionConfig, new_tokens: int) -> int:
                       text_encoder_file_fp8=vlm.one_byte, caption_tokens=new_tokens, cuda_context_bytes=0,
                       caption_image=(settings.image_side, settings.image_side))
     resident = weights_bytes(vlm.planned_parts, storage, DTYPE_BYTES[dtype])
-    return caption_batch_that_fits(plan, vlm.planned_parts, detect_budget(vlm.device).bytes + resident)
+    # the resident model's weights are allocated and in the plan: given back to the room (`device.room_now`)
+    return caption_batch_that_fits(plan, vlm.planned_parts, detect_budget(vlm.device, counted_bytes=resident).bytes)
 
 
 def images_needing_captions(settings: CaptionConfig) -> list[Path]:

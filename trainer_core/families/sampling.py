@@ -89,7 +89,8 @@ def sample_image(
     transformer, vae = components.transformer, components.ensure_vae()
     multiple = pixel_multiple(vae)
     width, height = snap_size(width, multiple), snap_size(height, multiple)
-    # a decode too large for the GPU's free memory runs in diffusers' tiles (the memory plan counts the same)
+    # a decode too large for what the GPU can still give (`planner.device.room_now`: not what torch has reserved,
+    # which holds the training state) runs in diffusers' tiles (the memory plan counts the same)
     vae.enable_tiling() if preview_decode_in_tiles(components, width, height) else vae.disable_tiling()
     device, dtype = components.device, components.compute_dtype
     positive = embeds[prompt].unsqueeze(0)  # (1, L, D)

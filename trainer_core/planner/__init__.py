@@ -12,14 +12,16 @@ One concern per module, so the maths can be read and tested without a GPU or a m
     single_stream.py  the same for a Qwen-Image 2.1 (single-stream) block
     inference.py    no-grad working memory: preview forward, VAE encode/decode, text encoder (measured)
     plan.py         PlanInputs -> MemoryPlan: the byte formulas, term by term, of training
+    measured_terms.py  the terms not counted tensor by tensor (slack, baselines, residues), each with its measurement
     phases.py       every phase of a run (load, cache, init, train, preview, save), GPU and host RAM,
                     checked against the machine; what would fit; the text encoder's precision
     caching.py      the cache phase's two steps (prompts with the text encoder, latents with the VAE)
     references.py   what 2.1's reference images add: vision tokens, the vision tower's forward, preview KV cache
     search.py       the fewest swapped blocks whose phases fit a budget; advice when nothing fits
     machine.py      several processes on one machine: its host RAM (one shared copy + per process), per GPU
-    device.py       the free memory of a CUDA device (the only part that probes one), and the choices against
-                    it: the swap count, the text encoder file's fp8 mode 'auto' (`resolve_text_encoder_fp8`)
+    device.py       what a CUDA device can still give (`room_now`, the one rule of every run-time decision; the only
+                    part that probes one), and the choices against it: the swap count, the text encoder file's fp8
+                    mode 'auto' (`resolve_text_encoder_fp8`), the caption batch, the preview's tiled decode
     render.py       plans and choices as text tables
     for_run.py      glue for a run: inputs from a model set and a cached dataset; `check_run`, `plan_run`
 """

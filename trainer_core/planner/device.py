@@ -25,25 +25,93 @@ class Budget:
     context_included: bool  # the CUDA context already exists and is not part of `bytes`
 
 
-def detect_budget(device=None, reserve_bytes: int = 512 * MIB) -> Budget:
-    """Free memory of a CUDA device now (plus what torch's cache already holds), less `reserve_bytes`.
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One reading of a CUDA device's memory, bytes, as torch reports it (`read_device_memory`); the H100 report's
+    figures in tests."""
 
-    The CUDA context exists once this runs, so its memory is already outside the free figure: plan with
-    `cuda_context_bytes=0` against this budget (`auto_for_device` does).
-    """
+    free: int  # torch.cuda.mem_get_info: held by no process
+    total: int
+    reserved: int  # torch's caching allocator's pool: the allocated tensors and the cached blocks between them
+    allocated: int  # in live tensors: the training state, a resident model, another node's model
+    cap: int | None = None  # set_per_process_memory_fraction's share of `total`, where one is set
+
+
+# What every decision keeps back from the room it computes: the allocator's rounding and a kernel's workspace.
+DECISION_RESERVE_BYTES = 512 * MIB
+
+
+def room_now(memory: DeviceMemory, counted_bytes: int = 0, reserve_bytes: int = DECISION_RESERVE_BYTES) -> int:
+    """The one rule for every memory decision taken while the pack runs (the swap count at Init, the text encoder's
+    streamed layers and fp8 mode, the caption batch, the preview's tiled decode): what one more allocation can get now.
+
+    That is what no process holds plus what torch has cached but no tensor uses (free + reserved - allocated), and under
+    a per-process cap no more than the cap less what is allocated. Never free + reserved: reserved holds the live
+    tensors (at the H100's 16 GiB setting ~12.5 GiB of training state), so counting it as room decided a whole 1024^2
+    decode that then ran out of memory. `counted_bytes`: tensors already allocated that the caller's need counts
+    itself (a resident model whose weights the plan includes), given back so they are not counted twice. Pure: tests
+    give it the H100 run's numbers."""
+    room = memory.free + memory.reserved - memory.allocated
+    if memory.cap is not None:
+        room = min(room, memory.cap - memory.allocated)
+    return room + counted_bytes - reserve_bytes
+
+
+def fits_now(need_bytes: int, memory: DeviceMemory, counted_bytes: int = 0) -> bool:
+    """Whether `need_bytes` more fit the device now (`room_now`), the allocator's slack on everything then allocated
+    kept back where it is more than the reserve: never less strict than the plan's phases, which add that slack, so a
+    decision the plan takes one way at run time is never taken the larger way."""
+    from .plan import ALLOCATOR_SLACK
+
+    slack = int(ALLOCATOR_SLACK * (memory.allocated - counted_bytes + need_bytes))
+    return need_bytes + max(0, slack - DECISION_RESERVE_BYTES) <= room_now(memory, counted_bytes)
+
+
+def read_device_memory(device=None) -> DeviceMemory:
+    """The device's `DeviceMemory` now (the one place that asks torch.cuda)."""
     import torch
 
     device = torch.device(device or "cuda")
     free, total = torch.cuda.mem_get_info(device)
-    cached = torch.cuda.memory_reserved(device)
-    usable, capped = free + cached, ""
     # A process held to a share of the card (torch.cuda.set_per_process_memory_fraction: by whoever shares the card,
     # or the device check playing a smaller card) allocates no more than that share, free memory or not.
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _device: 1.0)(device)
-    if fraction < 1.0 and int(total * fraction) < usable:
-        usable, capped = int(total * fraction), f", this process held to {total * fraction / GIB:.1f} GiB"
-    return Budget(usable - reserve_bytes, f"{device}: {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB, "
-                  f"{cached / GIB:.1f} GiB cached by torch{capped}, {reserve_bytes / GIB:.1f} GiB kept back", True)
+    return DeviceMemory(free, total, torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device),
+                        int(total * fraction) if fraction < 1.0 else None)
+
+
+def device_bytes_of(modules, device) -> int:
+    """Bytes of the parameters and buffers of `modules` (None skipped) that sit on `device`: what a decision's plan
+    counts itself and `room_now` should not count as taken."""
+    import torch
+
+    device, seen, total = torch.device(device), set(), 0
+    for module in modules:
+        if module is None:
+            continue
+        for t in list(module.parameters()) + list(module.buffers()):
+            if t.device.type == device.type and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+    return total
+
+
+def detect_budget(device=None, reserve_bytes: int = DECISION_RESERVE_BYTES, counted_bytes: int = 0,
+                  memory: DeviceMemory | None = None) -> Budget:
+    """What a CUDA device can still give now (`room_now`: free + cached-but-unused, within a cap, less what live tensors
+    hold, plus `counted_bytes` the caller's plan counts itself), less `reserve_bytes`. `memory`: a reading to use
+    (tests), else read now.
+
+    The CUDA context exists once this runs, so its memory is already outside the free figure: plan with
+    `cuda_context_bytes=0` against this budget (`auto_for_device` does).
+    """
+    m = memory if memory is not None else read_device_memory(device)
+    capped = f", this process held to {m.cap / GIB:.1f} GiB" if m.cap is not None else ""
+    return Budget(room_now(m, counted_bytes, reserve_bytes),
+                  f"{device or 'cuda'}: {m.free / GIB:.1f} GiB free of {m.total / GIB:.1f} GiB, {m.reserved / GIB:.1f} "
+                  f"GiB reserved by torch of which {m.allocated / GIB:.1f} GiB in live tensors"
+                  f"{f' ({counted_bytes / GIB:.1f} GiB of them planned here)' if counted_bytes else ''}{capped}, "
+                  f"{reserve_bytes / GIB:.1f} GiB kept back", True)
 
 
 def auto_for_device(inputs: PlanInputs, device=None, reserve_bytes: int = 512 * MIB,
@@ -205,17 +273,26 @@ class CachingPlacement:
         return StreamedLayers(decoder, vision)
 
 
-def preview_decode_in_tiles(components, width: int, height: int, free_bytes: int | None = None) -> bool:
-    """Whether a preview of `width` x `height` px decodes in tiles: on a GPU, when the whole image's decode (and the VAE)
-    would not fit its free memory (`free_bytes`, else probed now; the memory plan's preview phase counts the same,
-    `phases.training_phases`); never on the CPU (host RAM: the plan checks the whole decode)."""
+def whole_decode_bytes(parts: PartSizes, width: int, height: int, act_bytes: int) -> int:
+    """What a preview's whole (untiled) VAE decode of `width` x `height` px needs on a GPU besides the VAE's weights
+    (the plan's preview phase counts the same, `phases.training_phases`)."""
+    from .inference import device_decode_bytes, vae_decode_bytes
+
+    return device_decode_bytes(vae_decode_bytes(parts, width, height, act_bytes), "cuda")
+
+
+def preview_decode_in_tiles(components, width: int, height: int, memory: DeviceMemory | None = None) -> bool:
+    """Whether a preview of `width` x `height` px decodes in tiles: on a GPU, when the whole image's decode and the VAE
+    would not fit what the device can still give (`room_now`: the VAE's weights already there count as planned here;
+    `memory`: a reading, else read now); never on the CPU (host RAM: the plan checks the whole decode)."""
     import torch
 
-    from .inference import device_decode_bytes, parts_for_components, vae_decode_bytes
+    from .inference import parts_for_components
 
     if components.device.type != "cuda":
         return False
     parts = parts_for_components(components)
     act = {torch.bfloat16: 2, torch.float16: 2}.get(components.compute_dtype, 4)
-    needed = device_decode_bytes(vae_decode_bytes(parts, width, height, act), "cuda") + parts.vae_params * act
-    return needed > (free_bytes if free_bytes is not None else detect_budget(components.device).bytes)
+    needed = whole_decode_bytes(parts, width, height, act) + parts.vae_params * act
+    memory = memory if memory is not None else read_device_memory(components.device)
+    return not fits_now(needed, memory, counted_bytes=device_bytes_of([components.vae], components.device))

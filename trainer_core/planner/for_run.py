@@ -15,7 +15,7 @@ from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
 from ..core.host_memory import host_ram_bytes
 from ..streaming.placement import MIN_RING
 from .arch import QwenImageArch
-from .device import detect_budget
+from .device import detect_budget, device_bytes_of
 from .inference import PartSizes
 from .machine import plan_machine, refuse_if_machine_unfit, render_machine
 from .phases import AFTER_CACHING, plan_phases, refuse_if_unfit
@@ -135,7 +135,11 @@ def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, 
         inputs = dataclasses.replace(inputs, preview_width=preview_size[0], preview_height=preview_size[1])
     budget = gpu = None
     if cuda:  # the context exists already and is outside the free memory measured
-        budget = detect_budget(components.device).bytes
+        # the model set's tensors already on the device are in the plan: given back, not counted as taken (a previous
+        # run's leftovers and other nodes' models are taken: `device.room_now`)
+        held = device_bytes_of([getattr(components, n, None) for n in ("transformer", "vae", "text_encoder")],
+                               components.device)
+        budget = detect_budget(components.device, counted_bytes=held).bytes
         inputs = dataclasses.replace(inputs, cuda_context_bytes=0)
         gpu = profile_for_device(torch.cuda.get_device_name(components.device))
     return check_run(inputs, auto, budget, host_ram_bytes(), arch_for_components(components),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .plan import GIB, PlanInputs, Term, baseline_note
+from .plan import GIB, PlanInputs, Term, baseline_note, process_baseline
 
 # Host RAM the planner leaves to the operating system, a desktop and other programs (assumed).
 HOST_RESERVE_BYTES = 4 * GIB
@@ -40,6 +40,6 @@ def on_device(p: PlanInputs, allocated: list[Term], host: list[Term], name: str,
 
 
 def baseline(p: PlanInputs) -> Term:
-    return Term("process baseline", p.process_baseline_bytes, baseline_note(p))
+    return Term("process baseline", process_baseline(p), baseline_note(p))
 
 

@@ -63,6 +63,7 @@ from .inference import (
     vae_tiled_decode_bytes,
 )
 from .phase import HOST_RESERVE_BYTES, Phase, baseline, on_device
+from .measured_terms import SAVE_RESIDUE_BYTES
 from .plan import DTYPE_BYTES, GIB, MemoryPlan, PlanInputs, Term, block_blob, plan_memory
 from .references import prefix_kv_bytes, reference_latent_tokens, smaller_references
 from .transients import UPCAST_COPIES, fp8_input_bytes, int8_compute_bytes, rotation_input_bytes
@@ -230,6 +231,8 @@ def training_phases(plan: MemoryPlan, arch: QwenImageArch, parts: PartSizes,
                 f"{lora_params / 1e6:.1f}M params in {p.save_dtype}")
     # Writing the EMA's file: the raw weights are kept aside on the device meanwhile (ema.averaged_weights).
     kept = [Term("raw LoRA kept while the EMA is written", lora_bytes)] if ema_bytes else []
+    if cuda:
+        kept.append(Term("save residue", SAVE_RESIDUE_BYTES, "measured: the file's tensors on their way off the device"))
     save = on_device(p, _state(plan) + kept, host + [copy], "save")
     return {"init": init, "train": train, "preview": preview, "save": save}
 

@@ -46,20 +46,14 @@ from .activations import (
 )
 from .arch import QwenImageArch, real_arch
 from .lycoris_terms import lycoris_saved_bytes, lycoris_working_bytes
-from .transients import UPCAST_COPIES, fp8_input_bytes, int8_compute_bytes
+from .measured_terms import ALLOCATOR_SLACK, CUDA_CONTEXT_BYTES, CUDA_PROCESS_BASELINE_BYTES, PROCESS_BASELINE_BYTES
+from .transients import UPCAST_COPIES, fp8_input_bytes, int8_compute_bytes, rotation_input_bytes
 from .optimizer_state import optimizer_state_bytes, optimizer_step_temp_bytes
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "float8_scaled": 1, "int8": 1}
 ROW_SCALED = ("float8_scaled", "int8")  # one fp32 scale per output row of every block Linear
-# Assumptions (not measured here; benchmarks/gpu_check.py measures them on a GPU):
-CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + cuBLAS workspace: outside torch's allocator
-ALLOCATOR_SLACK = 0.05  # caching-allocator rounding and fragmentation, as a share of allocated bytes
-# Resident memory of a Python process after importing torch, diffusers, transformers, peft and bitsandbytes:
-# 0.38-0.40 GiB measured on the CPU build (command in benchmarks/README.md); CUDA's host libraries add an
-# unmeasured amount, hence 1 GiB assumed.
-PROCESS_BASELINE_BYTES = GIB
 
 
 @dataclass(frozen=True)
@@ -140,7 +134,9 @@ class PlanInputs:
     save_dtype: str = "bfloat16"  # the Save node's LoRA precision
     pin_masters: bool = True  # swapped blocks' masters pinned; False: pageable, through a pinned staging buffer
     staging_bytes: int = 0  # that staging buffer (its size is the loader's), counted when pin_masters is False
-    process_baseline_bytes: int = PROCESS_BASELINE_BYTES  # the process before any model (a measured one may replace it)
+    # the process before any model: None, the device's (PROCESS_BASELINE_BYTES, CUDA_PROCESS_BASELINE_BYTES); a measured
+    # one may replace it
+    process_baseline_bytes: int | None = None
 
     @classmethod
     def from_configs(cls, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig, width: int,
@@ -235,8 +231,16 @@ class MemoryPlan:
 # parts
 
 
+def process_baseline(p: PlanInputs) -> int:
+    """The process's host memory before any model: the inputs' measured figure, else the device's (see above)."""
+    if p.process_baseline_bytes is not None:
+        return p.process_baseline_bytes
+    return CUDA_PROCESS_BASELINE_BYTES if p.device == "cuda" else PROCESS_BASELINE_BYTES
+
+
 def baseline_note(p: PlanInputs) -> str:
-    return "Python + libraries (assumed)" if p.process_baseline_bytes == PROCESS_BASELINE_BYTES else "Python + libraries"
+    return "Python + libraries" + ("" if p.process_baseline_bytes is not None else " + CUDA's (measured once, an H100: "
+                                   "provisional)" if p.device == "cuda" else " (assumed)")
 
 
 def _weight_bytes(params: int, storage: str) -> int:
@@ -387,8 +391,14 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
     upcast = UPCAST_COPIES[p.storage] * max(s_.in_features * s_.out_features for s_ in arch.block_linears) * act
     quantised = fp8_input_bytes(arch, p, n_img)
     upcast_detail = f"{p.storage} -> {p.compute_dtype}, transient"
-    if quantised > upcast:  # one Linear call at a time: the forward's quantised input or the backward's copy
-        upcast, upcast_detail = quantised, "fp8 activations: the largest quantised input (fp32 quotient + float8)"
+    if quantised:  # fp8 activations: the forward's quantised input, and the backward's weight copy with it (the H100's
+        # all-resident fp8 run allocated 0.058 GiB above the larger of the two alone: both counted errs up by 0.05 GiB)
+        upcast, upcast_detail = upcast + quantised, ("fp8 activations: the largest quantised input (fp32 quotient + "
+                                                     "float8) + the backward's weight copy")
+    # int8 ConvRot: its rotated input beside the upcast weight on CUDA (H100: 0.043 GiB unplanned); not on the CPU's peak
+    rotated = rotation_input_bytes(arch, p, n_img, act) if p.device == "cuda" and not p.int8_compute else 0
+    if rotated:
+        upcast, upcast_detail = upcast + rotated, upcast_detail + " + int8 ConvRot's rotated input"
     # int8 compute's calls run in the forward and the recompute, while the backward's working memory is not alive yet
     int8_call = int8_compute_bytes(arch, p, n_img, act) - working
     if int8_call > upcast:
@@ -452,7 +462,7 @@ def plan_memory(inputs: PlanInputs, arch: QwenImageArch | None = None) -> Memory
         Term("CPU master of swapped blocks", masters, f"{K} blocks, pinned" if cuda else f"{K} blocks"),
         Term("pinned arena slack", rounding, "unused room in the masters' power-of-two chunks"),
         Term("cached latents + prompt embeddings", cached, f"{p.dataset_images} images in RAM"),
-        Term("process baseline", p.process_baseline_bytes, baseline_note(p)),
+        Term("process baseline", process_baseline(p), baseline_note(p)),
     ]
     notes = []
     if 0 < K <= p.ring_depth:

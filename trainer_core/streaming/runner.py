@@ -21,6 +21,7 @@ import functools
 import torch
 from torch import nn
 
+from ..core.host_memory import give_back_freed_memory
 from ..models import attention_backend, fused_block
 from ..models.float8 import frozen_linears
 from ..models.float8.paths import COMPILED, compute_path, path_name
@@ -80,6 +81,9 @@ class BlockRunner:
         self._place(swapped)
         self.trace: Trace | None = None
         self.swapper = BlockSwapper(blocks, self.placement, device, shared=host_copy) if swapped else None
+        # What the placement and the swapper's arena replaced (a previous run's arena, host copies of blocks now on the
+        # device) is freed but cached: given back, so a re-init starts from the plan's figure, not the last run's.
+        give_back_freed_memory(pinned=True)
         self.modulation = ModulationOutputs(transformer, set(swapped))
         self.float8 = path.install([lin for block in blocks for _, lin in frozen_linears(block)], device)
         # Before the block wrappers below: they call the forward this puts on the blocks.

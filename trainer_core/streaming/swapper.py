@@ -19,6 +19,7 @@ from torch import nn
 from ..core.errors import UserInputError
 from ..models.float8 import frozen_linears, mark_weight_moves
 from ..models.modulation import is_modulation_linear
+from ..core.host_memory import give_back_freed_memory
 from .arena import PinnedArena, blob_arena_layout
 from .placement import BACKWARD_PART, Load, Placement, Ring, blob_layout
 from .trace import Trace
@@ -235,3 +236,5 @@ class BlockSwapper:
             chunk = self.arena.chunk_of[n]
             if last_user[chunk] == n:
                 self.arena.chunks[chunk] = None
+        # the freed chunks sit in torch's pinned host cache until emptied (`host_memory.empty_pinned_host_cache`)
+        give_back_freed_memory(pinned=True)

@@ -22,6 +22,7 @@ from PIL import Image
 
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
 from ..core.errors import RunFolderLost, TrainingStopped, UserInputError
+from ..core.host_memory import give_back_freed_memory
 from ..core.run_lock import RunLock
 from ..data.cache import CachedDataset
 from ..models.components import QwenImageComponents
@@ -91,6 +92,8 @@ class TrainerBase:
                                              data=self._data_record())
         folder = state.save_checkpoint(self.run_dir, self.lock, self.replicas.writes, self.step, tensors, meta)
         self.saved_step = self.step
+        del tensors  # the CPU copies (LoRA, optimizer state): thousands of small tensors, back to the system
+        give_back_freed_memory()
         return folder
 
     def checkpoint_if_behind(self) -> None:

@@ -18,6 +18,7 @@ import torch
 from ..adapters.lora import remove_lora
 from ..core.errors import UserInputError
 from ..core.files import write_error
+from ..core.host_memory import give_back_freed_memory
 from ..core.run_lock import RunLock
 from ..streaming.runner import uninstall_leftover_runner
 from . import checkpoint as ckpt
@@ -85,3 +86,5 @@ def close(components, owner, built, lock: RunLock | None, device: torch.device, 
         lock.release()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    # the closed run's host copies (checkpoint staging, unpinned arena chunks) back to the system
+    give_back_freed_memory(pinned=True)

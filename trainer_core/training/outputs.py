@@ -18,6 +18,7 @@ from ..adapters.lora_files import layout_metadata, lora_file_tensors
 from ..adapters.lora_files import lora_metadata as file_metadata
 from ..core.config import LoraConfig
 from ..core.files import remove_leftovers, write_error, write_safetensors_atomic
+from ..core.host_memory import give_back_freed_memory
 from ..families.sampling import sample_image
 from .ema import averaged_weights, ema_path
 from .live import PreviewSettings, StepPreview, keep_preview
@@ -69,6 +70,7 @@ def save_lora(built: Built, decided: Decided, run_name: str, step: int, base_mod
     written = _write_lora(built, decided, run_name, step, base_model, path, dtype, layout, "raw", base_licence)
     if built.ema is not None:
         _write_lora(built, decided, run_name, step, base_model, ema_path(path), dtype, layout, "ema", base_licence)
+    give_back_freed_memory()  # the file's CPU copies: small tensors that would stay in the heap (host_memory.py)
     return written
 
 
