@@ -37,6 +37,8 @@ SMOKE: dict[str, list[str]] = {
     "compiled_float8_cpu.py": ["eager", "--steps", "1", "--smoke"],
     "transparency21.py": ["--vae-steps", "1", "--vae-batch", "1", "--base-images", "2", "--base-steps", "1",
                           "--steps", "1", "--sample-steps", "1", "--out", "{tmp}/transparency21"],
+    "op_count.py": ["--tiny", "--no-compiled"],
+    "int8_compute_rates.py": ["--tiny"],
 }
 
 # script -> where else it runs, or why it has no smoke run here.
@@ -48,6 +50,9 @@ ELSEWHERE: dict[str, str] = {
     "device_check.py": "tests/runs/test_device_check.py runs `device_check.sh --tiny` (every phase at tiny dims)",
     "gpu_check.py": "a phase of device_check.py (tests/runs/test_device_check.py)",
     "gpu_speed_check.py": "a phase of device_check.py (tests/runs/test_device_check.py)",
+    "gpu_profile.py": "the profile phase of device_check.py (tests/runs/test_device_check.py, --tiny)",
+    "int8_compute_accuracy.py": "real-width Linears and 100 training steps of the shapes model (tens of minutes on "
+                                "2 cores); its pieces are tests/engine/test_int8_compute.py's",
     "device_wheels.py": "`select` runs in device_check.sh --tiny; `prepare` downloads wheels (network)",
     "shape_concept.py": "tests/runs/test_shapes_model.py (2 steps of the demo on the shipped shapes model)",
     "shape_effects.py": "trains the shipped shapes model's run files in full (minutes); shares shape_concept.py's "

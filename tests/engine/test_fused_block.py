@@ -158,7 +158,7 @@ def test_eager_fused_block_equals_diffusers_real_head_size_bf16():
 def test_modes_and_fallback():
     cpu = torch.device("cpu")
     assert fused_block.ops_for(fused_block.OFF, cpu) is None
-    assert fused_block.ops_for(fused_block.AUTO, cpu).mode == fused_block.EAGER  # the CPU compiles only when asked
+    assert fused_block.ops_for(fused_block.AUTO, cpu) is None  # diffusers' block until a GPU has measured ours
     assert fused_block.ops_for(fused_block.COMPILED, cpu).mode == fused_block.EAGER
     with pytest.raises(ValueError, match="fused_blocks"):
         fused_block.ops_for("fast", cpu)

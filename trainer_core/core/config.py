@@ -334,8 +334,8 @@ class TrainConfig:
     )
     fused_blocks: str = _f(
         "auto", "How a Qwen-Image block's small work runs (QK norm and rotary embedding, modulation, gates, "
-        "residuals; models/fused_block.py): auto = eager until a GPU has measured the compiled ones; eager = our "
-        "fused functions uncompiled; compiled = compiled with torch.compile on a CUDA GPU with Triton (the first "
+        "residuals; models/fused_block.py): auto = diffusers' own block until a GPU has measured ours (speed and "
+        "memory); eager = our fused functions uncompiled; compiled = compiled with torch.compile on a CUDA GPU with Triton (the first "
         "step compiles), else eager; "
         "off = diffusers' own block. The same results up to rounding; the status says which runs.",
         choices=("auto", "eager", "compiled", "off"),

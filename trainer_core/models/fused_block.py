@@ -136,12 +136,14 @@ def compile_available(device: torch.device, allow_cpu: bool = False) -> bool:
 
 
 def ops_for(mode: str, device: torch.device, allow_cpu: bool = False) -> Ops | None:
-    """The functions `mode` runs on `device`, None for off. auto: eager, until a GPU run has measured the compiled
-    functions against it (benchmarks/gpu_profile.py; a compile that never ran on a card is no default for users);
+    """The functions `mode` runs on `device`, None for diffusers' own block. auto: diffusers' block, until a GPU run
+    has measured ours (benchmarks/gpu_profile.py): eager, ours is no faster on the CPU (benchmarks/op_count.py) and the
+    planner's activation terms were measured on diffusers' block (ours keeps a little more for backward, so the plan
+    would be short); compiled has never run on a card, so it is no default for users yet. eager: ours uncompiled;
     compiled: compiled where it can run (a CUDA GPU with Triton, the CPU with `allow_cpu`), else eager."""
     if mode not in FUSED_MODES:
         raise ValueError(f"fused_blocks={mode!r}: choose one of {', '.join(FUSED_MODES)}")
-    if mode == OFF:
+    if mode in (OFF, AUTO):
         return None
     if mode == COMPILED and compile_available(device, allow_cpu=allow_cpu):
         return compiled_ops()

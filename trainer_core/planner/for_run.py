@@ -137,8 +137,7 @@ def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, 
     if cuda:  # the context exists already and is outside the free memory measured
         # the model set's tensors already on the device are in the plan: given back, not counted as taken (a previous
         # run's leftovers and other nodes' models are taken: `device.room_now`)
-        held = device_bytes_of([getattr(components, n, None) for n in ("transformer", "vae", "text_encoder")],
-                               components.device)
+        held = device_bytes_of([components.transformer, components.vae, components.text_encoder], components.device)
         budget = detect_budget(components.device, counted_bytes=held).bytes
         inputs = dataclasses.replace(inputs, cuda_context_bytes=0)
         gpu = profile_for_device(torch.cuda.get_device_name(components.device))

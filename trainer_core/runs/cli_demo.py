@@ -111,8 +111,10 @@ def add_demo_parser(sub) -> None:
 
     demo = sub.add_parser("demo", help="train a small LoRA on a built-in model and dataset (default: teach the shipped "
                           "shapes model stars)")
-    demo.add_argument("--steps", **config_arg(
-        TrainStepsConfig, "steps", default=200, help="total optimizer steps (with --resume: up to this many)"))
+    steps = config_arg(TrainStepsConfig, "steps", default=200, help="total optimizer steps (with --resume: up to this "
+                       "many)")
+    steps["type"] = _at_least_one(steps["type"])
+    demo.add_argument("--steps", **steps)
     demo.add_argument("--out", default="demo_out", help="output folder (default demo_out)")
     demo.add_argument("--model", choices=demo_models(), default=SHAPES_MODEL,
                       help="qwen-image-shapes (the small pretrained model that ships with the pack: the demo "
@@ -138,3 +140,21 @@ def add_demo_parser(sub) -> None:
                       help="with --transformer, for a model whose files read a diffusers folder (qwen-image-2.1: its "
                            "processor, and its text encoder and VAE when --text-encoder and --vae are not given)")
     demo.set_defaults(func=cmd_demo)
+
+
+def _at_least_one(convert):
+    """--steps of the demo: Train Steps' range, but from 1 (Train Steps' 0 means "cache only"; a demo trains)."""
+    from ..core.config import TrainStepsConfig
+    from ..core.fields import field_meta
+
+    def at_least_one(text: str) -> int:
+        try:
+            below_one = int(text) < 1
+        except ValueError:
+            below_one = False  # Train Steps' check says what is wrong with it
+        if below_one:
+            raise argparse.ArgumentTypeError(f"{text} must be from 1 to {field_meta(TrainStepsConfig, 'steps')['max']}")
+        return convert(text)
+
+    at_least_one.__name__ = "int"
+    return at_least_one
