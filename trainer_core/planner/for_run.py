@@ -122,8 +122,8 @@ def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_
         num_blocks = (arch or real_arch()).num_blocks
         budget = gpu_budget_bytes if inputs.device == "cuda" else None  # on the CPU: every block, as before 'auto'
         checkpointed = num_blocks if budget is None else auto_checkpointed_blocks(inputs, budget, arch, parts)
+        # said in the run's status beside the swap count (runs/registry.py); the plan's header names the depth
         note = checkpointing_note(checkpointed, num_blocks, budget, swapped=bool(inputs.blocks_to_swap))
-        head += note + "\n\n"
         if checkpointed < num_blocks:  # the plan the run will train under: fewer recompute, more activations kept
             inputs = dataclasses.replace(inputs, checkpointed_blocks=checkpointed)
             plan = plan_phases(inputs, arch, ram_bytes, gpu_budget_bytes, parts)

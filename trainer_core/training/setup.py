@@ -161,8 +161,7 @@ def build(components, dataset, decided: Decided, optimizer_cfg: OptimizerConfig,
             fp8_activations=train.fp8_activations, compile_float8=train.compile_float8, host_copy=host_copy,
             int8_compute=train.int8_compute, fused_blocks=train.fused_blocks,
             attention=train.attention_backend)
-        notes = [swap.checkpointing_note,
-                 runner.swapper.pinned_status if runner.swapper is not None else None, runner.fp8_status,
+        notes = [runner.swapper.pinned_status if runner.swapper is not None else None, runner.fp8_status,
                  runner.fused_status,
                  getattr(components.transformer_source, "runtime_note", None),  # the file's attention preferences
                  decided.init_lora.runtime_note if decided.init_lora is not None else None]
