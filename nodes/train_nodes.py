@@ -6,7 +6,7 @@ import logging
 import time
 from pathlib import Path
 
-from ..trainer_core.core.config import NO_LORA, InitConfig, TrainConfig, TrainStepsConfig
+from ..trainer_core.core.config import NO_LORA, InitConfig, TrainConfig, TrainStepsConfig, parse_checkpointing
 from ..trainer_core.core.errors import UserInputError
 from ..trainer_core.runs import registry as runs
 from ..trainer_core.training import StepExtras, Trainer, every
@@ -62,6 +62,16 @@ class QwenLoRAInitTrainer:
             # optional (an API workflow written before them still validates; they take their defaults).
             "optional": widgets(TrainConfig, *LATER_TRAIN_WIDGETS),
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, gradient_checkpointing="auto"):
+        # Naming the input here makes ComfyUI leave its list check to us: a workflow saved while the widget was a
+        # true/false switch still queues (true = on, false = off; TrainConfig reads both).
+        try:
+            parse_checkpointing(gradient_checkpointing)
+        except UserInputError as e:
+            return str(e)
+        return True
 
     @classmethod
     def IS_CHANGED(cls, run_name="", **_):

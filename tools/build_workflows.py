@@ -70,7 +70,7 @@ NODES = [
                               "schedule_steps": 1000, "min_lr_ratio": 0.0, "max_grad_norm": 1.0, "ema": False,
                               "ema_decay": 0.999}, ("lora", 0)),
     (6, "QwenLoRAInitTrainer", {"run_name": "my_qwen_lora", "micro_batch_size": 1, "grad_accum_steps": 1,
-                                "gradient_checkpointing": True, "blocks_to_swap": -1, "training_seed": 42,
+                                "gradient_checkpointing": "auto", "blocks_to_swap": -1, "training_seed": 42,
                                 "timestep_sampling": "logit_normal", "logit_mean": 0.0, "logit_std": 1.0,
                                 "resolution_shift": True, "caption_dropout": 0.0, "checkpoint_every": 100,
                                 "max_nonfinite_steps": 3, "continue_from_lora": "(none: start from zero)",
@@ -133,7 +133,7 @@ TINY = {
     4: {"rank": 8, "alpha": 8.0},  # attention+mlp: on every layer the stars cost more of what the model knew
     # make demo's settings (runs/demo.py): all 8 pictures in every step, 2e-3
     5: {"learning_rate": SHAPES_LEARNING_RATE, "warmup_steps": 10, "weight_decay": 0.0},
-    6: {"run_name": "tiny_first_run", "micro_batch_size": SHAPES_MICRO_BATCH, "gradient_checkpointing": False,
+    6: {"run_name": "tiny_first_run", "micro_batch_size": SHAPES_MICRO_BATCH, "gradient_checkpointing": "off",
         "blocks_to_swap": 0, "checkpoint_every": 200},
     7: {"steps": 200, "preview_every": 50, "preview_size": 64, "preview_sampling_steps": 20},
     15: {"columns": 5, "tile_size": 256},  # steps 0, 50, ..., 200 in one row, each preview 4x (nearest)

@@ -134,6 +134,16 @@ def test_changed_learning_rate_rebuilds_and_resumes_exactly(tiny_run, tmp_path, 
     assert all(torch.equal(got[k], expected[k]) for k in got)
 
 
+def test_the_status_says_how_many_blocks_recompute(tiny_run):
+    open_, _ = tiny_run
+    run = open_("ckpt", gradient_checkpointing="auto", blocks_to_swap="auto")
+    blocks = len(run.trainer.built.transformer.transformer_blocks)
+    head = run.status.partition("\n\n")[0]  # what the canvas shows whole (nodes/train_nodes.canvas_status)
+    assert f"blocks_to_swap: 0 (auto)\ncheckpointing: {blocks} of {blocks} blocks recompute (auto, no GPU budget known)" \
+        in head
+    assert "recompute" not in open_("plain", gradient_checkpointing=False).status.partition("\n\n")[0]
+
+
 def test_auto_swapping_resolves_in_the_engine(tiny_run):
     open_, _ = tiny_run
     run = open_("a", blocks_to_swap="auto")

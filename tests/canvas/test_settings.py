@@ -191,3 +191,14 @@ def test_engine_constants_are_the_config_choices():
         "storage"].metadata["choices"]
     assert models.TEXT_ENCODER_FP8_MODES is config.TEXT_ENCODER_FP8_MODES
     assert lora_files.LORA_LAYOUTS is config.LORA_LAYOUTS is config.choices(config.SaveConfig, "layout")
+
+
+def test_a_workflow_saved_with_the_old_checkpointing_switch_still_validates(pack):
+    """gradient_checkpointing was a true/false widget before 'auto': the Init node's VALIDATE_INPUTS (which takes
+    ComfyUI's list check over for that input) accepts those values as on/off and names the choices otherwise."""
+    node = pack.NODE_CLASS_MAPPINGS["QwenLoRAInitTrainer"]
+    widget = node.INPUT_TYPES()["required"]["gradient_checkpointing"]
+    assert widget[0] == ["auto", "on", "off"] and widget[1]["default"] == "auto"
+    assert all(node.VALIDATE_INPUTS(gradient_checkpointing=v) is True for v in (True, False, "auto", "on", "off"))
+    why = node.VALIDATE_INPUTS(gradient_checkpointing="sometimes")
+    assert isinstance(why, str) and "'auto'" in why and "'off'" in why

@@ -90,6 +90,19 @@ def test_checkpointing_gives_identical_weights(demo_folder, tiny_cache):
     assert_same_adapter(a, b)
 
 
+def test_auto_checkpointing_on_the_cpu_trains_exactly_as_on(demo_folder, tiny_cache):
+    """No GPU budget on the CPU: 'auto' recomputes every block, as 'on' (then True) did, bit for bit."""
+    on = make_trainer(tiny_cache, demo_folder, gradient_checkpointing="on")
+    auto = make_trainer(tiny_cache, demo_folder, gradient_checkpointing="auto")
+    blocks = len(auto.built.transformer.transformer_blocks)
+    assert auto.built.runner.checkpoint_depth == on.built.runner.checkpoint_depth == blocks
+    assert auto.decided.swap.checkpointing_note == \
+        f"checkpointing: {blocks} of {blocks} blocks recompute (auto, no GPU budget known)"
+    assert on.decided.swap.checkpointing_note is None
+    assert on.train(4).losses == auto.train(4).losses
+    assert_same_adapter(on, auto)
+
+
 def test_every_lora_tensor_learns(demo_folder, tiny_cache):
     """No target is dead: in particular the last block's text-stream modules are left out."""
     t = make_trainer(tiny_cache, demo_folder, lora=LoraConfig(rank=4, alpha=4.0, targets="all"),

@@ -146,7 +146,8 @@ def test_plan_flags_come_from_the_config():
                             ("--lora-dtype", LoraConfig, "dtype"), ("--storage", PlanConfig, "storage"),
                             ("--optimizer", OptimizerConfig, "optimizer"), ("--batch", TrainConfig, "micro_batch_size"),
                             ("--grad-accum", TrainConfig, "grad_accum_steps"),
-                            ("--text-tokens", PlanConfig, "text_tokens")):
+                            ("--text-tokens", PlanConfig, "text_tokens"),
+                            ("--checkpointing", TrainConfig, "gradient_checkpointing")):
         action = flags[flag]
         assert action.default == getattr(cls(), name), flag
         assert action.help.startswith(help_text(cls, name)), flag
@@ -161,6 +162,27 @@ def test_plan_accepts_auto_and_a_swap_count_with_a_budget(capsys):
     assert "blocks_to_swap = " in capsys.readouterr().out
     assert main(["plan", "--blocks-to-swap", "59", "--budget-gb", "16", "--width", "512", "--height", "768"]) == 0
     assert "blocks_to_swap 59" in capsys.readouterr().out
+
+
+def test_plan_says_how_many_blocks_recompute_as_a_run_would(capsys):
+    """The plan command's 'auto' checkpointing is the run's choice (planner.for_run.check_run) at the same budget."""
+    from trainer_core.planner import GIB, PlanInputs
+    from trainer_core.planner.for_run import check_run
+    from trainer_core.runs.cli import main
+
+    from trainer_core.families import get_family
+
+    family = get_family("qwen-image")  # the command's defaults: Qwen-Image at 1024x1024, rank 16, its file parts
+    run = check_run(PlanInputs(width=1024, height=1024, rank=16, device="cuda"), True, 48 * GIB, None,
+                    family.planned_arch(), family.planned_parts(text_encoder_file=True), auto_checkpointing=True)
+    assert 0 < run.checkpointed_blocks < 60
+    assert main(["plan", "--budget-gb", "48"]) == 0
+    out = capsys.readouterr().out
+    assert run.checkpointing_note in out
+    assert main(["plan", "--budget-gb", "48", "--checkpointing", "on"]) == 0
+    assert "recompute (auto" not in capsys.readouterr().out
+    assert main(["plan", "--budget-gb", "48", "--no-checkpointing"]) == 0
+    assert "checkpointing off" in capsys.readouterr().out
 
 
 def test_demo_with_automatic_block_swapping(tmp_path, capsys):

@@ -275,7 +275,7 @@ def test_every_field_of_the_diffusion_pipe_example_is_mapped_or_ignored_with_a_r
     assert data["optimizer"] == {"optimizer": "automagic", "learning_rate": 1e-6, "weight_decay": 0.01,
                                  "max_grad_norm": 1.0}
     assert data["train"] == {"run_name": "qwen_lora", "micro_batch_size": 1, "grad_accum_steps": 4,
-                             "gradient_checkpointing": True, "blocks_to_swap": "auto",
+                             "gradient_checkpointing": "on", "blocks_to_swap": "auto",
                              "timestep_sampling": "logit_normal", "resolution_shift": False, "steps": 0, "epochs": 1000}
     assert data["cache"] == {"caching_batch_size": 8}
     assert data["output"] == {"folder": str(tmp_path / "output"), "filename": "{run_name}_{step}",

@@ -35,6 +35,7 @@ from .errors import UserInputError
 from .fields import (  # noqa: F401 (re-exported: the settings' users import them from here)
     AUTO_SWAP,
     AUTO_SWAP_NUMBER,
+    CHECKPOINTING_CHOICES,
     _check_choice,
     _check_range,
     _f,
@@ -47,6 +48,7 @@ from .fields import (  # noqa: F401 (re-exported: the settings' users import the
     from_dict,
     help_text,
     parse_blocks_to_swap,
+    parse_checkpointing,
     parse_colour,
     to_dict,
 )
@@ -267,7 +269,13 @@ class TrainConfig:
     run_name: str = _f("qwen_lora", "Name of this run: the trainer, its checkpoints and its LoRA files use it.")
     micro_batch_size: int = _f(1, "Images per forward pass (all from one aspect bucket).", min=1, max=64)
     grad_accum_steps: int = _f(1, "Micro-batches summed into one optimizer step.", min=1, max=1024)
-    gradient_checkpointing: bool = _f(True, "Recompute each block's activations in backward: much less memory.")
+    # One of CHECKPOINTING_CHOICES; true/false (a run file or workflow from before 'auto') read as on/off.
+    gradient_checkpointing: str = _f(
+        "auto", "Recompute blocks' activations in backward instead of keeping them: much less memory, about a third "
+        "more block compute for each block that recomputes. auto = only as many blocks as the GPU's free memory needs, "
+        "from the memory plan (none on a card with room to spare; every block when any block is swapped, on a CPU or "
+        "when the budget is unknown); on = every block; off = none. The status says how many recompute.",
+        choices=CHECKPOINTING_CHOICES)
     # A count or AUTO_SWAP. The default and range are the widget's and the flag's, where -1 spells auto: a made
     # config holds AUTO_SWAP (parse_blocks_to_swap, in __post_init__), and what the engine decides from it is the
     # trainer's (training.setup.Decided), never written back here.
@@ -349,16 +357,26 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.blocks_to_swap = parse_blocks_to_swap(self.blocks_to_swap)
+        self.gradient_checkpointing = parse_checkpointing(self.gradient_checkpointing)
         self.validate()  # settings are checked once, where they are made
 
     @property
     def auto_swap(self) -> bool:
         return self.blocks_to_swap == AUTO_SWAP
 
+    @property
+    def checkpointing(self) -> bool:
+        """Whether any block may recompute ('auto' or 'on'); how many: the memory plan (planner.for_run)."""
+        return self.gradient_checkpointing != "off"
+
+    @property
+    def auto_checkpointing(self) -> bool:
+        return self.gradient_checkpointing == "auto"
+
     def validate(self) -> None:
         _check_range(self, "micro_batch_size", "grad_accum_steps", "seed", "caption_dropout", "checkpoint_every",
                      "max_nonfinite_steps", "blocks_to_swap", "validation_every", "preservation_weight")
-        _check_choice(self, "timestep_sampling", "fused_blocks", "attention_backend")
+        _check_choice(self, "timestep_sampling", "fused_blocks", "attention_backend", "gradient_checkpointing")
         check_run_name(self.run_name)
         if self.compile_float8 + self.fp8_activations + self.int8_compute > 1:
             raise UserInputError(

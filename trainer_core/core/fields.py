@@ -18,6 +18,9 @@ from .names import check_component
 # is made.
 AUTO_SWAP = "auto"
 AUTO_SWAP_NUMBER = -1
+# gradient_checkpointing: 'auto' recomputes only as many blocks as the memory plan needs (every block on the CPU, without
+# a known GPU budget, or when any block is swapped), 'on' every block, 'off' none. It was a true/false switch once.
+CHECKPOINTING_CHOICES = ("auto", "on", "off")
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -40,6 +43,20 @@ def parse_blocks_to_swap(value: int | str) -> int | str:
     if isinstance(value, bool) or not isinstance(value, int):
         raise UserInputError(f"blocks_to_swap={value!r} must be a whole number or 'auto'.")
     return AUTO_SWAP if value == AUTO_SWAP_NUMBER else value
+
+
+def parse_checkpointing(value: bool | str) -> str:
+    """gradient_checkpointing as one of CHECKPOINTING_CHOICES: 'auto', 'on' or 'off' (any case), or the true/false
+    of run files and workflows saved while it was a switch (true -> 'on', false -> 'off')."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str):
+        text = value.strip().lower()
+        text = {"true": "on", "false": "off"}.get(text, text)
+        if text in CHECKPOINTING_CHOICES:
+            return text
+    raise UserInputError(f"gradient_checkpointing={value!r}: use 'auto' (recompute only as many blocks as memory "
+                         "needs), 'on' (every block recomputes) or 'off' (none does).")
 
 
 def parse_colour(text: str, what: str = "background") -> tuple[int, int, int]:

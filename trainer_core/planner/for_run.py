@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from ..core.config import LoraConfig, OptimizerConfig, TrainConfig
 from ..core.host_memory import host_ram_bytes
 from ..streaming.placement import MIN_RING
-from .arch import QwenImageArch
+from .arch import QwenImageArch, real_arch
 from .device import detect_budget, device_bytes_of
 from .inference import PartSizes
 from .machine import plan_machine, refuse_if_machine_unfit, render_machine
 from .phases import AFTER_CACHING, plan_phases, refuse_if_unfit
 from .plan import GIB, PlanInputs
 from .render import render_phases, render_plan
-from .search import auto_blocks_to_swap
+from .search import auto_blocks_to_swap, auto_checkpointed_blocks
 from .timeline import RUNTIME, GpuProfile, deeper_ring, predict, profile_for_device
 
 
@@ -61,15 +61,26 @@ class SwapDecision:
     ring_depth: int
     text: str
     auto: bool = False
+    # Blocks 0 .. K-1 recompute in backward (streaming.runner.BlockRunner's checkpointed_blocks); None: every block
+    # (gradient_checkpointing 'on', or 'auto' where no budget is known); what the status says of it.
+    checkpointed_blocks: int | None = None
+    checkpointing_note: str | None = None
 
     @property
     def label(self) -> str:
         return f"{self.blocks_to_swap} (auto)" if self.auto else str(self.blocks_to_swap)
 
 
+def checkpointing_note(checkpointed: int, num_blocks: int, budget_bytes: int | None, swapped: bool = False) -> str:
+    """What the status and the plan say of gradient_checkpointing 'auto' once the planner chose."""
+    why = ("blocks are swapped" if swapped else "no GPU budget known" if budget_bytes is None
+           else f"fits {budget_bytes / GIB:.0f} GiB")
+    return f"checkpointing: {checkpointed} of {num_blocks} blocks recompute (auto, {why})"
+
+
 def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_bytes: int | None,
               arch: QwenImageArch | None = None, parts: PartSizes | None = None,
-              gpu: GpuProfile | None = None, processes: int = 1) -> SwapDecision:
+              gpu: GpuProfile | None = None, processes: int = 1, auto_checkpointing: bool = False) -> SwapDecision:
     """How to stream the blocks of a run about to be built, or a UserInputError.
 
     `auto`: the fewest swapped blocks whose GPU phases fit `gpu_budget_bytes` (0 on the CPU or without a
@@ -79,7 +90,9 @@ def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_
     and `ram_bytes` (None: not checked): otherwise the error names the phase, the bytes and the changes that
     would fit, before anything is loaded or built. `processes`: the run's processes on this machine (torchrun's
     LOCAL_WORLD_SIZE), which share one host copy of the frozen weights: the machine's RAM must hold them all
-    (`machine.py`), else the error names the shared part, each process's part and how many processes fit."""
+    (`machine.py`), else the error names the shared part, each process's part and how many processes fit.
+    `auto_checkpointing` (gradient_checkpointing 'auto', with `inputs.checkpointing`): on CUDA with a budget, the fewest
+    recomputing blocks that fit at the chosen swap count (`search.auto_checkpointed_blocks`); else every block."""
     k = inputs.blocks_to_swap
     choice = None
     head = ""
@@ -104,12 +117,24 @@ def check_run(inputs: PlanInputs, auto: bool, gpu_budget_bytes: int | None, ram_
                          f"{predict(inputs, gpu, arch=arch, path=RUNTIME).seconds:.3f} with a ring of "
                          f"{inputs.ring_depth})\n\n")
                 inputs, plan = deeper_inputs, deeper_plan
+    checkpointed = note = None
+    if auto_checkpointing and inputs.checkpointing:
+        num_blocks = (arch or real_arch()).num_blocks
+        budget = gpu_budget_bytes if inputs.device == "cuda" else None  # on the CPU: every block, as before 'auto'
+        checkpointed = num_blocks if budget is None else auto_checkpointed_blocks(inputs, budget, arch, parts)
+        # said in the run's status beside the swap count (runs/registry.py); the plan's header names the depth
+        note = checkpointing_note(checkpointed, num_blocks, budget, swapped=bool(inputs.blocks_to_swap))
+        if checkpointed < num_blocks:  # the plan the run will train under: fewer recompute, more activations kept
+            inputs = dataclasses.replace(inputs, checkpointed_blocks=checkpointed)
+            plan = plan_phases(inputs, arch, ram_bytes, gpu_budget_bytes, parts)
+        else:
+            checkpointed = None  # every block: the runner's default
     text = head + render_plan(plan.training, gpu_budget_bytes) + "\n\n" + render_phases(plan)
     if processes > 1:
         machine = plan_machine(plan, processes, AFTER_CACHING)
         refuse_if_machine_unfit(machine)
         text += "\n\n" + render_machine(machine)
-    return SwapDecision(inputs.blocks_to_swap, inputs.ring_depth, text, auto)
+    return SwapDecision(inputs.blocks_to_swap, inputs.ring_depth, text, auto, checkpointed, note)
 
 
 def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, train: TrainConfig,
@@ -129,7 +154,9 @@ def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, 
     cuda = components.device.type == "cuda"
     if components.compute_dtype != torch.bfloat16:
         text = "CPU training: no GPU memory to plan." if not cuda else "The memory plan covers bfloat16 compute only."
-        return SwapDecision(0 if auto else train.blocks_to_swap, MIN_RING, text, auto)
+        note = (checkpointing_note(components.num_blocks, components.num_blocks, None)
+                if train.auto_checkpointing else None)  # every block, as before 'auto'
+        return SwapDecision(0 if auto else train.blocks_to_swap, MIN_RING, text, auto, None, note)
     inputs = inputs_for_run(components, dataset, lora, optimizer, train, 0 if auto else train.blocks_to_swap)
     if preview_size is not None:
         inputs = dataclasses.replace(inputs, preview_width=preview_size[0], preview_height=preview_size[1])
@@ -142,4 +169,4 @@ def plan_run(components, dataset, lora: LoraConfig, optimizer: OptimizerConfig, 
         inputs = dataclasses.replace(inputs, cuda_context_bytes=0)
         gpu = profile_for_device(torch.cuda.get_device_name(components.device))
     return check_run(inputs, auto, budget, host_ram_bytes(), arch_for_components(components),
-                     parts_for_components(components), gpu, processes)
+                     parts_for_components(components), gpu, processes, auto_checkpointing=train.auto_checkpointing)

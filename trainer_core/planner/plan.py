@@ -150,7 +150,7 @@ class PlanInputs:
                    preservation=preservation, rank=lora.rank,
                    targets=lora.targets, lora_dtype=lora.dtype, lora_dropout=lora.dropout, adapter=lora.adapter,
                    lokr_factor=lora.lokr_factor, lokr_decompose_both=lora.lokr_decompose_both, storage=storage,
-                   checkpointing=train.gradient_checkpointing,
+                   checkpointing=train.checkpointing,
                    blocks_to_swap=train.blocks_to_swap if blocks_to_swap is None else blocks_to_swap,
                    optimizer=optimizer.optimizer, ema=optimizer.ema, grad_accum_steps=train.grad_accum_steps,
                    fp8_activations=train.fp8_activations, int8_compute=train.int8_compute, **kwargs)

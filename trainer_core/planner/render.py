@@ -23,13 +23,20 @@ def _references(p) -> str:
     return f" (the target and {len(p.reference_sizes)} reference image(s) of {sizes} px as rows)"
 
 
+def _checkpointing(p) -> str:
+    if not p.checkpointing:
+        return "off"
+    return "on" if p.checkpointed_blocks is None else f"in blocks 0..{p.checkpointed_blocks - 1}" \
+        if p.checkpointed_blocks else "planned, no block recomputes"
+
+
 def render_plan(plan: MemoryPlan, budget_bytes: int | None = None) -> str:
     """The plan as a plain-text table (what the CLI prints and a node shows)."""
     p = plan.inputs
     lines = [
         f"Memory plan: {p.width}x{p.height}{_references(p)}, batch {p.batch}, {p.text_tokens} text tokens, {ADAPTER_NAMES[p.adapter]} rank {p.rank} "
         f"({p.targets}, {p.lora_dtype}), {p.storage} blocks, {p.optimizer}, "
-        f"checkpointing {'on' if p.checkpointing else 'off'}, blocks_to_swap {p.blocks_to_swap}",
+        f"checkpointing {_checkpointing(p)}, blocks_to_swap {p.blocks_to_swap}",
         "",
     ]
     lines += _section(f"GPU at the training peak ({plan.peak_phase})", plan.gpu)

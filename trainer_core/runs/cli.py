@@ -114,7 +114,7 @@ def cmd_export_tiny(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..core.config import AUTO_SWAP, PlanConfig, field_default
+    from ..core.config import AUTO_SWAP, PlanConfig, field_default, parse_checkpointing
     from ..core.errors import UserInputError
     from ..families import get_family
     from ..planner import GIB, PlanInputs, auto_blocks_to_swap, plan_memory, render_choice, render_plan
@@ -142,11 +142,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     width = args.width if args.width is not None else args.resolution
     height = args.height if args.height is not None else args.resolution
     ram = int(args.ram_gb * GIB) if args.ram_gb else None
+    checkpointing = "off" if args.no_checkpointing else parse_checkpointing(args.checkpointing)
     inputs = PlanInputs(
         width=width, height=height, batch=args.batch, text_tokens=args.text_tokens, rank=args.rank,
         targets=args.targets, lora_dtype=args.lora_dtype, adapter=args.adapter, lokr_factor=args.lokr_factor,
         lokr_decompose_both=args.lokr_decompose_both, storage=args.storage,
-        checkpointing=not args.no_checkpointing, blocks_to_swap=0 if auto else args.blocks_to_swap,
+        checkpointing=checkpointing != "off", blocks_to_swap=0 if auto else args.blocks_to_swap,
         optimizer=args.optimizer, grad_accum_steps=args.grad_accum, dataset_images=args.images,
         text_encoder_storage=args.text_encoder_storage, preview_width=args.preview_size,
         preview_height=args.preview_size, text_encoder_file_fp8=te_fp8_file,
@@ -156,6 +157,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     inputs = _with_references(args, inputs, arch)
     if not auto:
         budget = int(args.budget_gb * GIB) if args.budget_gb is not None else None
+        if checkpointing == "auto" and budget is not None:
+            inputs = _checkpointing_for(inputs, budget, arch, parts)
         print(render_plan(plan_memory(inputs, arch), budget))
     else:
         budget_gb = args.budget_gb if args.budget_gb is not None else field_default(PlanConfig, "budget_gb")
@@ -164,6 +167,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         # When nothing fits, the phase table below lists the changes that would (GPU and host RAM together).
         print(render_choice(choice) if choice.fits else render_plan(choice.plan, budget))
         inputs = dataclasses.replace(inputs, blocks_to_swap=choice.plan.inputs.blocks_to_swap)
+        if checkpointing == "auto" and choice.fits:
+            inputs = _checkpointing_for(inputs, budget, arch, parts)
     if not auto or choice.fits:
         _print_timeline(args, inputs)
     caption_parts = family.planned_caption_parts() if args.caption else None
@@ -181,6 +186,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print()
     print(render_machine(machine))
     return 0 if phases.fits and machine.fits() else 1
+
+
+def _checkpointing_for(inputs, budget: int, arch, parts):
+    """`inputs` recomputing only as many blocks as `budget` needs (gradient_checkpointing 'auto', as a run on a GPU
+    with that much free memory chooses: planner.for_run.check_run), said in one line."""
+    import dataclasses
+
+    from ..planner.for_run import checkpointing_note
+    from ..planner.search import auto_checkpointed_blocks
+
+    checkpointed = auto_checkpointed_blocks(inputs, budget, arch, parts)
+    print()
+    print(checkpointing_note(checkpointed, arch.num_blocks, budget, swapped=bool(inputs.blocks_to_swap)))
+    return dataclasses.replace(inputs, checkpointed_blocks=checkpointed if checkpointed < arch.num_blocks else None)
 
 
 def _with_references(args: argparse.Namespace, inputs, arch):
@@ -303,9 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--lokr-decompose-both", action="store_true",
                       help=help_text(LoraConfig, "lokr_decompose_both").replace("%", "%%"))
     plan.add_argument("--storage", **config_arg(PlanConfig, "storage"))
-    plan.add_argument("--no-checkpointing", action="store_true",
-                      help="plan without gradient checkpointing (on by default: "
-                           f"{help_text(TrainConfig, 'gradient_checkpointing')})".replace("%", "%%"))
+    plan.add_argument("--checkpointing", **config_arg(TrainConfig, "gradient_checkpointing"))
+    plan.add_argument("--no-checkpointing", action="store_true", help="the same as --checkpointing off")
     plan.add_argument("--optimizer", **config_arg(OptimizerConfig, "optimizer"))
     plan.add_argument("--text-tokens", **config_arg(PlanConfig, "text_tokens"))
     plan.add_argument("--images", **config_arg(PlanConfig, "dataset_images"))

@@ -317,7 +317,7 @@ class _Translator:
                      f"blocks_to_swap = {swap}: diffusion-pipe's count fits its own memory use; the memory planner "
                      "picks the fewest that fit this GPU (set a number to force one)")
         checkpointing = self.take("activation_checkpointing", False)
-        self.set("train", "gradient_checkpointing", bool(checkpointing), "activation_checkpointing" + (
+        self.set("train", "gradient_checkpointing", "on" if checkpointing else "off", "activation_checkpointing" + (
             " = 'unsloth': plain checkpointing (its CPU offload of activations is not offered)"
             if checkpointing == "unsloth" else ""))
         if self.has("uncond_fraction"):

@@ -137,7 +137,9 @@ def open_run(
     family = components.family
     head += (f"\nmodel: {family.describe(components)}; its weights' licence: {family.weights_licence} (a LoRA trained "
              "on them derives from them)")
-    status = f"{head}\nblocks_to_swap: {trainer.decided.swap.label}\n\n{trainer.memory_plan}"
+    swap = trainer.decided.swap
+    status = f"{head}\nblocks_to_swap: {swap.label}" + (
+        f"\n{swap.checkpointing_note}" if swap.checkpointing_note else "") + f"\n\n{trainer.memory_plan}"
     with _lock:
         if _live.get(name) is not None and _live[name].trainer is trainer:
             _live[name].opened = status

@@ -51,6 +51,7 @@ from ..core.config import (
     field_default,
     field_meta,
     parse_blocks_to_swap,
+    parse_checkpointing,
 )
 from ..core.errors import MissingPath, UserInputError
 
@@ -307,6 +308,10 @@ def _checked(key: Key, value: Any, base: Path, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise UserInputError(f"{label} must be a whole number or 'auto'.")
         value = parse_blocks_to_swap(value)
+    elif key.cls is TrainConfig and key.field == "gradient_checkpointing":
+        if not isinstance(value, (bool, str)):
+            raise UserInputError(f"{label} must be 'auto', 'on' or 'off' (true/false: on/off).")
+        value = parse_checkpointing(value)
     elif key.field == "preview_prompts":
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             value = "\n".join(value)

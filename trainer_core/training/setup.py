@@ -156,7 +156,7 @@ def build(components, dataset, decided: Decided, optimizer_cfg: OptimizerConfig,
         host_copy = share_host_copy(
             transformer, placement.streamed if swap.blocks_to_swap else (), replicas, device, posted)
         runner = BlockRunner(
-            transformer, device, checkpointing=train.gradient_checkpointing,
+            transformer, device, checkpointing=train.checkpointing, checkpointed_blocks=swap.checkpointed_blocks,
             placement=placement if swap.blocks_to_swap else None,
             fp8_activations=train.fp8_activations, compile_float8=train.compile_float8, host_copy=host_copy,
             int8_compute=train.int8_compute, fused_blocks=train.fused_blocks,
