@@ -33,6 +33,7 @@ from torch import nn
 
 from ..models.modulation import is_modulation_linear
 from .lora import ADAPTER
+
 _CACHE = "_fused_lora_casts"
 
 
@@ -80,9 +81,10 @@ def _takes_fused_path(layer: nn.Module, x: torch.Tensor, args, kwargs) -> bool:
         return False
     if ADAPTER in layer.lora_variant or not isinstance(layer.lora_dropout[ADAPTER], nn.Identity):
         return False
-    a = layer.lora_A[ADAPTER].weight
-    # peft would cast x to A's dtype (`cast_input_dtype_enabled`, lora.compute_in_input_dtype off): its path then
-    return not (layer.cast_input_dtype_enabled and a.dtype != x.dtype) and layer.lora_A[ADAPTER].bias is None
+    if layer.lora_A[ADAPTER].bias is not None or layer.lora_B[ADAPTER].bias is not None:  # peft's lora_bias
+        return False
+    # With `cast_input_dtype_enabled` (lora.compute_in_input_dtype off) peft casts x to A's dtype: its path does that.
+    return not (layer.cast_input_dtype_enabled and layer.lora_A[ADAPTER].weight.dtype != x.dtype)
 
 
 def fused_forward(layer: nn.Module, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
