@@ -10,7 +10,7 @@ from Python or autograd (aten ops not nested in another aten op) and every kerne
 kernels, `cpp.enable_kernel_profile`). `kernels` leaves out the ones that launch no kernel on a GPU (views,
 allocations, metadata): the nearer proxy for the ~170 kernels per block forward seen on the H100. Columns: the
 block without a LoRA (the fused chain alone), and with peft's rank-32 LoRA on its attention and MLP Linears
-(what the trainer runs; the LoRA's own adds are issue 51's fused-LoRA item, not this one).
+(peft's forward), and the same LoRA through `adapters.fused_lora` (what the trainer runs: its LoRA added in place).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
+from trainer_core.adapters import fused_lora  # noqa: E402
 from trainer_core.models import fused_block  # noqa: E402
 from trainer_core.models.attention_backend import AttentionChoice  # noqa: E402
 
@@ -113,8 +114,12 @@ def _counted(name: str) -> bool:
     return name.startswith("aten::") or "cpp_fused" in name or "triton_" in name
 
 
-def measure(size: dict, lora_rank: int, modes: list[str]) -> dict[str, tuple[int, int]]:
+def measure(size: dict, lora_rank: int, modes: list[str], fused_lora_adds: bool = False) -> dict[str, tuple[int, int]]:
+    """`fused_lora_adds`: the LoRA through `adapters.fused_lora` (as the trainer's runner installs it) instead of
+    peft's own forward."""
     block, kwargs = block_and_inputs(**size, lora_rank=lora_rank)
+    if fused_lora_adds:
+        assert fused_lora.install([block])
     results = {"diffusers": count(block, kwargs)[:2]}
     for mode in modes:
         installed = fused_block.install([block], mode, AttentionChoice("sdpa", "PyTorch's pick"),
@@ -135,7 +140,8 @@ def main(argv=None) -> dict:
     torch.set_num_threads(1)
     size = TINY if args.tiny else REAL
     modes = [fused_block.EAGER] + ([] if args.no_compiled else [fused_block.COMPILED])
-    table = {"no LoRA": measure(size, 0, modes), "LoRA rank 32": measure(size, 32, modes)}
+    table = {"no LoRA": measure(size, 0, modes), "LoRA rank 32": measure(size, 32, modes),
+             "fused LoRA rank 32": measure(size, 32, modes, fused_lora_adds=True)}
     print(f"operators per block forward + backward, width {size['width']}, 64 image + 16 text tokens, fp32, CPU")
     print("| path | " + " | ".join(f"{c}: ops | {c}: kernels" for c in table) + " |")
     print("| --- |" + " --- | --- |" * len(table))

@@ -21,6 +21,7 @@ import functools
 import torch
 from torch import nn
 
+from ..adapters import fused_lora as fused_lora_adds
 from ..core.host_memory import give_back_freed_memory
 from ..models import attention_backend, fused_block
 from ..models.float8 import frozen_linears
@@ -44,7 +45,8 @@ class BlockRunner:
                  checkpointing: bool = False, placement: Placement | None = None, compile_float8: bool = False,
                  fp8_activations: bool = False, compile_on_cpu: bool = False, host_copy=None,
                  int8_compute: bool = False, fused_blocks: str = fused_block.AUTO,
-                 attention: str = attention_backend.AUTO, checkpointed_blocks: int | None = None):
+                 attention: str = attention_backend.AUTO, checkpointed_blocks: int | None = None,
+                 fused_lora: bool = True):
         """`compile_float8`: the frozen block Linears compiled so float8 weights are multiplied without a bf16
         copy (`models.float8.compiled`; CUDA + Triton, ignored where unavailable, `compiled_float8` says whether
         it is on). `compile_on_cpu`: on the CPU too (tests, benchmarks; off by default, see that module).
@@ -60,7 +62,10 @@ class BlockRunner:
         `checkpointed_blocks`: with `checkpointing`, only blocks 0 .. checkpointed_blocks - 1 recompute in backward
         (the others keep their activations: faster, more memory; planner.search.auto_checkpointed_blocks picks the
         fewest that fit); None: every block. Only without streamed blocks, whose schedule assumes every block
-        recomputes."""
+        recomputes.
+        `fused_lora`: the blocks' plain LoRA Linears add their LoRA in place into the frozen Linear's output, A and
+        B cast once per change (`adapters.fused_lora`; the same values as peft's forward, see tests/engine/
+        test_fused_lora.py); False: peft's own forward (comparisons)."""
         path = compute_path(path_name(compile_float8, fp8_activations, int8_compute), allow_cpu=compile_on_cpu)
         uninstall_leftover_runner(transformer)
         self.transformer = transformer
@@ -86,6 +91,7 @@ class BlockRunner:
         give_back_freed_memory(pinned=True)
         self.modulation = ModulationOutputs(transformer, set(swapped))
         self.float8 = path.install([lin for block in blocks for _, lin in frozen_linears(block)], device)
+        self.fused_lora_layers = fused_lora_adds.install(blocks) if fused_lora else []
         # Before the block wrappers below: they call the forward this puts on the blocks.
         self.fused = fused_block.install(blocks, fused_blocks, attention_backend.choose_for(attention, device),
                                          device, allow_cpu_compile=compile_on_cpu)
@@ -201,6 +207,8 @@ class BlockRunner:
                 self.swapper.unpin()
             self.swapper = None
         self.modulation.clear()
+        fused_lora_adds.uninstall(self.fused_lora_layers)
+        self.fused_lora_layers = []
         self.float8.uninstall()  # before unwrapping: it gives the modulation Linears their eager forward back
         for block in self.transformer.transformer_blocks:
             forwards.unwrap(block)
