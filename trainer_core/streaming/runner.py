@@ -46,7 +46,7 @@ class BlockRunner:
                  fp8_activations: bool = False, compile_on_cpu: bool = False, host_copy=None,
                  int8_compute: bool = False, fused_blocks: str = fused_block.AUTO,
                  attention: str = attention_backend.AUTO, checkpointed_blocks: int | None = None,
-                 fused_lora: bool = True):
+                 fused_lora: bool = False):
         """`compile_float8`: the frozen block Linears compiled so float8 weights are multiplied without a bf16
         copy (`models.float8.compiled`; CUDA + Triton, ignored where unavailable, `compiled_float8` says whether
         it is on). `compile_on_cpu`: on the CPU too (tests, benchmarks; off by default, see that module).
@@ -65,7 +65,9 @@ class BlockRunner:
         recomputes.
         `fused_lora`: the blocks' plain LoRA Linears add their LoRA in place into the frozen Linear's output, A and
         B cast once per change (`adapters.fused_lora`; the same values as peft's forward, see tests/engine/
-        test_fused_lora.py); False: peft's own forward (comparisons)."""
+        test_fused_lora.py); False (the default): peft's own forward. Off until the plan counts its cast copies of
+        A and B (a bf16 copy of every LoRA weight kept between steps: the tiny model's step peak ran 3.4% over the
+        plan with it on) and a GPU has measured it; CAME with bf16 LoRA weights did not resume bit for bit with it."""
         path = compute_path(path_name(compile_float8, fp8_activations, int8_compute), allow_cpu=compile_on_cpu)
         uninstall_leftover_runner(transformer)
         self.transformer = transformer
