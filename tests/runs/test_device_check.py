@@ -20,6 +20,10 @@ TABLES = {
     "seconds per step": ["configuration", "blocks_to_swap", "allocated_measured", "allocated_planned",
                          "planned_over_measured", "reserved_measured", "planned_total", "seconds_per_step",
                          "predicted_seconds_per_step", "pinned_host", "first_loss", "last_loss", "loss_vs_eager", "status"],
+    # the profile phase (benchmarks/gpu_profile.py)
+    "card": ["query", "value"],
+    "kernel rates": ["piece", "shape", "dtype", "variant", "ms", "rate", "note"],
+    "profiled steps": ["variant", "blocks", "seconds_per_step", "kernels", "host_syncs", "loss", "top_kernels"],
 }
 
 
