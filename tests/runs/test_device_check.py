@@ -62,8 +62,10 @@ def test_device_check_tiny_writes_the_report_and_a_passing_verdict(tmp_path):
                      "all resident, fp8 activations", "auto (tiny budget) (3 swapped), tail placement",
                      "auto (tiny budget) (3 swapped), LoRA in float32",
                      "auto (tiny budget) (3 swapped), no modulation ahead", "all resident, int8 ConvRot blocks",
+                     "all resident, int8 compute", "auto (tiny budget) (3 swapped), int8 compute",
                      "auto (tiny budget) (3 swapped), int8 ConvRot blocks"]
-    assert report["cut"] == [] and [s["phase"] for s in report["skipped"]] == ["speed: all resident, compiled float8"]
+    assert report["cut"] == [] and [s["phase"] for s in report["skipped"]] == ["speed: all resident, compiled float8",
+                                                                                   "profile: fused compiled step"]
     assert all(c["ok"] for c in report["checks"]) and len(report["checks"]) > 20
     text = (out / "device_check.md").read_text()
     assert all(f"## {name}" in text for name in TABLES)
